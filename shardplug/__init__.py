@@ -1,0 +1,41 @@
+"""shardplug: exact distributed data loading and optimizer stepping for any PyTorch loop.
+
+Example::
+
+    import shardplug
+    loader = shardplug.prepare_data_loader(DataLoader(dataset, batch_size=16, shuffle=True))
+"""
+
+from .core import (
+    BatchSamplerShard,
+    DataLoaderDispatcher,
+    DataLoaderShard,
+    DispatchError,
+    IterableDatasetShard,
+    PreparedDataLoader,
+    ProcessTopology,
+    SeedableRandomSampler,
+    prepare_data_loader,
+    resolve_data_topology,
+    send_to_device,
+    skip_first_batches,
+    synchronize_rng_states,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "BatchSamplerShard",
+    "DataLoaderDispatcher",
+    "DataLoaderShard",
+    "DispatchError",
+    "IterableDatasetShard",
+    "PreparedDataLoader",
+    "ProcessTopology",
+    "SeedableRandomSampler",
+    "prepare_data_loader",
+    "resolve_data_topology",
+    "send_to_device",
+    "skip_first_batches",
+    "synchronize_rng_states",
+]

@@ -1,0 +1,219 @@
+"""Which global batches (or slices of them) one process receives: the index arithmetic.
+
+Two ways to compute a process's share of an epoch, with identical results:
+
+* :func:`walk_shard` walks any iterable of batches (the general path: user batch samplers,
+  variable-size batches, samplers without ``__len__``).
+* :class:`ArithmeticShard` computes the rows directly from an epoch order (a permutation or
+  the identity) for a standard ``BatchSampler``: no Python pass over the other processes'
+  batches, memory ``O(n / N)`` beyond the permutation, and any start position at the same cost.
+
+Padding (``even_batches``) reads the epoch's order as a cycle: a short last batch is completed
+with the first indices of the epoch, and further padding batches continue that cycle.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+from typing import Iterable, Iterator, Optional, Sequence
+
+import torch
+
+__all__ = ["ShardLayout", "walk_shard", "shard_length", "ArithmeticShard", "EpochOrder"]
+
+_ROWS_PER_CHUNK = 4096
+
+
+@dataclass(frozen=True)
+class ShardLayout:
+    """How one process's share is cut out of the global batches."""
+
+    num_processes: int = 1
+    process_index: int = 0
+    split_batches: bool = False
+    even_batches: bool = True
+    drop_last: bool = False
+
+
+def _check_len(batch: Sequence[int], batch_size: Optional[int]) -> None:
+    if batch_size is not None and len(batch) > batch_size:
+        raise ValueError(
+            f"the batch sampler yielded a batch of {len(batch)} indices but declares batch_size={batch_size}; "
+            "fix the batch sampler, or set its batch_size to None for variable-size batches"
+        )
+
+
+def _cycle_fill(head: list[int], count: int, offset: int) -> list[int]:
+    """``count`` indices of the epoch's cyclic order, starting at ``offset`` into ``head``."""
+    if not head:
+        raise ValueError("cannot pad batches of an epoch that yielded no index")
+    return [head[(offset + k) % len(head)] for k in range(count)]
+
+
+def walk_shard(batches: Iterable[Sequence[int]], batch_size: Optional[int], layout: ShardLayout) -> Iterator[list[int]]:
+    """Yield this process's batches by walking the global batches in order.
+
+    The caller's lists are never modified: padded batches are new lists.
+    """
+    n_proc, rank = layout.num_processes, layout.process_index
+    if n_proc == 1:
+        for batch in batches:
+            _check_len(batch, batch_size)
+            yield batch  # type: ignore[misc]
+        return
+    if layout.split_batches:
+        yield from _walk_split(batches, batch_size, layout)
+        return
+    # Padding needs at most batch_size * N - 1 indices (or N - 1 whole batches) from the start.
+    head: list[int] = []
+    head_batches: list[Sequence[int]] = []
+    need = (batch_size or 0) * n_proc
+    group: list[Sequence[int]] = []
+    for batch in batches:
+        _check_len(batch, batch_size)
+        if len(head) < need:
+            head.extend(batch[: need - len(head)])
+        if batch_size is None and len(head_batches) < n_proc:
+            head_batches.append(batch)
+        if len(group) == n_proc:  # held because its last batch was short, but more data came
+            yield group[rank]  # type: ignore[misc]
+            group = []
+        group.append(batch)
+        if len(group) == n_proc and (batch_size is None or len(batch) == batch_size):
+            yield group[rank]  # type: ignore[misc]
+            group = []
+    if not group or layout.drop_last:
+        return
+    if not layout.even_batches:
+        if rank < len(group):
+            yield group[rank]  # type: ignore[misc]
+        return
+    if batch_size is None:  # variable-size batches: pad with whole batches from the epoch start
+        padded = list(group) + [head_batches[k % len(head_batches)] for k in range(n_proc - len(group))]
+        yield list(padded[rank])
+        return
+    filled = len(group[-1])
+    if filled < batch_size:
+        group[-1] = list(group[-1]) + _cycle_fill(head, batch_size - filled, 0)
+    offset = batch_size - filled
+    while len(group) < n_proc:
+        group.append(_cycle_fill(head, batch_size, offset))
+        offset += batch_size
+    yield list(group[rank])
+
+
+def _walk_split(batches: Iterable[Sequence[int]], batch_size: Optional[int], layout: ShardLayout) -> Iterator[list[int]]:
+    n_proc, rank = layout.num_processes, layout.process_index
+    if batch_size is None:
+        raise ValueError("split_batches=True needs a batch sampler with a batch_size; pass split_batches=False")
+    step = batch_size // n_proc
+    lo, hi = rank * step, (rank + 1) * step
+    head: list[int] = []
+    for batch in batches:
+        _check_len(batch, batch_size)
+        if len(head) < batch_size:
+            head.extend(batch[: batch_size - len(head)])
+        if len(batch) == batch_size:
+            yield list(batch[lo:hi])
+            continue
+        # A short batch: the end of the epoch (or a sampler that yields short batches).
+        if layout.drop_last:
+            continue
+        if layout.even_batches:
+            yield (list(batch) + _cycle_fill(head, batch_size - len(batch), 0))[lo:hi]
+        elif lo < len(batch):
+            yield list(batch[lo:hi])
+
+
+def shard_length(num_batches: int, last_batch_size: Optional[int], batch_size: Optional[int], layout: ShardLayout) -> int:
+    """Number of batches this process yields for ``num_batches`` global batches.
+
+    ``last_batch_size`` is the size of the final global batch (``None`` or ``batch_size`` when full).
+    """
+    n_proc, rank = layout.num_processes, layout.process_index
+    if num_batches <= 0:
+        return 0
+    if n_proc == 1:
+        return num_batches
+    last_full = batch_size is None or last_batch_size is None or last_batch_size >= batch_size
+    if layout.split_batches:
+        if layout.drop_last:
+            return num_batches - (0 if last_full else 1)
+        if layout.even_batches or last_full:
+            return num_batches
+        step = batch_size // n_proc  # type: ignore[operator]
+        return num_batches - 1 + (1 if rank * step < last_batch_size else 0)  # type: ignore[operator]
+    if layout.drop_last:
+        groups = num_batches // n_proc
+        if num_batches % n_proc == 0 and not last_full:
+            groups -= 1
+        return groups
+    if layout.even_batches:
+        return -(-num_batches // n_proc)
+    return (num_batches - rank + n_proc - 1) // n_proc
+
+
+class EpochOrder:
+    """The order of one epoch's indices, as a lookup from positions to indices.
+
+    ``EpochOrder(n)`` is ``0 .. n-1`` (never materialised); ``EpochOrder(n, perm)`` is a
+    permutation.  Positions past ``n`` wrap around (that is what padding reads).
+    """
+
+    def __init__(self, n: int, permutation: Optional[torch.Tensor] = None) -> None:
+        self.n = n
+        self.permutation = permutation
+
+    def lookup(self, positions: torch.Tensor) -> torch.Tensor:
+        wrapped = positions % self.n if self.n else positions
+        return wrapped if self.permutation is None else self.permutation[wrapped]
+
+
+class ArithmeticShard:
+    """One process's batches of a ``BatchSampler(order, batch_size, drop_last)`` by arithmetic.
+
+    Example::
+
+        >>> plan = ArithmeticShard(EpochOrder(10), 3, False, ShardLayout(3, 0))
+        >>> list(plan.rows())
+        [[0, 1, 2], [9, 0, 1]]
+    """
+
+    def __init__(self, order: EpochOrder, batch_size: int, inner_drop_last: bool, layout: ShardLayout) -> None:
+        self.order = order
+        self.batch_size = batch_size
+        self.layout = layout
+        n = order.n
+        self.num_global_batches = n // batch_size if inner_drop_last else -(-n // batch_size)
+        self.last_batch_size = n - (self.num_global_batches - 1) * batch_size if self.num_global_batches else 0
+
+    def __len__(self) -> int:
+        return shard_length(self.num_global_batches, self.last_batch_size, self.batch_size, self.layout)
+
+    def _row_geometry(self) -> tuple[int, int, int]:
+        """(stride between rows, offset of row 0, width of a row) in epoch positions."""
+        n_proc, rank, b = self.layout.num_processes, self.layout.process_index, self.batch_size
+        if self.layout.split_batches and n_proc > 1:
+            step = b // n_proc
+            return b, rank * step, step
+        return b * n_proc, rank * b, b
+
+    def rows(self, start: int = 0) -> Iterator[list[int]]:
+        """Yield this process's batches, beginning with its ``start``-th batch."""
+        total = len(self)
+        stride, offset, width = self._row_geometry()
+        n = self.order.n
+        # The only row that may end before its width: the final one without padding.
+        last_end = offset + (total - 1) * stride + width if total else 0
+        pads = self.layout.num_processes > 1 and self.layout.even_batches and not self.layout.drop_last
+        short_last = total > 0 and last_end > n and not pads
+        full_rows = total - 1 if short_last else total
+        columns = torch.arange(width, dtype=torch.int64)
+        for first in range(max(start, 0), full_rows, _ROWS_PER_CHUNK):
+            count = min(_ROWS_PER_CHUNK, full_rows - first)
+            bases = torch.arange(first, first + count, dtype=torch.int64) * stride + offset
+            yield from self.order.lookup(bases[:, None] + columns).tolist()
+        if short_last and start < total:
+            begin = offset + (total - 1) * stride
+            yield self.order.lookup(torch.arange(begin, n, dtype=torch.int64)).tolist()

@@ -1,0 +1,113 @@
+"""The per-process shard of an iterable dataset."""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any, Iterator, Optional
+
+import torch
+from torch.utils.data import IterableDataset, get_worker_info
+
+from .topology import _check_processes
+
+__all__ = ["IterableDatasetShard"]
+
+
+class IterableDatasetShard(IterableDataset):
+    """This process's part of every global batch of an iterable dataset.
+
+    Every process reads the stream and keeps its slice of each global batch: the global batch is
+    ``batch_size`` elements when splitting (slice ``batch_size // N``), ``batch_size * N``
+    otherwise (slice ``batch_size``).  A short final global batch is dropped (``drop_last``) or
+    completed with elements of the first global batch, cycled.  Inside ``DataLoader`` workers,
+    worker ``w`` of ``W`` keeps only global batches ``w, w+W, ...``, so each element reaches
+    exactly one worker and batches arrive in stream order.
+
+    Example::
+
+        >>> list(IterableDatasetShard(range(11), batch_size=2, num_processes=2, process_index=1))
+        [2, 3, 6, 7, 10, 0]
+    """
+
+    def __init__(
+        self,
+        dataset: Any,
+        batch_size: int = 1,
+        drop_last: bool = False,
+        num_processes: int = 1,
+        process_index: int = 0,
+        split_batches: bool = False,
+    ) -> None:
+        _check_processes(num_processes, process_index)
+        if not isinstance(batch_size, int) or batch_size < 1:
+            raise ValueError(f"batch_size={batch_size!r} must be an integer >= 1")
+        if split_batches and batch_size > 1 and batch_size % num_processes != 0:
+            raise ValueError(
+                f"split_batches=True needs a batch size that is a multiple of num_processes, got "
+                f"batch_size={batch_size} and num_processes={num_processes}; change the batch size or pass "
+                "split_batches=False"
+            )
+        self.dataset = dataset
+        self.batch_size = batch_size
+        self.drop_last = drop_last
+        self.num_processes = num_processes
+        self.process_index = process_index
+        self.split_batches = split_batches
+        self.epoch = 0
+        generator = getattr(dataset, "generator", None)
+        self._generator_seed: Optional[int] = (
+            generator.initial_seed() if isinstance(generator, torch.Generator) and not hasattr(dataset, "set_epoch") else None
+        )
+
+    @property
+    def _splits(self) -> bool:
+        # A one-element batch cannot be cut: it is then read as N one-element slices.
+        return self.split_batches and self.batch_size > 1
+
+    @property
+    def global_batch_size(self) -> int:
+        return self.batch_size if self._splits else self.batch_size * self.num_processes
+
+    @property
+    def process_slice_size(self) -> int:
+        return self.batch_size // self.num_processes if self._splits else self.batch_size
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = int(epoch)
+        if hasattr(self.dataset, "set_epoch"):
+            self.dataset.set_epoch(epoch)
+
+    def _process_slice(self) -> slice:
+        size = self.process_slice_size
+        return slice(self.process_index * size, (self.process_index + 1) * size)
+
+    def __iter__(self) -> Iterator[Any]:
+        if self._generator_seed is not None:
+            self.dataset.generator.manual_seed(self._generator_seed + self.epoch)
+        info = get_worker_info()
+        workers, worker = (info.num_workers, info.id) if info is not None else (1, 0)
+        global_size, own = self.global_batch_size, self._process_slice()
+        first_batch: Optional[list[Any]] = None
+        buffer: list[Any] = []
+        index = 0
+        for element in self.dataset:
+            buffer.append(element)
+            if len(buffer) < global_size:
+                continue
+            if first_batch is None:
+                first_batch = buffer
+            if index % workers == worker:
+                yield from buffer[own]
+            index += 1
+            buffer = []
+        if buffer and not self.drop_last:
+            pad_source = first_batch if first_batch is not None else list(buffer)
+            padded = buffer + list(itertools.islice(itertools.cycle(pad_source), global_size - len(buffer)))
+            if index % workers == worker:
+                yield from padded[own]
+
+    def __len__(self) -> int:
+        n = len(self.dataset)
+        global_size = self.global_batch_size
+        batches = n // global_size if self.drop_last else -(-n // global_size)
+        return batches * self.process_slice_size

@@ -1,0 +1,241 @@
+"""``prepare_data_loader`` and ``skip_first_batches``: from a user's ``DataLoader`` to a per-process one."""
+
+from __future__ import annotations
+
+import copy
+import logging
+from typing import Any, Callable, Iterable, Optional, Union
+
+import torch
+from torch.utils.data import BatchSampler, DataLoader, IterableDataset, RandomSampler
+from torch.utils.data.distributed import DistributedSampler
+
+from .dispatch import DataLoaderDispatcher
+from .iterable import IterableDatasetShard
+from .loaders import DataLoaderShard, PreparedDataLoader, combined_class, stateful_dataloader_class
+from .rng import check_rng_types
+from .samplers import BatchSamplerShard, SeedableRandomSampler
+from .topology import ProcessTopology, resolve_data_topology
+
+__all__ = ["prepare_data_loader", "skip_first_batches"]
+
+logger = logging.getLogger(__name__)
+
+
+def _loader_settings(loader: DataLoader) -> dict[str, Any]:
+    """Every ``DataLoader`` setting that does not describe which indices are read."""
+    settings = {
+        "num_workers": loader.num_workers,
+        "collate_fn": loader.collate_fn,
+        "pin_memory": loader.pin_memory,
+        "timeout": loader.timeout,
+        "worker_init_fn": loader.worker_init_fn,
+        "multiprocessing_context": loader.multiprocessing_context,
+        "generator": loader.generator,
+        "prefetch_factor": loader.prefetch_factor,
+        "persistent_workers": loader.persistent_workers,
+        "pin_memory_device": loader.pin_memory_device,
+    }
+    if hasattr(loader, "in_order"):
+        settings["in_order"] = loader.in_order
+    return settings
+
+
+def _rebuild(
+    loader: DataLoader, cls: type, dataset: Any, loader_kwargs: dict[str, Any], stateful: bool
+) -> PreparedDataLoader:
+    """A ``cls`` that is also the user's ``DataLoader`` subclass, with the user's extra attributes."""
+    user_cls = type(loader)
+    if issubclass(user_cls, PreparedDataLoader):
+        user_cls = next(c for c in user_cls.__mro__ if not issubclass(c, PreparedDataLoader))
+    bases: list[type] = [cls, user_cls]
+    if stateful:
+        bases.append(stateful_dataloader_class())
+    new_cls = combined_class(*bases)
+    new = object.__new__(new_cls)
+    stateful_base = stateful_dataloader_class() if stateful or _subclasses_stateful(user_cls) else None
+    init = stateful_base.__init__ if stateful_base is not None else DataLoader.__init__
+    init(new, dataset, **loader_kwargs)
+    for key, value in vars(loader).items():
+        if key not in vars(new) and not key.startswith("_DataLoader__") and key != "_iterator":
+            new.__dict__[key] = value
+    return new
+
+
+def _subclasses_stateful(cls: type) -> bool:
+    return any(c.__name__ == "StatefulDataLoader" and c.__module__.startswith("torchdata") for c in cls.__mro__)
+
+
+def _shuffle_sampler(sampler: Any, use_seedable_sampler: bool, data_seed: Optional[int]) -> tuple[Any, Optional[torch.Generator]]:
+    """Replace a shuffling sampler so every process draws the same order.
+
+    Returns ``(sampler, generator to synchronise from process 0)``.
+    """
+    if isinstance(sampler, DistributedSampler):
+        raise ValueError(
+            "the DataLoader already uses a DistributedSampler, and prepare_data_loader shards it again; "
+            "remove the DistributedSampler (pass shuffle=True or a plain sampler) and let shardplug shard the data"
+        )
+    if isinstance(sampler, SeedableRandomSampler) or not isinstance(sampler, RandomSampler):
+        return sampler, None
+    if sampler.generator is None or use_seedable_sampler:
+        seedable = SeedableRandomSampler(
+            sampler.data_source, replacement=sampler.replacement, num_samples=sampler._num_samples, data_seed=data_seed
+        )
+        return seedable, None
+    return sampler, sampler.generator
+
+
+def _shard_batch_sampler(
+    batch_sampler: Any, sampler: Any, num_processes: int, process_index: int, split_batches: bool, even_batches: bool
+) -> BatchSamplerShard:
+    if type(batch_sampler) is BatchSampler:
+        batch_sampler = BatchSampler(sampler, batch_sampler.batch_size, batch_sampler.drop_last)
+    elif getattr(batch_sampler, "sampler", None) is not sampler and hasattr(batch_sampler, "sampler"):
+        batch_sampler = copy.copy(batch_sampler)  # never modify the user's batch sampler
+        batch_sampler.sampler = sampler
+    return BatchSamplerShard(batch_sampler, num_processes, process_index, split_batches, even_batches)
+
+
+def prepare_data_loader(
+    dataloader: DataLoader,
+    device: Union[str, torch.device, None] = None,
+    num_processes: Optional[int] = None,
+    process_index: Optional[int] = None,
+    split_batches: bool = False,
+    put_on_device: bool = False,
+    rng_types: Optional[Iterable[str]] = None,
+    dispatch_batches: Optional[bool] = None,
+    even_batches: bool = True,
+    slice_fn_for_dispatch: Optional[Callable[..., Any]] = None,
+    use_seedable_sampler: bool = False,
+    data_seed: Optional[int] = None,
+    non_blocking: bool = False,
+    use_stateful_dataloader: bool = False,
+    torch_device_mesh: Any = None,
+) -> PreparedDataLoader:
+    """Return this process's loader for ``dataloader``, keeping all its settings and its class.
+
+    Map-style data gets a :class:`BatchSamplerShard`; iterable data an
+    :class:`IterableDatasetShard`, or with ``dispatch_batches`` a :class:`DataLoaderDispatcher`
+    in which only process 0 reads.  A shuffling sampler without a generator is replaced by a
+    :class:`SeedableRandomSampler` whose seed process 0 chooses, so every process shuffles alike.
+
+    Example::
+
+        loader = prepare_data_loader(DataLoader(dataset, batch_size=16, shuffle=True))
+        for epoch in range(3):
+            loader.set_epoch(epoch)
+            for batch in loader:
+                ...
+    """
+    if not isinstance(dataloader, DataLoader):
+        raise TypeError(f"dataloader must be a torch.utils.data.DataLoader, got {type(dataloader).__name__}")
+    num_processes, process_index = resolve_data_topology(num_processes, process_index, torch_device_mesh)
+    rng = check_rng_types(rng_types)
+    dataset = dataloader.dataset
+    iterable = isinstance(dataset, IterableDataset)
+    if dispatch_batches is None:
+        dispatch_batches = iterable and put_on_device
+    if dispatch_batches and not put_on_device:
+        raise ValueError(
+            "dispatch_batches=True sends each process its rows, which needs put_on_device=True; "
+            "pass put_on_device=True, or dispatch_batches=False"
+        )
+    if use_stateful_dataloader:
+        stateful_dataloader_class()
+    batch_size = dataloader.batch_size
+    if batch_size is None and dataloader.batch_sampler is not None:
+        batch_size = getattr(dataloader.batch_sampler, "batch_size", None)
+    if split_batches and num_processes > 1:
+        if batch_size is None:
+            raise ValueError(
+                "split_batches=True needs a batch size to split, but the DataLoader has none; give the DataLoader "
+                f"(or its batch sampler) a batch_size that is a multiple of num_processes={num_processes}, "
+                "or pass split_batches=False"
+            )
+        if batch_size % num_processes != 0:
+            raise ValueError(
+                f"split_batches=True needs a batch size that is a multiple of num_processes, got batch_size={batch_size} "
+                f"and num_processes={num_processes}; use batch_size={(batch_size // num_processes + 1) * num_processes} "
+                "or pass split_batches=False"
+            )
+    batch_device = (device if device is not None else ProcessTopology.current().device) if put_on_device else None
+    settings = _loader_settings(dataloader)
+    synchronized_generator: Optional[torch.Generator] = None
+    kwargs: dict[str, Any] = dict(settings)
+    cls: type = DataLoaderShard
+    if dispatch_batches:
+        cls = DataLoaderDispatcher
+        new_dataset = dataset
+        if iterable:
+            kwargs.update(batch_size=dataloader.batch_size, drop_last=dataloader.drop_last)
+        else:
+            sampler, synchronized_generator = _shuffle_sampler(_index_sampler(dataloader), use_seedable_sampler, data_seed)
+            _place_batch_sampler(kwargs, dataloader, _shard_batch_sampler(dataloader.batch_sampler or dataloader.sampler, sampler, 1, 0, False, True))
+    elif iterable:
+        new_dataset = dataset
+        loader_batch = dataloader.batch_size
+        if num_processes > 1:
+            new_dataset = IterableDatasetShard(
+                dataset,
+                batch_size=loader_batch or 1,
+                drop_last=dataloader.drop_last,
+                num_processes=num_processes,
+                process_index=process_index,
+                split_batches=split_batches,
+            )
+            if loader_batch is not None:
+                loader_batch = new_dataset.process_slice_size
+        kwargs.update(batch_size=loader_batch, drop_last=dataloader.drop_last)
+    else:
+        new_dataset = dataset
+        sampler, synchronized_generator = _shuffle_sampler(_index_sampler(dataloader), use_seedable_sampler, data_seed)
+        source = dataloader.batch_sampler if dataloader.batch_sampler is not None else dataloader.sampler
+        shard = _shard_batch_sampler(source, sampler, num_processes, process_index, split_batches, even_batches)
+        _place_batch_sampler(kwargs, dataloader, shard)
+    if synchronized_generator is None and "generator" in rng and dataloader.generator is not None:
+        synchronized_generator = dataloader.generator
+    new = _rebuild(dataloader, cls, new_dataset, kwargs, use_stateful_dataloader)
+    new._finish_init(batch_device, rng, synchronized_generator, 0, non_blocking)
+    if dispatch_batches:
+        new._setup_dispatch(split_batches, slice_fn_for_dispatch, torch_device_mesh, num_processes, process_index)
+    logger.debug(
+        "prepared %s for process %d of %d (split_batches=%s, even_batches=%s, dispatch=%s)",
+        type(dataloader).__name__, process_index, num_processes, split_batches, even_batches, dispatch_batches,
+    )
+    return new
+
+
+def _index_sampler(loader: DataLoader) -> Any:
+    """The sampler of single indices under the loader (under its batch sampler when there is one)."""
+    if loader.batch_sampler is not None:
+        return getattr(loader.batch_sampler, "sampler", loader.sampler)
+    return getattr(loader.sampler, "sampler", loader.sampler)
+
+
+def _place_batch_sampler(kwargs: dict[str, Any], loader: DataLoader, shard: BatchSamplerShard) -> None:
+    if loader.batch_sampler is None:  # a batch sampler passed as ``sampler=`` with batch_size=None
+        kwargs.update(sampler=shard, batch_size=None)
+    else:
+        kwargs.update(batch_sampler=shard)
+
+
+def skip_first_batches(dataloader: DataLoader, num_batches: int = 0) -> PreparedDataLoader:
+    """A loader of the same kind and settings that starts after its first ``num_batches`` batches.
+
+    The skip applies to the next pass only and keeps the epoch counter; skipped map-style batches
+    are never loaded (only their indices are computed).
+    """
+    if not isinstance(num_batches, int) or num_batches < 0:
+        raise ValueError(f"num_batches={num_batches!r} must be an integer >= 0")
+    if isinstance(dataloader, PreparedDataLoader):
+        new = copy.copy(dataloader)
+        new.__dict__["_iterator"] = None
+        new._skip_pending = num_batches
+        return new
+    if not isinstance(dataloader, DataLoader):
+        raise TypeError(f"dataloader must be a torch.utils.data.DataLoader, got {type(dataloader).__name__}")
+    new = prepare_data_loader(dataloader, num_processes=1, process_index=0)
+    new._skip_pending = num_batches
+    return new
