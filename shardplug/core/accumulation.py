@@ -1,0 +1,232 @@
+"""Gradient accumulation state shared by one training run's loaders, optimizers and schedulers.
+
+A :class:`GradientState` is an ordinary object, not a process-wide singleton: every training run
+owns one, so two runs in the same process (or two tests) never see each other's flags.
+
+Who talks to it:
+
+* prepared loaders call ``_loader_started`` / ``_batch_ready`` / ``_loader_stopped`` around each
+  pass (set ``loader.gradient_state = state`` to connect a loader);
+* the micro-batch context manager of the front door calls :meth:`GradientState.begin_micro_batch`
+  once per micro-batch, which decides :attr:`GradientState.sync_gradients`;
+* :class:`~shardplug.core.optimizer.PreparedOptimizer` and
+  :class:`~shardplug.core.scheduler.PreparedScheduler` read :attr:`GradientState.sync_gradients`.
+
+Example::
+
+    >>> state = GradientState(num_steps=2)
+    >>> [state.begin_micro_batch() for _ in range(4)]
+    [False, True, False, True]
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import weakref
+from typing import Any, Callable, Iterator, Optional
+
+__all__ = ["GradientState"]
+
+logger = logging.getLogger(__name__)
+
+
+def _check_num_steps(num_steps: Any) -> int:
+    if not isinstance(num_steps, int) or isinstance(num_steps, bool) or num_steps < 1:
+        raise ValueError(
+            f"num_steps={num_steps!r} is invalid: the number of micro-batches per optimizer step must be "
+            "an integer >= 1 (use 1 for no gradient accumulation)"
+        )
+    return num_steps
+
+
+def _reference(obj: Any) -> Callable[[], Any]:
+    """A weak reference when the object allows one, else a strong one."""
+    try:
+        return weakref.ref(obj)
+    except TypeError:
+        return lambda: obj
+
+
+class _Pass:
+    """One running pass (one ``iter()``) over one loader."""
+
+    __slots__ = ("loader", "started", "delivered", "end", "micro_batches")
+
+    def __init__(self, loader: Any, started: int) -> None:
+        self.loader = _reference(loader)
+        self.started = started
+        self.delivered = -1  # tick of the latest batch handed out, -1 before the first
+        self.end = False  # the latest batch handed out was the pass's last
+        self.micro_batches = 0  # micro-batches begun while this pass was feeding them
+
+
+class GradientState:
+    """Gradient-accumulation state of one training run.
+
+    Args:
+        num_steps: micro-batches per optimizer step (``gradient_accumulation_steps``), ``>= 1``.
+
+    Semantics:
+
+    * :meth:`begin_micro_batch` counts a micro-batch; gradients synchronise (and the prepared
+      optimizer steps) on every ``num_steps``-th micro-batch and always on the last batch of the
+      loader that feeds it, after which a new accumulation cycle starts.
+    * The loader that "feeds" a micro-batch is the innermost running pass, together with passes
+      that handed out a batch after it started (``zip(a, b)``). A nested loop that has already
+      finished (an evaluation loop inside the training loop) is forgotten and never forces a sync.
+    * Leaving a training loop early (``break``, exception) starts a fresh cycle and sets
+      :attr:`sync_gradients` back to ``True``, so the next ``zero_grad()`` clears the partial sums.
+
+    Outside any micro-batch :attr:`sync_gradients` is ``True``: an optimizer used without the
+    micro-batch context steps every time.
+
+    Example::
+
+        >>> state = GradientState(num_steps=3)
+        >>> def loader(n):  # what a prepared loader does
+        ...     state._loader_started(loader)
+        ...     try:
+        ...         for i in range(n):
+        ...             state._batch_ready(loader, end_of_dataloader=(i == n - 1))
+        ...             yield i
+        ...     finally:
+        ...         state._loader_stopped(loader)
+        >>> [state.begin_micro_batch() for _ in loader(4)]
+        [False, False, True, True]
+    """
+
+    def __init__(self, num_steps: int = 1) -> None:
+        self._num_steps = _check_num_steps(num_steps)
+        self._step = 0
+        self._sync = True
+        self._passes: list[_Pass] = []
+        self._ticks: Iterator[int] = itertools.count()
+        self._micro_batch_begun = False
+
+    # -- public state ------------------------------------------------------------------------
+    @property
+    def num_steps(self) -> int:
+        """Micro-batches per optimizer step."""
+        return self._num_steps
+
+    @num_steps.setter
+    def num_steps(self, value: int) -> None:
+        self._num_steps = _check_num_steps(value)
+        self._step = 0
+
+    @property
+    def sync_gradients(self) -> bool:
+        """Whether the current micro-batch synchronises gradients and steps the optimizer."""
+        return self._sync
+
+    @property
+    def step(self) -> int:
+        """Micro-batches accumulated in the current cycle (``0`` right after a sync)."""
+        return self._step
+
+    @property
+    def in_dataloader(self) -> bool:
+        """Whether a pass over a connected loader is running."""
+        self._prune()
+        return bool(self._passes)
+
+    @property
+    def active_dataloader(self) -> Optional[Any]:
+        """The loader of the innermost running pass, or ``None``."""
+        self._prune()
+        return self._passes[-1].loader() if self._passes else None
+
+    @property
+    def end_of_dataloader(self) -> bool:
+        """Whether the loader feeding the current micro-batch has handed out its last batch."""
+        return any(p.end for p in self._current_passes())
+
+    def begin_micro_batch(self, force_sync: bool = False) -> bool:
+        """Count one micro-batch and return (and record) whether it synchronises gradients.
+
+        Call it once per micro-batch, *after* fetching the batch (the front door's micro-batch
+        context manager does this). ``force_sync=True`` makes this micro-batch sync, e.g. the last
+        one of a hand-written loop without a prepared loader.
+        """
+        current = self._current_passes()
+        for p in current:
+            p.micro_batches += 1
+        self._micro_batch_begun = True
+        self._step += 1
+        if force_sync or any(p.end for p in current) or self._step >= self._num_steps:
+            self._sync = True
+            self._step = 0
+        else:
+            self._sync = False
+        return self._sync
+
+    def reset(self) -> None:
+        """Forget running passes and start a fresh accumulation cycle (``sync_gradients=True``)."""
+        self._passes.clear()
+        self._step = 0
+        self._sync = True
+
+    # -- loader protocol (called by prepared loaders) ----------------------------------------
+    def _loader_started(self, loader: Any) -> None:
+        self._prune()
+        self._passes.append(_Pass(loader, next(self._ticks)))
+
+    def _batch_ready(self, loader: Any, end_of_dataloader: bool) -> None:
+        p = self._find(loader)
+        if p is None:  # a loader connected mid-pass: treat this batch as the start of a pass
+            self._loader_started(loader)
+            p = self._passes[-1]
+        p.delivered = next(self._ticks)
+        p.end = bool(end_of_dataloader)
+
+    def _loader_stopped(self, loader: Any) -> None:
+        p = self._find(loader)
+        if p is None:
+            logger.debug("gradient state: %r stopped a pass that was not registered", loader)
+            return
+        self._passes.remove(p)
+        self._prune()
+        if p.micro_batches and not any(q.micro_batches for q in self._passes):
+            # the training loop is over (exhausted or left early): start a fresh cycle
+            if self._step:
+                logger.debug("gradient state: loop left after %d accumulated micro-batches", self._step)
+            self._step = 0
+            self._sync = True
+
+    # -- helpers -----------------------------------------------------------------------------
+    def _prune(self) -> None:
+        """Drop passes whose loader has been garbage collected."""
+        if any(p.loader() is None for p in self._passes):
+            self._passes = [p for p in self._passes if p.loader() is not None]
+
+    def _find(self, loader: Any) -> Optional[_Pass]:
+        """The most recent running pass over ``loader`` (identity, never equality)."""
+        for p in reversed(self._passes):
+            if p.loader() is loader:
+                return p
+        return None
+
+    def _current_passes(self) -> list[_Pass]:
+        self._prune()
+        if not self._passes:
+            return []
+        start = self._passes[-1].started
+        return [p for p in self._passes if p.delivered > start]
+
+    # -- pickling / repr ---------------------------------------------------------------------
+    def __getstate__(self) -> dict[str, Any]:
+        # running passes are bound to live iterators in this process: a copy is never inside a loop
+        return {"num_steps": self._num_steps, "step": self._step, "sync": self._sync}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["num_steps"])  # type: ignore[misc]
+        self._step = state["step"]
+        self._sync = state["sync"]
+
+    def __repr__(self) -> str:
+        return (
+            f"{type(self).__name__}(num_steps={self._num_steps}, step={self._step}, "
+            f"sync_gradients={self._sync}, in_dataloader={self.in_dataloader}, "
+            f"end_of_dataloader={self.end_of_dataloader})"
+        )
