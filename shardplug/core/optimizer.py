@@ -1,0 +1,325 @@
+"""``PreparedOptimizer``: an optimizer that steps only when gradients are synchronised.
+
+Example::
+
+    >>> import torch
+    >>> model = torch.nn.Linear(2, 1)
+    >>> opt = PreparedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1))
+    >>> isinstance(opt, torch.optim.Optimizer), opt.step_was_skipped
+    (True, False)
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import OrderedDict
+from typing import Any, Callable, Optional, Union
+
+import torch
+from torch.optim import Optimizer
+
+from .accumulation import GradientState
+
+__all__ = ["PreparedOptimizer"]
+
+logger = logging.getLogger(__name__)
+
+def _scaler_active(scaler: Any) -> bool:
+    return scaler is not None and scaler.is_enabled()
+
+
+def _found_inf(scaler: Any, optimizer: Optimizer) -> Optional[bool]:
+    """The scaler's own inf/NaN record for ``optimizer`` in this iteration (before ``update()``).
+
+    ``None`` when the scaler recorded no check for it (an optimizer that handles the scaler
+    itself through the deprecated ``grad_scaler=`` keyword and never called ``unscale_``).
+    """
+    per_optimizer = getattr(scaler, "_per_optimizer_states", None)
+    if per_optimizer is None or id(optimizer) not in per_optimizer:
+        return None
+    found = per_optimizer[id(optimizer)].get("found_inf_per_device") or {}
+    if not found:
+        return None
+    return bool(sum(float(t.item()) for t in found.values()) > 0)
+
+
+class PreparedOptimizer(Optimizer):
+    """Wraps an optimizer so that it steps at the end of each gradient-accumulation cycle.
+
+    It *is* a :class:`torch.optim.Optimizer` (``isinstance`` holds, the ``register_*_hook``
+    methods work, an ``LRScheduler`` can be built on it), and ``param_groups``, ``state`` and
+    ``defaults`` are the wrapped optimizer's own objects. Other attributes are read from the
+    wrapped optimizer.
+
+    Args:
+        optimizer: the optimizer to wrap.
+        device_placement: move the optimizer's state to ``device`` now and on every
+            ``load_state_dict``.
+        scaler: a ``torch.amp.GradScaler``; ``step()`` then goes through ``scaler.step`` followed by
+            ``scaler.update()`` and sets :attr:`step_was_skipped`.
+        device: where the state goes; ``None`` = the device of each state's parameter.
+        gradient_state: the run's :class:`GradientState`; ``None`` = a private one that syncs on
+            every call (no accumulation).
+
+    Stepping: ``step()`` and ``zero_grad()`` act only when ``gradient_state.sync_gradients`` is
+    true and do nothing on the other micro-batches. Step hooks registered on this object run
+    around the steps that act (check :attr:`step_was_skipped` in a post-hook); global optimizer
+    hooks run for the wrapped optimizer's own ``step``, as torch decides.
+
+    Skipped steps: decided from the scaler's own inf/NaN record for the wrapped optimizer, read
+    after ``scaler.step`` and before ``scaler.update()`` (``found_inf_per_device``), so fused and
+    ``_step_supports_amp_scaling`` optimizers, which are called even when they then skip, are
+    reported correctly. Without a scaler (or with a disabled one) nothing is ever skipped.
+    ``scaler.unscale_(prepared)`` before ``step()`` (gradient clipping) is honoured.
+
+    Example::
+
+        >>> import torch
+        >>> model = torch.nn.Linear(2, 1)
+        >>> state = GradientState(num_steps=2)
+        >>> opt = PreparedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), gradient_state=state)
+        >>> before = model.weight.detach().clone()
+        >>> model(torch.ones(1, 2)).sum().backward()
+        >>> state.begin_micro_batch()  # first of two micro-batches: no step
+        False
+        >>> opt.step(); torch.equal(before, model.weight)
+        True
+    """
+
+    # GradScaler must treat this wrapper as a plain optimizer: the fused path is taken by the
+    # wrapped optimizer, which is what ``step()`` hands to the scaler.
+    _step_supports_amp_scaling = False
+
+    def __init__(
+        self,
+        optimizer: Optimizer,
+        device_placement: bool = True,
+        scaler: Optional[Any] = None,
+        device: Union[str, torch.device, None] = None,
+        gradient_state: Optional[GradientState] = None,
+    ) -> None:
+        if not isinstance(optimizer, Optimizer):
+            raise TypeError(
+                f"optimizer={type(optimizer).__name__} is not a torch.optim.Optimizer; pass the optimizer instance"
+            )
+        if isinstance(optimizer, PreparedOptimizer):
+            raise TypeError("optimizer is already a PreparedOptimizer; pass it as it is, or its .optimizer")
+        if scaler is not None and not all(hasattr(scaler, name) for name in ("step", "update", "is_enabled")):
+            raise TypeError(f"scaler={scaler!r} is not a GradScaler (it needs step(), update() and is_enabled())")
+        self.__dict__["optimizer"] = optimizer
+        # Run Optimizer's own set-up (hook registries, profiling name) against a scratch group,
+        # so that the wrapped optimizer's groups, state and defaults are left untouched.
+        self.__dict__["_scratch"] = {"param_groups": [], "state": {}, "defaults": {}}
+        try:
+            Optimizer.__init__(self, [torch.empty(0)], {})
+        finally:
+            del self.__dict__["_scratch"]
+        self.scaler = scaler
+        self.device_placement = bool(device_placement)
+        self.device = torch.device(device) if device is not None else None
+        self.gradient_state = gradient_state if gradient_state is not None else GradientState()
+        self._step_was_skipped = False
+        self._steps_taken = 0  # steps that updated the parameters (read by PreparedScheduler)
+        self._warned_no_micro_batch = False
+        if self.device_placement:
+            self._place_state()
+
+    # -- the wrapped optimizer's objects -----------------------------------------------------
+    @property  # type: ignore[override]
+    def param_groups(self) -> list[dict[str, Any]]:
+        scratch = self.__dict__.get("_scratch")
+        return scratch["param_groups"] if scratch is not None else self.optimizer.param_groups
+
+    @param_groups.setter
+    def param_groups(self, value: list[dict[str, Any]]) -> None:
+        scratch = self.__dict__.get("_scratch")
+        if scratch is not None:
+            scratch["param_groups"] = value
+        else:
+            self.optimizer.param_groups = value
+
+    @property  # type: ignore[override]
+    def state(self) -> Any:
+        scratch = self.__dict__.get("_scratch")
+        return scratch["state"] if scratch is not None else self.optimizer.state
+
+    @state.setter
+    def state(self, value: Any) -> None:
+        scratch = self.__dict__.get("_scratch")
+        if scratch is not None:
+            scratch["state"] = value
+        else:
+            self.optimizer.state = value
+
+    @property  # type: ignore[override]
+    def defaults(self) -> dict[str, Any]:
+        scratch = self.__dict__.get("_scratch")
+        return scratch["defaults"] if scratch is not None else self.optimizer.defaults
+
+    @defaults.setter
+    def defaults(self, value: dict[str, Any]) -> None:
+        scratch = self.__dict__.get("_scratch")
+        if scratch is not None:
+            scratch["defaults"] = value
+        else:
+            self.optimizer.defaults = value
+
+    def __getattr__(self, name: str) -> Any:
+        # only reached for names not found on this object: read them from the wrapped optimizer
+        if name.startswith("__") or "optimizer" not in self.__dict__:
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+        return getattr(self.__dict__["optimizer"], name)
+
+    # -- stepping ----------------------------------------------------------------------------
+    @property
+    def step_was_skipped(self) -> bool:
+        """Whether the last step that acted was skipped by the scaler (inf/NaN gradients)."""
+        return self._step_was_skipped
+
+    def step(self, closure: Optional[Callable[[], Any]] = None) -> Any:  # type: ignore[override]
+        """Update the parameters on a sync micro-batch; do nothing on the others."""
+        state = self.gradient_state
+        if not state.sync_gradients:
+            return None
+        if state.num_steps > 1 and not state._micro_batch_begun and not self._warned_no_micro_batch:
+            self._warned_no_micro_batch = True
+            logger.warning(
+                "gradient accumulation is set to %d micro-batches but no micro-batch was begun: the optimizer "
+                "steps on every call. Wrap each micro-batch in the run's accumulate() context.",
+                state.num_steps,
+            )
+        if closure is not None and _scaler_active(self.scaler):
+            raise RuntimeError("closures are not supported with a GradScaler (as in torch); call step() without one")
+        args: tuple[Any, ...] = () if closure is None else (closure,)
+        kwargs: dict[str, Any] = {}
+        for pre_hook in list(self._optimizer_step_pre_hooks.values()):
+            result = pre_hook(self, args, kwargs)
+            if result is not None:
+                if not (isinstance(result, tuple) and len(result) == 2):
+                    raise RuntimeError(
+                        f"an optimizer step pre-hook must return None or (args, kwargs), got {result!r}"
+                    )
+                args, kwargs = result
+        out = self._step_wrapped(args, kwargs)
+        for post_hook in list(self._optimizer_step_post_hooks.values()):
+            post_hook(self, args, kwargs)
+        return out
+
+    def _step_wrapped(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        scaler, optimizer = self.scaler, self.optimizer
+        if not _scaler_active(scaler):
+            self._step_was_skipped = False
+            out = optimizer.step(*args, **kwargs)
+            self._steps_taken += 1
+            return out
+        per_optimizer = scaler._per_optimizer_states
+        if id(self) in per_optimizer:  # the user called scaler.unscale_(this wrapper): keep that record
+            per_optimizer[id(optimizer)] = per_optimizer.pop(id(self))
+        scale_before = scaler.get_scale()
+        out = scaler.step(optimizer, *args, **kwargs)
+        found_inf = _found_inf(scaler, optimizer)
+        scaler.update()
+        if found_inf is None:
+            # no record to read: fall back to the scale, which backs off only after an inf/NaN
+            found_inf = scaler.get_scale() < scale_before
+            logger.debug("no inf record from the scaler for %s; decided from the scale", type(optimizer).__name__)
+        self._step_was_skipped = found_inf
+        if not found_inf:
+            self._steps_taken += 1
+        return out
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """Clear the gradients on a sync micro-batch; do nothing on the others."""
+        if self.gradient_state.sync_gradients:
+            self.optimizer.zero_grad(set_to_none=set_to_none)
+
+    # -- the rest of the Optimizer API -------------------------------------------------------
+    def add_param_group(self, param_group: dict[str, Any]) -> None:
+        """Add a parameter group to the wrapped optimizer."""
+        if "_scratch" in self.__dict__:  # Optimizer.__init__'s scratch group
+            Optimizer.add_param_group(self, param_group)
+            return
+        self.optimizer.add_param_group(param_group)
+
+    def state_dict(self) -> dict[str, Any]:
+        """The wrapped optimizer's ``state_dict()``, through this object's state-dict hooks."""
+        for pre_hook in list(self._optimizer_state_dict_pre_hooks.values()):
+            pre_hook(self)
+        state_dict = self.optimizer.state_dict()
+        for post_hook in list(self._optimizer_state_dict_post_hooks.values()):
+            result = post_hook(self, state_dict)
+            if result is not None:
+                state_dict = result
+        return state_dict
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Load into the wrapped optimizer, then place the state on the device."""
+        for pre_hook in list(self._optimizer_load_state_dict_pre_hooks.values()):
+            result = pre_hook(self, state_dict)
+            if result is not None:
+                state_dict = result
+        self.optimizer.load_state_dict(state_dict)
+        if self.device_placement:
+            self._place_state()
+        for post_hook in list(self._optimizer_load_state_dict_post_hooks.values()):
+            post_hook(self)
+
+    def train(self) -> None:
+        """Forward ``train()`` to optimizers that have one (schedule-free optimizers)."""
+        if hasattr(self.optimizer, "train"):
+            self.optimizer.train()
+
+    def eval(self) -> None:
+        """Forward ``eval()`` to optimizers that have one (schedule-free optimizers)."""
+        if hasattr(self.optimizer, "eval"):
+            self.optimizer.eval()
+
+    def _place_state(self) -> None:
+        """Move state tensors to ``device`` (default: their parameter's), following torch's rule
+        that a non-capturable, non-fused optimizer keeps ``step`` where it is."""
+        optimizer = self.optimizer
+        for group in optimizer.param_groups:
+            keep_step = not (group.get("capturable") or group.get("fused"))
+            for param in group["params"]:
+                param_state = optimizer.state.get(param)
+                if not param_state:
+                    continue
+                target = self.device if self.device is not None else param.device
+                for key, value in param_state.items():
+                    if torch.is_tensor(value) and value.device != target and not (key == "step" and keep_step):
+                        param_state[key] = value.to(target)
+
+    # -- pickling / repr ---------------------------------------------------------------------
+    def __getstate__(self) -> dict[str, Any]:
+        # hooks (often closures) are dropped, as torch does for optimizers
+        return {
+            "optimizer": self.optimizer,
+            "scaler": self.scaler,
+            "device_placement": self.device_placement,
+            "device": self.device,
+            "gradient_state": self.gradient_state,
+            "_step_was_skipped": self._step_was_skipped,
+            "_steps_taken": self._steps_taken,
+            "_warned_no_micro_batch": self._warned_no_micro_batch,
+        }
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        for name in (
+            "_optimizer_step_pre_hooks",
+            "_optimizer_step_post_hooks",
+            "_optimizer_state_dict_pre_hooks",
+            "_optimizer_state_dict_post_hooks",
+            "_optimizer_load_state_dict_pre_hooks",
+            "_optimizer_load_state_dict_post_hooks",
+        ):
+            self.__dict__.setdefault(name, OrderedDict())
+        self._patch_step_function()
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.optimizer!r})"
+
+
+# Step hooks are run by PreparedOptimizer.step itself, only on the steps that act: keep torch from
+# wrapping it with the hook-running profiler wrapper (which would also run them on no-op calls).
+PreparedOptimizer.step.hooked = True  # type: ignore[attr-defined]
