@@ -1,0 +1,164 @@
+"""One configuration value for every shardplug front-end.
+
+:class:`ShardplugConfig` holds the options of SPEC §5 (data loading) and §6 (stepping) once, so a
+plain-PyTorch :class:`~shardplug.core.training.TrainingRun` and the framework integrations take the
+same value. It is frozen and validated on construction: a bad option fails where it is written,
+with a message naming the argument, the value and the fix.
+
+Example::
+
+    >>> config = ShardplugConfig(gradient_accumulation_steps=4, split_batches=True)
+    >>> config.data_loader_kwargs()["split_batches"]
+    True
+    >>> config.replace(gradient_accumulation_steps=2).gradient_accumulation_steps
+    2
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, Callable, Optional
+
+from .rng import check_rng_types
+
+__all__ = ["ShardplugConfig"]
+
+_BOOL_OPTIONS = (
+    "split_batches",
+    "even_batches",
+    "use_seedable_sampler",
+    "non_blocking",
+    "use_stateful_dataloader",
+    "put_on_device",
+    "step_scheduler_with_optimizer",
+    "scale_scheduler_by_num_processes",
+)
+
+
+@dataclass(frozen=True)
+class ShardplugConfig:
+    """Options shared by the loaders, optimizers and schedulers of one training run.
+
+    Data loading (passed to ``prepare_data_loader``, see :meth:`data_loader_kwargs`):
+
+    Args:
+        split_batches: cut each batch of the user's loader into ``num_processes`` slices
+            (the loader's batch size is the global one) instead of giving each process whole batches.
+        even_batches: pad the end of an epoch so that every process gets the same number of batches.
+        dispatch_batches: only process 0 reads the data and sends each process its rows;
+            ``None`` = only for iterable datasets with ``put_on_device=True``.
+        use_seedable_sampler: replace ``RandomSampler`` with a sampler whose order is a pure
+            function of the seed and the epoch.
+        data_seed: seed of that sampler (``None``: agreed from process 0).
+        non_blocking: non-blocking host-to-device copies of the batches.
+        use_stateful_dataloader: back the loaders with ``torchdata``'s ``StatefulDataLoader``.
+        put_on_device: move each batch to the process's device.
+        rng_types: RNGs to synchronise from process 0 at each epoch start
+            (``"torch"``, ``"cuda"``, ``"xla"``, ``"generator"``); stored as a tuple.
+        slice_fn_for_dispatch: ``slice_fn(data, slice, process_index, num_processes)`` used by
+            dispatching loaders.
+
+    Stepping:
+
+    Args:
+        gradient_accumulation_steps: micro-batches per optimizer step (``>= 1``).
+        step_scheduler_with_optimizer: prepared schedulers step only when the optimizers really
+            stepped; ``False`` makes them plain pass-throughs.
+        scale_scheduler_by_num_processes: when batches are not split, each optimizer step advances
+            a prepared scheduler ``num_processes`` times, so a schedule sized on the length of the
+            *unsharded* loader ends on time (the plain-PyTorch convention). ``False``: one scheduler
+            step per optimizer step, for schedules sized in optimizer steps. Never applied to
+            ``ReduceLROnPlateau``.
+
+    Example::
+
+        >>> ShardplugConfig(gradient_accumulation_steps=0)
+        Traceback (most recent call last):
+        ...
+        ValueError: gradient_accumulation_steps=0 is invalid: ...
+    """
+
+    split_batches: bool = False
+    even_batches: bool = True
+    dispatch_batches: Optional[bool] = None
+    use_seedable_sampler: bool = False
+    data_seed: Optional[int] = None
+    non_blocking: bool = False
+    use_stateful_dataloader: bool = False
+    put_on_device: bool = False
+    rng_types: Optional[tuple[str, ...]] = None
+    slice_fn_for_dispatch: Optional[Callable[..., Any]] = None
+    gradient_accumulation_steps: int = 1
+    step_scheduler_with_optimizer: bool = True
+    scale_scheduler_by_num_processes: bool = True
+
+    def __post_init__(self) -> None:
+        for name in _BOOL_OPTIONS:
+            value = getattr(self, name)
+            if not isinstance(value, bool):
+                raise TypeError(f"{name}={value!r} is invalid: it must be True or False")
+        if self.dispatch_batches is not None and not isinstance(self.dispatch_batches, bool):
+            raise TypeError(
+                f"dispatch_batches={self.dispatch_batches!r} is invalid: it must be True, False or None (automatic)"
+            )
+        if self.dispatch_batches and not self.put_on_device:
+            raise ValueError(
+                "dispatch_batches=True needs put_on_device=True (process 0 sends each process its rows on its "
+                "device); set put_on_device=True or dispatch_batches=False"
+            )
+        if self.data_seed is not None and (not isinstance(self.data_seed, int) or isinstance(self.data_seed, bool)):
+            raise TypeError(f"data_seed={self.data_seed!r} is invalid: it must be an integer or None")
+        if self.data_seed is not None and not -(2**63) <= self.data_seed < 2**64:
+            raise ValueError(
+                f"data_seed={self.data_seed} is out of range: torch seeds lie in [-2**63, 2**64); pick a smaller seed"
+            )
+        if self.data_seed is not None and not self.use_seedable_sampler:
+            raise ValueError(
+                f"data_seed={self.data_seed} has no effect with use_seedable_sampler=False; "
+                "set use_seedable_sampler=True or leave data_seed=None"
+            )
+        if self.rng_types is not None:
+            if isinstance(self.rng_types, str):
+                raise TypeError(
+                    f"rng_types={self.rng_types!r} is invalid: pass a tuple of names, e.g. ({self.rng_types!r},)"
+                )
+            try:
+                rng_types = check_rng_types(self.rng_types)
+            except TypeError as exc:
+                raise TypeError(f"rng_types={self.rng_types!r} is invalid: it must be a tuple of names") from exc
+            object.__setattr__(self, "rng_types", rng_types)  # a fresh tuple: never the caller's list
+        if self.slice_fn_for_dispatch is not None and not callable(self.slice_fn_for_dispatch):
+            raise TypeError(
+                f"slice_fn_for_dispatch={self.slice_fn_for_dispatch!r} is invalid: it must be a callable "
+                "slice_fn(data, slice, process_index, num_processes) or None"
+            )
+        steps = self.gradient_accumulation_steps
+        if not isinstance(steps, int) or isinstance(steps, bool) or steps < 1:
+            raise ValueError(
+                f"gradient_accumulation_steps={steps!r} is invalid: it must be an integer >= 1 "
+                "(1 = an optimizer step on every batch)"
+            )
+
+    def data_loader_kwargs(self) -> dict[str, Any]:
+        """Keyword arguments of ``prepare_data_loader`` that this configuration decides.
+
+        The run-specific ones (``device``, ``num_processes``, ``process_index``,
+        ``torch_device_mesh``) are left to the caller. ``rng_types`` is a fresh list each call.
+        """
+        return {
+            "split_batches": self.split_batches,
+            "put_on_device": self.put_on_device,
+            "rng_types": None if self.rng_types is None else list(self.rng_types),
+            "dispatch_batches": self.dispatch_batches,
+            "even_batches": self.even_batches,
+            "slice_fn_for_dispatch": self.slice_fn_for_dispatch,
+            "use_seedable_sampler": self.use_seedable_sampler,
+            "data_seed": self.data_seed,
+            "non_blocking": self.non_blocking,
+            "use_stateful_dataloader": self.use_stateful_dataloader,
+        }
+
+    def replace(self, **changes: Any) -> "ShardplugConfig":
+        """A copy with ``changes`` applied (and validated)."""
+        return dataclasses.replace(self, **changes)

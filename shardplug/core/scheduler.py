@@ -1,0 +1,219 @@
+"""``PreparedScheduler``: a learning-rate scheduler that follows the optimizer steps that happened.
+
+Example::
+
+    >>> import torch
+    >>> opt = torch.optim.SGD(torch.nn.Linear(2, 1).parameters(), lr=1.0)
+    >>> sched = PreparedScheduler(torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5), opt,
+    ...                           num_processes=2)
+    >>> opt.step(); sched.step(); sched.last_epoch  # not split: 2 scheduler steps per optimizer step
+    2
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Iterable, Optional, Union
+
+from torch.optim import Optimizer
+from torch.optim.lr_scheduler import LRScheduler, ReduceLROnPlateau
+
+from .accumulation import GradientState
+
+__all__ = ["PreparedScheduler"]
+
+logger = logging.getLogger(__name__)
+
+_OWN = frozenset(
+    {
+        "scheduler",
+        "optimizers",
+        "step_with_optimizer",
+        "split_batches",
+        "num_processes",
+        "scale_by_num_processes",
+        "gradient_state",
+        "_seen_steps",
+        "_warned_total_steps",
+    }
+)
+
+
+def _default_num_processes() -> int:
+    from .topology import resolve_data_topology
+
+    return resolve_data_topology()[0]
+
+
+class PreparedScheduler(LRScheduler):
+    """Wraps a learning-rate scheduler so that it steps once per real optimizer step.
+
+    Args:
+        scheduler: the scheduler to wrap (any ``LRScheduler``, including ``ReduceLROnPlateau``).
+        optimizers: the optimizer(s) whose steps drive it (prepared or not).
+        step_with_optimizer: ``False`` makes :meth:`step` a plain pass-through.
+        split_batches: whether the loaders split batches; when they do, one optimizer step is one
+            global batch and the scheduler steps once.
+        num_processes: ``None`` = read from the running job.
+        scale_by_num_processes: when batches are not split, step ``num_processes`` times per
+            optimizer step (schedules sized on the unsharded loader's length end on time);
+            ``False``: once per optimizer step.
+        gradient_state: the run's :class:`GradientState`; ``None`` = the one of the first
+            prepared optimizer, else a private one (no accumulation).
+
+    With ``step_with_optimizer=True``, :meth:`step` does nothing while gradients are being
+    accumulated, nor unless every optimizer in ``optimizers`` made an update that the scaler did not
+    skip since the scheduler last stepped (optimizers that are not prepared always count as having
+    stepped). Otherwise it steps ``num_processes`` times (see above), never past the scheduler's
+    ``total_steps`` (``OneCycleLR``). ``ReduceLROnPlateau`` is stepped exactly once with its metric.
+
+    Everything else (``last_epoch``, ``base_lrs``, ``optimizer``, ``get_last_lr()``, ``get_lr()``,
+    ``state_dict()``, ``load_state_dict()``, ...) is the wrapped scheduler's; attribute writes go
+    to the wrapped scheduler too.
+
+    Example::
+
+        >>> import torch
+        >>> opt = torch.optim.SGD(torch.nn.Linear(2, 1).parameters(), lr=1.0)
+        >>> plateau = PreparedScheduler(torch.optim.lr_scheduler.ReduceLROnPlateau(opt), opt, num_processes=4)
+        >>> opt.step(); plateau.step(0.5); plateau.last_epoch
+        1
+    """
+
+    def __init__(
+        self,
+        scheduler: Any,
+        optimizers: Union[Optimizer, Iterable[Optimizer], None] = None,
+        step_with_optimizer: bool = True,
+        split_batches: bool = False,
+        num_processes: Optional[int] = None,
+        scale_by_num_processes: bool = True,
+        gradient_state: Optional[GradientState] = None,
+    ) -> None:
+        # LRScheduler.__init__ is deliberately not run: it would step and patch the optimizer.
+        if not callable(getattr(scheduler, "step", None)):
+            raise TypeError(f"scheduler={scheduler!r} has no step() method; pass a torch learning-rate scheduler")
+        if isinstance(scheduler, PreparedScheduler):
+            raise TypeError("scheduler is already a PreparedScheduler; pass it as it is, or its .scheduler")
+        if optimizers is None:
+            optimizers = [scheduler.optimizer]
+        elif isinstance(optimizers, Optimizer):
+            optimizers = [optimizers]
+        optimizers = list(optimizers)
+        for opt in optimizers:
+            if not isinstance(opt, Optimizer):
+                raise TypeError(f"optimizers contains {opt!r}, which is not a torch.optim.Optimizer")
+        if num_processes is None:
+            num_processes = _default_num_processes()
+        if not isinstance(num_processes, int) or isinstance(num_processes, bool) or num_processes < 1:
+            raise ValueError(
+                f"num_processes={num_processes!r} is invalid: it must be an integer >= 1 "
+                "(leave it None to read it from the job)"
+            )
+        if gradient_state is None:
+            gradient_state = next(
+                (o.gradient_state for o in optimizers if isinstance(getattr(o, "gradient_state", None), GradientState)),
+                None,
+            ) or GradientState()
+        own = self.__dict__
+        own["scheduler"] = scheduler
+        own["optimizers"] = optimizers
+        own["step_with_optimizer"] = bool(step_with_optimizer)
+        own["split_batches"] = bool(split_batches)
+        own["num_processes"] = num_processes
+        own["scale_by_num_processes"] = bool(scale_by_num_processes)
+        own["gradient_state"] = gradient_state
+        own["_seen_steps"] = self._optimizer_steps()
+        own["_warned_total_steps"] = False
+
+    # -- attribute pass-through --------------------------------------------------------------
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__") or "scheduler" not in self.__dict__:
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+        return getattr(self.__dict__["scheduler"], name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name in _OWN:
+            self.__dict__[name] = value
+        else:
+            setattr(self.__dict__["scheduler"], name, value)
+
+    # names LRScheduler defines on the class: read the wrapped scheduler's values instead
+    @property
+    def _get_lr_called_within_step(self) -> bool:  # type: ignore[override]
+        return getattr(self.scheduler, "_get_lr_called_within_step", False)
+
+    @_get_lr_called_within_step.setter
+    def _get_lr_called_within_step(self, value: bool) -> None:
+        self.scheduler._get_lr_called_within_step = value
+
+    @property
+    def _is_initial(self) -> bool:  # type: ignore[override]
+        return getattr(self.scheduler, "_is_initial", False)
+
+    @_is_initial.setter
+    def _is_initial(self, value: bool) -> None:
+        self.scheduler._is_initial = value
+
+    # -- stepping ----------------------------------------------------------------------------
+    @property
+    def steps_per_optimizer_step(self) -> int:
+        """Scheduler steps taken per real optimizer step (``ReduceLROnPlateau``: always 1)."""
+        if isinstance(self.scheduler, ReduceLROnPlateau) or self.split_batches or not self.scale_by_num_processes:
+            return 1
+        return self.num_processes
+
+    def _optimizer_steps(self) -> list[Optional[int]]:
+        return [getattr(o, "_steps_taken", None) for o in self.optimizers]
+
+    def step(self, *args: Any, **kwargs: Any) -> None:  # type: ignore[override]
+        """Step the wrapped scheduler if (and as often as) the optimizers really stepped."""
+        if not self.step_with_optimizer:
+            self.scheduler.step(*args, **kwargs)
+            return
+        if not self.gradient_state.sync_gradients:
+            return  # accumulating: no optimizer step happened
+        now = self._optimizer_steps()
+        stepped = all(n is None or n > seen for n, seen in zip(now, self._seen_steps))
+        if not stepped:
+            logger.debug("scheduler not stepped: an optimizer made no update since the last scheduler step")
+            return
+        self._seen_steps = now
+        for _ in range(self.steps_per_optimizer_step):
+            total = getattr(self.scheduler, "total_steps", None)
+            if isinstance(total, int) and self.scheduler.last_epoch >= total:
+                if not self._warned_total_steps:
+                    self._warned_total_steps = True
+                    logger.warning(
+                        "%s reached total_steps=%d; further scheduler steps are ignored",
+                        type(self.scheduler).__name__,
+                        total,
+                    )
+                break
+            self.scheduler.step(*args, **kwargs)
+
+    # -- pass-through methods LRScheduler defines --------------------------------------------
+    def get_last_lr(self) -> list[Any]:
+        """The wrapped scheduler's ``get_last_lr()``."""
+        return self.scheduler.get_last_lr()
+
+    def get_lr(self) -> list[Any]:
+        """The wrapped scheduler's ``get_lr()``."""
+        return self.scheduler.get_lr()
+
+    def state_dict(self) -> dict[str, Any]:
+        """The wrapped scheduler's ``state_dict()``."""
+        return self.scheduler.state_dict()
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """The wrapped scheduler's ``load_state_dict()``."""
+        self.scheduler.load_state_dict(state_dict)
+
+    def __getstate__(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.scheduler!r}, steps_per_optimizer_step={self.steps_per_optimizer_step})"

@@ -1,0 +1,84 @@
+"""ShardplugConfig: defaults, validation messages, loader kwargs."""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+
+import pytest
+
+from shardplug.core.config import ShardplugConfig
+
+
+def test_defaults():
+    config = ShardplugConfig()
+    assert (config.split_batches, config.even_batches, config.dispatch_batches) == (False, True, None)
+    assert config.gradient_accumulation_steps == 1
+    assert config.step_scheduler_with_optimizer and config.scale_scheduler_by_num_processes
+    assert config.rng_types is None
+
+
+def test_frozen_and_replace_validates():
+    config = ShardplugConfig()
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        config.split_batches = True  # type: ignore[misc]
+    assert config.replace(split_batches=True).split_batches is True
+    with pytest.raises(ValueError, match="gradient_accumulation_steps=0"):
+        config.replace(gradient_accumulation_steps=0)
+
+
+@pytest.mark.parametrize(
+    "kwargs, error, words",
+    [
+        ({"gradient_accumulation_steps": 0}, ValueError, ["gradient_accumulation_steps=0", ">= 1"]),
+        ({"gradient_accumulation_steps": 2.0}, ValueError, ["gradient_accumulation_steps=2.0"]),
+        ({"gradient_accumulation_steps": True}, ValueError, ["gradient_accumulation_steps=True"]),
+        ({"split_batches": "yes"}, TypeError, ["split_batches='yes'", "True or False"]),
+        ({"dispatch_batches": 1}, TypeError, ["dispatch_batches=1"]),
+        ({"dispatch_batches": True}, ValueError, ["dispatch_batches=True", "put_on_device=True"]),
+        ({"data_seed": 3}, ValueError, ["data_seed=3", "use_seedable_sampler=True"]),
+        ({"data_seed": "3", "use_seedable_sampler": True}, TypeError, ["data_seed='3'"]),
+        ({"data_seed": 2**64, "use_seedable_sampler": True}, ValueError, ["data_seed=", "range"]),
+        ({"rng_types": "torch"}, TypeError, ["rng_types='torch'", "('torch',)"]),
+        ({"rng_types": ("torch", "tpu")}, ValueError, ["rng_types", "'tpu'"]),
+        ({"slice_fn_for_dispatch": 3}, TypeError, ["slice_fn_for_dispatch=3", "callable"]),
+    ],
+)
+def test_validation_names_argument_value_and_fix(kwargs, error, words):
+    with pytest.raises(error) as info:
+        ShardplugConfig(**kwargs)
+    for word in words:
+        assert word in str(info.value)
+
+
+def test_rng_types_become_a_fresh_tuple():
+    names = ["torch", "generator"]
+    config = ShardplugConfig(rng_types=names)  # type: ignore[arg-type]
+    assert config.rng_types == ("torch", "generator")
+    kwargs = config.data_loader_kwargs()
+    kwargs["rng_types"].remove("generator")
+    assert names == ["torch", "generator"] and config.data_loader_kwargs()["rng_types"] == ["torch", "generator"]
+    assert hash(config) == hash(ShardplugConfig(rng_types=("torch", "generator")))
+
+
+def test_data_loader_kwargs_are_prepare_data_loader_arguments():
+    prepare = pytest.importorskip("shardplug.core.prepare")
+    def slicer(data, s, i, n):
+        return data
+
+    config = ShardplugConfig(
+        split_batches=True,
+        even_batches=False,
+        dispatch_batches=True,
+        put_on_device=True,
+        use_seedable_sampler=True,
+        data_seed=7,
+        non_blocking=True,
+        rng_types=("torch",),
+        slice_fn_for_dispatch=slicer,
+    )
+    kwargs = config.data_loader_kwargs()
+    parameters = inspect.signature(prepare.prepare_data_loader).parameters
+    assert set(kwargs) <= set(parameters)
+    assert set(parameters) - set(kwargs) == {"dataloader", "device", "num_processes", "process_index", "torch_device_mesh"}
+    assert kwargs["slice_fn_for_dispatch"] is slicer and kwargs["data_seed"] == 7 and kwargs["split_batches"] is True
