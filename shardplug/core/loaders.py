@@ -165,7 +165,7 @@ class PreparedDataLoader(DataLoader):
     def _full_length(self) -> int:
         """Batches in one full pass of this process."""
         shard = self._batch_shard
-        if shard is not None:
+        if shard is not None and not self._dataset_kind_is_iterable():
             return shard.full_length()
         return super().__len__()
 
@@ -361,7 +361,8 @@ class DataLoaderShard(PreparedDataLoader):
         non_blocking: bool,
     ) -> None:
         # Own the batch sampler so skipping and resuming never load a skipped batch.
-        if self.batch_sampler is not None and not isinstance(self.batch_sampler, BatchSamplerShard):
+        iterable = isinstance(self.dataset, IterableDataset)
+        if not iterable and self.batch_sampler is not None and not isinstance(self.batch_sampler, BatchSamplerShard):
             object.__setattr__(self, "batch_sampler", BatchSamplerShard(self.batch_sampler))
         self._setup_prepared(device, rng_types, synchronized_generator, skip_batches, non_blocking)
         for target in self._epoch_targets():

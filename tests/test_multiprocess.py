@@ -1,0 +1,197 @@
+"""Real gloo process groups (2 and 3 processes): shuffles, dispatch, iterable data with workers."""
+
+from __future__ import annotations
+
+from collections import namedtuple
+
+import pytest
+import torch
+from torch.utils.data import DataLoader, Dataset, IterableDataset
+
+import shardplug
+from _dist import run_distributed, values
+
+Pair = namedtuple("Pair", ["a", "b"])
+
+
+class Records(Dataset):
+    """Nested samples: a dict holding a tensor, a list of tensors and a namedtuple."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int):
+        return {"x": torch.tensor([i, i]), "parts": [torch.tensor(i), torch.tensor(-i)], "pair": Pair(torch.tensor(i), torch.tensor(2 * i))}
+
+
+class Named(Dataset):
+    def __len__(self) -> int:
+        return 6
+
+    def __getitem__(self, i: int):
+        return {"x": torch.tensor(i), "name": f"item{i}"}
+
+
+class Ragged(Dataset):
+    def __len__(self) -> int:
+        return 8
+
+    def __getitem__(self, i: int):
+        return torch.zeros(1 + (i // 2) % 2)  # batches of 2: shape (2, 1) then (2, 2)
+
+
+class Stream(IterableDataset):
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __iter__(self):
+        return iter(range(self.n))
+
+    def __len__(self) -> int:
+        return self.n
+
+
+def _ids(batch):
+    return batch["x"][:, 0].tolist()
+
+
+def _scenarios(rank: int, world: int) -> dict:
+    torch.manual_seed(100 + rank)  # processes seeded differently on purpose
+    out: dict = {}
+
+    loader = shardplug.prepare_data_loader(DataLoader(range(40), batch_size=4, shuffle=True))
+    out["shuffle"] = [[b.tolist() for b in loader] for _ in range(3)]
+
+    gen = torch.Generator().manual_seed(rank)  # a user generator, seeded differently per process
+    loader = shardplug.prepare_data_loader(DataLoader(range(40), batch_size=4, shuffle=True, generator=gen))
+    out["shuffle_user_generator"] = [[b.tolist() for b in loader] for _ in range(2)]
+
+    loader = shardplug.prepare_data_loader(
+        DataLoader(Records(11), batch_size=3), put_on_device=True, device="cpu", dispatch_batches=True
+    )
+    batches = list(loader)
+    out["dispatch"] = [_ids(b) for b in batches]
+    out["dispatch_nested_ok"] = all(
+        b["parts"][1].tolist() == [-v for v in b["parts"][0].tolist()]
+        and isinstance(b["pair"], Pair)
+        and b["pair"].b.tolist() == [2 * v for v in b["pair"].a.tolist()]
+        for b in batches
+    )
+    out["dispatch_len"] = len(loader)
+
+    loader = shardplug.prepare_data_loader(
+        DataLoader(Records(10), batch_size=2 * world), put_on_device=True, dispatch_batches=True, split_batches=True
+    )
+    out["dispatch_split"] = [_ids(b) for b in loader]
+
+    for name, dataset in (("dispatch_error_strings", Named()), ("dispatch_error_ragged", Ragged())):
+        loader = shardplug.prepare_data_loader(DataLoader(dataset, batch_size=2), put_on_device=True, dispatch_batches=True)
+        try:
+            list(loader)
+            out[name] = None
+        except Exception as exc:  # the same clear error must reach every process
+            out[name] = f"{type(exc).__name__}: {exc}"
+
+    loader = shardplug.prepare_data_loader(DataLoader(Stream(23), batch_size=2, num_workers=2))
+    out["iterable_workers"] = [b.tolist() for b in loader]
+    out["iterable_workers_len"] = len(loader)
+
+    loader = shardplug.prepare_data_loader(DataLoader(Stream(9), batch_size=2), put_on_device=True)
+    out["iterable_dispatch"] = [(b.tolist(), loader.end_of_dataloader) for b in loader]
+    out["iterable_dispatch_class"] = type(loader).__name__
+    return out
+
+
+@pytest.fixture(scope="module", params=[2, 3], ids=["2procs", "3procs"])
+def runs(request):
+    return request.param, values(run_distributed(_scenarios, request.param, timeout=180))
+
+
+def _round_robin(per_rank):
+    """Batch k of every rank in turn: the global order the shards were cut from."""
+    flat = []
+    for k in range(max(len(b) for b in per_rank)):
+        for batches in per_rank:
+            if k < len(batches):
+                flat.extend(batches[k])
+    return flat
+
+
+def test_shuffle_without_seed_gives_disjoint_covering_shards_every_epoch(runs):
+    world, results = runs
+    epochs = []
+    for epoch in range(3):
+        per_rank = [r["shuffle"][epoch] for r in results]
+        order = _round_robin(per_rank)
+        assert sorted(order[:40]) == list(range(40)), f"epoch {epoch}: shards overlap or miss samples"
+        assert order[40:] == order[: len(order) - 40], "only the documented padding may repeat"
+        epochs.append(order)
+    assert epochs[0] != epochs[1] != epochs[2], "the shuffle must change with the epoch"
+
+
+def test_user_generators_seeded_per_rank_are_synchronised(runs):
+    world, results = runs
+    for epoch in range(2):
+        order = _round_robin([r["shuffle_user_generator"][epoch] for r in results])
+        assert sorted(order[:40]) == list(range(40))
+
+
+def test_dispatch_gives_each_process_its_rows_incl_padded_final_step(runs):
+    world, results = runs
+    # 11 samples, batch 3, not split: a step is `world` batches concatenated; rows are cut in `world` parts.
+    steps, start = [], 0
+    while start < 11:
+        rows = list(range(start, min(start + 3 * world, 11)))
+        start += 3 * world
+        steps.append(rows)
+    for r, res in enumerate(results):
+        expected = []
+        for rows in steps:
+            padded = rows + [k % 11 for k in range(-len(rows) % world)]
+            k = len(padded) // world
+            expected.append(padded[r * k:(r + 1) * k])
+        assert res["dispatch"] == expected
+        assert res["dispatch_len"] == len(steps)
+        assert res["dispatch_nested_ok"]
+
+
+def test_dispatch_split(runs):
+    world, results = runs
+    for r, res in enumerate(results):
+        expected = []
+        for start in range(0, 10, 2 * world):
+            rows = list(range(start, min(start + 2 * world, 10)))
+            padded = rows + [k % 10 for k in range(-len(rows) % world)]
+            k = len(padded) // world
+            expected.append(padded[r * k:(r + 1) * k])
+        assert res["dispatch_split"] == expected
+
+
+def test_dispatch_errors_reach_every_process(runs):
+    world, results = runs
+    for res in results:
+        assert "name" in res["dispatch_error_strings"] and "dispatch_batches=False" in res["dispatch_error_strings"]
+        assert res["dispatch_error_ragged"] is not None and "split_batches=True" in res["dispatch_error_ragged"]
+
+
+def test_iterable_with_two_workers_reads_each_sample_once(runs):
+    world, results = runs
+    per_rank = [r["iterable_workers"] for r in results]
+    for res in results:
+        assert len(res["iterable_workers"]) == res["iterable_workers_len"]
+    # round-robin over ranks, batch by batch, gives the stream in order, then padding from the start
+    flat = _round_robin(per_rank)
+    assert flat[:23] == list(range(23))
+    assert flat[23:] == list(range(len(flat) - 23))
+
+
+def test_iterable_dispatch_is_the_default_with_put_on_device(runs):
+    world, results = runs
+    assert all(r["iterable_dispatch_class"] == "DataLoaderDispatcher" for r in results)
+    got = [[rows for rows, _ in r["iterable_dispatch"]] for r in results]
+    flags = [[last for _, last in r["iterable_dispatch"]] for r in results]
+    assert all(f[-1] and not any(f[:-1]) for f in flags)
+    assert _round_robin(got)[:9] == list(range(9))
