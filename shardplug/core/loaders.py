@@ -364,6 +364,10 @@ class DataLoaderShard(PreparedDataLoader):
         iterable = isinstance(self.dataset, IterableDataset)
         if not iterable and self.batch_sampler is not None and not isinstance(self.batch_sampler, BatchSamplerShard):
             object.__setattr__(self, "batch_sampler", BatchSamplerShard(self.batch_sampler))
+        shard = self._batch_shard
+        if shard is not None and not iterable:  # what DataLoader reports when given a batch sampler: None / False
+            object.__setattr__(self, "batch_size", shard.per_process_batch_size)
+            object.__setattr__(self, "drop_last", shard.drop_last)
         self._setup_prepared(device, rng_types, synchronized_generator, skip_batches, non_blocking)
         for target in self._epoch_targets():
             target.set_epoch(0)

@@ -1,0 +1,330 @@
+"""DataLoaderShard, prepare_data_loader and skip_first_batches in one process (simulated ranks)."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+import torch
+from torch.utils.data import BatchSampler, DataLoader, Dataset, IterableDataset, RandomSampler, SequentialSampler
+from torch.utils.data.distributed import DistributedSampler
+
+import shardplug
+from shardplug import DataLoaderShard, IterableDatasetShard, prepare_data_loader, skip_first_batches
+
+
+class Counting(Dataset):
+    """A map-style dataset that records which indices were loaded, and its epochs."""
+
+    def __init__(self, n: int) -> None:
+        self.n, self.loaded, self.epochs = n, [], []
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> int:
+        self.loaded.append(i)
+        return i
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epochs.append(epoch)
+
+
+class Stream(IterableDataset):
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __iter__(self):
+        return iter(range(self.n))
+
+    def __len__(self) -> int:
+        return self.n
+
+
+def rows(loader):
+    return [b.tolist() for b in loader]
+
+
+# -- SPEC §3 --------------------------------------------------------------------------------------
+def test_iterable_shard_spec_examples():
+    split = lambda i: list(IterableDatasetShard(range(8), 4, num_processes=2, process_index=i, split_batches=True))  # noqa: E731
+    whole = lambda i: list(IterableDatasetShard(range(8), 4, num_processes=2, process_index=i))  # noqa: E731
+    assert [whole(0), whole(1)] == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    assert [split(0), split(1)] == [[0, 1, 4, 5], [2, 3, 6, 7]]
+    shards = [IterableDatasetShard(range(11), 2, num_processes=2, process_index=i) for i in range(2)]
+    assert [list(s) for s in shards] == [[0, 1, 4, 5, 8, 9], [2, 3, 6, 7, 10, 0]]
+    assert [len(s) for s in shards] == [6, 6]
+    dropped = [IterableDatasetShard(range(11), 2, drop_last=True, num_processes=2, process_index=i) for i in range(2)]
+    assert [list(s) for s in dropped] == [[0, 1, 4, 5], [2, 3, 6, 7]] and [len(s) for s in dropped] == [4, 4]
+
+
+@pytest.mark.parametrize("n,b,split,drop", [(n, b, s, d) for n in (0, 1, 7, 16) for b in (2, 4) for s in (False, True) for d in (False, True)])
+def test_iterable_shard_len_equals_yield(n, b, split, drop):
+    for i in range(2):
+        shard = IterableDatasetShard(range(n), b, drop, 2, i, split)
+        assert len(shard) == len(list(shard))
+
+
+def test_iterable_shard_split_needs_divisible_batch():
+    with pytest.raises(ValueError, match="batch_size=3 and num_processes=2"):
+        IterableDatasetShard(range(8), 3, num_processes=2, split_batches=True)
+
+
+def test_iterable_generator_reseeded_with_its_own_seed_plus_epoch():
+    class Shuffled(IterableDataset):
+        def __init__(self, seed):
+            self.generator = torch.Generator().manual_seed(seed)
+
+        def __iter__(self):
+            return iter(torch.randperm(8, generator=self.generator).tolist())
+
+    a, b = IterableDatasetShard(Shuffled(42)), IterableDatasetShard(Shuffled(1234))
+    assert list(a) != list(b), "the user's seed must matter"
+    assert list(a) == list(a), "no set_epoch yet: epoch 0 every time, no crash"
+    first = list(a)
+    a.set_epoch(1)
+    assert list(a) != first
+    assert list(a) == list(torch.randperm(8, generator=torch.Generator().manual_seed(43)).tolist())
+
+
+# -- loader behaviour --------------------------------------------------------------------------------
+def test_end_of_dataloader_and_epoch_advance():
+    data = Counting(7)
+    loader = prepare_data_loader(DataLoader(data, batch_size=2, shuffle=True), num_processes=2, process_index=0, data_seed=0)
+    flags = []
+    for batch in loader:
+        flags.append(loader.end_of_dataloader)
+    assert flags == [False, True]
+    first = rows(loader)
+    assert loader.epoch == 1
+    assert rows(loader) != first and loader.epoch == 2
+    assert data.epochs[-1] == 2, "set_epoch reaches the dataset"
+    loader.set_epoch(1)
+    assert rows(loader) == first, "epoch 1's order is a function of the seed and the epoch"
+
+
+def test_epoch_advances_only_after_a_complete_pass():
+    loader = prepare_data_loader(DataLoader(range(8), batch_size=2, shuffle=True), data_seed=3)
+    for _ in loader:
+        break
+    for _ in loader:
+        break
+    assert loader.epoch == 0, "two broken passes are both epoch 0"
+
+
+def test_set_epoch_reaches_sampler_batch_sampler_and_dataset():
+    class EpochBatchSampler(BatchSampler):
+        epochs: list
+
+        def set_epoch(self, epoch):
+            self.epochs.append(epoch)
+
+    data = Counting(8)
+    sampler = shardplug.SeedableRandomSampler(data, data_seed=1)
+    batch_sampler = EpochBatchSampler(sampler, 2, False)
+    batch_sampler.epochs = []
+    loader = DataLoaderShard(data, batch_sampler=batch_sampler)
+    loader.set_epoch(5)
+    assert batch_sampler.epochs[-1] == 5 and data.epochs[-1] == 5 and loader.epoch == 5
+
+
+def test_device_placement_and_nested_batches():
+    class Nested(Dataset):
+        def __len__(self):
+            return 4
+
+        def __getitem__(self, i):
+            return {"x": torch.tensor(i), "t": (torch.tensor(i), [torch.tensor(-i)]), "s": "k"}
+
+    loader = prepare_data_loader(DataLoader(Nested(), batch_size=2), put_on_device=True, device="cpu", non_blocking=True)
+    batch = next(iter(loader))
+    assert batch["x"].device.type == "cpu" and batch["s"] == ["k", "k"] and isinstance(batch["t"], list)
+    assert loader.device == torch.device("cpu") and loader.non_blocking
+
+
+def test_totals_and_remainder():
+    loader = prepare_data_loader(DataLoader(range(21), batch_size=3), num_processes=2, process_index=1)
+    assert (loader.total_batch_size, loader.total_dataset_length, loader.remainder) == (6, 21, 3)
+    split = prepare_data_loader(DataLoader(range(21), batch_size=4), num_processes=2, process_index=1, split_batches=True)
+    assert (split.total_batch_size, split.remainder) == (4, 1)
+    stream = prepare_data_loader(DataLoader(Stream(10), batch_size=2), num_processes=2, process_index=0)
+    assert (stream.total_batch_size, stream.total_dataset_length, stream.remainder) == (4, 10, 2)
+
+
+def test_len_is_exact_for_split_uneven():
+    for i, expected in ((0, 6), (1, 5)):
+        loader = prepare_data_loader(
+            DataLoader(range(21), batch_size=4), num_processes=2, process_index=i, split_batches=True, even_batches=False
+        )
+        assert len(loader) == len(rows(loader)) == expected
+
+
+def test_iterable_batch_size_none():
+    loader = prepare_data_loader(DataLoader(Stream(5), batch_size=None), num_processes=2, process_index=1)
+    assert [int(x) for x in loader] == [1, 3, 0]
+
+
+def test_sampler_that_is_a_batch_sampler():
+    batch_sampler = BatchSampler(SequentialSampler(range(10)), 3, False)
+    data = list(range(100, 110))
+
+    class Batched(Dataset):
+        def __len__(self):
+            return 10
+
+        def __getitem__(self, indices):
+            return torch.tensor([data[i] for i in indices])
+
+    loaders = [prepare_data_loader(DataLoader(Batched(), sampler=batch_sampler, batch_size=None), num_processes=2, process_index=i) for i in range(2)]
+    assert [rows(l) for l in loaders] == [[[100, 101, 102], [106, 107, 108]], [[103, 104, 105], [109, 100, 101]]]
+    assert [len(l) for l in loaders] == [2, 2]
+
+
+# -- keeping what the user gave ----------------------------------------------------------------------
+class MyLoader(DataLoader):
+    kind = "mine"
+
+    def __init__(self, dataset, note, **kwargs):
+        super().__init__(dataset, **kwargs)
+        self.note = note
+
+    def __iter__(self):
+        for batch in super().__iter__():
+            yield batch * 10
+
+
+def _init(worker_id):  # module level: picklable
+    pass
+
+
+def test_subclass_and_settings_survive_prepare_and_skip():
+    gen = torch.Generator().manual_seed(0)
+    original = MyLoader(range(12), "hello", batch_size=2, num_workers=1, worker_init_fn=_init, pin_memory=False,
+                        persistent_workers=True, prefetch_factor=3, timeout=5, generator=gen, collate_fn=lambda b: torch.tensor(b))
+    for loader in (prepare_data_loader(original, num_processes=2, process_index=0), skip_first_batches(original, 1)):
+        assert isinstance(loader, MyLoader) and isinstance(loader, DataLoaderShard)
+        assert loader.kind == "mine" and loader.note == "hello"
+        assert (loader.num_workers, loader.worker_init_fn, loader.prefetch_factor, loader.timeout) == (1, _init, 3, 5)
+        assert loader.persistent_workers and loader.generator is gen and loader.collate_fn is original.collate_fn
+    assert rows(prepare_data_loader(original, num_processes=2, process_index=0)) == [[0, 10], [40, 50], [80, 90]]
+
+
+def test_rng_types_list_is_never_mutated():
+    types = ["torch", "generator"]
+    prepare_data_loader(DataLoader(range(4), batch_size=2, shuffle=True), rng_types=types)
+    prepare_data_loader(DataLoader(range(4), batch_size=2), rng_types=types)
+    assert types == ["torch", "generator"]
+
+
+# -- skipping ---------------------------------------------------------------------------------------
+def test_skip_first_batches_never_loads_skipped_batches_and_is_one_shot():
+    data = Counting(20)
+    loader = prepare_data_loader(DataLoader(data, batch_size=2), num_processes=2, process_index=0)
+    full = rows(loader)
+    loader.set_epoch(0)
+    skipped = skip_first_batches(loader, 3)
+    data.loaded.clear()
+    assert len(skipped) == len(full) - 3
+    assert rows(skipped) == full[3:]
+    assert sorted(data.loaded) == sorted(x for b in full[3:] for x in b), "skipped batches were loaded"
+    assert skipped.epoch == 0
+    assert len(rows(skipped)) == len(full), "the skip applies to one pass only"
+
+
+def test_skip_more_than_available_is_empty_not_an_error():
+    skipped = skip_first_batches(DataLoader(range(8), batch_size=2), 10)
+    assert len(skipped) == 0 and rows(skipped) == []
+
+
+def test_skip_keeps_epoch_counter_and_drop_last():
+    loader = prepare_data_loader(DataLoader(range(9), batch_size=2, drop_last=True))
+    loader.set_epoch(4)
+    skipped = skip_first_batches(loader, 1)
+    assert skipped.epoch == 4 and skipped.drop_last is True and len(skipped) == 3
+
+
+# -- resume -----------------------------------------------------------------------------------------
+@pytest.mark.parametrize("stateful", [False, True])
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_resume_mid_epoch_equals_uninterrupted_run(stateful, shuffle):
+    def make():
+        return prepare_data_loader(
+            DataLoader(Counting(30), batch_size=2, shuffle=shuffle), num_processes=2, process_index=1,
+            data_seed=7, use_stateful_dataloader=stateful,
+        )
+
+    reference = make()
+    expected = [rows(reference) for _ in range(2)]
+    loader = make()
+    got, state = [], None
+    for k, batch in enumerate(loader):
+        got.append(batch.tolist())
+        if k == 2:
+            state = loader.state_dict()
+            break
+    resumed = make()
+    resumed.load_state_dict(state)
+    assert len(resumed) == len(expected[0]), "len() stays the epoch's length after a resume"
+    got += rows(resumed)
+    assert got == expected[0]
+    assert rows(resumed) == expected[1], "the next epoch continues with the uninterrupted run's order"
+
+
+def test_stateful_iterable_resume_after_last_received_batch():
+    def make():
+        return prepare_data_loader(DataLoader(Stream(17), batch_size=2), num_processes=2, process_index=0, use_stateful_dataloader=True)
+
+    expected = rows(make())
+    loader = make()
+    got = []
+    iterator = iter(loader)
+    for _ in range(2):
+        got.append(next(iterator).tolist())
+    state = loader.state_dict()
+    resumed = make()
+    resumed.load_state_dict(state)
+    assert got + rows(resumed) == expected
+
+
+def test_stateful_loader_is_a_stateful_dataloader():
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    loader = prepare_data_loader(DataLoader(range(4), batch_size=2), use_stateful_dataloader=True)
+    assert isinstance(loader, StatefulDataLoader) and isinstance(loader, DataLoaderShard)
+    direct = DataLoaderShard(range(4), batch_size=2, use_stateful_dataloader=True)
+    assert isinstance(direct, StatefulDataLoader)
+
+
+# -- bad input --------------------------------------------------------------------------------------
+def test_errors_name_argument_value_and_fix():
+    dl = DataLoader(range(10), batch_size=3)
+    with pytest.raises(ValueError, match="num_processes=0"):
+        prepare_data_loader(dl, num_processes=0, process_index=0)
+    with pytest.raises(ValueError, match="process_index=3"):
+        prepare_data_loader(dl, num_processes=2, process_index=3)
+    with pytest.raises(ValueError, match=r"batch_size=3 and num_processes=2.*batch_size=4"):
+        prepare_data_loader(dl, num_processes=2, process_index=0, split_batches=True)
+    with pytest.raises(ValueError, match="batch size"):
+        prepare_data_loader(DataLoader(range(10), batch_size=None), num_processes=2, process_index=0, split_batches=True)
+    with pytest.raises(ValueError, match="put_on_device=True"):
+        prepare_data_loader(dl, dispatch_batches=True)
+    with pytest.raises(ValueError, match="'gpu'"):
+        prepare_data_loader(dl, rng_types=["torch", "gpu"])
+    with pytest.raises(ValueError, match="DistributedSampler"):
+        prepare_data_loader(DataLoader(range(10), sampler=DistributedSampler(range(10), num_replicas=2, rank=0)),
+                            num_processes=2, process_index=0)
+
+
+def test_stateful_without_torchdata_says_what_to_install(monkeypatch):
+    monkeypatch.setitem(sys.modules, "torchdata.stateful_dataloader", None)
+    with pytest.raises(ImportError, match="pip install"):
+        prepare_data_loader(DataLoader(range(4)), use_stateful_dataloader=True)
+
+
+def test_environment_topology(monkeypatch):
+    monkeypatch.setenv("WORLD_SIZE", "3")
+    monkeypatch.setenv("RANK", "2")
+    loader = prepare_data_loader(DataLoader(range(9), batch_size=1))
+    assert rows(loader) == [[2], [5], [8]]
+    topo = shardplug.ProcessTopology.current()
+    assert (topo.num_processes, topo.process_index) == (3, 2)
