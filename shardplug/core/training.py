@@ -1,0 +1,207 @@
+"""``TrainingRun``: the plain-PyTorch front door.
+
+One object per training run: it owns the run's :class:`GradientState` and hands out prepared
+loaders, optimizers and schedulers that share it, plus a context manager for one micro-batch.
+
+Example::
+
+    >>> import torch
+    >>> run = TrainingRun(ShardplugConfig(gradient_accumulation_steps=2), num_processes=1, process_index=0)
+    >>> model = torch.nn.Linear(2, 1)
+    >>> opt = run.prepare_optimizer(torch.optim.SGD(model.parameters(), lr=0.1))
+    >>> flags = []
+    >>> for x in torch.ones(4, 1, 2):
+    ...     with run.accumulate(model):
+    ...         run.backward(model(x).sum())
+    ...         opt.step(); opt.zero_grad()
+    ...         flags.append(run.sync_gradients)
+    >>> flags
+    [False, True, False, True]
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from typing import Any, Iterable, Iterator, Optional, Union
+
+import torch
+from torch.optim import Optimizer
+
+from .accumulation import GradientState
+from .config import ShardplugConfig
+from .optimizer import PreparedOptimizer
+from .scheduler import PreparedScheduler
+
+__all__ = ["TrainingRun"]
+
+logger = logging.getLogger(__name__)
+
+
+class TrainingRun:
+    """Loaders, optimizers and schedulers of one training run, stepping together.
+
+    Args:
+        config: the shared options (:class:`ShardplugConfig`); ``None`` = defaults.
+        scaler: a ``torch.amp.GradScaler`` for mixed precision; prepared optimizers step through
+            it and :meth:`backward` scales the loss with it.
+        device: the process's device; ``None`` = the one the topology picks (CUDA device of the
+            local rank, else CPU).
+        num_processes, process_index: ``None`` = read from the running job (process group, else
+            the launcher's environment, else a single process).
+        torch_device_mesh: a ``DeviceMesh`` whose data-parallel dimensions define the data topology.
+
+    Typical loop (``k`` = ``config.gradient_accumulation_steps``)::
+
+        run = TrainingRun(ShardplugConfig(gradient_accumulation_steps=k), scaler=scaler)
+        loader = run.prepare_data_loader(loader)
+        optimizer = run.prepare_optimizer(optimizer)
+        scheduler = run.prepare_scheduler(scheduler)
+        for batch in loader:
+            with run.accumulate(ddp_model):  # no all-reduce on the k-1 non-sync micro-batches
+                run.backward(loss_fn(ddp_model, batch))
+                optimizer.step()  # acts on sync micro-batches only
+                scheduler.step()  # ... and only if the optimizer really stepped
+                optimizer.zero_grad()
+    """
+
+    def __init__(
+        self,
+        config: Optional[ShardplugConfig] = None,
+        *,
+        scaler: Optional[Any] = None,
+        device: Union[str, torch.device, None] = None,
+        num_processes: Optional[int] = None,
+        process_index: Optional[int] = None,
+        torch_device_mesh: Any = None,
+    ) -> None:
+        from .topology import ProcessTopology, resolve_data_topology
+
+        if config is None:
+            config = ShardplugConfig()
+        if not isinstance(config, ShardplugConfig):
+            raise TypeError(f"config={config!r} is not a ShardplugConfig; build one with ShardplugConfig(...)")
+        self.config = config
+        self.scaler = scaler
+        self.num_processes, self.process_index = resolve_data_topology(
+            num_processes, process_index, torch_device_mesh
+        )
+        self.torch_device_mesh = torch_device_mesh
+        self.device = torch.device(device) if device is not None else ProcessTopology.current().device
+        self.gradient_state = GradientState(num_steps=config.gradient_accumulation_steps)
+        self.optimizers: list[PreparedOptimizer] = []
+        self.schedulers: list[PreparedScheduler] = []
+
+    # -- state -------------------------------------------------------------------------------
+    @property
+    def sync_gradients(self) -> bool:
+        """Whether the current micro-batch synchronises gradients and steps the optimizers."""
+        return self.gradient_state.sync_gradients
+
+    @property
+    def gradient_accumulation_steps(self) -> int:
+        return self.gradient_state.num_steps
+
+    # -- preparing ---------------------------------------------------------------------------
+    def prepare_data_loader(self, dataloader: Any, **overrides: Any) -> Any:
+        """``prepare_data_loader`` with this run's options (``overrides`` win), connected to the
+        run's gradient state so that its last batch of each pass ends an accumulation cycle."""
+        from .prepare import prepare_data_loader
+
+        kwargs = self.config.data_loader_kwargs()
+        kwargs.update(
+            device=self.device,
+            num_processes=self.num_processes,
+            process_index=self.process_index,
+            torch_device_mesh=self.torch_device_mesh,
+        )
+        kwargs.update(overrides)
+        loader = prepare_data_loader(dataloader, **kwargs)
+        loader.gradient_state = self.gradient_state
+        return loader
+
+    def prepare_optimizer(self, optimizer: Optimizer, device_placement: bool = True) -> PreparedOptimizer:
+        """Wrap ``optimizer`` so that it steps at the end of each accumulation cycle, through the
+        run's scaler."""
+        prepared = PreparedOptimizer(
+            optimizer,
+            device_placement=device_placement,
+            scaler=self.scaler,
+            device=self.device if device_placement and self.config.put_on_device else None,
+            gradient_state=self.gradient_state,
+        )
+        self.optimizers.append(prepared)
+        return prepared
+
+    def prepare_scheduler(
+        self, scheduler: Any, optimizers: Union[Optimizer, Iterable[Optimizer], None] = None
+    ) -> PreparedScheduler:
+        """Wrap ``scheduler``; it follows ``optimizers`` (default: the prepared optimizer of the
+        scheduler's own optimizer, else every optimizer this run prepared)."""
+        if optimizers is None:
+            target = getattr(scheduler, "optimizer", None)
+            matching = [o for o in self.optimizers if o is target or o.optimizer is target]
+            optimizers = matching or list(self.optimizers) or ([target] if target is not None else [])
+        prepared = PreparedScheduler(
+            scheduler,
+            optimizers,
+            step_with_optimizer=self.config.step_scheduler_with_optimizer,
+            split_batches=self.config.split_batches,
+            num_processes=self.num_processes,
+            scale_by_num_processes=self.config.scale_scheduler_by_num_processes,
+            gradient_state=self.gradient_state,
+        )
+        self.schedulers.append(prepared)
+        return prepared
+
+    # -- one micro-batch ---------------------------------------------------------------------
+    @contextlib.contextmanager
+    def accumulate(self, *models: torch.nn.Module, force_sync: bool = False) -> Iterator[bool]:
+        """Context for one micro-batch; yields whether it synchronises gradients.
+
+        Call it after fetching the batch. On non-sync micro-batches every model that has a
+        ``no_sync()`` context (``DistributedDataParallel``, FSDP) skips its gradient all-reduce.
+        ``force_sync=True`` makes this micro-batch sync (end of a hand-written loop).
+        """
+        sync = self.gradient_state.begin_micro_batch(force_sync=force_sync)
+        with contextlib.ExitStack() as stack:
+            if not sync:
+                for model in models:
+                    no_sync = getattr(model, "no_sync", None)
+                    if callable(no_sync):
+                        stack.enter_context(no_sync())
+            yield sync
+
+    def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
+        """``loss.backward()``, averaged over the accumulation cycle (divided by
+        ``gradient_accumulation_steps``) and scaled by the run's scaler when there is one."""
+        loss = loss / self.gradient_state.num_steps
+        if self.scaler is not None and self.scaler.is_enabled():
+            loss = self.scaler.scale(loss)
+        loss.backward(**kwargs)
+
+    def clip_grad_norm_(
+        self, parameters: Union[torch.Tensor, Iterable[torch.Tensor]], max_norm: float, norm_type: float = 2.0
+    ) -> Optional[torch.Tensor]:
+        """Unscale (when there is a scaler) and clip gradients, on sync micro-batches only.
+
+        Returns the total norm, or ``None`` on a micro-batch that does not sync (the gradients are
+        still partial sums then, and clipping them would change the result).
+        """
+        if not self.gradient_state.sync_gradients:
+            return None
+        if self.scaler is not None and self.scaler.is_enabled():
+            from torch.amp.grad_scaler import OptState
+
+            for prepared in self.optimizers:
+                if prepared.scaler is self.scaler:
+                    per_optimizer = self.scaler._per_optimizer_states
+                    if per_optimizer[id(prepared.optimizer)]["stage"] is OptState.READY and id(prepared) not in per_optimizer:
+                        self.scaler.unscale_(prepared.optimizer)
+        return torch.nn.utils.clip_grad_norm_(parameters, max_norm, norm_type=norm_type)
+
+    def __repr__(self) -> str:
+        return (
+            f"{type(self).__name__}(num_processes={self.num_processes}, process_index={self.process_index}, "
+            f"device={self.device}, gradient_accumulation_steps={self.gradient_state.num_steps})"
+        )
