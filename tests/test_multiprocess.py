@@ -54,6 +54,10 @@ class Stream(IterableDataset):
         return self.n
 
 
+def rows_of(loader):
+    return [b.tolist() for b in loader]
+
+
 def _ids(batch):
     return batch["x"][:, 0].tolist()
 
@@ -98,6 +102,13 @@ def _scenarios(rank: int, world: int) -> dict:
     loader = shardplug.prepare_data_loader(DataLoader(Stream(23), batch_size=2, num_workers=2))
     out["iterable_workers"] = [b.tolist() for b in loader]
     out["iterable_workers_len"] = len(loader)
+
+    from torch.distributed.device_mesh import init_device_mesh
+
+    replicated = init_device_mesh("cpu", (1, world), mesh_dim_names=("dp_shard", "tp"))
+    sharded = init_device_mesh("cpu", (world, 1), mesh_dim_names=("dp_shard", "tp"))
+    out["mesh_tp"] = rows_of(shardplug.prepare_data_loader(DataLoader(range(6), batch_size=2), torch_device_mesh=replicated))
+    out["mesh_dp"] = rows_of(shardplug.prepare_data_loader(DataLoader(range(6), batch_size=1), torch_device_mesh=sharded))
 
     loader = shardplug.prepare_data_loader(DataLoader(Stream(9), batch_size=2), put_on_device=True)
     out["iterable_dispatch"] = [(b.tolist(), loader.end_of_dataloader) for b in loader]
@@ -195,3 +206,10 @@ def test_iterable_dispatch_is_the_default_with_put_on_device(runs):
     flags = [[last for _, last in r["iterable_dispatch"]] for r in results]
     assert all(f[-1] and not any(f[:-1]) for f in flags)
     assert _round_robin(got)[:9] == list(range(9))
+
+
+def test_device_mesh_shards_only_along_data_dimensions(runs):
+    world, results = runs
+    for r, res in enumerate(results):
+        assert res["mesh_tp"] == [[0, 1], [2, 3], [4, 5]], "ranks differing only along tp get identical data"
+        assert res["mesh_dp"] == [[k] for k in range(r, 6, world)]
