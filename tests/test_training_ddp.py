@@ -221,3 +221,23 @@ def test_ddp_accumulation_equals_large_batch_steps_and_skips_all_reduce():
             assert report["moved"] > 1e-3  # it did train
             assert report["diff"] < 1e-5, report["diff"]
             assert not report["in_dataloader"]
+
+
+def test_example_runs_under_torchrun():
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")]), "OMP_NUM_THREADS": "1"}
+    done = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+         str(root / "examples" / "train_accumulation.py"), "--epochs", "2"],
+        capture_output=True, text=True, timeout=90, env=env, cwd=root,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = [line for line in done.stderr.splitlines() if line.startswith("epoch ")]
+    assert len(lines) == 2, done.stderr[-3000:]
+    losses = [float(line.split("mean loss ")[1].split(",")[0]) for line in lines]
+    assert losses[1] < losses[0]
