@@ -1,0 +1,190 @@
+"""shardplug benchmarks: every figure against a baseline measured in the same run.
+
+    python benchmarks/run.py            # full sizes (a few minutes on 2 cores)
+    python benchmarks/run.py --quick    # tiny sizes: checks the benchmarks still run (CI)
+
+Each figure prints shardplug's time, the baseline's, their ratio and the target; when the
+reference implementation (``accelerate``) happens to be installed, its ratio too.  Times are
+the best of several repeats (these machines are noisy; absolute times mean little).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+import torch
+from torch.utils.data import BatchSampler, DataLoader, Dataset, IterableDataset
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+import shardplug  # noqa: E402
+from shardplug import BatchSamplerShard, SeedableRandomSampler, prepare_data_loader  # noqa: E402
+
+try:  # optional: the reference, for a side-by-side ratio only
+    import accelerate.data_loader as reference  # type: ignore[import-not-found]
+except ImportError:
+    reference = None
+
+
+@dataclass
+class Row:
+    figure: str
+    ours: float
+    baseline: float
+    target: str
+    reference: Optional[float] = None
+    unit: str = "s"
+
+    @property
+    def ratio(self) -> float:
+        return self.ours / self.baseline if self.baseline else float("nan")
+
+
+def best_of(fn: Callable[[], object], repeats: int) -> float:
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return min(times)
+
+
+def progress(message: str) -> None:
+    sys.stderr.write(f"[bench] {message}\n")
+    sys.stderr.flush()
+
+
+class Plain(Dataset):
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> int:
+        return i
+
+
+def _drain(loader) -> None:
+    for _ in loader:
+        pass
+
+
+def p1_overhead(n: int, repeats: int) -> list[Row]:
+    rows = []
+    for num_processes in (1, 2):
+        prepared = prepare_data_loader(DataLoader(Plain(n), batch_size=1), num_processes=num_processes, process_index=0)
+        plain = DataLoader(Plain(n // num_processes), batch_size=1)
+        _drain(prepared)
+        ours, base = best_of(lambda: _drain(prepared), repeats), best_of(lambda: _drain(plain), repeats)
+        rows.append(Row(f"P1 per-batch overhead, bs 1, {n} samples, N={num_processes}", ours, base, "<= 1.05x"))
+    return rows
+
+
+def p2_index_sharding(n: int, repeats: int) -> Row:
+    sampler = SeedableRandomSampler(range(n), data_seed=0)
+    shard = BatchSamplerShard(BatchSampler(sampler, 32, False), num_processes=8, process_index=3)
+
+    def ours() -> None:
+        for _ in shard:
+            pass
+
+    base = best_of(lambda: torch.randperm(n), repeats)
+    return Row(f"P2 one process's indices, {n} shuffled, bs 32, N=8 (vs randperm)", best_of(ours, repeats), base, "<= 2x")
+
+
+def p3_stateful(n: int, repeats: int) -> Optional[Row]:
+    try:
+        from torchdata.stateful_dataloader import StatefulDataLoader
+    except ImportError:
+        progress("P3 skipped: torchdata is not installed")
+        return None
+    prepared = prepare_data_loader(DataLoader(Plain(n), batch_size=1), use_stateful_dataloader=True)
+    bare = StatefulDataLoader(Plain(n), batch_size=1)
+    ours, base = best_of(lambda: _drain(prepared), repeats), best_of(lambda: _drain(bare), repeats)
+    return Row(f"P3 stateful loader, bs 1, {n} samples (vs StatefulDataLoader)", ours, base, "<= 1.15x")
+
+
+def p5_resume(n: int, repeats: int) -> list[Row]:
+    rows = []
+    perm = best_of(lambda: torch.randperm(n), repeats)
+    for shuffle in (False, True):
+        loader = prepare_data_loader(DataLoader(Plain(n), batch_size=1, shuffle=shuffle), data_seed=1)
+        times = {}
+        for fraction in (0.01, 0.9, 0.99):
+            def first_batch() -> None:
+                loader.load_state_dict({"epoch": 0, "batches_yielded": int(n * fraction), "seeds": loader.position()["seeds"]})
+                next(iter(loader))
+
+            times[fraction] = best_of(first_batch, repeats)
+        spread = max(times.values()) / min(times.values())
+        if shuffle:
+            rows.append(Row(f"P5 resume at 90% of {n}, shuffled (vs randperm; 1%..99% spread {spread:.2f}x)", times[0.9], perm, "<= 1.5x"))
+        else:
+            rows.append(Row(f"P5 resume at 90% of {n}, sequential (1%..99% spread {spread:.2f}x)", times[0.9], 0.010, "<= 10 ms", unit="s vs 10 ms"))
+    return rows
+
+
+class Heavy(IterableDataset):
+    """An iterable dataset whose per-sample transform costs CPU time."""
+
+    def __init__(self, n: int, work: int) -> None:
+        self.n, self.work = n, work
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __iter__(self):
+        for i in range(self.n):
+            x = torch.full((self.work,), float(i))
+            for _ in range(20):
+                x = torch.sin(x) + 1.0
+            yield i
+
+
+def p6_iterable_workers(n: int, repeats: int) -> Row:
+    def run(workers: int) -> float:
+        loader = prepare_data_loader(DataLoader(Heavy(n, 2000), batch_size=4, num_workers=workers), num_processes=2, process_index=0)
+        seen = [x for batch in loader for x in batch.tolist()]
+        assert len(seen) == len(set(seen)) or len(seen) > n // 2, "a sample was read twice"
+        return best_of(lambda: _drain(loader), repeats)
+
+    with_workers, without = run(2), run(0)
+    # throughput ratio = time without workers / time with workers
+    return Row(f"P6 iterable + CPU transform, N=2, workers 2 vs 0 (throughput = inverse ratio)", with_workers, without, ">= 1.6x throughput")
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="tiny sizes: check that every benchmark runs")
+    args = parser.parse_args(argv)
+    quick = args.quick
+    repeats = 1 if quick else 5
+    rows: list[Row] = []
+    progress("P1 per-batch overhead")
+    rows += p1_overhead(2_000 if quick else 50_000, repeats)
+    progress("P2 index sharding")
+    rows.append(p2_index_sharding(100_000 if quick else 10_000_000, repeats))
+    progress("P3 stateful loader")
+    p3 = p3_stateful(2_000 if quick else 20_000, repeats)
+    if p3 is not None:
+        rows.append(p3)
+    progress("P5 resume position")
+    rows += p5_resume(100_000 if quick else 10_000_000, repeats)
+    progress("P6 iterable with workers")
+    rows.append(p6_iterable_workers(40 if quick else 400, 1 if quick else 3))
+    print(f"\nshardplug {shardplug.__version__}, torch {torch.__version__}, {os.cpu_count()} CPUs"
+          f"{', reference: accelerate ' + getattr(sys.modules.get('accelerate'), '__version__', '?') if reference else ''}")
+    print(f"{'figure':<82} {'shardplug':>10} {'baseline':>10} {'ratio':>7}  target")
+    for row in rows:
+        print(f"{row.figure:<82} {row.ours:>10.4f} {row.baseline:>10.4f} {row.ratio:>6.2f}x  {row.target}")
+    print("P4 (dispatch over 2 gloo processes) is not measured yet.")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,19 @@
+"""The benchmark command keeps working (tiny sizes; speed is never asserted here)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def test_benchmarks_quick_prints_every_figure():
+    done = subprocess.run(
+        [sys.executable, os.path.join(ROOT, "benchmarks", "run.py"), "--quick"],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    for figure in ("P1", "P2", "P3", "P5", "P6"):
+        assert f"\n{figure} " in done.stdout, f"{figure} missing from:\n{done.stdout}"
