@@ -1,0 +1,340 @@
+"""``ShardplugDDPStrategy``: Lightning's ``DDPStrategy`` with shardplug's data loading and stepping.
+
+The strategy overrides only the hooks that decide what each process reads and when schedulers
+step; everything else (process launch, DDP wrapping, ``no_sync`` during accumulation, precision,
+checkpointing) is Lightning's ``DDPStrategy``.
+
+Private Lightning attributes relied on (checked at run time; a change makes the strategy raise a
+``RuntimeError`` naming the attribute, and ``tests/test_lightning_strategy.py`` fails):
+
+* ``trainer._accelerator_connector.use_distributed_sampler`` (turned off so Lightning never
+  injects a ``DistributedSampler``);
+* ``lightning.pytorch.overrides.distributed._IndexBatchSamplerWrapper._batch_sampler`` (predict:
+  the shard goes inside Lightning's index-recording wrapper);
+* ``trainer.fit_loop._combined_loader`` / ``_combined_loader_states_to_load`` and
+  ``CombinedLoader._load_state_dicts`` (resume when ``estimated_stepping_batches`` built the
+  loaders before the checkpoint was restored, Lightning issue #20550).
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import types
+from collections import defaultdict
+from typing import Any, Callable, Optional
+
+from torch.optim import Optimizer
+from torch.utils.data import DataLoader
+
+from shardplug import prepare_data_loader
+from shardplug.core.loaders import PreparedDataLoader
+
+from ._options import ResolvedOptions, refuse_distributed_sampler, refuse_prepared, resolve_options
+from ._scheduler import StepGatedScheduler
+
+__all__ = ["ShardplugDDPStrategy", "ShardplugStrategyMixin", "make_strategy_class"]
+
+logger = logging.getLogger(__name__)
+
+_STAGE_HOOKS = {
+    "train": "train_dataloader()",
+    "sanity_check": "val_dataloader()",
+    "validate": "val_dataloader()",
+    "test": "test_dataloader()",
+    "predict": "predict_dataloader()",
+}
+
+
+def _private(obj: Any, name: str, what: str) -> Any:
+    """Read a private Lightning attribute, or fail loudly if this Lightning version lacks it."""
+    if not hasattr(obj, name):
+        raise RuntimeError(
+            f"shardplug_lightning relies on Lightning's private attribute {type(obj).__name__}.{name} ({what}), "
+            "which this Lightning version does not have; please report this with your Lightning version"
+        )
+    return getattr(obj, name)
+
+
+class ShardplugStrategyMixin:
+    """The shardplug behaviour, mixed into a ``DDPStrategy`` of one Lightning namespace.
+
+    Keyword-only arguments (all DDP keywords pass through to ``DDPStrategy``):
+
+    Args:
+        config: a ``shardplug.core.config.ShardplugConfig``; the keywords below override its fields.
+        split_batches, even_batches, dispatch_batches, use_seedable_sampler, data_seed, non_blocking,
+            use_stateful_dataloader, put_on_device, rng_types, slice_fn_for_dispatch: the
+            ``prepare_data_loader`` options used for training loaders. ``even_batches=False`` is
+            refused: Lightning cannot join ranks that run out of batches at different steps.
+        eval_even_batches: the ``even_batches`` used for validation / test / predict loaders.
+            Default ``False``: every sample is seen exactly once (some ranks may get one batch
+            fewer; avoid per-step collectives such as ``self.log(..., on_step=True, sync_dist=True)``
+            in evaluation then). ``True`` pads like training (duplicated samples bias metrics).
+        step_scheduler_with_optimizer: ``interval="step"`` schedulers step only after a real
+            optimizer update (not after one ``GradScaler`` skipped). ``False``: Lightning's behaviour.
+        scale_scheduler_by_num_processes: step ``interval="step"`` schedulers ``world_size`` times
+            per optimizer step when batches are not split. Default ``False``: Lightning users size
+            schedules with ``trainer.estimated_stepping_batches``, which already counts the
+            per-process steps; scaling would run such a schedule ``world_size`` times too fast.
+        gradient_accumulation_steps: must be 1 or equal to ``Trainer(accumulate_grad_batches=...)``
+            (Lightning owns accumulation; its cycle ends on every k-th batch and on the epoch's last
+            batch, exactly the engine's sync micro-batches).
+    """
+
+    #: ``lightning.pytorch`` or ``pytorch_lightning``: the namespace this class belongs to.
+    _pl_namespace: str = "lightning.pytorch"
+
+    def __init__(
+        self,
+        *,
+        config: Any = None,
+        split_batches: Optional[bool] = None,
+        even_batches: Optional[bool] = None,
+        dispatch_batches: Optional[bool] = None,
+        use_seedable_sampler: Optional[bool] = None,
+        data_seed: Optional[int] = None,
+        non_blocking: Optional[bool] = None,
+        use_stateful_dataloader: Optional[bool] = None,
+        put_on_device: Optional[bool] = None,
+        rng_types: Any = None,
+        slice_fn_for_dispatch: Optional[Callable[..., Any]] = None,
+        gradient_accumulation_steps: Optional[int] = None,
+        step_scheduler_with_optimizer: Optional[bool] = None,
+        eval_even_batches: bool = False,
+        scale_scheduler_by_num_processes: bool = False,
+        **ddp_kwargs: Any,
+    ) -> None:
+        given = {
+            "split_batches": split_batches,
+            "even_batches": even_batches,
+            "dispatch_batches": dispatch_batches,
+            "use_seedable_sampler": use_seedable_sampler,
+            "data_seed": data_seed,
+            "non_blocking": non_blocking,
+            "use_stateful_dataloader": use_stateful_dataloader,
+            "put_on_device": put_on_device,
+            "rng_types": tuple(rng_types) if rng_types is not None else None,
+            "slice_fn_for_dispatch": slice_fn_for_dispatch,
+            "gradient_accumulation_steps": gradient_accumulation_steps,
+            "step_scheduler_with_optimizer": step_scheduler_with_optimizer,
+        }
+        options = resolve_options(config, {k: v for k, v in given.items() if v is not None})
+        if not options.even_batches:
+            raise ValueError(
+                "even_batches=False is not supported for training with Lightning: ranks would run out of batches "
+                "at different steps, and Lightning has no way to join uneven ranks (the DDP gradient all-reduce of "
+                "the longer ranks would hang). Keep even_batches=True (the default; the last batches are padded "
+                "with samples from the start of the epoch), or use drop_last=True in the DataLoader. Evaluation "
+                "loaders are uneven already by default (eval_even_batches=False)."
+            )
+        self.shardplug_options: ResolvedOptions = options
+        self.eval_even_batches = bool(eval_even_batches)
+        self.scale_scheduler_by_num_processes = bool(scale_scheduler_by_num_processes)
+        self._step_was_skipped = False
+        self._real_steps: dict[int, int] = defaultdict(int)
+        super().__init__(**ddp_kwargs)  # type: ignore[call-arg]
+
+    # -- helpers ------------------------------------------------------------------------
+    @classmethod
+    def _pl(cls, module: str) -> types.ModuleType:
+        return importlib.import_module(f"{cls._pl_namespace}.{module}")
+
+    def _get_trainer(self) -> Any:
+        module = getattr(self, "lightning_module", None)
+        trainer = getattr(module, "_trainer", None) if module is not None else None
+        if trainer is None:
+            raise RuntimeError("the shardplug strategy needs a LightningModule attached to a Trainer")
+        return trainer
+
+    @property
+    def step_was_skipped(self) -> bool:
+        """Whether the last optimizer step was skipped (``GradScaler`` found inf/NaN gradients)."""
+        return self._step_was_skipped
+
+    def _stage_name(self, trainer: Any) -> str:
+        stage = trainer.state.stage
+        if stage is None:
+            fn = trainer.state.fn
+            return "train" if fn is not None and fn.value == "fit" else "validate"
+        return str(stage.value)
+
+    # -- data ---------------------------------------------------------------------------
+    def setup_environment(self) -> None:
+        """Turn Lightning's ``DistributedSampler`` injection off: shardplug shards every loader."""
+        trainer = self._get_trainer()
+        connector = _private(trainer, "_accelerator_connector", "the Trainer's accelerator connector")
+        _private(connector, "use_distributed_sampler", "switch for Lightning's DistributedSampler injection")
+        connector.use_distributed_sampler = False
+        super().setup_environment()  # type: ignore[misc]
+
+    def _data_kwargs(self, training: bool) -> dict[str, Any]:
+        kwargs = dict(self.shardplug_options.data_kwargs)
+        if kwargs.get("rng_types") is not None:
+            kwargs["rng_types"] = list(kwargs["rng_types"])
+        if not training:
+            kwargs["even_batches"] = self.eval_even_batches
+            kwargs["dispatch_batches"] = False if kwargs.get("dispatch_batches") else kwargs.get("dispatch_batches")
+        if kwargs.get("put_on_device"):
+            kwargs["device"] = self.root_device  # type: ignore[attr-defined]
+        kwargs["num_processes"] = self.world_size  # type: ignore[attr-defined]
+        kwargs["process_index"] = self.global_rank  # type: ignore[attr-defined]
+        return kwargs
+
+    def process_dataloader(self, dataloader: object) -> object:
+        """Shard ``dataloader`` for this process with ``prepare_data_loader``.
+
+        Training loaders use the strategy's options; validation / test loaders use
+        ``even_batches=eval_even_batches`` (default: each sample exactly once); predict loaders are
+        sharded inside Lightning's index-recording batch sampler so ``batch_indices`` are right.
+        """
+        dataloader = super().process_dataloader(dataloader)  # type: ignore[misc]
+        if not isinstance(dataloader, DataLoader):
+            return dataloader
+        stage = self._stage_name(self._get_trainer())
+        hook = _STAGE_HOOKS.get(stage, "the *_dataloader() hook")
+        refuse_prepared(dataloader, hook)
+        refuse_distributed_sampler(dataloader, hook)
+        if stage == "predict":
+            return self._prepare_predict(dataloader)
+        training = stage == "train"
+        prepared = prepare_data_loader(dataloader, **self._data_kwargs(training))
+        logger.debug("rank %d: %s loader prepared, %d batches", self.global_rank, stage, len(prepared))  # type: ignore[attr-defined]
+        return prepared
+
+    def _prepare_predict(self, dataloader: DataLoader) -> DataLoader:
+        wrapper_cls = self._pl("overrides.distributed")._IndexBatchSamplerWrapper
+        wrapper = dataloader.batch_sampler
+        if not isinstance(wrapper, wrapper_cls):
+            return prepare_data_loader(dataloader, **self._data_kwargs(False))
+        inner = _private(wrapper, "_batch_sampler", "the batch sampler inside Lightning's predict index wrapper")
+        plain = _with_batch_sampler(dataloader, inner)
+        prepared = prepare_data_loader(plain, **self._data_kwargs(False))
+        shard = prepared.batch_sampler
+        wrapper._batch_sampler = shard
+        wrapper.sampler = getattr(shard, "sampler", None)
+        object.__setattr__(prepared, "batch_sampler", wrapper)  # DataLoader forbids it after __init__
+        return prepared
+
+    # -- stepping -----------------------------------------------------------------------
+    def setup_optimizers(self, trainer: Any) -> None:
+        """Lightning's optimizers and schedulers; ``interval="step"`` schedulers follow real steps."""
+        super().setup_optimizers(trainer)  # type: ignore[misc]
+        wanted = self.shardplug_options.gradient_accumulation_steps
+        if wanted != 1 and wanted != trainer.accumulate_grad_batches:
+            raise ValueError(
+                f"gradient_accumulation_steps={wanted} in the shardplug options, but "
+                f"Trainer(accumulate_grad_batches={trainer.accumulate_grad_batches}); Lightning owns accumulation: "
+                f"use Trainer(accumulate_grad_batches={wanted}) and leave gradient_accumulation_steps=1"
+            )
+        if not self.shardplug_options.step_scheduler_with_optimizer:
+            return
+        scale = self.scale_scheduler_by_num_processes and not self.shardplug_options.split_batches
+        factor = self.world_size if scale else 1  # type: ignore[attr-defined]
+        for config in self.lr_scheduler_configs:  # type: ignore[attr-defined]
+            if config.interval != "step" or config.reduce_on_plateau or isinstance(config.scheduler, StepGatedScheduler):
+                continue
+            optimizer = getattr(config.scheduler, "optimizer", None)
+            if not isinstance(optimizer, Optimizer):
+                continue
+            config.scheduler = StepGatedScheduler(config.scheduler, self._real_step_counter(optimizer), factor)
+
+    def _real_step_counter(self, optimizer: Optimizer) -> Callable[[], int]:
+        return _StepCounter(self._real_steps, id(optimizer))
+
+    def optimizer_step(
+        self, optimizer: Optimizer, closure: Callable[[], Any], model: Any = None, **kwargs: Any
+    ) -> Any:
+        """Lightning's optimizer step, noting whether the optimizer really stepped.
+
+        ``GradScaler`` skips ``optimizer.step()`` when the gradients hold inf/NaN; the step is then
+        recorded as skipped (:attr:`step_was_skipped`) and gated schedulers do not advance.
+        """
+        own = vars(optimizer)
+        had_own_step = "step" in own
+        previous = own.get("step")
+        inner = optimizer.step
+        called: list[bool] = []
+
+        def tracking_step(*args: Any, **step_kwargs: Any) -> Any:
+            called.append(True)
+            return inner(*args, **step_kwargs)
+
+        optimizer.step = tracking_step  # type: ignore[method-assign]
+        try:
+            output = super().optimizer_step(optimizer, closure, model, **kwargs)  # type: ignore[misc]
+        finally:
+            if had_own_step:
+                own["step"] = previous  # e.g. the wrapper LRScheduler installed: restore it exactly
+            else:
+                own.pop("step", None)
+        self._step_was_skipped = not called
+        if called:
+            self._real_steps[id(optimizer)] += 1
+        else:
+            logger.debug("rank %d: optimizer step skipped by the precision plugin", self.global_rank)  # type: ignore[attr-defined]
+        return output
+
+    # -- resume -------------------------------------------------------------------------
+    def on_train_start(self) -> None:
+        """Apply the checkpoint's loader positions if Lightning built the loaders before restoring.
+
+        ``trainer.estimated_stepping_batches`` in ``configure_optimizers`` sets the training data up
+        before the checkpoint is restored, and Lightning then never applies the saved loader state
+        (Lightning issue #20550). Called after the restore, before the first batch is fetched.
+        """
+        super().on_train_start()  # type: ignore[misc]
+        fit_loop = self._get_trainer().fit_loop
+        states = _private(fit_loop, "_combined_loader_states_to_load", "loader states waiting to be loaded")
+        combined = _private(fit_loop, "_combined_loader", "the training CombinedLoader")
+        if states and combined is not None:
+            _private(combined, "_load_state_dicts", "CombinedLoader state loading")(states)
+            fit_loop._combined_loader_states_to_load = []
+            logger.debug("rank %d: applied %d training loader state(s) after restore", self.global_rank, len(states))  # type: ignore[attr-defined]
+
+    def on_train_batch_start(self, batch: Any, batch_idx: int, *args: Any, **kwargs: Any) -> None:
+        """Keep each training loader's epoch equal to Lightning's (passes cut short by limits/max_steps)."""
+        super().on_train_batch_start(batch, batch_idx, *args, **kwargs)  # type: ignore[misc]
+        trainer = self._get_trainer()
+        combined = getattr(trainer.fit_loop, "_combined_loader", None)
+        if combined is None:
+            return
+        epoch = trainer.current_epoch
+        for loader in combined.flattened:
+            if isinstance(loader, PreparedDataLoader) and loader.epoch != epoch and not loader.end_of_dataloader:
+                loader.epoch = epoch
+
+
+class _StepCounter:
+    """Real optimizer updates recorded for one optimizer (picklable, unlike a lambda)."""
+
+    def __init__(self, steps: dict[int, int], key: int) -> None:
+        self.steps = steps
+        self.key = key
+
+    def __call__(self) -> int:
+        return self.steps[self.key]
+
+
+def _with_batch_sampler(dataloader: DataLoader, batch_sampler: Any) -> DataLoader:
+    """A shallow copy of ``dataloader`` reading ``batch_sampler`` (only used as input of ``prepare_data_loader``)."""
+    clone = object.__new__(type(dataloader))
+    clone.__dict__.update(vars(dataloader))
+    object.__setattr__(clone, "batch_sampler", batch_sampler)
+    object.__setattr__(clone, "_iterator", None)
+    return clone
+
+
+def make_strategy_class(namespace: str, name: str) -> type:
+    """``ShardplugStrategyMixin`` over the ``DDPStrategy`` of ``namespace`` (``lightning.pytorch`` / ``pytorch_lightning``)."""
+    base = importlib.import_module(f"{namespace}.strategies").DDPStrategy
+    cls = type(name, (ShardplugStrategyMixin, base), {"_pl_namespace": namespace, "__module__": __name__})
+    cls.__doc__ = (
+        f"``{namespace}.strategies.DDPStrategy`` with shardplug's data loading and stepping.\n\n"
+        + (ShardplugStrategyMixin.__doc__ or "")
+    )
+    return cls
+
+
+#: The strategy for ``lightning.pytorch.Trainer`` (``strategy="shardplug_ddp"``).
+ShardplugDDPStrategy: type = make_strategy_class("lightning.pytorch", "ShardplugDDPStrategy")

@@ -1,0 +1,226 @@
+"""Scenarios run on 2 CPU processes by ``test_lightning_strategy.py`` (one launch, several Trainers).
+
+Usage: ``python lightning_scenarios.py OUT_DIR``. ``strategy="shardplug_ddp"`` re-executes this
+script for rank 1; every rank writes ``OUT_DIR/<scenario>_rank<r>.json`` with what it saw.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import warnings
+from typing import Any
+
+import torch
+from torch.utils.data import DataLoader, Dataset
+from torch.utils.data.distributed import DistributedSampler
+
+import lightning.pytorch as pl
+from lightning.pytorch.callbacks import BasePredictionWriter, ModelCheckpoint
+from lightning.pytorch.plugins import MixedPrecision
+
+import shardplug_lightning
+from shardplug_lightning import ShardplugDDPStrategy
+
+OUT = sys.argv[1]
+N_TRAIN, N_VAL, BATCH = 42, 21, 4
+
+
+class Indices(Dataset):
+    """Item i is the tensor ``i`` (so every batch tells which samples it holds)."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        return torch.tensor(i)
+
+
+class Recorder(pl.LightningModule):
+    def __init__(self, shuffle: bool = True, overflow_steps: tuple[int, ...] = (), schedule: str = "step") -> None:
+        super().__init__()
+        self.layer = torch.nn.Linear(1, 1)
+        self.shuffle = shuffle
+        self.overflow_steps = overflow_steps
+        self.schedule = schedule
+        self.train_batches: list[tuple[int, list[int]]] = []  # (epoch, indices)
+        self.val_batches: list[list[int]] = []
+        self.test_batches: list[list[int]] = []
+        self.grad_sync: list[bool] = []
+        self.skipped: list[bool] = []
+        self.scheduler_epochs: list[int] = []
+        self.loader_info: dict[str, Any] = {}
+
+    def _loss(self, batch: torch.Tensor) -> torch.Tensor:
+        x = batch.float().unsqueeze(1) / N_TRAIN
+        return self.layer(x).pow(2).mean()
+
+    def training_step(self, batch: torch.Tensor, batch_idx: int) -> torch.Tensor:
+        self.train_batches.append((self.current_epoch, batch.tolist()))
+        self.grad_sync.append(bool(self.trainer.strategy.model.require_backward_grad_sync))
+        loss = self._loss(batch)
+        if self.trainer.global_step in self.overflow_steps:
+            loss = loss * float("inf")
+        return loss
+
+    def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
+        self.skipped.append(self.trainer.strategy.step_was_skipped)
+        configs = self.trainer.lr_scheduler_configs
+        if configs:
+            self.scheduler_epochs.append(int(configs[0].scheduler.last_epoch))
+
+    def on_train_epoch_start(self) -> None:
+        loader = self.trainer.train_dataloader
+        self.loader_info = {
+            "type": type(loader).__name__,
+            "len": len(loader),
+            "num_training_batches": self.trainer.num_training_batches,
+        }
+
+    def validation_step(self, batch: torch.Tensor, batch_idx: int) -> None:
+        if not self.trainer.sanity_checking:
+            self.val_batches.append(batch.tolist())
+
+    def test_step(self, batch: torch.Tensor, batch_idx: int) -> None:
+        self.test_batches.append(batch.tolist())
+
+    def predict_step(self, batch: torch.Tensor, batch_idx: int) -> torch.Tensor:
+        return batch
+
+    def train_dataloader(self) -> DataLoader:
+        return DataLoader(Indices(N_TRAIN), batch_size=BATCH, shuffle=self.shuffle)
+
+    def val_dataloader(self) -> DataLoader:
+        return DataLoader(Indices(N_VAL), batch_size=BATCH)
+
+    def test_dataloader(self) -> DataLoader:
+        return DataLoader(Indices(N_VAL), batch_size=BATCH)
+
+    def predict_dataloader(self) -> DataLoader:
+        return DataLoader(Indices(N_VAL), batch_size=BATCH)
+
+    def configure_optimizers(self) -> Any:
+        optimizer = torch.optim.SGD(self.parameters(), lr=0.1)
+        if self.schedule == "onecycle":  # sized with estimated_stepping_batches (lightning#20550)
+            total = int(self.trainer.estimated_stepping_batches)
+            scheduler = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=0.1, total_steps=total)
+        else:
+            scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=0.9)
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+
+class PredictionRecorder(BasePredictionWriter):
+    def __init__(self) -> None:
+        super().__init__(write_interval="batch")
+        self.records: list[dict[str, Any]] = []
+
+    def write_on_batch_end(self, trainer, pl_module, prediction, batch_indices, batch, batch_idx, dataloader_idx):  # type: ignore[override]
+        self.records.append({"batch_indices": list(batch_indices), "batch": batch.tolist()})
+
+
+def trainer(**kwargs: Any) -> pl.Trainer:
+    settings: dict[str, Any] = dict(
+        accelerator="cpu",
+        devices=2,
+        strategy="shardplug_ddp",
+        max_epochs=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+    )
+    settings.update(kwargs)
+    return pl.Trainer(**settings)
+
+
+def seeds_of(t: pl.Trainer) -> list[Any]:
+    return t.train_dataloader.state_dict()["seeds"]
+
+
+def dump(name: str, rank: int, data: dict[str, Any]) -> None:
+    with open(os.path.join(OUT, f"{name}_rank{rank}.json"), "w") as f:
+        json.dump(data, f)
+
+
+def main() -> None:
+    # 1. default options, shuffled, 2 epochs, validation after each epoch, then test
+    model = Recorder()
+    t = trainer(max_epochs=2)
+    t.fit(model)
+    rank = t.global_rank
+    seeds = seeds_of(t)
+    t.test(model, verbose=False)
+    dump("default", rank, {
+        "strategy": type(t.strategy).__name__,
+        "world_size": t.world_size,
+        "train": model.train_batches, "val": model.val_batches, "test": model.test_batches,
+        "seeds": seeds, "loader": model.loader_info,
+    })
+
+    # 2. split_batches, sequential order
+    model = Recorder(shuffle=False)
+    t = trainer(strategy=ShardplugDDPStrategy(split_batches=True))
+    t.fit(model)
+    dump("split", rank, {"train": model.train_batches, "loader": model.loader_info})
+
+    # 3. predict: BasePredictionWriter's batch_indices
+    writer = PredictionRecorder()
+    t = trainer(callbacks=[writer])
+    predictions = t.predict(Recorder(), return_predictions=True)
+    dump("predict", rank, {"writer": writer.records, "predictions": [p.tolist() for p in predictions]})
+
+    # 4. accumulation k=2 + fp16 GradScaler, first optimizer step overflows
+    model = Recorder(overflow_steps=(0,))
+    t = trainer(
+        accumulate_grad_batches=2,
+        plugins=[MixedPrecision("16-mixed", "cpu", scaler=torch.amp.GradScaler("cpu"))],
+    )
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        t.fit(model)
+    inner = t.lr_scheduler_configs[0].scheduler
+    dump("amp", rank, {
+        "grad_sync": model.grad_sync, "skipped": model.skipped, "scheduler_epochs": model.scheduler_epochs,
+        "global_step": t.global_step, "scheduler_type": type(inner).__name__,
+        "warnings": [str(w.message) for w in caught if "lr_scheduler.step()" in str(w.message)],
+    })
+
+    # 5. resume mid-epoch, OneCycleLR sized with estimated_stepping_batches (lightning#20550)
+    ckpt_dir = os.path.join(OUT, "ckpt")
+    model = Recorder(schedule="onecycle")
+    checkpoint = ModelCheckpoint(dirpath=ckpt_dir, every_n_train_steps=2, save_top_k=-1, save_last=False)
+    t = trainer(max_epochs=2, enable_checkpointing=True, callbacks=[checkpoint])
+    t.fit(model)
+    full = model.train_batches
+    full_lr = model.scheduler_epochs
+    ckpt = os.path.join(ckpt_dir, "epoch=0-step=2.ckpt")
+    resumed = Recorder(schedule="onecycle")
+    t = trainer(max_epochs=2)
+    t.fit(resumed, ckpt_path=ckpt)
+    dump("resume", rank, {
+        "full": full, "resumed": resumed.train_batches, "full_scheduler": full_lr,
+        "resumed_scheduler": resumed.scheduler_epochs, "global_step": t.global_step,
+        "estimated_stepping_batches": int(t.estimated_stepping_batches),
+    })
+
+    # 6. a loader that already has a DistributedSampler is refused (on every rank, before any batch)
+    class Sharded(Recorder):
+        def train_dataloader(self) -> DataLoader:
+            data = Indices(N_TRAIN)
+            return DataLoader(data, batch_size=BATCH, sampler=DistributedSampler(data, num_replicas=2, rank=rank))
+
+    error = ""
+    try:
+        trainer().fit(Sharded())
+    except ValueError as exc:
+        error = str(exc)
+    dump("errors", rank, {"distributed_sampler": error, "registered": shardplug_lightning.STRATEGY_NAMES})
+
+
+if __name__ == "__main__":
+    main()

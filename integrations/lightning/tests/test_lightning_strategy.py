@@ -1,0 +1,194 @@
+"""ShardplugDDPStrategy with a real Lightning Trainer on 2 CPU processes (gloo).
+
+``strategy="shardplug_ddp"`` re-executes ``sys.argv`` for rank 1, so the scenarios live in
+``scripts/lightning_scenarios.py``; one launch (about 15 s) runs them all and every rank writes
+JSON that the tests below check against ``shardplug.prepare_data_loader`` and exact expectations.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from torch.utils.data import DataLoader
+
+import shardplug_lightning
+from shardplug import prepare_data_loader
+from shardplug_lightning import ShardplugDDPStrategy
+
+SCRIPTS = Path(__file__).parent / "scripts"
+N_TRAIN, N_VAL, BATCH, WORLD = 42, 21, 4, 2
+
+
+def _run(script: str, out: Path, timeout: int = 120) -> None:
+    env = dict(os.environ, PYTHONWARNINGS="ignore", OMP_NUM_THREADS="1")
+    for key in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "NODE_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(key, None)
+    result = subprocess.run(
+        [sys.executable, str(SCRIPTS / script), str(out)],
+        cwd=out, env=env, capture_output=True, text=True, timeout=timeout,
+    )
+    assert result.returncode == 0, f"{script} failed:\n{result.stdout[-3000:]}\n{result.stderr[-6000:]}"
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[dict[str, Any]]]:
+    out = tmp_path_factory.mktemp("lightning_scenarios")
+    _run("lightning_scenarios.py", out)
+    data: dict[str, list[dict[str, Any]]] = {}
+    for name in ("default", "split", "predict", "amp", "resume", "errors"):
+        data[name] = [json.loads((out / f"{name}_rank{r}.json").read_text()) for r in range(WORLD)]
+    return data
+
+
+def _reference(rank: int, epochs: int, **kwargs: Any) -> list[list[list[int]]]:
+    """What ``prepare_data_loader`` gives rank ``rank`` in each epoch (the engine's own answer)."""
+    shuffle = kwargs.pop("shuffle", True)
+    loader = DataLoader(list(range(N_TRAIN)), batch_size=BATCH, shuffle=shuffle)
+    prepared = prepare_data_loader(loader, num_processes=WORLD, process_index=rank, **kwargs)
+    result = []
+    for epoch in range(epochs):
+        prepared.set_epoch(epoch)
+        result.append([batch.tolist() for batch in prepared])
+    return result
+
+
+def _by_epoch(train: list[list[Any]], epochs: int) -> list[list[list[int]]]:
+    return [[batch for epoch, batch in train if epoch == e] for e in range(epochs)]
+
+
+# -- training data -------------------------------------------------------------------------------
+def test_default_train_batches_equal_prepare_data_loader(runs: dict[str, Any]) -> None:
+    for rank, record in enumerate(runs["default"]):
+        assert record["strategy"] == "ShardplugDDPStrategy" and record["world_size"] == WORLD
+        seed = record["seeds"][0]
+        assert seed is not None and record["seeds"] == runs["default"][0]["seeds"]  # agreed from rank 0
+        expected = _reference(rank, 2, use_seedable_sampler=True, data_seed=seed)
+        assert _by_epoch(record["train"], 2) == expected
+        # equal, exact length on every rank (42 samples, 4 per batch, 2 ranks: 6 padded batches)
+        assert record["loader"] == {"type": "DataLoaderShard", "len": 6, "num_training_batches": 6}
+
+
+def test_shuffle_is_disjoint_across_ranks_and_changes_per_epoch(runs: dict[str, Any]) -> None:
+    per_rank = [_by_epoch(r["train"], 2) for r in runs["default"]]
+    for epoch in range(2):
+        flat = [i for rank in per_rank for batch in rank[epoch] for i in batch]
+        # 48 slots: all 42 samples, and the 6 padding slots repeat the epoch's first samples
+        assert sorted(set(flat)) == list(range(N_TRAIN))
+        assert len(flat) == 48
+        rank0 = {i for b in per_rank[0][epoch][:5] for i in b}
+        rank1 = {i for b in per_rank[1][epoch][:5] for i in b}
+        assert not rank0 & rank1  # disjoint before the padding batch
+    assert per_rank[0][0] != per_rank[0][1]  # Lightning's set_epoch reached the sampler
+
+
+def test_split_batches_train_batches(runs: dict[str, Any]) -> None:
+    for rank, record in enumerate(runs["split"]):
+        expected = _reference(rank, 1, shuffle=False, split_batches=True)
+        assert _by_epoch(record["train"], 1) == expected
+        assert record["loader"]["len"] == 11 == len(expected[0])
+    assert runs["split"][1]["train"][0][1] == [2, 3]
+
+
+# -- evaluation ------------------------------------------------------------------------------------
+def test_validation_and_test_see_every_sample_once(runs: dict[str, Any]) -> None:
+    for key, passes in (("val", 2), ("test", 1)):
+        seen = [i for r in runs["default"] for batch in r[key] for i in batch]
+        assert sorted(seen) == sorted(list(range(N_VAL)) * passes)
+    assert runs["default"][1]["test"] == [[4, 5, 6, 7], [12, 13, 14, 15], [20]]  # uneven, no padding
+
+
+def test_predict_batch_indices_match_batches(runs: dict[str, Any]) -> None:
+    seen = []
+    for record in runs["predict"]:
+        assert record["writer"], "BasePredictionWriter got no batches"
+        for item in record["writer"]:
+            assert item["batch_indices"] == item["batch"]
+            seen.extend(item["batch"])
+        assert record["predictions"] == [item["batch"] for item in record["writer"]]
+    assert sorted(seen) == list(range(N_VAL))
+
+
+# -- stepping --------------------------------------------------------------------------------------
+def test_accumulation_and_skipped_amp_step_do_not_advance_scheduler(runs: dict[str, Any]) -> None:
+    for record in runs["amp"]:
+        # accumulate_grad_batches=2: Lightning's no_sync on micro-batches, sync on every 2nd
+        assert record["grad_sync"] == [False, True, False, True, False, True]
+        # step 0 overflowed (inf loss): GradScaler skipped it, the scheduler did not advance
+        assert record["skipped"][1] is True and record["skipped"][3] is False and record["skipped"][5] is False
+        assert record["global_step"] == 3  # Lightning counts the skipped step
+        assert record["scheduler_epochs"] == [0, 0, 0, 1, 1, 2]  # 2 real steps; plain Lightning: 3
+        assert record["scheduler_type"] == "StepGatedScheduler"
+        assert record["warnings"] == []  # no "lr_scheduler.step() before optimizer.step()"
+
+
+def test_mid_epoch_resume_continues_with_the_same_batches(runs: dict[str, Any]) -> None:
+    for record in runs["resume"]:
+        assert record["estimated_stepping_batches"] == 12  # per-process steps: 6 batches x 2 epochs
+        # checkpoint after global step 2 (2 batches of epoch 0): the rest must be exactly the same
+        assert record["resumed"] == record["full"][2:]
+        assert record["resumed_scheduler"] == record["full_scheduler"][2:]
+        assert record["global_step"] == 12
+
+
+# -- errors and registration -------------------------------------------------------------------------
+def test_distributed_sampler_is_refused_with_the_fix(runs: dict[str, Any]) -> None:
+    for record in runs["errors"]:
+        message = record["distributed_sampler"]
+        assert "DistributedSampler" in message and "Remove the DistributedSampler" in message
+
+
+def test_even_batches_false_is_refused_for_training() -> None:
+    with pytest.raises(ValueError, match="even_batches=False is not supported for training"):
+        ShardplugDDPStrategy(even_batches=False)
+
+
+def test_registered_names_build_the_strategy() -> None:
+    import lightning.pytorch as pl
+
+    trainer = pl.Trainer(strategy="shardplug_ddp", accelerator="cpu", devices=2, logger=False)
+    assert isinstance(trainer.strategy, ShardplugDDPStrategy)
+    assert trainer.strategy._start_method == "popen"
+    spawn = pl.Trainer(strategy="shardplug_ddp_spawn", accelerator="cpu", devices=2, logger=False)
+    assert isinstance(spawn.strategy, ShardplugDDPStrategy) and spawn.strategy._start_method == "spawn"
+    assert set(shardplug_lightning.STRATEGY_NAMES) == {"shardplug_ddp", "shardplug_ddp_spawn"}
+
+
+def test_registered_in_pytorch_lightning_too() -> None:
+    pytorch_lightning = pytest.importorskip("pytorch_lightning")
+    from shardplug_lightning.pytorch_lightning_compat import PLShardplugDDPStrategy
+
+    trainer = pytorch_lightning.Trainer(strategy="shardplug_ddp", accelerator="cpu", devices=2, logger=False)
+    assert isinstance(trainer.strategy, PLShardplugDDPStrategy)
+    assert isinstance(trainer.strategy, pytorch_lightning.strategies.DDPStrategy)
+
+
+def test_strategy_accepts_the_shared_config_value() -> None:
+    config_module = pytest.importorskip("shardplug.core.config")
+    config = config_module.ShardplugConfig(split_batches=True, use_seedable_sampler=True, data_seed=3)
+    strategy = ShardplugDDPStrategy(config=config, non_blocking=True, find_unused_parameters=True)
+    kwargs = strategy.shardplug_options.data_kwargs
+    assert kwargs["split_batches"] and kwargs["data_seed"] == 3 and kwargs["non_blocking"]
+    assert strategy._ddp_kwargs == {"find_unused_parameters": True}  # DDP keywords pass through
+    assert strategy.scale_scheduler_by_num_processes is False  # off by default (see README)
+
+
+def test_private_lightning_attributes_still_exist() -> None:
+    """The private Lightning attributes the strategy relies on; this fails loudly on a Lightning change."""
+    import lightning.pytorch as pl
+    from lightning.pytorch.overrides.distributed import _IndexBatchSamplerWrapper
+    from lightning.pytorch.utilities.combined_loader import CombinedLoader
+
+    trainer = pl.Trainer(strategy="shardplug_ddp", accelerator="cpu", devices=2, logger=False)
+    assert hasattr(trainer._accelerator_connector, "use_distributed_sampler")
+    assert hasattr(trainer.fit_loop, "_combined_loader_states_to_load")
+    assert hasattr(trainer.fit_loop, "_combined_loader")
+    assert callable(getattr(CombinedLoader, "_load_state_dicts", None))
+    wrapper = _IndexBatchSamplerWrapper(torch.utils.data.BatchSampler(range(4), 2, False))
+    assert hasattr(wrapper, "_batch_sampler")
