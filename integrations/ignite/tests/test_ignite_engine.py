@@ -1,0 +1,310 @@
+"""The Ignite integration under a real ``Engine`` and ``idist.Parallel`` (gloo, 2 CPU processes).
+
+Each launch runs several scenarios per rank and writes one JSON file per rank; the assertions run in
+the test process against references computed independently of shardplug.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import socket
+from pathlib import Path
+from typing import Any, Optional
+
+import ignite.distributed as idist
+import pytest
+import torch
+import torch.nn.functional as F
+from ignite.engine import DeterministicEngine, Engine, Events
+from ignite.handlers import Checkpoint, DiskSaver
+from ignite.metrics import Accuracy, Loss
+from torch.utils.data import DataLoader, TensorDataset
+
+from shardplug.core.config import ShardplugConfig
+from shardplug_ignite import ShardplugEvents, ShardplugHandler
+
+WORLD = 2
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _launch(fn: Any, tmp_path: Path) -> list[dict[str, Any]]:
+    with idist.Parallel(backend="gloo", nproc_per_node=WORLD, master_port=_free_port()) as parallel:
+        parallel.run(fn, str(tmp_path))
+    return [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(WORLD)]
+
+
+def _dataset(n: int) -> TensorDataset:
+    """x = [index, two features]; y = index % 3 (a class) — the index lets us see which sample came."""
+    idx = torch.arange(n, dtype=torch.float32)
+    x = torch.stack([idx, torch.sin(idx), torch.cos(0.5 * idx)], dim=1)
+    return TensorDataset(x, (torch.arange(n) % 3))
+
+
+def _features(model: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
+    return model(x[:, 1:])
+
+
+def _indices(batch: Any) -> list[int]:
+    return [int(v) for v in batch[0][:, 0].tolist()]
+
+
+def _record_epochs(config: ShardplugConfig, n: int, batch_size: int, shuffle: bool, epochs: int) -> dict[str, Any]:
+    """Run a trainer whose process function only records the indices it receives."""
+    handler = ShardplugHandler(config)
+    loader = handler.prepare_data_loader(DataLoader(_dataset(n), batch_size=batch_size, shuffle=shuffle))
+    seen: dict[int, list[list[int]]] = {}
+
+    def step(engine: Engine, batch: Any) -> None:
+        seen.setdefault(engine.state.epoch, []).append(_indices(batch))
+
+    trainer = Engine(step)
+    handler.attach(trainer)
+    trainer.run(loader, max_epochs=epochs)
+    return {"batches": [seen[e] for e in sorted(seen)], "seeds": loader.state_dict()["seeds"]}
+
+
+# -- launch 1: data sharding, equal-length check, evaluation -------------------------------------
+def _eval_model() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Linear(2, 3)
+
+
+def _evaluate(config: ShardplugConfig, n: int, batch_size: int) -> dict[str, Any]:
+    handler = ShardplugHandler(config)
+    loader = handler.prepare_eval_loader(DataLoader(_dataset(n), batch_size=batch_size))
+    evaluator = handler.create_evaluator(
+        _eval_model(), {"accuracy": Accuracy(), "loss": Loss(F.cross_entropy)}, model_fn=_features
+    )
+    counted: list[int] = []
+    evaluator.add_event_handler(
+        Events.ITERATION_COMPLETED, lambda e: counted.extend(int(v) for v in e.state.output[1].tolist())
+    )
+    evaluator.run(loader)
+    return {"metrics": dict(evaluator.state.metrics), "iterations": evaluator.state.iteration, "labels": counted}
+
+
+def _worker_data(local_rank: int, out_dir: str) -> None:
+    torch.manual_seed(100 + idist.get_rank())  # ranks seeded differently: shuffles must still agree
+    res: dict[str, Any] = {}
+    res["default"] = _record_epochs(ShardplugConfig(), 21, 3, False, 2)
+    res["split"] = _record_epochs(ShardplugConfig(split_batches=True), 22, 4, False, 2)
+    res["shuffle"] = _record_epochs(ShardplugConfig(), 20, 3, True, 3)
+    try:
+        _record_epochs(ShardplugConfig(even_batches=False), 21, 3, False, 1)
+        res["uneven_error"] = None
+    except RuntimeError as exc:
+        res["uneven_error"] = str(exc)
+    try:
+        ShardplugHandler().attach(DeterministicEngine(lambda e, b: None))
+        res["deterministic_error"] = None
+    except TypeError as exc:
+        res["deterministic_error"] = str(exc)
+    res["eval_default"] = _evaluate(ShardplugConfig(), 21, 3)
+    res["eval_split"] = _evaluate(ShardplugConfig(split_batches=True), 21, 4)
+    idist.barrier()
+    Path(out_dir, f"rank{idist.get_rank()}.json").write_text(json.dumps(res))
+
+
+def _reference_shards(order: list[int], batch_size: int, split: bool) -> list[list[list[int]]]:
+    """Per-rank batches of one epoch, from the SPEC's rule (pad the last step from the epoch start)."""
+    step = batch_size if split else batch_size * WORLD
+    padded = list(order)
+    while len(padded) % step:
+        padded.append(order[(len(padded) - len(order)) % len(order)])
+    per_rank: list[list[list[int]]] = [[] for _ in range(WORLD)]
+    for start in range(0, len(padded), step):
+        chunk = padded[start : start + step]
+        width = step // WORLD
+        for r in range(WORLD):
+            per_rank[r].append(chunk[r * width : (r + 1) * width])
+    return per_rank
+
+
+def _reference_eval(n: int) -> dict[str, float]:
+    data = _dataset(n)
+    with torch.no_grad():
+        logits = _features(_eval_model(), data.tensors[0])
+    y = data.tensors[1]
+    return {
+        "accuracy": float((logits.argmax(dim=1) == y).float().mean()),
+        "loss": float(F.cross_entropy(logits, y)),
+    }
+
+
+def test_ignite_sharding_length_check_and_evaluation(tmp_path: Path) -> None:
+    ranks = _launch(_worker_data, tmp_path)
+
+    for name, n, b, split in (("default", 21, 3, False), ("split", 22, 4, True)):
+        expected = _reference_shards(list(range(n)), b, split)
+        for r in range(WORLD):
+            assert ranks[r][name]["batches"] == [expected[r]] * 2, (name, r)
+
+    # shuffle: one seed agreed from rank 0, epoch e draws perm(seed + e), a new order every epoch
+    seeds = [ranks[r]["shuffle"]["seeds"] for r in range(WORLD)]
+    assert seeds[0] == seeds[1] and len(seeds[0]) == 1 and seeds[0][0] is not None
+    orders = []
+    for epoch in range(3):
+        order = torch.randperm(20, generator=torch.Generator().manual_seed(seeds[0][0] + epoch)).tolist()
+        orders.append(order)
+        expected = _reference_shards(order, 3, False)
+        for r in range(WORLD):
+            assert ranks[r]["shuffle"]["batches"][epoch] == expected[r], (epoch, r)
+        every = sorted(i for r in range(WORLD) for b in ranks[r]["shuffle"]["batches"][epoch] for i in b)
+        assert set(every) == set(range(20))
+    assert orders[0] != orders[1] != orders[2]
+
+    for r in range(WORLD):
+        message = ranks[r]["uneven_error"]
+        assert message is not None and "[4, 3]" in message and "even_batches" in message
+        assert "DeterministicEngine" in (ranks[r]["deterministic_error"] or "")
+
+    # evaluation: every sample counted once (21 samples: padded to 24 by both layouts)
+    for name in ("eval_default", "eval_split"):
+        labels = ranks[0][name]["labels"] + ranks[1][name]["labels"]
+        assert sorted(labels) == sorted(int(i) % 3 for i in range(21)), name
+        assert ranks[0][name]["iterations"] == ranks[1][name]["iterations"]
+        reference = _reference_eval(21)
+        for r in range(WORLD):
+            for key, value in reference.items():
+                assert ranks[r][name]["metrics"][key] == pytest.approx(value, rel=1e-5, abs=1e-6), (name, key, r)
+
+
+# -- launch 2: stepping (accumulation, AMP skip, schedulers, events) and resume -------------------
+def _regression_model() -> torch.nn.Module:
+    torch.manual_seed(1)
+    return torch.nn.Linear(2, 1)
+
+
+def _regression_target(y: torch.Tensor) -> torch.Tensor:
+    return y.float().unsqueeze(1)
+
+
+def _stepping() -> dict[str, Any]:
+    """n=14, batch 1 per rank: epoch_length 7, gradient_accumulation_steps=2, loss = inf at iteration 4."""
+    scaler = torch.amp.GradScaler("cpu")
+    handler = ShardplugHandler(ShardplugConfig(gradient_accumulation_steps=2), scaler=scaler)
+    loader = handler.prepare_data_loader(DataLoader(_dataset(14), batch_size=1))
+    model = idist.auto_model(_regression_model())  # DDP under gloo
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    holder: dict[str, Engine] = {}
+
+    def loss_fn(y_pred: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        loss = F.mse_loss(y_pred.float(), _regression_target(y))
+        return loss * math.inf if holder["trainer"].state.iteration == 4 else loss
+
+    trainer = handler.create_trainer(model, optimizer, loss_fn, model_fn=_features)
+    holder["trainer"] = trainer
+    prepared = handler.optimizers[0]
+    plain = handler.attach_scheduler(trainer, torch.optim.lr_scheduler.StepLR(prepared, step_size=1, gamma=0.9))
+    n_fold = handler.attach_scheduler(
+        trainer, torch.optim.lr_scheduler.StepLR(torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0), 1),
+        optimizers=[prepared], scale_by_num_processes=True,
+    )
+    rec: dict[str, Any] = {"completed": [], "skipped": [], "every3": [], "sync": [], "lr": [], "grads_nonsync": []}
+    trainer.add_event_handler(
+        ShardplugEvents.OPTIMIZER_STEP_COMPLETED, lambda e: rec["completed"].append(e.state.iteration)
+    )
+    trainer.add_event_handler(ShardplugEvents.OPTIMIZER_STEP_SKIPPED, lambda e: rec["skipped"].append(e.state.iteration))
+    trainer.add_event_handler(
+        ShardplugEvents.OPTIMIZER_STEP_COMPLETED(every=3), lambda e: rec["every3"].append(e.state.optimizer_step)
+    )
+
+    def after_iteration(engine: Engine) -> None:
+        rec["sync"].append(handler.sync_gradients)
+        rec["lr"].append(prepared.param_groups[0]["lr"])
+        if not handler.sync_gradients:  # gradients still local: no all-reduce happened (no_sync)
+            rec["grads_nonsync"].append(model.module.weight.grad.flatten().tolist())
+
+    trainer.add_event_handler(Events.ITERATION_COMPLETED, after_iteration)
+    trainer.run(loader, max_epochs=2)
+    rec["plain_last_epoch"] = plain.last_epoch
+    rec["n_fold_last_epoch"] = n_fold.last_epoch
+    rec["optimizer_step"] = trainer.state.optimizer_step
+    rec["optimizer_step_skipped"] = trainer.state.optimizer_step_skipped
+    rec["weight"] = model.module.weight.flatten().tolist()
+    return rec
+
+
+def _resume_parts(ckpt_dir: Path, stop_at: Optional[int], resume: bool) -> tuple[list[Any], list[float], dict[str, Any]]:
+    """3 epochs of 5 iterations (n=20, batch 2 per rank, shuffled, accumulation 2)."""
+    handler = ShardplugHandler(ShardplugConfig(gradient_accumulation_steps=2))
+    torch.manual_seed(1234 if resume else 7)  # a resumed run must take the seed from the checkpoint
+    loader = handler.prepare_data_loader(DataLoader(_dataset(20), batch_size=2, shuffle=True))
+    model = idist.auto_model(_regression_model())  # DDP: the replicas stay equal, rank 0 saves for all
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+
+    def loss_fn(y_pred: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return F.mse_loss(y_pred, _regression_target(y))
+
+    trainer = handler.create_trainer(model, optimizer, loss_fn, model_fn=_features)
+    seen: list[Any] = []
+    trainer.add_event_handler(
+        Events.ITERATION_COMPLETED, lambda e: seen.append([e.state.iteration, _indices(e.state.batch), handler.sync_gradients])
+    )
+    to_save = {"trainer": trainer, "model": model, "optimizer": handler.optimizers[0], "shardplug": handler}
+    if stop_at is not None:
+        checkpoint = Checkpoint(to_save, DiskSaver(str(ckpt_dir), require_empty=False), n_saved=None, save_on_rank=0)
+        trainer.add_event_handler(ShardplugEvents.OPTIMIZER_STEP_COMPLETED(every=4), checkpoint)
+        trainer.add_event_handler(Events.ITERATION_COMPLETED(once=stop_at), lambda e: e.terminate())
+    if resume:
+        files = sorted(ckpt_dir.glob("*.pt"))
+        assert len(files) == 1, files
+        Checkpoint.load_objects(to_save, str(files[0]))
+    trainer.run(loader, max_epochs=3)
+    return seen, model.module.weight.flatten().tolist(), dict(handler.state_dict())
+
+
+def _worker_stepping(local_rank: int, out_dir: str) -> None:
+    res: dict[str, Any] = {"stepping": _stepping()}
+    ckpt = Path(out_dir, "ckpt")
+    full, full_weight, _ = _resume_parts(ckpt, None, False)
+    first, _, _ = _resume_parts(ckpt, 7, False)  # checkpoint at real step 4 = iteration 7 (epoch 2)
+    idist.barrier()
+    rest, rest_weight, state = _resume_parts(ckpt, None, True)
+    res["resume"] = {"full": full, "first": first, "rest": rest, "full_weight": full_weight, "rest_weight": rest_weight}
+    res["resume_state"] = state
+    idist.barrier()
+    Path(out_dir, f"rank{idist.get_rank()}.json").write_text(json.dumps(res))
+
+
+def test_ignite_stepping_and_resume(tmp_path: Path) -> None:
+    ranks = _launch(_worker_stepping, tmp_path)
+    for r in range(WORLD):
+        rec = ranks[r]["stepping"]
+        # sync at every 2nd micro-batch and at the end of each epoch (7 iterations per epoch)
+        assert rec["sync"] == [False, True, False, True, False, True, True, False, True, False, True, False, True, True]
+        assert rec["completed"] == [2, 6, 7, 9, 11, 13, 14]
+        assert rec["skipped"] == [4]
+        assert rec["every3"] == [3, 6]
+        assert rec["optimizer_step"] == 7 and rec["optimizer_step_skipped"] == 1
+        assert rec["plain_last_epoch"] == 7  # one scheduler step per real optimizer step
+        assert rec["n_fold_last_epoch"] == 14  # scale_by_num_processes=True: N per real step
+        lr = rec["lr"]
+        assert lr[0] == pytest.approx(0.1) and lr[1] == pytest.approx(0.09)
+        assert lr[1] == lr[2] == lr[3] == lr[4]  # no step while accumulating, none for the skipped step
+        assert len(set(lr)) == 8  # 7 real steps changed it
+        assert len(rec["grads_nonsync"]) == 6
+    # DDP: non-sync micro-batches kept local gradients (they differ), sync ones kept the replicas equal
+    assert ranks[0]["stepping"]["grads_nonsync"] != ranks[1]["stepping"]["grads_nonsync"]
+    assert ranks[0]["stepping"]["weight"] == ranks[1]["stepping"]["weight"]
+
+    for r in range(WORLD):
+        res = ranks[r]["resume"]
+        full, first, rest = res["full"], res["first"], res["rest"]
+        assert [row[0] for row in full] == list(range(1, 16))
+        assert first == full[:7]
+        assert [row[0] for row in rest] == list(range(8, 16))  # no replayed iteration
+        assert rest == full[7:]  # the same batches and sync flags as the uninterrupted run
+        assert res["rest_weight"] == pytest.approx(res["full_weight"], abs=1e-6)
+        assert ranks[r]["resume_state"]["optimizer_step"] == 9
+    # and the two ranks saw disjoint halves of each shuffled epoch
+    for epoch in range(3):
+        rows = [ranks[r]["resume"]["full"][epoch * 5 : (epoch + 1) * 5] for r in range(WORLD)]
+        samples = sorted(i for r in range(WORLD) for row in rows[r] for i in row[1])
+        assert samples == list(range(20))
