@@ -57,6 +57,17 @@ def stateful_variant(cls: type) -> type:
     return combined_class(cls, stateful_dataloader_class())
 
 
+class _Progress:
+    """Per-pass bookkeeping, kept off ``DataLoader.__setattr__`` (slow) on the per-batch path."""
+
+    __slots__ = ("batches_yielded", "end_of_dataloader", "pass_complete")
+
+    def __init__(self) -> None:
+        self.batches_yielded = 0
+        self.end_of_dataloader = False
+        self.pass_complete = False
+
+
 def _is_stateful(loader: DataLoader) -> bool:
     try:
         from torchdata.stateful_dataloader import StatefulDataLoader
@@ -96,13 +107,20 @@ class PreparedDataLoader(DataLoader):
         self.rng_types = check_rng_types(rng_types)
         self.synchronized_generator = synchronized_generator
         self.gradient_state: Any = None
-        self.end_of_dataloader = False
         self.epoch = 0
-        self._advance_pending = False
+        self._progress = _Progress()
         self._skip_pending = skip_batches  # shortens this pass (skip_first_batches)
         self._resume_pending = 0  # continues a pass (load_state_dict); len() stays the epoch's
-        self._batches_yielded = 0
         self._stateful_snapshot: Optional[dict[str, Any]] = None
+
+    @property
+    def end_of_dataloader(self) -> bool:
+        """True while the last batch of the current pass is being processed."""
+        return self._progress.end_of_dataloader
+
+    @property
+    def _advance_pending(self) -> bool:
+        return self._progress.pass_complete
 
     @property
     def use_stateful_dataloader(self) -> bool:
@@ -124,7 +142,7 @@ class PreparedDataLoader(DataLoader):
         if not isinstance(epoch, int) or epoch < 0:
             raise ValueError(f"epoch={epoch!r} must be an integer >= 0")
         self.epoch = epoch
-        self._advance_pending = False
+        self._progress.pass_complete = False
         for target in self._epoch_targets():
             target.set_epoch(epoch)
 
@@ -228,8 +246,8 @@ class PreparedDataLoader(DataLoader):
         if self._stateful_resumed is not None:
             already, skip = self._stateful_resumed, 0  # StatefulDataLoader positions itself
             self._stateful_resumed = None
-        self._batches_yielded = already
-        self.end_of_dataloader = False
+        self._progress.batches_yielded = already
+        self._progress.end_of_dataloader = False
         return already, skip
 
     _stateful_resumed: Optional[int] = None
@@ -246,22 +264,31 @@ class PreparedDataLoader(DataLoader):
                 yield from self._deliver_counted(batches, already, total)
             else:
                 yield from self._deliver_lookahead(batches, already)
-            self._advance_pending = True
+            self._progress.pass_complete = True
         finally:
             self._stateful_snapshot = None
             if state is not None:
                 state._loader_stopped(self)
 
     def _hand_out(self, batch: Any, count: int, last: bool) -> Any:
-        self._batches_yielded = count
-        self.end_of_dataloader = last
+        progress = self._progress
+        progress.batches_yielded = count
         if last:
-            self._advance_pending = True
+            progress.end_of_dataloader = progress.pass_complete = True
         if self.gradient_state is not None:
             self.gradient_state._batch_ready(self, last)
         return send_to_device(batch, self.device, self.non_blocking) if self.device is not None else batch
 
     def _deliver_counted(self, batches: Iterator[Any], count: int, total: int) -> Iterator[Any]:
+        if self.gradient_state is None and self.device is None:  # the hot path: bookkeeping only
+            progress = self._progress
+            for batch in batches:
+                count += 1
+                progress.batches_yielded = count
+                if count >= total:
+                    progress.end_of_dataloader = progress.pass_complete = True
+                yield batch
+            return
         for batch in batches:
             count += 1
             yield self._hand_out(batch, count, count >= total)
@@ -292,7 +319,8 @@ class PreparedDataLoader(DataLoader):
 
     def position(self) -> dict[str, Any]:
         """Where this loader stands: plain values, identical on every process."""
-        epoch, done = (self.epoch + 1, 0) if self._advance_pending else (self.epoch, self._batches_yielded)
+        progress = self._progress
+        epoch, done = (self.epoch + 1, 0) if progress.pass_complete else (self.epoch, progress.batches_yielded)
         seeds = [s.seed for s in self._seedable_samplers()]
         return {"epoch": epoch, "batches_yielded": done, "seeds": seeds}
 

@@ -232,6 +232,7 @@ def skip_first_batches(dataloader: DataLoader, num_batches: int = 0) -> Prepared
     if isinstance(dataloader, PreparedDataLoader):
         new = copy.copy(dataloader)
         new.__dict__["_iterator"] = None
+        new._progress = copy.copy(dataloader._progress)
         new._skip_pending = num_batches
         return new
     if not isinstance(dataloader, DataLoader):
