@@ -95,6 +95,7 @@ def main() -> float:
         )
     final = loss_sum.item() / seen
     if dist.is_initialized():
+        dist.barrier()  # every process is done before the group goes away
         dist.destroy_process_group()
     return final
 
