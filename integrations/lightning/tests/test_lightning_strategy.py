@@ -192,3 +192,17 @@ def test_private_lightning_attributes_still_exist() -> None:
     assert callable(getattr(CombinedLoader, "_load_state_dicts", None))
     wrapper = _IndexBatchSamplerWrapper(torch.utils.data.BatchSampler(range(4), 2, False))
     assert hasattr(wrapper, "_batch_sampler")
+
+
+# -- Fabric ----------------------------------------------------------------------------------------
+def test_fabric_setup_dataloaders_uses_the_engine(tmp_path: Path) -> None:
+    _run("lightning_fabric_scenario.py", tmp_path)
+    records = [json.loads((tmp_path / f"fabric_rank{r}.json").read_text()) for r in range(WORLD)]
+    assert records[0]["seeds"] == records[1]["seeds"]
+    for rank, record in enumerate(records):
+        assert record["strategy"] == "ShardplugFabricDDPStrategy" and record["len"] == 6
+        expected = _reference(rank, 2, use_seedable_sampler=True, data_seed=record["seeds"][0])
+        assert record["epochs"] == expected  # Fabric's per-iteration set_epoch reaches the sampler
+        assert record["step_was_skipped"] is False
+        assert "Remove the DistributedSampler" in record["error"]
+    assert records[0]["epochs"][0] != records[0]["epochs"][1]

@@ -1,0 +1,58 @@
+"""Fabric with ``strategy="shardplug_ddp"`` on 2 CPU processes: what ``setup_dataloaders`` gives each rank.
+
+Usage: ``python lightning_fabric_scenario.py OUT_DIR``; every rank writes ``OUT_DIR/fabric_rank<r>.json``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import torch
+from lightning.fabric import Fabric
+from torch.utils.data import DataLoader
+from torch.utils.data.distributed import DistributedSampler
+
+import shardplug_lightning  # noqa: F401  (registers "shardplug_ddp" for Fabric)
+
+
+def main() -> None:
+    fabric = Fabric(accelerator="cpu", devices=2, strategy="shardplug_ddp")
+    fabric.launch()
+    loader = fabric.setup_dataloaders(DataLoader(list(range(42)), batch_size=4, shuffle=True))
+    model = torch.nn.Linear(1, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    model, optimizer = fabric.setup(model, optimizer)
+    epochs = []
+    for _ in range(2):
+        seen = []
+        for batch in loader:
+            loss = model(batch.float().unsqueeze(1)).pow(2).mean()
+            fabric.backward(loss)
+            optimizer.step()
+            optimizer.zero_grad()
+            seen.append(batch.tolist())
+        epochs.append(seen)
+    error = ""
+    try:
+        data = list(range(8))
+        fabric.setup_dataloaders(DataLoader(data, sampler=DistributedSampler(data, num_replicas=2, rank=0)))
+    except ValueError as exc:
+        error = str(exc)
+    record = {
+        "strategy": type(fabric.strategy).__name__,
+        "epochs": epochs,
+        "seeds": loader._dataloader.state_dict()["seeds"],
+        "len": len(loader),
+        "step_was_skipped": fabric.strategy.step_was_skipped,
+        "error": error,
+    }
+    with open(os.path.join(sys.argv[1], f"fabric_rank{fabric.global_rank}.json"), "w") as f:
+        json.dump(record, f)
+    fabric.barrier()
+    torch.distributed.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
