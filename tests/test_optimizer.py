@@ -158,8 +158,15 @@ def test_pre_hook_may_replace_the_arguments():
         seen.append(True)
         return torch.tensor(7.0)
 
-    opt.register_step_pre_hook(lambda o, a, k: ((closure,), {}))
+    hook_args = []
+
+    def hook(o, args, kwargs):
+        hook_args.append(args)
+        return (o, closure), {}
+
+    opt.register_step_pre_hook(hook)
     assert opt.step().item() == 7.0 and seen == [True]
+    assert hook_args == [(opt,)]  # torch's convention: the optimizer first, then step's arguments
 
 
 def test_closure_passes_through_without_scaler():

@@ -103,6 +103,27 @@ def test_clip_grad_norm_unscales_once_and_only_on_sync():
         torch.testing.assert_close(a, b)
 
 
+def test_clip_grad_norm_unscales_only_the_owning_optimizer():
+    from torch.amp.grad_scaler import OptState
+
+    scaler = torch.amp.GradScaler("cpu", init_scale=4.0)
+    run = single_run(1, scaler)
+    a, b = torch.nn.Linear(2, 1), torch.nn.Linear(2, 1)
+    opt_a = run.prepare_optimizer(torch.optim.SGD(a.parameters(), lr=0.1))
+    opt_b = run.prepare_optimizer(torch.optim.SGD(b.parameters(), lr=0.1))
+    with run.accumulate(a, b):
+        run.backward(a(torch.ones(1, 2)).sum() + b(torch.ones(1, 2)).sum())
+        grad_b = b.weight.grad.clone()
+        run.clip_grad_norm_(a.parameters(), max_norm=100.0)
+        states = scaler._per_optimizer_states
+        assert states[id(opt_a.optimizer)]["stage"] is OptState.UNSCALED
+        assert states[id(opt_b.optimizer)]["stage"] is OptState.READY
+        torch.testing.assert_close(b.weight.grad, grad_b)
+        opt_a.step()
+        opt_b.step()
+    assert not opt_a.step_was_skipped and not opt_b.step_was_skipped
+
+
 def test_prepare_scheduler_follows_its_own_optimizer():
     run = TrainingRun(ShardplugConfig(split_batches=False), num_processes=3, process_index=0)
     a, b = torch.nn.Linear(2, 1), torch.nn.Linear(2, 1)

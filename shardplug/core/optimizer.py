@@ -190,7 +190,8 @@ class PreparedOptimizer(Optimizer):
             )
         if closure is not None and _scaler_active(self.scaler):
             raise RuntimeError("closures are not supported with a GradScaler (as in torch); call step() without one")
-        args: tuple[Any, ...] = () if closure is None else (closure,)
+        # hooks see (self, *step arguments), as torch's own step wrapper passes them
+        args: tuple[Any, ...] = (self,) if closure is None else (self, closure)
         kwargs: dict[str, Any] = {}
         for pre_hook in list(self._optimizer_step_pre_hooks.values()):
             result = pre_hook(self, args, kwargs)
@@ -200,7 +201,7 @@ class PreparedOptimizer(Optimizer):
                         f"an optimizer step pre-hook must return None or (args, kwargs), got {result!r}"
                     )
                 args, kwargs = result
-        out = self._step_wrapped(args, kwargs)
+        out = self._step_wrapped(tuple(args[1:]), kwargs)
         for post_hook in list(self._optimizer_step_post_hooks.values()):
             post_hook(self, args, kwargs)
         return out

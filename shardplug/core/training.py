@@ -185,19 +185,25 @@ class TrainingRun:
     ) -> Optional[torch.Tensor]:
         """Unscale (when there is a scaler) and clip gradients, on sync micro-batches only.
 
+        Only the prepared optimizers that hold some of ``parameters`` are unscaled, each once.
+
         Returns the total norm, or ``None`` on a micro-batch that does not sync (the gradients are
         still partial sums then, and clipping them would change the result).
         """
         if not self.gradient_state.sync_gradients:
             return None
+        parameters = [parameters] if isinstance(parameters, torch.Tensor) else list(parameters)
         if self.scaler is not None and self.scaler.is_enabled():
             from torch.amp.grad_scaler import OptState
 
+            wanted = {id(p) for p in parameters}
+            per_optimizer = self.scaler._per_optimizer_states
             for prepared in self.optimizers:
-                if prepared.scaler is self.scaler:
-                    per_optimizer = self.scaler._per_optimizer_states
-                    if per_optimizer[id(prepared.optimizer)]["stage"] is OptState.READY and id(prepared) not in per_optimizer:
-                        self.scaler.unscale_(prepared.optimizer)
+                owns = any(id(p) in wanted for group in prepared.param_groups for p in group["params"])
+                if prepared.scaler is not self.scaler or not owns or id(prepared) in per_optimizer:
+                    continue  # another scaler, other parameters, or already unscaled by the user
+                if per_optimizer[id(prepared.optimizer)]["stage"] is OptState.READY:
+                    self.scaler.unscale_(prepared.optimizer)
         return torch.nn.utils.clip_grad_norm_(parameters, max_norm, norm_type=norm_type)
 
     def __repr__(self) -> str:
