@@ -481,7 +481,7 @@ class ShardplugHandler(Serializable):
         # the previous pass only ended now, inside this epoch: make sure the next pass is this epoch's
         self._current_loader(engine).set_epoch(engine.state.epoch - 1)
 
-    def _on_terminate_single_epoch(self, engine: Engine) -> None:
+    def _on_terminate_single_epoch(self, engine: Engine, iter_counter: int = 0) -> None:
         # Ignite opens the next pass right away, before the next EPOCH_STARTED
         self._current_loader(engine).set_epoch(engine.state.epoch)
 
