@@ -33,7 +33,7 @@ def make_data(n: int, seed: int) -> TensorDataset:
 def training(local_rank: int) -> None:
     rank = idist.get_rank()
     handler = ShardplugHandler(ShardplugConfig(gradient_accumulation_steps=2))
-    train_loader = handler.prepare_data_loader(DataLoader(make_data(24, 0), batch_size=3, shuffle=True))
+    train_loader = handler.prepare_data_loader(DataLoader(make_data(24, 0), batch_size=4, shuffle=True))
     val_loader = handler.prepare_eval_loader(DataLoader(make_data(21, 1), batch_size=4))
 
     torch.manual_seed(0)
