@@ -42,7 +42,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[dict[str, A
     out = tmp_path_factory.mktemp("lightning_scenarios")
     _run("lightning_scenarios.py", out)
     data: dict[str, list[dict[str, Any]]] = {}
-    for name in ("default", "split", "predict", "amp", "resume", "errors"):
+    for name in ("default", "split", "predict", "amp", "resume", "limited", "errors"):
         data[name] = [json.loads((out / f"{name}_rank{r}.json").read_text()) for r in range(WORLD)]
     return data
 
@@ -94,6 +94,14 @@ def test_split_batches_train_batches(runs: dict[str, Any]) -> None:
         assert _by_epoch(record["train"], 1) == expected
         assert record["loader"]["len"] == 11 == len(expected[0])
     assert runs["split"][1]["train"][0][1] == [2, 3]
+
+
+def test_cut_short_epochs_keep_the_loader_epoch_and_shuffle(runs: dict[str, Any]) -> None:
+    for rank, record in enumerate(runs["limited"]):
+        expected = _reference(rank, 2, use_seedable_sampler=True, data_seed=record["seeds"][0])
+        assert _by_epoch(record["train"], 2) == [epoch[:3] for epoch in expected]
+        # the checkpointable position names Lightning's epoch even though no pass was complete
+        assert record["positions"] == [[e, e, k] for e in range(2) for k in range(1, 4)]
 
 
 # -- evaluation ------------------------------------------------------------------------------------

@@ -53,6 +53,7 @@ class Recorder(pl.LightningModule):
         self.grad_sync: list[bool] = []
         self.skipped: list[bool] = []
         self.scheduler_epochs: list[int] = []
+        self.positions: list[tuple[int, int, int]] = []  # (Lightning epoch, loader epoch, batches yielded)
         self.loader_info: dict[str, Any] = {}
 
     def _loss(self, batch: torch.Tensor) -> torch.Tensor:
@@ -69,6 +70,8 @@ class Recorder(pl.LightningModule):
 
     def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
         self.skipped.append(self.trainer.strategy.step_was_skipped)
+        state = self.trainer.train_dataloader.state_dict()
+        self.positions.append((self.current_epoch, state["epoch"], state["batches_yielded"]))
         configs = self.trainer.lr_scheduler_configs
         if configs:
             self.scheduler_epochs.append(int(configs[0].scheduler.last_epoch))
@@ -208,7 +211,13 @@ def main() -> None:
         "estimated_stepping_batches": int(t.estimated_stepping_batches),
     })
 
-    # 6. a loader that already has a DistributedSampler is refused (on every rank, before any batch)
+    # 6. epochs cut short (limit_train_batches): the loader's epoch follows Lightning's
+    model = Recorder()
+    t = trainer(max_epochs=2, limit_train_batches=3)
+    t.fit(model)
+    dump("limited", rank, {"train": model.train_batches, "positions": model.positions, "seeds": seeds_of(t)})
+
+    # 7. a loader that already has a DistributedSampler is refused (on every rank, before any batch)
     class Sharded(Recorder):
         def train_dataloader(self) -> DataLoader:
             data = Indices(N_TRAIN)
