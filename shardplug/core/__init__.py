@@ -1,13 +1,18 @@
 """The sharding engine: samplers, shards, loaders and the functions that prepare them."""
 
+from .accumulation import GradientState
 from .batch_plan import ShardLayout
+from .config import ShardplugConfig
 from .dispatch import DataLoaderDispatcher, DispatchError
 from .iterable import IterableDatasetShard
 from .loaders import DataLoaderShard, PreparedDataLoader
+from .optimizer import PreparedOptimizer
 from .prepare import prepare_data_loader, skip_first_batches
 from .rng import synchronize_rng_states
 from .samplers import BatchSamplerShard, SeedableRandomSampler
+from .scheduler import PreparedScheduler
 from .topology import ProcessTopology, resolve_data_topology
+from .training import TrainingRun
 from .transfer import send_to_device
 
 __all__ = [
@@ -15,11 +20,16 @@ __all__ = [
     "DataLoaderDispatcher",
     "DataLoaderShard",
     "DispatchError",
+    "GradientState",
     "IterableDatasetShard",
     "PreparedDataLoader",
+    "PreparedOptimizer",
+    "PreparedScheduler",
     "ProcessTopology",
     "SeedableRandomSampler",
     "ShardLayout",
+    "ShardplugConfig",
+    "TrainingRun",
     "prepare_data_loader",
     "resolve_data_topology",
     "send_to_device",

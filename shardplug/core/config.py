@@ -50,7 +50,8 @@ class ShardplugConfig:
             ``None`` = only for iterable datasets with ``put_on_device=True``.
         use_seedable_sampler: replace ``RandomSampler`` with a sampler whose order is a pure
             function of the seed and the epoch.
-        data_seed: seed of that sampler (``None``: agreed from process 0).
+        data_seed: seed of every shuffle shardplug creates (the seedable sampler, and the sampler
+            that replaces a ``RandomSampler`` without generator); ``None``: agreed from process 0.
         non_blocking: non-blocking host-to-device copies of the batches.
         use_stateful_dataloader: back the loaders with ``torchdata``'s ``StatefulDataLoader``.
         put_on_device: move each batch to the process's device.
@@ -112,11 +113,6 @@ class ShardplugConfig:
         if self.data_seed is not None and not -(2**63) <= self.data_seed < 2**64:
             raise ValueError(
                 f"data_seed={self.data_seed} is out of range: torch seeds lie in [-2**63, 2**64); pick a smaller seed"
-            )
-        if self.data_seed is not None and not self.use_seedable_sampler:
-            raise ValueError(
-                f"data_seed={self.data_seed} has no effect with use_seedable_sampler=False; "
-                "set use_seedable_sampler=True or leave data_seed=None"
             )
         if self.rng_types is not None:
             if isinstance(self.rng_types, str):
