@@ -14,7 +14,7 @@ def test_defaults():
     config = ShardplugConfig()
     assert (config.split_batches, config.even_batches, config.dispatch_batches) == (False, True, None)
     assert config.gradient_accumulation_steps == 1
-    assert config.step_scheduler_with_optimizer and config.scale_scheduler_by_num_processes
+    assert config.step_scheduler_with_optimizer and config.scale_scheduler_by_num_processes is None
     assert config.rng_types is None
 
 

@@ -32,7 +32,6 @@ _BOOL_OPTIONS = (
     "use_stateful_dataloader",
     "put_on_device",
     "step_scheduler_with_optimizer",
-    "scale_scheduler_by_num_processes",
 )
 
 
@@ -70,7 +69,9 @@ class ShardplugConfig:
             a prepared scheduler ``num_processes`` times, so a schedule sized on the length of the
             *unsharded* loader ends on time (the plain-PyTorch convention). ``False``: one scheduler
             step per optimizer step, for schedules sized in optimizer steps. Never applied to
-            ``ReduceLROnPlateau``.
+            ``ReduceLROnPlateau``. ``None`` (default): the front end's convention: ``True`` for
+            plain PyTorch (``TrainingRun``), ``False`` for Lightning and Ignite, whose users size
+            schedules in optimizer steps.
 
     Example::
 
@@ -92,13 +93,18 @@ class ShardplugConfig:
     slice_fn_for_dispatch: Optional[Callable[..., Any]] = None
     gradient_accumulation_steps: int = 1
     step_scheduler_with_optimizer: bool = True
-    scale_scheduler_by_num_processes: bool = True
+    scale_scheduler_by_num_processes: Optional[bool] = None
 
     def __post_init__(self) -> None:
         for name in _BOOL_OPTIONS:
             value = getattr(self, name)
             if not isinstance(value, bool):
                 raise TypeError(f"{name}={value!r} is invalid: it must be True or False")
+        if self.scale_scheduler_by_num_processes is not None and not isinstance(self.scale_scheduler_by_num_processes, bool):
+            raise TypeError(
+                f"scale_scheduler_by_num_processes={self.scale_scheduler_by_num_processes!r} is invalid: it must be "
+                "True, False or None (the front end's convention)"
+            )
         if self.dispatch_batches is not None and not isinstance(self.dispatch_batches, bool):
             raise TypeError(
                 f"dispatch_batches={self.dispatch_batches!r} is invalid: it must be True, False or None (automatic)"

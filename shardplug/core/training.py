@@ -148,7 +148,7 @@ class TrainingRun:
             step_with_optimizer=self.config.step_scheduler_with_optimizer,
             split_batches=self.config.split_batches,
             num_processes=self.num_processes,
-            scale_by_num_processes=self.config.scale_scheduler_by_num_processes,
+            scale_by_num_processes=self.config.scale_scheduler_by_num_processes is not False,
             gradient_state=self.gradient_state,
         )
         self.schedulers.append(prepared)

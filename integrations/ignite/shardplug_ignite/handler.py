@@ -327,15 +327,15 @@ class ShardplugHandler(Serializable):
         scheduler: Any,
         optimizers: Union[Optimizer, Sequence[Optimizer], None] = None,
         *,
-        scale_by_num_processes: bool = False,
+        scale_by_num_processes: Optional[bool] = None,
     ) -> PreparedScheduler:
         """Step a torch ``LRScheduler`` after every real optimizer step (never while accumulating,
         never after a step the scaler skipped).
 
         ``scale_by_num_processes=True`` steps it ``num_processes`` times per optimizer step when
         batches are not split (a schedule sized on the unsharded loader's length). Off by default,
-        as in Lightning: a schedule is sized in optimizer steps. (This per-scheduler argument, not
-        the config's ``scale_scheduler_by_num_processes``, decides for Ignite.)
+        as in Lightning: a schedule is sized in optimizer steps. ``None`` takes the config's
+        ``scale_scheduler_by_num_processes``, itself ``None`` (= off for Ignite) by default.
         ``ReduceLROnPlateau`` needs a metric: step it yourself after evaluation.
         """
         if isinstance(scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau):
@@ -352,7 +352,9 @@ class ShardplugHandler(Serializable):
             step_with_optimizer=self.config.step_scheduler_with_optimizer,
             split_batches=self.config.split_batches,
             num_processes=self.run.num_processes,
-            scale_by_num_processes=scale_by_num_processes,
+            scale_by_num_processes=bool(
+                self.config.scale_scheduler_by_num_processes if scale_by_num_processes is None else scale_by_num_processes
+            ),
             gradient_state=self.run.gradient_state,
         )
         self.run.schedulers.append(prepared)

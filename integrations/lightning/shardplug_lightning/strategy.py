@@ -102,7 +102,7 @@ class ShardplugStrategyMixin:
         gradient_accumulation_steps: Optional[int] = None,
         step_scheduler_with_optimizer: Optional[bool] = None,
         eval_even_batches: bool = False,
-        scale_scheduler_by_num_processes: bool = False,
+        scale_scheduler_by_num_processes: Optional[bool] = None,
         **ddp_kwargs: Any,
     ) -> None:
         given = {
@@ -130,7 +130,9 @@ class ShardplugStrategyMixin:
             )
         self.shardplug_options: ResolvedOptions = options
         self.eval_even_batches = bool(eval_even_batches)
-        self.scale_scheduler_by_num_processes = bool(scale_scheduler_by_num_processes)
+        if scale_scheduler_by_num_processes is None and config is not None:
+            scale_scheduler_by_num_processes = getattr(config, "scale_scheduler_by_num_processes", None)
+        self.scale_scheduler_by_num_processes = bool(scale_scheduler_by_num_processes)  # None: off for Lightning
         self._step_was_skipped = False
         self._real_steps: dict[int, int] = defaultdict(int)
         super().__init__(**ddp_kwargs)  # type: ignore[call-arg]
