@@ -155,7 +155,7 @@ def p6_iterable_workers(n: int, repeats: int) -> Row:
 
     with_workers, without = run(2), run(0)
     # throughput ratio = time without workers / time with workers
-    return Row(f"P6 iterable + CPU transform, N=2, workers 2 vs 0 (throughput = inverse ratio)", with_workers, without, ">= 1.6x throughput")
+    return Row("P6 iterable + CPU transform, N=2, workers 2 vs 0 (throughput = inverse ratio)", with_workers, without, ">= 1.6x throughput")
 
 
 def main(argv: Optional[list[str]] = None) -> int:

@@ -9,7 +9,6 @@ import os
 import socket
 import sys
 
-import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch.utils.data import DataLoader

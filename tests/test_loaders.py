@@ -6,7 +6,7 @@ import sys
 
 import pytest
 import torch
-from torch.utils.data import BatchSampler, DataLoader, Dataset, IterableDataset, RandomSampler, SequentialSampler
+from torch.utils.data import BatchSampler, DataLoader, Dataset, IterableDataset, SequentialSampler
 from torch.utils.data.distributed import DistributedSampler
 
 import shardplug

@@ -14,7 +14,6 @@ with the first indices of the epoch, and further padding batches continue that c
 
 from __future__ import annotations
 
-import itertools
 from dataclasses import dataclass
 from typing import Iterable, Iterator, Optional, Sequence
 

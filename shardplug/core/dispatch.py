@@ -8,7 +8,6 @@ from typing import Any, Callable, Iterable, Iterator, Optional, Union
 
 import torch
 import torch.distributed as dist
-from torch.utils.data import IterableDataset
 
 from .collectives import broadcast_object, global_rank, world_size
 from .loaders import DataLoaderShard
