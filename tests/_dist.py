@@ -1,4 +1,4 @@
-"""Run a function on N real gloo processes and collect what each returned (test helper)."""
+"""Spawn real gloo process groups for the tests, with a hard timeout (test helper)."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import pickle
 import socket
 import tempfile
 import traceback
+from datetime import timedelta
 from pathlib import Path
 from typing import Any, Callable
 
@@ -15,6 +16,7 @@ import torch.multiprocessing as mp
 
 
 def free_port() -> int:
+    """A TCP port that was free a moment ago (bound to port 0, then released)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -22,11 +24,17 @@ def free_port() -> int:
 
 def _entry(rank: int, world_size: int, port: int, out_dir: str, fn: Callable[..., Any], args: tuple) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE=str(world_size), RANK=str(rank))
-    result: Any
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
     try:
-        dist.init_process_group("gloo", rank=rank, world_size=world_size)
-        result = ("ok", fn(rank, world_size, *args))
-    except BaseException as exc:  # report it to the test instead of losing it in a child process
+        dist.init_process_group(
+            "gloo",
+            init_method=f"tcp://127.0.0.1:{port}",
+            rank=rank,
+            world_size=world_size,
+            timeout=timedelta(seconds=30),
+        )
+        result: Any = ("ok", fn(rank, world_size, *args))
+    except BaseException as exc:  # hand it to the test instead of losing it in the child
         result = ("error", f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}")
     finally:
         if dist.is_initialized():
@@ -34,20 +42,23 @@ def _entry(rank: int, world_size: int, port: int, out_dir: str, fn: Callable[...
     Path(out_dir, f"rank{rank}.pkl").write_bytes(pickle.dumps(result))
 
 
-def run_distributed(fn: Callable[..., Any], world_size: int, *args: Any, timeout: float = 120.0) -> list[Any]:
-    """Run ``fn(rank, world_size, *args)`` on ``world_size`` spawned gloo processes; return the results by rank.
+def run_gloo(fn: Callable[..., Any], *args: Any, world_size: int = 2, timeout: float = 60.0) -> list[Any]:
+    """Run ``fn(rank, world_size, *args)`` on ``world_size`` spawned gloo processes.
 
-    A process that raised makes this raise with its traceback; a process still running after
-    ``timeout`` seconds is killed and reported (never a hang).
+    Returns what each rank returned, by rank. Raises ``AssertionError`` with the traceback of any
+    rank that failed, and ``TimeoutError`` (after killing them) when ranks outlive ``timeout``.
     """
+    import time
+
     ctx = mp.get_context("spawn")
     with tempfile.TemporaryDirectory() as out_dir:
         port = free_port()
         procs = [ctx.Process(target=_entry, args=(r, world_size, port, out_dir, fn, args)) for r in range(world_size)]
         for p in procs:
             p.start()
+        deadline = time.monotonic() + timeout
         for p in procs:
-            p.join(timeout)
+            p.join(max(0.0, deadline - time.monotonic()))
         hung = [r for r, p in enumerate(procs) if p.is_alive()]
         for p in procs:
             if p.is_alive():
@@ -55,19 +66,16 @@ def run_distributed(fn: Callable[..., Any], world_size: int, *args: Any, timeout
                 p.join()
         if hung:
             raise TimeoutError(f"ranks {hung} were still running after {timeout} s")
-        results = []
-        for r in range(world_size):
+        results, errors = [], []
+        for r, p in enumerate(procs):
             path = Path(out_dir, f"rank{r}.pkl")
             if not path.exists():
-                raise RuntimeError(f"rank {r} died without a result (exit code {procs[r].exitcode})")
+                errors.append(f"rank {r} died without a result (exit code {p.exitcode})")
+                continue
             status, value = pickle.loads(path.read_bytes())
-            results.append((status, value))
+            if status != "ok":
+                errors.append(f"rank {r}: {value}")
+            results.append(value)
+        if errors:
+            raise AssertionError("\n".join(errors))
     return results
-
-
-def values(results: list[Any]) -> list[Any]:
-    """The values of ``run_distributed`` results, raising if any rank failed."""
-    errors = [f"rank {r}: {v}" for r, (s, v) in enumerate(results) if s != "ok"]
-    if errors:
-        raise AssertionError("\n".join(errors))
-    return [v for _, v in results]

@@ -10,6 +10,7 @@ from torch.utils.data import BatchSampler, DataLoader, Dataset, IterableDataset,
 from torch.utils.data.distributed import DistributedSampler
 
 import shardplug
+from _datasets import Stream, rows
 from shardplug import DataLoaderShard, IterableDatasetShard, prepare_data_loader, skip_first_batches
 
 
@@ -28,21 +29,6 @@ class Counting(Dataset):
 
     def set_epoch(self, epoch: int) -> None:
         self.epochs.append(epoch)
-
-
-class Stream(IterableDataset):
-    def __init__(self, n: int) -> None:
-        self.n = n
-
-    def __iter__(self):
-        return iter(range(self.n))
-
-    def __len__(self) -> int:
-        return self.n
-
-
-def rows(loader):
-    return [b.tolist() for b in loader]
 
 
 # -- SPEC §3 --------------------------------------------------------------------------------------

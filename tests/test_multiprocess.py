@@ -6,10 +6,11 @@ from collections import namedtuple
 
 import pytest
 import torch
-from torch.utils.data import DataLoader, Dataset, IterableDataset
+from torch.utils.data import DataLoader, Dataset
 
 import shardplug
-from _dist import run_distributed, values
+from _datasets import Stream, rows
+from _dist import run_gloo
 
 Pair = namedtuple("Pair", ["a", "b"])
 
@@ -41,21 +42,6 @@ class Ragged(Dataset):
 
     def __getitem__(self, i: int):
         return torch.zeros(1 + (i // 2) % 2)  # batches of 2: shape (2, 1) then (2, 2)
-
-
-class Stream(IterableDataset):
-    def __init__(self, n: int) -> None:
-        self.n = n
-
-    def __iter__(self):
-        return iter(range(self.n))
-
-    def __len__(self) -> int:
-        return self.n
-
-
-def rows_of(loader):
-    return [b.tolist() for b in loader]
 
 
 def _ids(batch):
@@ -107,8 +93,8 @@ def _scenarios(rank: int, world: int) -> dict:
 
     replicated = init_device_mesh("cpu", (1, world), mesh_dim_names=("dp_shard", "tp"))
     sharded = init_device_mesh("cpu", (world, 1), mesh_dim_names=("dp_shard", "tp"))
-    out["mesh_tp"] = rows_of(shardplug.prepare_data_loader(DataLoader(range(6), batch_size=2), torch_device_mesh=replicated))
-    out["mesh_dp"] = rows_of(shardplug.prepare_data_loader(DataLoader(range(6), batch_size=1), torch_device_mesh=sharded))
+    out["mesh_tp"] = rows(shardplug.prepare_data_loader(DataLoader(range(6), batch_size=2), torch_device_mesh=replicated))
+    out["mesh_dp"] = rows(shardplug.prepare_data_loader(DataLoader(range(6), batch_size=1), torch_device_mesh=sharded))
 
     loader = shardplug.prepare_data_loader(DataLoader(Stream(9), batch_size=2), put_on_device=True)
     out["iterable_dispatch"] = [(b.tolist(), loader.end_of_dataloader) for b in loader]
@@ -118,7 +104,7 @@ def _scenarios(rank: int, world: int) -> dict:
 
 @pytest.fixture(scope="module", params=[2, 3], ids=["2procs", "3procs"])
 def runs(request):
-    return request.param, values(run_distributed(_scenarios, request.param, timeout=180))
+    return request.param, run_gloo(_scenarios, world_size=request.param, timeout=180)
 
 
 def _round_robin(per_rank):

@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import DataLoader, TensorDataset
 
-from _stepping_dist import run_gloo
+from _dist import run_gloo
 from shardplug.core.accumulation import GradientState
 from shardplug.core.config import ShardplugConfig
 from shardplug.core.optimizer import PreparedOptimizer
