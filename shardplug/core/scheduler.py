@@ -20,7 +20,7 @@ from torch.optim.lr_scheduler import LRScheduler, ReduceLROnPlateau
 
 from .accumulation import GradientState
 
-__all__ = ["PreparedScheduler"]
+__all__ = ["PreparedScheduler", "advance_scheduler"]
 
 logger = logging.getLogger(__name__)
 
@@ -43,6 +43,19 @@ def _default_num_processes() -> int:
     from .topology import resolve_data_topology
 
     return resolve_data_topology()[0]
+
+
+def advance_scheduler(scheduler: Any, times: int, *args: Any, **kwargs: Any) -> bool:
+    """Step ``scheduler`` ``times`` times, never past its ``total_steps`` (``OneCycleLR``).
+
+    Returns True when the cap stopped it (torch raises past ``total_steps``).
+    """
+    for _ in range(times):
+        total = getattr(scheduler, "total_steps", None)
+        if isinstance(total, int) and scheduler.last_epoch >= total:
+            return True
+        scheduler.step(*args, **kwargs)
+    return False
 
 
 class PreparedScheduler(LRScheduler):
@@ -179,18 +192,9 @@ class PreparedScheduler(LRScheduler):
             logger.debug("scheduler not stepped: an optimizer made no update since the last scheduler step")
             return
         self._seen_steps = now
-        for _ in range(self.steps_per_optimizer_step):
-            total = getattr(self.scheduler, "total_steps", None)
-            if isinstance(total, int) and self.scheduler.last_epoch >= total:
-                if not self._warned_total_steps:
-                    self._warned_total_steps = True
-                    logger.warning(
-                        "%s reached total_steps=%d; further scheduler steps are ignored",
-                        type(self.scheduler).__name__,
-                        total,
-                    )
-                break
-            self.scheduler.step(*args, **kwargs)
+        if advance_scheduler(self.scheduler, self.steps_per_optimizer_step, *args, **kwargs) and not self._warned_total_steps:
+            self._warned_total_steps = True
+            logger.warning("%s reached total_steps; further scheduler steps are ignored", type(self.scheduler).__name__)
 
     # -- pass-through methods LRScheduler defines --------------------------------------------
     def get_last_lr(self) -> list[Any]:

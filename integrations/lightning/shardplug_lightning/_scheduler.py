@@ -5,6 +5,8 @@ from __future__ import annotations
 import logging
 from typing import Any, Callable
 
+from shardplug.core.scheduler import advance_scheduler
+
 __all__ = ["StepGatedScheduler"]
 
 logger = logging.getLogger(__name__)
@@ -54,18 +56,9 @@ class StepGatedScheduler:
             logger.debug("scheduler %s not stepped: its optimizer step was skipped", type(self.scheduler).__name__)
             return
         self._seen = now
-        for _ in range(self.steps_per_optimizer_step):
-            total = getattr(self.scheduler, "total_steps", None)
-            if isinstance(total, int) and self.scheduler.last_epoch >= total:
-                if not self._warned_total_steps:
-                    self._warned_total_steps = True
-                    logger.warning(
-                        "%s reached total_steps=%d; further scheduler steps are ignored",
-                        type(self.scheduler).__name__,
-                        total,
-                    )
-                break
-            self.scheduler.step(*args, **kwargs)
+        if advance_scheduler(self.scheduler, self.steps_per_optimizer_step, *args, **kwargs) and not self._warned_total_steps:
+            self._warned_total_steps = True
+            logger.warning("%s reached total_steps; further scheduler steps are ignored", type(self.scheduler).__name__)
 
     def state_dict(self) -> dict[str, Any]:
         """The wrapped scheduler's ``state_dict()``."""
