@@ -111,6 +111,7 @@ class PreparedDataLoader(DataLoader):
         self._progress = _Progress()
         self._skip_pending = skip_batches  # shortens this pass (skip_first_batches)
         self._resume_pending = 0  # continues a pass (load_state_dict); len() stays the epoch's
+        self._inner_repositions = False  # a loaded StatefulDataLoader state does the resume skip itself
         self._stateful_snapshot: Optional[dict[str, Any]] = None
 
     @property
@@ -240,17 +241,13 @@ class PreparedDataLoader(DataLoader):
         if self._advance_pending:
             self.set_epoch(self.epoch + 1)
         self._synchronize()
-        skip = self._skip_pending + self._resume_pending
+        already = self._skip_pending + self._resume_pending
+        skip = 0 if self._inner_repositions else already  # a loaded StatefulDataLoader positions itself
         self._skip_pending = self._resume_pending = 0
-        already = skip
-        if self._stateful_resumed is not None:
-            already, skip = self._stateful_resumed, 0  # StatefulDataLoader positions itself
-            self._stateful_resumed = None
+        self._inner_repositions = False
         self._progress.batches_yielded = already
         self._progress.end_of_dataloader = False
         return already, skip
-
-    _stateful_resumed: Optional[int] = None
 
     def _iterate(self) -> Iterator[Any]:
         already, skip = self._begin_pass()
@@ -348,8 +345,7 @@ class PreparedDataLoader(DataLoader):
         position = state.pop(_POSITION_KEY)
         super(PreparedDataLoader, self).load_state_dict(state)  # type: ignore[misc]
         self.load_position(position)
-        self._resume_pending = 0
-        self._stateful_resumed = int(position["batches_yielded"])
+        self._inner_repositions = True
 
 
 class DataLoaderShard(PreparedDataLoader):

@@ -181,10 +181,6 @@ class BatchSamplerShard(Sampler[list[int]]):
             raise ValueError(f"num_batches={num_batches} must be >= 0")
         self._start = int(num_batches)
 
-    @property
-    def pending_skip(self) -> int:
-        return self._start
-
     def _uses_arithmetic(self) -> bool:
         return type(self.batch_sampler) is BatchSampler and (
             type(self.sampler) in (SequentialSampler, RandomSampler) or isinstance(self.sampler, SeedableRandomSampler)

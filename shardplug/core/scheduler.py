@@ -19,6 +19,7 @@ from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LRScheduler, ReduceLROnPlateau
 
 from .accumulation import GradientState
+from .topology import resolve_data_topology
 
 __all__ = ["PreparedScheduler", "advance_scheduler"]
 
@@ -40,8 +41,6 @@ _OWN = frozenset(
 
 
 def _default_num_processes() -> int:
-    from .topology import resolve_data_topology
-
     return resolve_data_topology()[0]
 
 

@@ -31,7 +31,9 @@ from torch.optim import Optimizer
 from .accumulation import GradientState
 from .config import ShardplugConfig
 from .optimizer import PreparedOptimizer
+from .prepare import prepare_data_loader
 from .scheduler import PreparedScheduler
+from .topology import ProcessTopology, resolve_data_topology
 
 __all__ = ["TrainingRun"]
 
@@ -75,8 +77,6 @@ class TrainingRun:
         process_index: Optional[int] = None,
         torch_device_mesh: Any = None,
     ) -> None:
-        from .topology import ProcessTopology, resolve_data_topology
-
         if config is None:
             config = ShardplugConfig()
         if not isinstance(config, ShardplugConfig):
@@ -106,8 +106,6 @@ class TrainingRun:
     def prepare_data_loader(self, dataloader: Any, **overrides: Any) -> Any:
         """``prepare_data_loader`` with this run's options (``overrides`` win), connected to the
         run's gradient state so that its last batch of each pass ends an accumulation cycle."""
-        from .prepare import prepare_data_loader
-
         kwargs = self.config.data_loader_kwargs()
         kwargs.update(
             device=self.device,

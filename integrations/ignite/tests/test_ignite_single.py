@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 import torch
 import torch.nn.functional as F
-from ignite.engine import Engine, Events
+from ignite.engine import Engine
 from torch.utils.data import DataLoader, TensorDataset
 
 from shardplug_ignite import ShardplugConfig, ShardplugEvents, ShardplugHandler

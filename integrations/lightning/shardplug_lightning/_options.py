@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any
 
 from torch.utils.data import DataLoader
 from torch.utils.data.distributed import DistributedSampler
