@@ -7,6 +7,10 @@ Example::
 """
 
 from .core import (
+    AuditReport,
+    SampleAudit,
+    drop_padding,
+    gather_for_metrics,
     BatchSamplerShard,
     DataLoaderDispatcher,
     DataLoaderShard,
@@ -30,6 +34,10 @@ from .core import (
 __version__ = "0.1.0"
 
 __all__ = [
+    "AuditReport",
+    "SampleAudit",
+    "drop_padding",
+    "gather_for_metrics",
     "BatchSamplerShard",
     "DataLoaderDispatcher",
     "DataLoaderShard",

@@ -1,11 +1,13 @@
 """The sharding engine: samplers, shards, loaders and the functions that prepare them."""
 
 from .accumulation import GradientState
+from .audit import AuditReport, SampleAudit
 from .batch_plan import ShardLayout
 from .config import ShardplugConfig
 from .dispatch import DataLoaderDispatcher, DispatchError
 from .iterable import IterableDatasetShard
 from .loaders import DataLoaderShard, PreparedDataLoader
+from .metrics import drop_padding, gather_for_metrics
 from .optimizer import PreparedOptimizer
 from .prepare import prepare_data_loader, skip_first_batches
 from .rng import synchronize_rng_states
@@ -16,6 +18,10 @@ from .training import TrainingRun
 from .transfer import send_to_device
 
 __all__ = [
+    "AuditReport",
+    "SampleAudit",
+    "drop_padding",
+    "gather_for_metrics",
     "BatchSamplerShard",
     "DataLoaderDispatcher",
     "DataLoaderShard",

@@ -14,12 +14,13 @@ with the first indices of the epoch, and further padding batches continue that c
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 from typing import Iterable, Iterator, Optional, Sequence
 
 import torch
 
-__all__ = ["ShardLayout", "walk_shard", "shard_length", "ArithmeticShard", "EpochOrder"]
+__all__ = ["ShardLayout", "walk_shard", "walk_shard_counted", "shard_length", "ArithmeticShard", "EpochOrder"]
 
 _ROWS_PER_CHUNK = 4096
 
@@ -50,79 +51,111 @@ def _cycle_fill(head: list[int], count: int, offset: int) -> list[int]:
     return [head[(offset + k) % len(head)] for k in range(count)]
 
 
-def walk_shard(batches: Iterable[Sequence[int]], batch_size: Optional[int], layout: ShardLayout) -> Iterator[list[int]]:
+def walk_shard(
+    batches: Iterable[Sequence[int]], batch_size: Optional[int], layout: ShardLayout, skip: int = 0
+) -> Iterator[list[int]]:
     """Yield this process's batches by walking the global batches in order.
 
-    The caller's lists are never modified: padded batches are new lists.
+    The first ``skip`` global batches are passed over (their indices only, for padding).  The
+    caller's lists are never modified: padded batches are new lists.
     """
-    n_proc, rank = layout.num_processes, layout.process_index
+    for batch, _ in walk_shard_counted(batches, batch_size, layout, skip):
+        yield batch
+
+
+def walk_shard_counted(
+    batches: Iterable[Sequence[int]], batch_size: Optional[int], layout: ShardLayout, skip: int = 0
+) -> Iterator[tuple[list[int], int]]:
+    """Like :func:`walk_shard`, with the number of real (not padding) leading indices of each batch."""
+    n_proc = layout.num_processes
+    iterator = iter(batches)
+    head = _Head((batch_size or 0) * n_proc if not layout.split_batches else (batch_size or 0), n_proc)
+    for batch in itertools.islice(iterator, skip):
+        _check_len(batch, batch_size)
+        head.see(batch)
     if n_proc == 1:
-        for batch in batches:
+        for batch in iterator:
             _check_len(batch, batch_size)
-            yield batch  # type: ignore[misc]
-        return
-    if layout.split_batches:
-        yield from _walk_split(batches, batch_size, layout)
-        return
-    # Padding needs at most batch_size * N - 1 indices (or N - 1 whole batches) from the start.
-    head: list[int] = []
-    head_batches: list[Sequence[int]] = []
-    need = (batch_size or 0) * n_proc
+            yield batch, len(batch)  # type: ignore[misc]
+    elif layout.split_batches:
+        yield from _walk_split(iterator, batch_size, layout, head)
+    else:
+        yield from _walk_whole(iterator, batch_size, layout, head)
+
+
+class _Head:
+    """The first indices (and batches) of an epoch: what padding cycles through."""
+
+    def __init__(self, need: int, num_batches: int) -> None:
+        self.need, self.num_batches = need, num_batches
+        self.indices: list[int] = []
+        self.batches: list[Sequence[int]] = []
+
+    def see(self, batch: Sequence[int]) -> None:
+        if len(self.indices) < self.need:
+            self.indices.extend(batch[: self.need - len(self.indices)])
+        if len(self.batches) < self.num_batches:
+            self.batches.append(batch)
+
+
+def _walk_whole(
+    batches: Iterator[Sequence[int]], batch_size: Optional[int], layout: ShardLayout, head: _Head
+) -> Iterator[tuple[list[int], int]]:
+    n_proc, rank = layout.num_processes, layout.process_index
     group: list[Sequence[int]] = []
     for batch in batches:
         _check_len(batch, batch_size)
-        if len(head) < need:
-            head.extend(batch[: need - len(head)])
-        if batch_size is None and len(head_batches) < n_proc:
-            head_batches.append(batch)
+        head.see(batch)
         if len(group) == n_proc:  # held because its last batch was short, but more data came
-            yield group[rank]  # type: ignore[misc]
+            yield group[rank], len(group[rank])  # type: ignore[misc]
             group = []
         group.append(batch)
         if len(group) == n_proc and (batch_size is None or len(batch) == batch_size):
-            yield group[rank]  # type: ignore[misc]
+            yield group[rank], len(group[rank])  # type: ignore[misc]
             group = []
     if not group or layout.drop_last:
         return
     if not layout.even_batches:
         if rank < len(group):
-            yield group[rank]  # type: ignore[misc]
+            yield group[rank], len(group[rank])  # type: ignore[misc]
+        return
+    if rank < len(group) and (batch_size is None or rank < len(group) - 1 or len(group[rank]) == batch_size):
+        yield group[rank], len(group[rank])  # type: ignore[misc]
         return
     if batch_size is None:  # variable-size batches: pad with whole batches from the epoch start
-        padded = list(group) + [head_batches[k % len(head_batches)] for k in range(n_proc - len(group))]
-        yield list(padded[rank])
+        source = head.batches
+        yield list(source[(rank - len(group)) % len(source)]), 0
         return
     filled = len(group[-1])
-    if filled < batch_size:
-        group[-1] = list(group[-1]) + _cycle_fill(head, batch_size - filled, 0)
-    offset = batch_size - filled
-    while len(group) < n_proc:
-        group.append(_cycle_fill(head, batch_size, offset))
-        offset += batch_size
-    yield list(group[rank])
+    if rank == len(group) - 1:  # the short last batch, completed from the epoch's start
+        yield list(group[-1]) + _cycle_fill(head.indices, batch_size - filled, 0), filled
+        return
+    offset = batch_size - filled + (rank - len(group)) * batch_size
+    yield _cycle_fill(head.indices, batch_size, offset), 0
 
 
-def _walk_split(batches: Iterable[Sequence[int]], batch_size: Optional[int], layout: ShardLayout) -> Iterator[list[int]]:
+def _walk_split(
+    batches: Iterator[Sequence[int]], batch_size: Optional[int], layout: ShardLayout, head: _Head
+) -> Iterator[tuple[list[int], int]]:
     n_proc, rank = layout.num_processes, layout.process_index
     if batch_size is None:
         raise ValueError("split_batches=True needs a batch sampler with a batch_size; pass split_batches=False")
     step = batch_size // n_proc
     lo, hi = rank * step, (rank + 1) * step
-    head: list[int] = []
     for batch in batches:
         _check_len(batch, batch_size)
-        if len(head) < batch_size:
-            head.extend(batch[: batch_size - len(head)])
+        head.see(batch)
         if len(batch) == batch_size:
-            yield list(batch[lo:hi])
+            yield list(batch[lo:hi]), step
             continue
         # A short batch: the end of the epoch (or a sampler that yields short batches).
+        real = min(max(len(batch) - lo, 0), step)
         if layout.drop_last:
             continue
         if layout.even_batches:
-            yield (list(batch) + _cycle_fill(head, batch_size - len(batch), 0))[lo:hi]
+            yield (list(batch) + _cycle_fill(head.indices, batch_size - len(batch), 0))[lo:hi], real
         elif lo < len(batch):
-            yield list(batch[lo:hi])
+            yield list(batch[lo:hi]), real
 
 
 def shard_length(num_batches: int, last_batch_size: Optional[int], batch_size: Optional[int], layout: ShardLayout) -> int:
@@ -172,6 +205,10 @@ class EpochOrder:
 class ArithmeticShard:
     """One process's batches of a ``BatchSampler(order, batch_size, drop_last)`` by arithmetic.
 
+    ``first_global`` global batches are taken as already consumed (a resume, possibly by a
+    different number of processes): the rest of the epoch is shared out as a fresh epoch would
+    be, and padding still reads the epoch's start.
+
     Example::
 
         >>> plan = ArithmeticShard(EpochOrder(10), 3, False, ShardLayout(3, 0))
@@ -179,13 +216,17 @@ class ArithmeticShard:
         [[0, 1, 2], [9, 0, 1]]
     """
 
-    def __init__(self, order: EpochOrder, batch_size: int, inner_drop_last: bool, layout: ShardLayout) -> None:
+    def __init__(
+        self, order: EpochOrder, batch_size: int, inner_drop_last: bool, layout: ShardLayout, first_global: int = 0
+    ) -> None:
         self.order = order
         self.batch_size = batch_size
         self.layout = layout
         n = order.n
-        self.num_global_batches = n // batch_size if inner_drop_last else -(-n // batch_size)
-        self.last_batch_size = n - (self.num_global_batches - 1) * batch_size if self.num_global_batches else 0
+        total = n // batch_size if inner_drop_last else -(-n // batch_size)
+        self.last_batch_size = n - (total - 1) * batch_size if total else 0
+        self.first_global = min(max(first_global, 0), total)
+        self.num_global_batches = total - self.first_global
 
     def __len__(self) -> int:
         return shard_length(self.num_global_batches, self.last_batch_size, self.batch_size, self.layout)
@@ -193,13 +234,24 @@ class ArithmeticShard:
     def _row_geometry(self) -> tuple[int, int, int]:
         """(stride between rows, offset of row 0, width of a row) in epoch positions."""
         n_proc, rank, b = self.layout.num_processes, self.layout.process_index, self.batch_size
+        origin = self.first_global * b
         if self.layout.split_batches and n_proc > 1:
             step = b // n_proc
-            return b, rank * step, step
-        return b * n_proc, rank * b, b
+            return b, origin + rank * step, step
+        return b * n_proc, origin + rank * b, b
 
     def rows(self, start: int = 0) -> Iterator[list[int]]:
         """Yield this process's batches, beginning with its ``start``-th batch."""
+        for batches, _ in self._chunks(start):
+            yield from batches
+
+    def rows_counted(self, start: int = 0) -> Iterator[tuple[list[int], int]]:
+        """This process's batches with their number of real (not padding) leading indices."""
+        for batches, real in self._chunks(start):
+            yield from zip(batches, real)
+
+    def _chunks(self, start: int) -> Iterator[tuple[list[list[int]], list[int]]]:
+        """Batches in chunks of rows, with the real (not padding) count of each row."""
         total = len(self)
         stride, offset, width = self._row_geometry()
         n = self.order.n
@@ -212,7 +264,17 @@ class ArithmeticShard:
         for first in range(max(start, 0), full_rows, _ROWS_PER_CHUNK):
             count = min(_ROWS_PER_CHUNK, full_rows - first)
             bases = torch.arange(first, first + count, dtype=torch.int64) * stride + offset
-            yield from self.order.lookup(bases[:, None] + columns).tolist()
+            yield self.order.lookup(bases[:, None] + columns).tolist(), _RealCounts(n, bases, width)
         if short_last and start < total:
             begin = offset + (total - 1) * stride
-            yield self.order.lookup(torch.arange(begin, n, dtype=torch.int64)).tolist()
+            yield [self.order.lookup(torch.arange(begin, n, dtype=torch.int64)).tolist()], [n - begin]
+
+
+class _RealCounts:
+    """Real (not padding) counts of a chunk of rows, computed only when asked for."""
+
+    def __init__(self, n: int, bases: torch.Tensor, width: int) -> None:
+        self.n, self.bases, self.width = n, bases, width
+
+    def __iter__(self) -> Iterator[int]:
+        return iter((self.n - self.bases).clamp(0, self.width).tolist())

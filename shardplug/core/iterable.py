@@ -54,6 +54,7 @@ class IterableDatasetShard(IterableDataset):
         self.process_index = process_index
         self.split_batches = split_batches
         self.epoch = 0
+        self._skip_elements = 0
         generator = getattr(dataset, "generator", None)
         self._generator_seed: Optional[int] = (
             generator.initial_seed() if isinstance(generator, torch.Generator) and not hasattr(dataset, "set_epoch") else None
@@ -77,6 +78,16 @@ class IterableDatasetShard(IterableDataset):
         if hasattr(self.dataset, "set_epoch"):
             self.dataset.set_epoch(epoch)
 
+    def skip_elements(self, count: int) -> None:
+        """Make the next iteration start after the stream's first ``count`` elements (one-shot).
+
+        They are read (the stream has no other way to advance) but never batched or yielded;
+        the first global batch, which padding cycles through, is still taken from the epoch's start.
+        """
+        if count < 0:
+            raise ValueError(f"count={count} must be >= 0")
+        self._skip_elements = int(count)
+
     def _process_slice(self) -> slice:
         size = self.process_slice_size
         return slice(self.process_index * size, (self.process_index + 1) * size)
@@ -87,22 +98,27 @@ class IterableDatasetShard(IterableDataset):
         info = get_worker_info()
         workers, worker = (info.num_workers, info.id) if info is not None else (1, 0)
         global_size, own = self.global_batch_size, self._process_slice()
-        first_batch: Optional[list[Any]] = None
+        stream = iter(self.dataset)
+        # The epoch's first global batch: what a short last global batch is completed with.
+        head: list[Any] = []
+        skip, self._skip_elements = self._skip_elements, 0
+        for element in itertools.islice(stream, skip):
+            if len(head) < global_size:
+                head.append(element)
         buffer: list[Any] = []
         index = 0
-        for element in self.dataset:
+        for element in stream:
+            if len(head) < global_size:
+                head.append(element)
             buffer.append(element)
             if len(buffer) < global_size:
                 continue
-            if first_batch is None:
-                first_batch = buffer
             if index % workers == worker:
                 yield from buffer[own]
             index += 1
             buffer = []
         if buffer and not self.drop_last:
-            pad_source = first_batch if first_batch is not None else list(buffer)
-            padded = buffer + list(itertools.islice(itertools.cycle(pad_source), global_size - len(buffer)))
+            padded = buffer + list(itertools.islice(itertools.cycle(head), global_size - len(buffer)))
             if index % workers == worker:
                 yield from padded[own]
 

@@ -8,12 +8,14 @@ loader whose sampler or dataset is already sharded.  The dispatcher lives in ``d
 from __future__ import annotations
 
 import logging
+from collections import deque
 from typing import Any, Iterable, Iterator, Optional, Union
 
 import torch
 from torch.utils.data import DataLoader, IterableDataset
 
 from .collectives import broadcast_object, global_rank
+from .audit import SampleAudit
 from .iterable import IterableDatasetShard
 from .rng import apply_rng_states, check_rng_types, rng_states
 from .samplers import BatchSamplerShard, SeedableRandomSampler
@@ -58,14 +60,25 @@ def stateful_variant(cls: type) -> type:
 
 
 class _Progress:
-    """Per-pass bookkeeping, kept off ``DataLoader.__setattr__`` (slow) on the per-batch path."""
+    """Per-pass bookkeeping, kept off ``DataLoader.__setattr__`` (slow) on the per-batch path.
 
-    __slots__ = ("batches_yielded", "end_of_dataloader", "pass_complete")
+    ``batches_yielded`` counts this process's batches of the epoch, including those before a
+    resume (``resumed``); ``consumed_at_start`` is how much of the epoch (in the position's unit)
+    was consumed before this pass started.
+    """
+
+    __slots__ = ("batches_yielded", "end_of_dataloader", "pass_complete", "resumed", "consumed_at_start",
+                 "batch_indices", "batch_real", "unlogged")
 
     def __init__(self) -> None:
         self.batches_yielded = 0
         self.end_of_dataloader = False
         self.pass_complete = False
+        self.resumed = 0
+        self.consumed_at_start = 0
+        self.batch_indices: Optional[list[int]] = None
+        self.batch_real: Optional[int] = None
+        self.unlogged = 0  # log entries of batches a StatefulDataLoader fast-forwarded past
 
 
 def _is_stateful(loader: DataLoader) -> bool:
@@ -110,9 +123,10 @@ class PreparedDataLoader(DataLoader):
         self.epoch = 0
         self._progress = _Progress()
         self._skip_pending = skip_batches  # shortens this pass (skip_first_batches)
-        self._resume_pending = 0  # continues a pass (load_state_dict); len() stays the epoch's
+        self._resume: Optional[dict[str, Any]] = None  # continues a pass (load_state_dict); len() stays the epoch's
         self._inner_repositions = False  # a loaded StatefulDataLoader state does the resume skip itself
         self._stateful_snapshot: Optional[dict[str, Any]] = None
+        self.audit: Optional[SampleAudit] = None
 
     @property
     def end_of_dataloader(self) -> bool:
@@ -182,10 +196,10 @@ class PreparedDataLoader(DataLoader):
         return None
 
     def _full_length(self) -> int:
-        """Batches in one full pass of this process."""
+        """Batches in one pass of this process (from a resume point set on the shard, if any)."""
         shard = self._batch_shard
         if shard is not None and not self._dataset_kind_is_iterable():
-            return shard.full_length()
+            return len(shard)
         return super().__len__()
 
     def __len__(self) -> int:
@@ -236,31 +250,37 @@ class PreparedDataLoader(DataLoader):
         """The batches of this pass, after ``skip`` of them were left out (subclasses)."""
         raise NotImplementedError
 
-    def _begin_pass(self) -> tuple[int, int]:
-        """Start a pass; return (batches already counted in this epoch, batches to skip)."""
+    def _begin_pass(self) -> tuple[int, int, int]:
+        """Start a pass; return (batches of the epoch counted before the first one, batches to
+        discard, batches this pass's length leaves out because a resume point was set)."""
         if self._advance_pending:
             self.set_epoch(self.epoch + 1)
         self._synchronize()
-        already = self._skip_pending + self._resume_pending
-        skip = 0 if self._inner_repositions else already  # a loaded StatefulDataLoader positions itself
-        self._skip_pending = self._resume_pending = 0
-        self._inner_repositions = False
-        self._progress.batches_yielded = already
-        self._progress.end_of_dataloader = False
-        return already, skip
+        progress = self._progress
+        progress.resumed = progress.consumed_at_start = progress.unlogged = 0
+        discard = offset = 0
+        resume, self._resume = self._resume, None
+        if resume is not None:
+            discard, offset = self._apply_resume(resume)
+        skip, self._skip_pending = self._skip_pending, 0
+        progress.batches_yielded = progress.resumed + skip
+        progress.end_of_dataloader = False
+        return progress.batches_yielded + discard, skip + discard, offset
 
     def _iterate(self) -> Iterator[Any]:
-        already, skip = self._begin_pass()
+        count, skip, offset = self._begin_pass()
         total = self._pass_length()
+        if total is not None:
+            total += offset
         state = self.gradient_state
         if state is not None:
             state._loader_started(self)
         try:
             batches = self._inner_batches(skip)
             if total is not None:
-                yield from self._deliver_counted(batches, already, total)
+                yield from self._deliver_counted(batches, count, total)
             else:
-                yield from self._deliver_lookahead(batches, already)
+                yield from self._deliver_lookahead(batches, count)
             self._progress.pass_complete = True
         finally:
             self._stateful_snapshot = None
@@ -272,12 +292,22 @@ class PreparedDataLoader(DataLoader):
         progress.batches_yielded = count
         if last:
             progress.end_of_dataloader = progress.pass_complete = True
+        shard = self._batch_shard
+        if shard is not None and shard.log is not None:
+            while progress.unlogged:
+                shard.log.popleft()
+                progress.unlogged -= 1
+            progress.batch_indices, progress.batch_real = shard.log.popleft()
+            if self.audit is not None:
+                self.audit.record(self.epoch, progress.batch_indices, progress.batch_real)
         if self.gradient_state is not None:
             self.gradient_state._batch_ready(self, last)
         return send_to_device(batch, self.device, self.non_blocking) if self.device is not None else batch
 
     def _deliver_counted(self, batches: Iterator[Any], count: int, total: int) -> Iterator[Any]:
-        if self.gradient_state is None and self.device is None:  # the hot path: bookkeeping only
+        shard = self._batch_shard
+        if self.gradient_state is None and self.device is None and (shard is None or shard.log is None):
+            # the hot path: bookkeeping only
             progress = self._progress
             for batch in batches:
                 count += 1
@@ -314,19 +344,141 @@ class PreparedDataLoader(DataLoader):
     def _inner_state_dict(self) -> dict[str, Any]:
         return super(PreparedDataLoader, self).state_dict()  # type: ignore[misc]
 
+    def _position_unit(self) -> str:
+        """What the position counts: global batches (map-style), stream elements (a sharded
+        iterable dataset) or this loader's batches (anything else; not resizable)."""
+        if isinstance(self.dataset, IterableDatasetShard):
+            return "elements"
+        if self._batch_shard is not None and not self._dataset_kind_is_iterable():
+            return "global_batches"
+        return "batches"
+
+    def _consumed_per_batch(self) -> int:
+        """How much of the epoch, in the position's unit, one batch of this process stands for."""
+        if isinstance(self.dataset, IterableDatasetShard):
+            return self.dataset.global_batch_size
+        shard = self._batch_shard
+        if shard is not None and not self._dataset_kind_is_iterable():
+            return shard.batches_per_step
+        return 1
+
+    def _layout_key(self) -> tuple[int, bool]:
+        """(data processes, split_batches) of this loader, as recorded in a position."""
+        for source in (self, self._batch_shard, self.dataset):
+            if source is not None and hasattr(source, "num_processes") and hasattr(source, "split_batches"):
+                return int(source.num_processes), bool(source.split_batches)
+        return 1, False
+
     def position(self) -> dict[str, Any]:
-        """Where this loader stands: plain values, identical on every process."""
+        """Where this loader stands, as plain values identical on every process.
+
+        ``consumed`` counts what the whole job consumed of the epoch (``unit``: global batches,
+        stream elements or batches), so a position saved with N processes can be loaded with M.
+        """
+        if self._resume is not None:  # loaded but not iterated yet: still that position
+            return dict(self._resume)
         progress = self._progress
-        epoch, done = (self.epoch + 1, 0) if progress.pass_complete else (self.epoch, progress.batches_yielded)
-        seeds = [s.seed for s in self._seedable_samplers()]
-        return {"epoch": epoch, "batches_yielded": done, "seeds": seeds}
+        num_processes, split = self._layout_key()
+        position = {"epoch": self.epoch, "batches_yielded": 0, "consumed": 0, "unit": self._position_unit(),
+                    "num_processes": num_processes, "split_batches": split,
+                    "seeds": [s.seed for s in self._seedable_samplers()]}
+        if progress.pass_complete:
+            position["epoch"] = self.epoch + 1
+        else:
+            done = progress.batches_yielded
+            position["batches_yielded"] = done
+            position["consumed"] = progress.consumed_at_start + (done - progress.resumed) * self._consumed_per_batch()
+        return position
 
     def load_position(self, position: dict[str, Any]) -> None:
+        """Continue from ``position`` at the next pass (see :meth:`position`)."""
         for sampler, seed in zip(self._seedable_samplers(), position.get("seeds", [])):
             sampler.seed = seed
         self.set_epoch(int(position["epoch"]))
-        self._resume_pending = int(position["batches_yielded"])
+        num_processes, split = self._layout_key()
+        resume = {"unit": self._position_unit(), "num_processes": num_processes, "split_batches": split}
+        resume.update(position)
+        if "consumed" not in position:  # a minimal position: the same layout as this loader
+            resume["consumed"] = int(position["batches_yielded"]) * self._consumed_per_batch()
+        self._resume = resume
         self._skip_pending = 0
+
+    def _apply_resume(self, position: dict[str, Any]) -> tuple[int, int]:
+        """Position this pass after what ``position`` consumed.
+
+        Returns (batches to discard, batches of the epoch the pass length no longer includes).
+        """
+        progress = self._progress
+        unit, consumed = self._position_unit(), int(position["consumed"])
+        same_layout = (position["num_processes"], position["split_batches"]) == self._layout_key()
+        if position["unit"] != unit:
+            raise ValueError(
+                f"the position counts {position['unit']} but this loader counts {unit}: it was saved from a "
+                "differently prepared loader; prepare the loader the same way (map-style or iterable) as the saved one"
+            )
+        progress.consumed_at_start = consumed
+        if self._inner_repositions:  # a StatefulDataLoader that loaded its own state
+            self._inner_repositions = False
+            if not same_layout:
+                raise ValueError(
+                    "use_stateful_dataloader=True resumes each process from its own saved state, which cannot be "
+                    f"resized from {position['num_processes']} to {self._layout_key()[0]} processes; resume "
+                    "without use_stateful_dataloader (the position resizes), or with the same number of processes"
+                )
+            progress.resumed = int(position["batches_yielded"])
+            if self._batch_shard is not None and self._batch_shard.log is not None:
+                progress.unlogged = progress.resumed
+            return 0, 0
+        if unit == "global_batches":
+            shard = self._batch_shard
+            full = self._full_length()
+            shard.start_at_global(consumed)  # type: ignore[union-attr]
+            progress.resumed = int(position["batches_yielded"]) if same_layout else full - self._full_length()
+            return 0, progress.resumed
+        if unit == "elements":
+            self.dataset.skip_elements(consumed)
+            progress.resumed = int(position["batches_yielded"]) if same_layout else consumed // self._consumed_per_batch()
+            return 0, 0
+        if not same_layout:
+            raise ValueError(
+                f"this loader's data is not sharded by shardplug (unit 'batches'), so its position cannot move from "
+                f"{position['num_processes']} to {self._layout_key()[0]} processes; resume with the same number of "
+                "processes, or prepare the data with prepare_data_loader on more than one process"
+            )
+        return consumed, 0
+
+    # -- padding and audit ----------------------------------------------------------------
+    def track_padding(self) -> None:
+        """Record, for every batch, its dataset indices and how many of them are real (not
+        padding): :attr:`batch_indices`, :attr:`batch_real_count`.  Map-style data only."""
+        shard = self._batch_shard
+        if shard is None or self._dataset_kind_is_iterable():
+            raise ValueError(
+                "padding is tracked per batch for map-style data (a batch sampler shard); this loader reads "
+                "an iterable dataset: use loader.remainder for the real samples of the last global batch"
+            )
+        if getattr(self, "in_order", True) is False:
+            raise ValueError("padding tracking needs batches in sampler order: build the DataLoader with in_order=True")
+        if shard.log is None:
+            shard.log = deque()
+
+    @property
+    def batch_indices(self) -> Optional[list[int]]:
+        """Dataset indices of the batch being processed (with :meth:`track_padding`)."""
+        return self._progress.batch_indices
+
+    @property
+    def batch_real_count(self) -> Optional[int]:
+        """How many leading samples of the batch being processed are real; the rest are
+        wrap-around padding (with :meth:`track_padding`; ``None`` otherwise)."""
+        return self._progress.batch_real
+
+    def enable_audit(self) -> SampleAudit:
+        """Start recording which samples this process consumes, per epoch (opt-in; see :class:`SampleAudit`)."""
+        self.track_padding()
+        if self.audit is None:
+            self.audit = SampleAudit(self.total_dataset_length)
+        return self.audit
 
     def state_dict(self) -> dict[str, Any]:
         """Resume state: after ``load_state_dict`` iteration continues after the last batch handed out."""

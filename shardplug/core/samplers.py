@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import logging
+from collections import deque
 from typing import Any, Iterable, Iterator, Optional, Sized
 
 import torch
 from torch.utils.data import BatchSampler, RandomSampler, Sampler, SequentialSampler
 
-from .batch_plan import ArithmeticShard, EpochOrder, ShardLayout, shard_length, walk_shard
+from .batch_plan import ArithmeticShard, EpochOrder, ShardLayout, shard_length, walk_shard_counted
 from .topology import _check_processes
 
 __all__ = ["SeedableRandomSampler", "BatchSamplerShard", "draw_seed"]
@@ -151,7 +152,10 @@ class BatchSamplerShard(Sampler[list[int]]):
         self.batch_size: Optional[int] = batch_size
         self.drop_last: bool = bool(getattr(batch_sampler, "drop_last", False))
         self.epoch = 0
-        self._start = 0
+        self._first_global = 0
+        # When set (by a loader that tracks padding or audits), each yielded batch is appended
+        # with its number of real, not padding, leading indices.
+        self.log: Optional[deque[tuple[list[int], int]]] = None
 
     @property
     def layout(self) -> ShardLayout:
@@ -175,11 +179,24 @@ class BatchSamplerShard(Sampler[list[int]]):
         if target is not None and hasattr(target, "set_epoch"):
             target.set_epoch(epoch)
 
+    @property
+    def batches_per_step(self) -> int:
+        """Global batches consumed each time every process takes one batch."""
+        return 1 if self.split_batches or self.num_processes == 1 else self.num_processes
+
     def skip_next(self, num_batches: int) -> None:
         """Make the next iteration start after this process's first ``num_batches`` batches (one-shot)."""
         if num_batches < 0:
             raise ValueError(f"num_batches={num_batches} must be >= 0")
-        self._start = int(num_batches)
+        self.start_at_global(num_batches * self.batches_per_step)
+
+    def start_at_global(self, global_batches: int) -> None:
+        """Make the next iteration share out only the global batches after the first ``global_batches``
+        (one-shot).  The count may come from a run with another number of processes: the rest of
+        the epoch is then split among this run's processes."""
+        if global_batches < 0:
+            raise ValueError(f"global_batches={global_batches} must be >= 0")
+        self._first_global = int(global_batches)
 
     def _uses_arithmetic(self) -> bool:
         return type(self.batch_sampler) is BatchSampler and (
@@ -202,19 +219,29 @@ class BatchSamplerShard(Sampler[list[int]]):
         return shard_length(num, last, self.batch_size, self.layout)
 
     def __len__(self) -> int:
-        return max(self.full_length() - self._start, 0)
+        if not self._first_global:
+            return self.full_length()
+        num, last = self._global_length()
+        return shard_length(num - self._first_global, last, self.batch_size, self.layout)
 
     def __iter__(self) -> Iterator[list[int]]:
-        start, self._start = self._start, 0
+        first, self._first_global = self._first_global, 0
+        log = self.log
         if self._uses_arithmetic():
             order, generator = _epoch_order(self.sampler)
             if order is not None:
-                plan = ArithmeticShard(order, self.batch_size, self.drop_last, self.layout)  # type: ignore[arg-type]
-                yield from plan.rows(start)
+                plan = ArithmeticShard(order, self.batch_size, self.drop_last, self.layout, first)  # type: ignore[arg-type]
+                if log is None:
+                    yield from plan.rows()
+                else:
+                    for batch, real in plan.rows_counted():
+                        log.append((batch, real))
+                        yield batch
                 if generator is not None:  # keep the user's generator in step with RandomSampler
                     torch.randperm(order.n, generator=generator)
                 return
-        batches = walk_shard(self.batch_sampler, self.batch_size, self.layout)
-        for _ in zip(range(start), batches):
-            pass  # indices only: nothing is loaded for skipped batches
-        yield from batches
+        # Skipped global batches are iterated as indices only: nothing is loaded for them.
+        for batch, real in walk_shard_counted(self.batch_sampler, self.batch_size, self.layout, first):
+            if log is not None:
+                log.append((batch, real))
+            yield batch
