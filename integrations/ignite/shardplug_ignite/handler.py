@@ -23,12 +23,11 @@ from ignite.engine import _prepare_batch as ignite_prepare_batch
 from ignite.metrics import Metric
 from ignite.metrics.metric import MetricUsage
 from torch.optim import Optimizer
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, IterableDataset
 
 from shardplug.core.config import ShardplugConfig
 from shardplug.core.loaders import PreparedDataLoader
 from shardplug.core.optimizer import PreparedOptimizer
-from shardplug.core.samplers import BatchSamplerShard
 from shardplug.core.scheduler import PreparedScheduler
 from shardplug.core.training import TrainingRun
 
@@ -78,41 +77,20 @@ def _prediction_and_target(x: Any, y: Any, y_pred: Any) -> tuple[Any, Any]:
 
 
 # -- evaluation: telling padded samples from real ones -----------------------------------------
-def _batch_shard(loader: Any) -> Optional[BatchSamplerShard]:
-    for candidate in (getattr(loader, "batch_sampler", None), getattr(loader, "sampler", None)):
-        if isinstance(candidate, BatchSamplerShard):
-            return candidate
-    return None
-
-
 def real_samples(loader: Any) -> Optional[int]:
     """How many leading rows of the batch ``loader`` handed out last are real samples.
 
-    ``None`` means "all of them". Only the last batch of a pass of a map-style prepared loader
-    with ``even_batches=True`` (and no ``drop_last``) can hold padding: the samples that complete
-    the last global step by cycling from the start of the epoch. Those rows come last in every
-    batch, so trimming to the returned count keeps each sample exactly once across processes.
+    ``None`` means "unknown: all of them" (a loader that does not track padding: an iterable or
+    a training loader). The evaluation loaders of :meth:`ShardplugHandler.prepare_eval_loader`
+    track it (``loader.track_padding()``); the padding rows come last in every batch, so trimming
+    to the returned count keeps each sample exactly once across processes.
 
     Example::
 
         rows = real_samples(engine.state.dataloader)   # inside an evaluation step
         y_pred, y = y_pred[:rows], y[:rows]
     """
-    if not isinstance(loader, PreparedDataLoader) or not loader.end_of_dataloader:
-        return None
-    shard = _batch_shard(loader)
-    if shard is None or shard.num_processes == 1 or not shard.even_batches or shard.drop_last:
-        return None
-    per_process = shard.per_process_batch_size
-    sampler = shard.sampler
-    total = loader.total_batch_size
-    if per_process is None or not total or sampler is None or not hasattr(sampler, "__len__"):
-        logger.debug("real_samples: variable-size batches, padding cannot be told apart")
-        return None
-    remainder = len(sampler) % total
-    if remainder == 0:
-        return None
-    return max(0, min(per_process, remainder - shard.process_index * per_process))
+    return getattr(loader, "batch_real_count", None)
 
 
 def trim_padding(loader: Any, data: Any) -> Any:
@@ -299,6 +277,8 @@ class ShardplugHandler(Serializable):
         which drop the padding of the last step so every sample counts once."""
         loader = self.run.prepare_data_loader(dataloader, **overrides)
         loader.gradient_state = None
+        if not isinstance(loader.dataset, IterableDataset):
+            loader.track_padding()  # which rows of each batch are wrap-around padding
         return loader
 
     def auto_dataloader(self, dataset: Any, train: bool = True, **kwargs: Any) -> PreparedDataLoader:
