@@ -191,3 +191,28 @@ def test_unsharded_stream_refuses_to_resize():
     again.load_state_dict(position)
     with pytest.raises(ValueError, match="cannot move from 2 to 1 processes"):
         rows(again)
+
+
+@pytest.mark.parametrize("before,after", [(2, 3), (3, 2)])
+def test_iterable_audit_and_padding_across_a_resize(before, after):
+    def make(world):
+        loaders = [prepare_data_loader(DataLoader(Stream(23), batch_size=2), num_processes=world, process_index=r)
+                   for r in range(world)]
+        for loader in loaders:
+            loader.enable_audit()
+        return loaders
+
+    first = make(before)
+    for loader in first:
+        _take(loader, 2)
+    position = first[0].state_dict()
+    second = make(after)
+    real_rows = []
+    for loader in second:
+        loader.load_state_dict(position)
+        for batch in loader:
+            assert loader.batch_indices[: loader.batch_real_count] == batch.tolist()[: loader.batch_real_count]
+            real_rows.extend(drop_padding(batch, loader).tolist())
+    report = _combined(first, second)
+    assert report.exact, report
+    assert sorted(real_rows) == list(range(position["consumed"], 23))

@@ -127,6 +127,7 @@ class PreparedDataLoader(DataLoader):
         self._inner_repositions = False  # a loaded StatefulDataLoader state does the resume skip itself
         self._stateful_snapshot: Optional[dict[str, Any]] = None
         self.audit: Optional[SampleAudit] = None
+        self._tracking = False  # record indices and padding of every batch (track_padding)
 
     @property
     def end_of_dataloader(self) -> bool:
@@ -292,12 +293,8 @@ class PreparedDataLoader(DataLoader):
         progress.batches_yielded = count
         if last:
             progress.end_of_dataloader = progress.pass_complete = True
-        shard = self._batch_shard
-        if shard is not None and shard.log is not None:
-            while progress.unlogged:
-                shard.log.popleft()
-                progress.unlogged -= 1
-            progress.batch_indices, progress.batch_real = shard.log.popleft()
+        if self._tracking:
+            progress.batch_indices, progress.batch_real = self._batch_record(last)
             if self.audit is not None:
                 self.audit.record(self.epoch, progress.batch_indices, progress.batch_real)
         if self.gradient_state is not None:
@@ -305,8 +302,7 @@ class PreparedDataLoader(DataLoader):
         return send_to_device(batch, self.device, self.non_blocking) if self.device is not None else batch
 
     def _deliver_counted(self, batches: Iterator[Any], count: int, total: int) -> Iterator[Any]:
-        shard = self._batch_shard
-        if self.gradient_state is None and self.device is None and (shard is None or shard.log is None):
+        if self.gradient_state is None and self.device is None and not self._tracking:
             # the hot path: bookkeeping only
             progress = self._progress
             for batch in batches:
@@ -449,18 +445,41 @@ class PreparedDataLoader(DataLoader):
 
     # -- padding and audit ----------------------------------------------------------------
     def track_padding(self) -> None:
-        """Record, for every batch, its dataset indices and how many of them are real (not
-        padding): :attr:`batch_indices`, :attr:`batch_real_count`.  Map-style data only."""
-        shard = self._batch_shard
-        if shard is None or self._dataset_kind_is_iterable():
-            raise ValueError(
-                "padding is tracked per batch for map-style data (a batch sampler shard); this loader reads "
-                "an iterable dataset: use loader.remainder for the real samples of the last global batch"
-            )
+        """Record, for every batch, its indices and how many of them are real (not padding):
+        :attr:`batch_indices`, :attr:`batch_real_count`.
+
+        Map-style data: dataset indices.  A sized iterable dataset sharded by shardplug: positions
+        in the stream.  Other loaders cannot tell padding apart (a ``ValueError`` says so).
+        """
         if getattr(self, "in_order", True) is False:
             raise ValueError("padding tracking needs batches in sampler order: build the DataLoader with in_order=True")
-        if shard.log is None:
-            shard.log = deque()
+        shard = self._batch_shard
+        if shard is not None and not self._dataset_kind_is_iterable():
+            if shard.log is None:
+                shard.log = deque()
+        elif not (isinstance(self.dataset, IterableDatasetShard) and hasattr(self.dataset.dataset, "__len__")):
+            raise ValueError(
+                "this loader cannot tell padding apart: padding is tracked for map-style data and for sized "
+                "iterable datasets sharded by shardplug; use loader.remainder for the last global batch"
+            )
+        self._tracking = True
+
+    def _batch_record(self, last: bool) -> tuple[list[int], int]:
+        """(indices, real count) of the batch being handed out."""
+        progress = self._progress
+        shard = self._batch_shard
+        if shard is not None and shard.log is not None:
+            while progress.unlogged:  # batches a StatefulDataLoader fast-forwarded past
+                shard.log.popleft()
+                progress.unlogged -= 1
+            return shard.log.popleft()
+        # A sharded stream: this batch is process i's slice of global batch j after the resume point.
+        dataset = self.dataset
+        n, size, width = len(dataset.dataset), dataset.global_batch_size, dataset.process_slice_size
+        j = progress.batches_yielded - progress.resumed - 1
+        first = progress.consumed_at_start + j * size + dataset.process_index * width
+        real = min(max(n - first, 0), width)
+        return [(first + k) % n for k in range(width)] if n else [], real
 
     @property
     def batch_indices(self) -> Optional[list[int]]:
