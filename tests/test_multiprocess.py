@@ -89,6 +89,10 @@ def _scenarios(rank: int, world: int) -> dict:
     out["iterable_workers"] = [b.tolist() for b in loader]
     out["iterable_workers_len"] = len(loader)
 
+    loader = shardplug.prepare_data_loader(DataLoader(range(11), batch_size=2))
+    loader.track_padding()
+    out["gathered"] = [shardplug.gather_for_metrics(batch, loader).tolist() for batch in loader]
+
     from torch.distributed.device_mesh import init_device_mesh
 
     replicated = init_device_mesh("cpu", (1, world), mesh_dim_names=("dp_shard", "tp"))
@@ -199,3 +203,10 @@ def test_device_mesh_shards_only_along_data_dimensions(runs):
     for r, res in enumerate(results):
         assert res["mesh_tp"] == [[0, 1], [2, 3], [4, 5]], "ranks differing only along tp get identical data"
         assert res["mesh_dp"] == [[k] for k in range(r, 6, world)]
+
+
+def test_gather_for_metrics_counts_each_sample_once(runs):
+    world, results = runs
+    steps = results[0]["gathered"]
+    assert all(r["gathered"] == steps for r in results), "every process gets the same gathered rows"
+    assert sorted(x for step in steps for x in step) == list(range(11))
