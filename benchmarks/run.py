@@ -12,12 +12,18 @@ from __future__ import annotations
 
 import argparse
 import os
+import pickle
+import socket
 import sys
+import tempfile
 import time
+from datetime import timedelta
 from dataclasses import dataclass
 from typing import Callable, Optional
 
 import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
 from torch.utils.data import BatchSampler, DataLoader, Dataset, IterableDataset
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
@@ -51,6 +57,17 @@ def best_of(fn: Callable[[], object], repeats: int) -> float:
         fn()
         times.append(time.perf_counter() - start)
     return min(times)
+
+
+def best_of_interleaved(first: Callable[[], object], second: Callable[[], object], repeats: int) -> tuple[float, float]:
+    """Best times of ``first`` and ``second``, run alternately (a burst of load hits both alike)."""
+    times: tuple[list[float], list[float]] = ([], [])
+    for _ in range(repeats):
+        for fn, out in ((first, times[0]), (second, times[1])):
+            start = time.perf_counter()
+            fn()
+            out.append(time.perf_counter() - start)
+    return min(times[0]), min(times[1])
 
 
 def progress(message: str) -> None:
@@ -105,7 +122,8 @@ def p3_stateful(n: int, repeats: int) -> Optional[Row]:
         return None
     prepared = prepare_data_loader(DataLoader(Plain(n), batch_size=1), use_stateful_dataloader=True)
     bare = StatefulDataLoader(Plain(n), batch_size=1)
-    ours, base = best_of(lambda: _drain(prepared), repeats), best_of(lambda: _drain(bare), repeats)
+    _drain(prepared), _drain(bare)  # warm-up
+    ours, base = best_of_interleaved(lambda: _drain(prepared), lambda: _drain(bare), repeats)
     return Row(f"P3 stateful loader, bs 1, {n} samples (vs StatefulDataLoader)", ours, base, "<= 1.15x")
 
 
@@ -158,6 +176,129 @@ def p6_iterable_workers(n: int, repeats: int) -> Row:
     return Row("P6 iterable + CPU transform, N=2, workers 2 vs 0 (throughput = inverse ratio)", with_workers, without, ">= 1.6x throughput")
 
 
+class Floats(Dataset):
+    """``n`` float rows of ``width`` values, read from a preallocated pool (collation copies them)."""
+
+    def __init__(self, n: int, width: int, pool_rows: int = 512) -> None:
+        self.n = n
+        self.pool = torch.randn(pool_rows, width)
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        return self.pool[i % self.pool.shape[0]]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _p4_worker(rank: int, world: int, port: int, out_dir: str, n: int, width: int, per_process: int, repeats: int) -> None:
+    """One gloo process of P4: time an epoch of dispatch mode and of per-process shards, interleaved."""
+    torch.set_num_threads(1)
+    result: object
+    try:
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
+                                timeout=timedelta(seconds=60))
+        dataset = Floats(n, width)
+        def dispatcher(overlap_reads: Optional[bool]):
+            loader = prepare_data_loader(DataLoader(dataset, batch_size=per_process), dispatch_batches=True,
+                                         put_on_device=True, device="cpu")
+            loader.overlap_reads = overlap_reads
+            return loader
+
+        loaders = {
+            "dispatch": dispatcher(None),  # reads overlap sends only with > 2 cores per process
+            "overlapped": dispatcher(True),  # process 0 reads step t+1 while step t is sent
+            "shards": prepare_data_loader(DataLoader(dataset, batch_size=per_process), dispatch_batches=False),
+        }
+        dispatch = loaders["dispatch"]
+
+        def epoch(loader) -> float:
+            dist.barrier()
+            start = time.perf_counter()
+            rows = sum(batch.shape[0] for batch in loader)
+            dist.barrier()
+            assert rows == n // world, f"rank {rank} got {rows} rows, expected {n // world}"
+            return time.perf_counter() - start
+
+        for loader in loaders.values():  # warm-up (first header, allocator)
+            epoch(loader)
+        times: dict[str, list[float]] = {name: [] for name in loaders}
+        before = dispatch.dispatch_stats.snapshot()
+        for _ in range(repeats):
+            for name, loader in loaders.items():
+                times[name].append(epoch(loader))
+        stats = dispatch.dispatch_stats.since(before)
+        # calibration: a bare scatter of one global batch (each process's rows from process 0)
+        parts = [torch.randn(per_process, width) for _ in range(world)] if rank == 0 else None
+        out = torch.empty(per_process, width)
+
+        def scatter_steps() -> None:
+            for _ in range(n // (per_process * world)):
+                dist.scatter(out, parts, src=0)
+
+        scatter = best_of(lambda: (dist.barrier(), scatter_steps(), dist.barrier()), repeats)
+        result = ("ok", {**{name: min(t) for name, t in times.items()}, "stats": stats, "scatter": scatter})
+    except BaseException as exc:  # hand it to the parent instead of losing it in the child
+        import traceback
+
+        result = ("error", f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}")
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+    with open(os.path.join(out_dir, f"rank{rank}.pkl"), "wb") as f:
+        pickle.dump(result, f)
+
+
+def p4_dispatch(global_batch_bytes: int, steps: int, repeats: int, timeout: float) -> Row:
+    """Dispatch mode vs each process loading its own shard, 2 gloo processes, one epoch each."""
+    world, per_process = 2, 128
+    width = global_batch_bytes // (4 * per_process * world)
+    n = per_process * world * steps
+    ctx = mp.get_context("spawn")
+    with tempfile.TemporaryDirectory() as out_dir:
+        port = _free_port()
+        procs = [ctx.Process(target=_p4_worker, args=(r, world, port, out_dir, n, width, per_process, repeats)) for r in range(world)]
+        for proc in procs:
+            proc.start()
+        deadline = time.monotonic() + timeout
+        for proc in procs:
+            proc.join(max(0.0, deadline - time.monotonic()))
+        hung = [r for r, proc in enumerate(procs) if proc.is_alive()]
+        for proc in procs:
+            if proc.is_alive():
+                proc.kill()
+                proc.join()
+        if hung:
+            raise TimeoutError(f"P4: ranks {hung} still running after {timeout} s")
+        results = []
+        for r in range(world):
+            path = os.path.join(out_dir, f"rank{r}.pkl")
+            if not os.path.exists(path):
+                raise RuntimeError(f"P4: rank {r} died without a result (exit code {procs[r].exitcode})")
+            with open(path, "rb") as f:
+                status, value = pickle.load(f)
+            if status != "ok":
+                raise RuntimeError(f"P4: rank {r} failed: {value}")
+            results.append(value)
+    zero = results[0]
+    stats = zero["stats"]
+    global_bytes = per_process * world * width * 4
+    sent_per_step = stats["bytes_sent"] / max(stats["steps"], 1)
+    headers = stats["headers"]
+    mib = global_bytes / 2**20
+    # without overlap process 0 reads N shards' worth, then scatters: (N * read + scatter) / read
+    floor = (world * zero["shards"] + zero["scatter"]) / zero["shards"]
+    figure = (f"P4 dispatch, N=2 gloo, {mib:g} MiB batches (vs own shards; sent {sent_per_step / global_bytes:.2f} "
+              f"batch/step, {headers} header/{stats['steps']} steps; serial floor {floor:.1f}x, reads overlapped "
+              f"with sends {zero['overlapped'] / zero['shards']:.1f}x)")
+    return Row(figure, zero["dispatch"], zero["shards"], "<= 4x")
+
+
 def main(argv: Optional[list[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="tiny sizes: check that every benchmark runs")
@@ -173,16 +314,17 @@ def main(argv: Optional[list[str]] = None) -> int:
     p3 = p3_stateful(2_000 if quick else 20_000, repeats)
     if p3 is not None:
         rows.append(p3)
+    progress("P4 dispatch over 2 gloo processes")
+    rows.append(p4_dispatch(2**20 if quick else 16 * 2**20, 8 if quick else 32, 1 if quick else 5, 120 if quick else 600))
     progress("P5 resume position")
     rows += p5_resume(100_000 if quick else 10_000_000, repeats)
     progress("P6 iterable with workers")
     rows.append(p6_iterable_workers(40 if quick else 400, 1 if quick else 3))
     print(f"\nshardplug {shardplug.__version__}, torch {torch.__version__}, {os.cpu_count()} CPUs"
           f"{', reference: accelerate ' + getattr(sys.modules.get('accelerate'), '__version__', '?') if reference else ''}")
-    print(f"{'figure':<82} {'shardplug':>10} {'baseline':>10} {'ratio':>7}  target")
+    print(f"{'figure':<100} {'shardplug':>10} {'baseline':>10} {'ratio':>7}  target")
     for row in rows:
-        print(f"{row.figure:<82} {row.ours:>10.4f} {row.baseline:>10.4f} {row.ratio:>6.2f}x  {row.target}")
-    print("P4 (dispatch over 2 gloo processes) is not measured yet.")
+        print(f"{row.figure:<100} {row.ours:>10.4f} {row.baseline:>10.4f} {row.ratio:>6.2f}x  {row.target}")
     return 0
 
 
