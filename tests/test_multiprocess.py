@@ -210,3 +210,33 @@ def test_gather_for_metrics_counts_each_sample_once(runs):
     steps = results[0]["gathered"]
     assert all(r["gathered"] == steps for r in results), "every process gets the same gathered rows"
     assert sorted(x for step in steps for x in step) == list(range(11))
+
+
+def _dispatch_resume(rank: int, world: int) -> dict:
+    """Dispatch for 2 steps, save the position, and finish the epoch from it in a new loader."""
+    out: dict = {}
+    loader = shardplug.prepare_data_loader(DataLoader(Records(23), batch_size=2, shuffle=True),
+                                           put_on_device=True, dispatch_batches=True, data_seed=3)
+    first = []
+    for step, batch in enumerate(loader):
+        first.append(_ids(batch))
+        if step == 1:
+            break
+    out["first"] = first
+    out["position"] = loader.state_dict()
+    resumed = shardplug.prepare_data_loader(DataLoader(Records(23), batch_size=2, shuffle=True),
+                                            put_on_device=True, dispatch_batches=True, data_seed=3)
+    resumed.load_state_dict(out["position"])
+    out["rest"] = [_ids(b) for b in resumed]
+    reference = shardplug.prepare_data_loader(DataLoader(Records(23), batch_size=2, shuffle=True),
+                                              put_on_device=True, dispatch_batches=True, data_seed=3)
+    out["full"] = [_ids(b) for b in reference]
+    return out
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_dispatch_resume_continues_the_uninterrupted_run(world):
+    results = run_gloo(_dispatch_resume, world_size=world, timeout=120)
+    for res in results:
+        assert res["position"]["consumed"] == 2 * world, "a dispatched step consumes N global batches"
+        assert res["first"] + res["rest"] == res["full"]

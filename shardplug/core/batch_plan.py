@@ -64,12 +64,20 @@ def walk_shard(
 
 
 def walk_shard_counted(
-    batches: Iterable[Sequence[int]], batch_size: Optional[int], layout: ShardLayout, skip: int = 0
+    batches: Iterable[Sequence[int]],
+    batch_size: Optional[int],
+    layout: ShardLayout,
+    skip: int = 0,
+    head: Optional["EpochHead"] = None,
 ) -> Iterator[tuple[list[int], int]]:
-    """Like :func:`walk_shard`, with the number of real (not padding) leading indices of each batch."""
+    """Like :func:`walk_shard`, with the number of real (not padding) leading indices of each batch.
+
+    ``head`` (optional) receives the epoch's first indices as they are walked.
+    """
     n_proc = layout.num_processes
     iterator = iter(batches)
-    head = _Head((batch_size or 0) * n_proc if not layout.split_batches else (batch_size or 0), n_proc)
+    if head is None:
+        head = EpochHead.for_layout(batch_size, layout)
     for batch in itertools.islice(iterator, skip):
         _check_len(batch, batch_size)
         head.see(batch)
@@ -83,13 +91,23 @@ def walk_shard_counted(
         yield from _walk_whole(iterator, batch_size, layout, head)
 
 
-class _Head:
+class EpochHead:
     """The first indices (and batches) of an epoch: what padding cycles through."""
 
     def __init__(self, need: int, num_batches: int) -> None:
         self.need, self.num_batches = need, num_batches
         self.indices: list[int] = []
         self.batches: list[Sequence[int]] = []
+
+    @classmethod
+    def for_layout(cls, batch_size: Optional[int], layout: ShardLayout) -> "EpochHead":
+        need = (batch_size or 0) * (1 if layout.split_batches else layout.num_processes)
+        return cls(need, layout.num_processes)
+
+    def first(self, count: int) -> list[int]:
+        """Up to ``count`` first indices of the epoch."""
+        indices = self.indices or [i for batch in self.batches for i in batch]
+        return list(indices[:count])
 
     def see(self, batch: Sequence[int]) -> None:
         if len(self.indices) < self.need:
@@ -99,7 +117,7 @@ class _Head:
 
 
 def _walk_whole(
-    batches: Iterator[Sequence[int]], batch_size: Optional[int], layout: ShardLayout, head: _Head
+    batches: Iterator[Sequence[int]], batch_size: Optional[int], layout: ShardLayout, head: EpochHead
 ) -> Iterator[tuple[list[int], int]]:
     n_proc, rank = layout.num_processes, layout.process_index
     group: list[Sequence[int]] = []
@@ -135,7 +153,7 @@ def _walk_whole(
 
 
 def _walk_split(
-    batches: Iterator[Sequence[int]], batch_size: Optional[int], layout: ShardLayout, head: _Head
+    batches: Iterator[Sequence[int]], batch_size: Optional[int], layout: ShardLayout, head: EpochHead
 ) -> Iterator[tuple[list[int], int]]:
     n_proc, rank = layout.num_processes, layout.process_index
     if batch_size is None:

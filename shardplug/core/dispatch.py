@@ -233,6 +233,17 @@ class DataLoaderDispatcher(DataLoaderShard):
             return underlying // self.num_processes
         return -(-underlying // self.num_processes)
 
+    def _consumed_per_batch(self) -> int:
+        """Global batches (batches of the user's loader) one dispatched step consumes."""
+        return self._batches_per_step
+
+    def track_padding(self) -> None:
+        """Not available in dispatch mode: only process 0 sees the indices (a ``ValueError`` says so)."""
+        raise ValueError(
+            "dispatch_batches=True: only process 0 reads indices, so padding is not tracked per batch; use "
+            "loader.remainder for the real rows of the last step, or dispatch_batches=False"
+        )
+
     @property
     def total_batch_size(self) -> Optional[int]:
         if self.batch_size is None:
@@ -270,12 +281,24 @@ class DataLoaderDispatcher(DataLoaderShard):
                 reference = reference or checked
                 rows.add(checked[1][0][0] if checked[1] else 0)
             if head is None:
-                head = _head_rows(group, self.num_processes - 1)
+                head = self._epoch_head_rows(group)
             if uncut and len(group) == per_step and len(rows) == 1:
                 yield _Parts(group)
                 continue
             step = group[0] if len(group) == 1 else concatenate_rows(group)
             yield self._pad_rows(step, head)
+
+    def _epoch_head_rows(self, group: list[Any]) -> Any:
+        """A copy of the epoch's first N-1 rows, which padding cycles through.
+
+        A pass that starts mid-epoch (a resume or a skip) loads them by index: the first rows it
+        reads are not the epoch's.
+        """
+        shard = self._batch_shard
+        if shard is not None and shard.started_at > 0 and not self._dataset_kind_is_iterable():
+            indices = shard.first_indices(max(self.num_processes - 1, 1))
+            return self.collate_fn([self.dataset[i] for i in indices])
+        return _head_rows(group, self.num_processes - 1)
 
     def _pad_rows(self, step: Any, head: Any) -> Any:
         """``step`` completed to a multiple of N rows with the first rows of the pass (wrapped)."""

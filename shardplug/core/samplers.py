@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import logging
 from collections import deque
-from typing import Any, Iterable, Iterator, Optional, Sized
+from typing import Any, Iterable, Iterator, Optional, Sized, Union
 
 import torch
 from torch.utils.data import BatchSampler, RandomSampler, Sampler, SequentialSampler
 
-from .batch_plan import ArithmeticShard, EpochOrder, ShardLayout, shard_length, walk_shard_counted
+from .batch_plan import ArithmeticShard, EpochHead, EpochOrder, ShardLayout, shard_length, walk_shard_counted
 from .topology import _check_processes
 
 __all__ = ["SeedableRandomSampler", "BatchSamplerShard", "draw_seed"]
@@ -153,6 +153,8 @@ class BatchSamplerShard(Sampler[list[int]]):
         self.drop_last: bool = bool(getattr(batch_sampler, "drop_last", False))
         self.epoch = 0
         self._first_global = 0
+        self.started_at = 0  # global batches the current (or last) iteration skipped at its start
+        self._head: Union[EpochOrder, EpochHead, None] = None
         # When set (by a loader that tracks padding or audits), each yielded batch is appended
         # with its number of real, not padding, leading indices.
         self.log: Optional[deque[tuple[list[int], int]]] = None
@@ -198,6 +200,13 @@ class BatchSamplerShard(Sampler[list[int]]):
             raise ValueError(f"global_batches={global_batches} must be >= 0")
         self._first_global = int(global_batches)
 
+    def first_indices(self, count: int) -> list[int]:
+        """Up to ``count`` first indices of the current epoch's order (once its iteration started)."""
+        head = self._head
+        if isinstance(head, EpochOrder):
+            return head.lookup(torch.arange(min(count, head.n), dtype=torch.int64)).tolist()
+        return head.first(count) if head is not None else []
+
     def _uses_arithmetic(self) -> bool:
         return type(self.batch_sampler) is BatchSampler and (
             type(self.sampler) in (SequentialSampler, RandomSampler) or isinstance(self.sampler, SeedableRandomSampler)
@@ -226,10 +235,12 @@ class BatchSamplerShard(Sampler[list[int]]):
 
     def __iter__(self) -> Iterator[list[int]]:
         first, self._first_global = self._first_global, 0
+        self.started_at = first
         log = self.log
         if self._uses_arithmetic():
             order, generator = _epoch_order(self.sampler)
             if order is not None:
+                self._head = order
                 plan = ArithmeticShard(order, self.batch_size, self.drop_last, self.layout, first)  # type: ignore[arg-type]
                 if log is None:
                     yield from plan.rows()
@@ -241,7 +252,8 @@ class BatchSamplerShard(Sampler[list[int]]):
                     torch.randperm(order.n, generator=generator)
                 return
         # Skipped global batches are iterated as indices only: nothing is loaded for them.
-        for batch, real in walk_shard_counted(self.batch_sampler, self.batch_size, self.layout, first):
+        self._head = head = EpochHead.for_layout(self.batch_size, self.layout)
+        for batch, real in walk_shard_counted(self.batch_sampler, self.batch_size, self.layout, first, head):
             if log is not None:
                 log.append((batch, real))
             yield batch
