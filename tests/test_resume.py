@@ -216,3 +216,48 @@ def test_iterable_audit_and_padding_across_a_resize(before, after):
     report = _combined(first, second)
     assert report.exact, report
     assert sorted(real_rows) == list(range(position["consumed"], 23))
+
+
+class Countdown(torch.utils.data.IterableDataset):
+    """A stream that can reposition itself, and counts the elements it produced."""
+
+    def __init__(self, n: int) -> None:
+        self.n, self.next_index, self.produced = n, 0, 0
+
+    def __iter__(self):
+        while self.next_index < self.n:
+            self.produced += 1
+            self.next_index += 1
+            yield self.next_index - 1
+        self.next_index = 0
+
+    def __len__(self) -> int:
+        return self.n
+
+    def state_dict(self):
+        return {"next_index": self.next_index}
+
+    def load_state_dict(self, state):
+        self.next_index = state["next_index"]
+
+
+@pytest.mark.parametrize("after", [2, 3])
+def test_iterable_with_its_own_state_dict_resumes_without_rereading(after):
+    def make(world, dataset, rank):  # every process has its own copy of the stream
+        return prepare_data_loader(DataLoader(dataset, batch_size=2), num_processes=world, process_index=rank)
+
+    first = [make(2, Countdown(30), rank) for rank in range(2)]
+    taken = [_take(loader, 3) for loader in first]
+    position = first[0].state_dict()
+    assert position["dataset_state"] == {"next_index": position["consumed"]} == {"next_index": 12}
+    assert first[1].state_dict() == position
+    datasets = [Countdown(30) for _ in range(after)]
+    rest = []
+    for rank, dataset in enumerate(datasets):
+        loader = make(after, dataset, rank)
+        loader.load_state_dict(position)
+        rest.append(rows(loader))
+        assert dataset.produced == 30 - 12, "the resumed stream re-read what was consumed"
+    consumed = sorted(x for shard in taken for batch in shard for x in batch)
+    remaining = [x for k in range(len(rest[0])) for shard in rest for x in shard[k]]
+    assert consumed == list(range(12)) and remaining[:18] == list(range(12, 30))

@@ -55,6 +55,9 @@ class IterableDatasetShard(IterableDataset):
         self.split_batches = split_batches
         self.epoch = 0
         self._skip_elements = 0
+        self._resume_state: Any = None
+        # dataset.state_dict() at the last few global-batch boundaries, keyed by elements read
+        self._boundary_states: dict[int, Any] = {}
         generator = getattr(dataset, "generator", None)
         self._generator_seed: Optional[int] = (
             generator.initial_seed() if isinstance(generator, torch.Generator) and not hasattr(dataset, "set_epoch") else None
@@ -88,6 +91,28 @@ class IterableDatasetShard(IterableDataset):
             raise ValueError(f"count={count} must be >= 0")
         self._skip_elements = int(count)
 
+    @property
+    def repositions_itself(self) -> bool:
+        """The dataset has ``state_dict()`` / ``load_state_dict()`` and is read in this process
+        (no DataLoader workers), so a resume loads its state instead of re-reading the stream."""
+        return (
+            callable(getattr(self.dataset, "state_dict", None))
+            and callable(getattr(self.dataset, "load_state_dict", None))
+            and get_worker_info() is None
+        )
+
+    def state_at(self, elements: int) -> Any:
+        """The dataset's ``state_dict()`` after its first ``elements`` elements of this pass, if recorded."""
+        return self._boundary_states.get(elements)
+
+    def resume_from(self, elements: int, dataset_state: Any = None) -> None:
+        """Make the next iteration start after the stream's first ``elements`` elements (one-shot):
+        by loading ``dataset_state`` into the dataset when given, else by reading past them."""
+        if dataset_state is None:
+            self.skip_elements(elements)
+        else:
+            self._resume_state = (int(elements), dataset_state)
+
     def _process_slice(self) -> slice:
         size = self.process_slice_size
         return slice(self.process_index * size, (self.process_index + 1) * size)
@@ -98,6 +123,13 @@ class IterableDatasetShard(IterableDataset):
         info = get_worker_info()
         workers, worker = (info.num_workers, info.id) if info is not None else (1, 0)
         global_size, own = self.global_batch_size, self._process_slice()
+        record = self.repositions_itself
+        read = 0
+        self._boundary_states = {}
+        resume, self._resume_state = self._resume_state, None
+        if resume is not None:  # the dataset repositions itself (its first batch is then what pads)
+            read = resume[0]
+            self.dataset.load_state_dict(resume[1])
         stream = iter(self.dataset)
         # The epoch's first global batch: what a short last global batch is completed with.
         head: list[Any] = []
@@ -105,6 +137,9 @@ class IterableDatasetShard(IterableDataset):
         for element in itertools.islice(stream, skip):
             if len(head) < global_size:
                 head.append(element)
+        read += skip
+        if record:
+            self._boundary_states[read] = self.dataset.state_dict()
         buffer: list[Any] = []
         index = 0
         for element in stream:
@@ -113,6 +148,10 @@ class IterableDatasetShard(IterableDataset):
             buffer.append(element)
             if len(buffer) < global_size:
                 continue
+            read += global_size
+            if record:  # a few boundaries are enough: the loader looks at most two batches ahead
+                self._boundary_states[read] = self.dataset.state_dict()
+                self._boundary_states.pop(read - 4 * global_size, None)
             if index % workers == worker:
                 yield from buffer[own]
             index += 1

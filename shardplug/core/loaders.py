@@ -384,6 +384,10 @@ class PreparedDataLoader(DataLoader):
             done = progress.batches_yielded
             position["batches_yielded"] = done
             position["consumed"] = progress.consumed_at_start + (done - progress.resumed) * self._consumed_per_batch()
+            if isinstance(self.dataset, IterableDatasetShard) and self.dataset.repositions_itself:
+                state = self.dataset.state_at(position["consumed"])  # the dataset's own position
+                if state is not None:
+                    position["dataset_state"] = state
         return position
 
     def load_position(self, position: dict[str, Any]) -> None:
@@ -432,7 +436,7 @@ class PreparedDataLoader(DataLoader):
             progress.resumed = int(position["batches_yielded"]) if same_layout else full - self._full_length()
             return 0, progress.resumed
         if unit == "elements":
-            self.dataset.skip_elements(consumed)
+            self.dataset.resume_from(consumed, position.get("dataset_state"))
             progress.resumed = int(position["batches_yielded"]) if same_layout else consumed // self._consumed_per_batch()
             return 0, 0
         if not same_layout:
