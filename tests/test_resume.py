@@ -85,7 +85,8 @@ def test_elastic_resume_consumes_every_sample_exactly_once(n, b, before, after, 
     steps = min(len(loader) for loader in first)  # even_batches=False: ranks may differ by one at the end
     k = data.draw(st.integers(0, max(steps - 1, 0)))
     for loader in first:  # the audit records what each process was handed
-        _take(loader, k) if k else None
+        if k:
+            _take(loader, k)
     positions = [loader.state_dict() for loader in first]
     assert all(p == positions[0] for p in positions), "the position must be identical on every process"
     second = _loaders(n, b, after, shuffle, split, even, drop_last, own)
