@@ -24,7 +24,7 @@ from typing import Callable, Optional
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from torch.utils.data import BatchSampler, DataLoader, Dataset, IterableDataset
+from torch.utils.data import BatchSampler, RandomSampler, DataLoader, Dataset, IterableDataset
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 import shardplug  # noqa: E402
@@ -48,6 +48,23 @@ class Row:
     @property
     def ratio(self) -> float:
         return self.ours / self.baseline if self.baseline else float("nan")
+
+    @property
+    def reference_ratio(self) -> str:
+        if self.reference is None or not self.baseline:
+            return "-"
+        return f"{self.reference / self.baseline:.2f}x"
+
+
+def measure_reference(what: str, fn: Callable[[], float]) -> Optional[float]:
+    """The reference's time for ``what``, when ``accelerate`` is installed and the call works."""
+    if reference is None:
+        return None
+    try:
+        return fn()
+    except Exception as exc:  # the reference is optional: report and go on
+        progress(f"reference {what} not measured: {type(exc).__name__}: {exc}")
+        return None
 
 
 def best_of(fn: Callable[[], object], repeats: int) -> float:
@@ -98,7 +115,16 @@ def p1_overhead(n: int, repeats: int) -> list[Row]:
         plain = DataLoader(Plain(n // num_processes), batch_size=1)
         _drain(prepared)
         ours, base = best_of(lambda: _drain(prepared), repeats), best_of(lambda: _drain(plain), repeats)
-        rows.append(Row(f"P1 per-batch overhead, bs 1, {n} samples, N={num_processes}", ours, base, "<= 1.05x"))
+
+        def ref(num_processes: int = num_processes) -> float:
+            theirs = reference.prepare_data_loader(
+                DataLoader(Plain(n), batch_size=1), num_processes=num_processes, process_index=0
+            )
+            _drain(theirs)
+            return best_of(lambda: _drain(theirs), repeats)
+
+        rows.append(Row(f"P1 per-batch overhead, bs 1, {n} samples, N={num_processes}", ours, base, "<= 1.05x",
+                        measure_reference("P1", ref)))
     return rows
 
 
@@ -111,7 +137,16 @@ def p2_index_sharding(n: int, repeats: int) -> Row:
             pass
 
     base = best_of(lambda: torch.randperm(n), repeats)
-    return Row(f"P2 one process's indices, {n} shuffled, bs 32, N=8 (vs randperm)", best_of(ours, repeats), base, "<= 2x")
+
+    def ref() -> float:
+        theirs = reference.BatchSamplerShard(
+            BatchSampler(RandomSampler(range(n), generator=torch.Generator().manual_seed(0)), 32, False),
+            num_processes=8, process_index=3,
+        )
+        return best_of(lambda: [None for _ in theirs], repeats)
+
+    return Row(f"P2 one process's indices, {n} shuffled, bs 32, N=8 (vs randperm)", best_of(ours, repeats), base, "<= 2x",
+               measure_reference("P2", ref))
 
 
 def p3_stateful(n: int, repeats: int) -> Optional[Row]:
@@ -124,7 +159,15 @@ def p3_stateful(n: int, repeats: int) -> Optional[Row]:
     bare = StatefulDataLoader(Plain(n), batch_size=1)
     _drain(prepared), _drain(bare)  # warm-up
     ours, base = best_of_interleaved(lambda: _drain(prepared), lambda: _drain(bare), repeats)
-    return Row(f"P3 stateful loader, bs 1, {n} samples (vs StatefulDataLoader)", ours, base, "<= 1.15x")
+
+    def ref() -> float:
+        theirs = reference.prepare_data_loader(DataLoader(Plain(n), batch_size=1), num_processes=1, process_index=0,
+                                               use_stateful_dataloader=True)
+        _drain(theirs)
+        return best_of(lambda: _drain(theirs), repeats)
+
+    return Row(f"P3 stateful loader, bs 1, {n} samples (vs StatefulDataLoader)", ours, base, "<= 1.15x",
+               measure_reference("P3", ref))
 
 
 def p5_resume(n: int, repeats: int) -> list[Row]:
@@ -141,7 +184,13 @@ def p5_resume(n: int, repeats: int) -> list[Row]:
             times[fraction] = best_of(first_batch, repeats)
         spread = max(times.values()) / min(times.values())
         if shuffle:
-            rows.append(Row(f"P5 resume at 90% of {n}, shuffled (vs randperm; 1%..99% spread {spread:.2f}x)", times[0.9], perm, "<= 1.5x"))
+            def ref() -> float:
+                theirs = reference.prepare_data_loader(DataLoader(Plain(n), batch_size=1, shuffle=True),
+                                                       num_processes=1, process_index=0)
+                return best_of(lambda: next(iter(reference.skip_first_batches(theirs, int(n * 0.9)))), repeats)
+
+            rows.append(Row(f"P5 resume at 90% of {n}, shuffled (vs randperm; 1%..99% spread {spread:.2f}x)", times[0.9], perm,
+                            "<= 1.5x", measure_reference("P5", ref)))
         else:
             rows.append(Row(f"P5 resume at 90% of {n}, sequential (1%..99% spread {spread:.2f}x)", times[0.9], 0.010, "<= 10 ms", unit="s vs 10 ms"))
     return rows
@@ -322,9 +371,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     rows.append(p6_iterable_workers(40 if quick else 400, 1 if quick else 3))
     print(f"\nshardplug {shardplug.__version__}, torch {torch.__version__}, {os.cpu_count()} CPUs"
           f"{', reference: accelerate ' + getattr(sys.modules.get('accelerate'), '__version__', '?') if reference else ''}")
-    print(f"{'figure':<100} {'shardplug':>10} {'baseline':>10} {'ratio':>7}  target")
+    print(f"{'figure':<100} {'shardplug':>10} {'baseline':>10} {'ratio':>7} {'reference':>9}  target")
     for row in rows:
-        print(f"{row.figure:<100} {row.ours:>10.4f} {row.baseline:>10.4f} {row.ratio:>6.2f}x  {row.target}")
+        print(f"{row.figure:<100} {row.ours:>10.4f} {row.baseline:>10.4f} {row.ratio:>6.2f}x {row.reference_ratio:>9}  {row.target}")
     return 0
 
 
