@@ -196,33 +196,67 @@ def p5_resume(n: int, repeats: int) -> list[Row]:
     return rows
 
 
-class Heavy(IterableDataset):
-    """An iterable dataset whose per-sample transform costs CPU time."""
+class HeavyFiles(IterableDataset):
+    """Records stored in ``files``, each costing CPU time to decode.
 
-    def __init__(self, n: int, work: int) -> None:
-        self.n, self.work = n, work
+    It shards itself (``n_shards`` / ``shard()``, as file-based streams do) and splits its files
+    among DataLoader workers, so every record is decoded once in all.
+    """
+
+    def __init__(self, files: list[int], per_file: int, work: int) -> None:
+        self.files, self.per_file, self.work = list(files), per_file, work
+
+    @property
+    def n_shards(self) -> int:
+        return len(self.files)
+
+    def shard(self, num_shards: int, index: int) -> "HeavyFiles":
+        return HeavyFiles(self.files[index::num_shards], self.per_file, self.work)
 
     def __len__(self) -> int:
-        return self.n
+        return len(self.files) * self.per_file
 
     def __iter__(self):
-        for i in range(self.n):
-            x = torch.full((self.work,), float(i))
-            for _ in range(20):
-                x = torch.sin(x) + 1.0
-            yield i
+        info = torch.utils.data.get_worker_info()
+        files = self.files if info is None else self.files[info.id::info.num_workers]
+        for f in files:
+            for k in range(self.per_file):
+                checksum = 0
+                for byte in range(self.work):  # a pure-Python decode (parsing), the usual CPU cost
+                    checksum = (checksum * 31 + byte + k) & 0xFFFF
+                yield f * self.per_file + k
 
 
-def p6_iterable_workers(n: int, repeats: int) -> Row:
-    def run(workers: int) -> float:
-        loader = prepare_data_loader(DataLoader(Heavy(n, 2000), batch_size=4, num_workers=workers), num_processes=2, process_index=0)
-        seen = [x for batch in loader for x in batch.tolist()]
-        assert len(seen) == len(set(seen)) or len(seen) > n // 2, "a sample was read twice"
+def p6_iterable_workers(files: int, per_file: int, work: int, repeats: int) -> Row:
+    own = sorted(x for x in HeavyFiles(list(range(files))[0::2], per_file, 1))
+
+    def raw(workers: int) -> float:  # torch alone on process 0's files: what this machine allows
+        loader = DataLoader(HeavyFiles(list(range(files))[0::2], per_file, work), batch_size=4, num_workers=workers,
+                            persistent_workers=workers > 0)
+        _drain(loader)
         return best_of(lambda: _drain(loader), repeats)
 
-    with_workers, without = run(2), run(0)
-    # throughput ratio = time without workers / time with workers
-    return Row("P6 iterable + CPU transform, N=2, workers 2 vs 0 (throughput = inverse ratio)", with_workers, without, ">= 1.6x throughput")
+    def run(workers: int) -> float:
+        dataset = HeavyFiles(list(range(files)), per_file, work)
+        loader = prepare_data_loader(DataLoader(dataset, batch_size=4, num_workers=workers, persistent_workers=workers > 0),
+                                     num_processes=2, process_index=0)  # workers start once, as in training
+        seen = sorted(x for batch in loader for x in batch.tolist())
+        if seen != own:
+            raise AssertionError(f"with {workers} workers process 0 did not read its records exactly once")
+        return best_of(lambda: _drain(loader), repeats)
+
+    # One intra-op thread, as DataLoader workers have: otherwise the no-worker baseline already
+    # decodes on both cores through torch's own threads, and the figure measures that instead.
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        with_workers, without = run(2), run(0)
+        raw_speedup = raw(0) / raw(2)
+    finally:
+        torch.set_num_threads(threads)
+    return Row(f"P6 iterable sharding itself by file + CPU decode, N=2, workers 2 vs 0 (time; throughput "
+               f"{without / with_workers:.2f}x; a plain DataLoader on the same records: {raw_speedup:.2f}x)",
+               with_workers, without, ">= 1.6x throughput (<= 0.625x time)")
 
 
 class Floats(Dataset):
@@ -368,7 +402,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     progress("P5 resume position")
     rows += p5_resume(100_000 if quick else 10_000_000, repeats)
     progress("P6 iterable with workers")
-    rows.append(p6_iterable_workers(40 if quick else 400, 1 if quick else 3))
+    rows.append(p6_iterable_workers(4 if quick else 8, 3 if quick else 60, 500 if quick else 50_000, 1 if quick else 3))
     print(f"\nshardplug {shardplug.__version__}, torch {torch.__version__}, {os.cpu_count()} CPUs"
           f"{', reference: accelerate ' + getattr(sys.modules.get('accelerate'), '__version__', '?') if reference else ''}")
     print(f"{'figure':<100} {'shardplug':>10} {'baseline':>10} {'ratio':>7} {'reference':>9}  target")

@@ -314,3 +314,59 @@ def test_environment_topology(monkeypatch):
     assert rows(loader) == [[2], [5], [8]]
     topo = shardplug.ProcessTopology.current()
     assert (topo.num_processes, topo.process_index) == (3, 2)
+
+
+class Files(IterableDataset):
+    """A stream that shards itself: `n_shards` files of `size` records, split by DataLoader worker too."""
+
+    def __init__(self, files, size=5):
+        self.files, self.size, self.reads = list(files), size, 0
+
+    @property
+    def n_shards(self):
+        return len(self.files)
+
+    def shard(self, num_shards, index):
+        return Files(self.files[index::num_shards], self.size)
+
+    def __len__(self):
+        return len(self.files) * self.size
+
+    def __iter__(self):
+        info = torch.utils.data.get_worker_info()
+        mine = self.files if info is None else self.files[info.id::info.num_workers]
+        for f in mine:
+            for k in range(self.size):
+                yield f * 100 + k
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_datasets_that_shard_themselves_are_read_once(workers):
+    loaders = [prepare_data_loader(DataLoader(Files(range(4)), batch_size=5, num_workers=workers),
+                                   num_processes=2, process_index=i) for i in range(2)]
+    assert all(isinstance(l.dataset, Files) and l.dataset.n_shards == 2 for l in loaders)
+    got = [rows(l) for l in loaders]
+    assert len(got[0]) == len(got[1]) == len(loaders[0])
+    assert sorted(x for shard in got for batch in shard for x in batch) == sorted(Files(range(4)))
+
+
+def test_unequal_self_shards_with_even_batches_fall_back_to_reading_the_stream():
+    loader = prepare_data_loader(DataLoader(Files(range(3)), batch_size=2), num_processes=2, process_index=0)
+    assert isinstance(loader.dataset, IterableDatasetShard)  # 3 shards cannot split evenly over 2 processes
+    uneven = Files(range(4))
+    uneven.shard = lambda num_shards, index: Files(range(4)[index::num_shards], size=5 + index)
+    assert isinstance(prepare_data_loader(DataLoader(uneven, batch_size=2), num_processes=2, process_index=0).dataset,
+                      IterableDatasetShard)
+    native = prepare_data_loader(DataLoader(uneven, batch_size=2), num_processes=2, process_index=0, even_batches=False)
+    assert isinstance(native.dataset, Files)
+
+
+def test_a_natively_sharded_stream_refuses_to_resize():
+    loader = prepare_data_loader(DataLoader(Files(range(4)), batch_size=5), num_processes=2, process_index=0)
+    next(iter(loader))
+    position = loader.state_dict()
+    assert (position["unit"], position["num_processes"]) == ("batches", 2)
+    resized = prepare_data_loader(DataLoader(Files(range(4)), batch_size=5), num_processes=4, process_index=0)
+    resized.load_state_dict(position)
+    with pytest.raises(ValueError, match="cannot move from 2 to 4 processes"):
+        rows(resized)

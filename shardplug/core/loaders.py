@@ -360,6 +360,9 @@ class PreparedDataLoader(DataLoader):
 
     def _layout_key(self) -> tuple[int, bool]:
         """(data processes, split_batches) of this loader, as recorded in a position."""
+        prepared = self.__dict__.get("_data_layout")  # set by prepare_data_loader
+        if prepared is not None:
+            return prepared
         for source in (self, self._batch_shard, self.dataset):
             if source is not None and hasattr(source, "num_processes") and hasattr(source, "split_batches"):
                 return int(source.num_processes), bool(source.split_batches)

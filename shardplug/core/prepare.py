@@ -176,7 +176,12 @@ def prepare_data_loader(
     elif iterable:
         new_dataset = dataset
         loader_batch = dataloader.batch_size
-        if num_processes > 1:
+        native = num_processes > 1 and _shards_natively(dataset, num_processes, even_batches and not dataloader.drop_last)
+        if native:
+            new_dataset = dataset.shard(num_shards=num_processes, index=process_index)
+            if split_batches and loader_batch is not None:
+                loader_batch //= num_processes
+        elif num_processes > 1:
             new_dataset = IterableDatasetShard(
                 dataset,
                 batch_size=loader_batch or 1,
@@ -198,6 +203,7 @@ def prepare_data_loader(
         synchronized_generator = dataloader.generator
     new = _rebuild(dataloader, cls, new_dataset, kwargs, use_stateful_dataloader)
     new._finish_init(batch_device, rng, synchronized_generator, 0, non_blocking)
+    new._data_layout = (num_processes, split_batches)
     if dispatch_batches:
         new._setup_dispatch(split_batches, slice_fn_for_dispatch, torch_device_mesh, num_processes, process_index)
     logger.debug(
@@ -205,6 +211,32 @@ def prepare_data_loader(
         type(dataloader).__name__, process_index, num_processes, split_batches, even_batches, dispatch_batches,
     )
     return new
+
+
+def _shards_natively(dataset: Any, num_processes: int, even: bool) -> bool:
+    """Whether ``dataset`` can shard itself by process: it has ``n_shards`` (a multiple of the
+    number of processes) and ``shard(num_shards, index)``; with even batches, every process's shard
+    must also report the same ``len()``.  Such a dataset is read once in all (each process, and
+    each DataLoader worker if the dataset splits by worker, reads only its own shards) instead of
+    by every process."""
+    n_shards = getattr(dataset, "n_shards", None)
+    if not callable(getattr(dataset, "shard", None)) or not isinstance(n_shards, int):
+        return False
+    if n_shards < num_processes or n_shards % num_processes:
+        logger.info("dataset has n_shards=%s, not a multiple of %d processes: every process reads the stream",
+                    n_shards, num_processes)
+        return False
+    if not even:
+        return True
+    try:
+        lengths = {len(dataset.shard(num_shards=num_processes, index=j)) for j in range(num_processes)}
+    except TypeError:
+        lengths = set()
+    if len(lengths) != 1:
+        logger.info("the dataset's shards do not report equal lengths, so even batches need every process to read "
+                    "the stream; pass even_batches=False to shard it natively")
+        return False
+    return True
 
 
 def _index_sampler(loader: DataLoader) -> Any:
