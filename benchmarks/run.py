@@ -178,7 +178,7 @@ def p5_resume(n: int, repeats: int) -> list[Row]:
         times = {}
         for fraction in (0.01, 0.9, 0.99):
             def first_batch() -> None:
-                loader.load_state_dict({"epoch": 0, "batches_yielded": int(n * fraction), "seeds": loader.position()["seeds"]})
+                loader.resume_at(epoch=0, batches_yielded=int(n * fraction))
                 next(iter(loader))
 
             times[fraction] = best_of(first_batch, repeats)

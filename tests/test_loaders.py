@@ -250,9 +250,12 @@ def test_resume_mid_epoch_equals_uninterrupted_run(stateful, shuffle):
             break
     resumed = make()
     resumed.load_state_dict(state)
-    assert len(resumed) == len(expected[0]), "len() stays the epoch's length after a resume"
-    got += rows(resumed)
+    assert len(resumed) == len(expected[0]) - 3, "len() is the resumed pass's length (SPEC §9)"
+    rest = rows(resumed)
+    assert len(rest) == len(expected[0]) - 3
+    got += rest
     assert got == expected[0]
+    assert len(resumed) == len(expected[0]), "the next pass has the full length again"
     assert rows(resumed) == expected[1], "the next epoch continues with the uninterrupted run's order"
 
 
@@ -367,6 +370,5 @@ def test_a_natively_sharded_stream_refuses_to_resize():
     position = loader.state_dict()
     assert (position["unit"], position["num_processes"]) == ("batches", 2)
     resized = prepare_data_loader(DataLoader(Files(range(4)), batch_size=5), num_processes=4, process_index=0)
-    resized.load_state_dict(position)
     with pytest.raises(ValueError, match="cannot move from 2 to 4 processes"):
-        rows(resized)
+        resized.load_state_dict(position)  # refused on loading, before anything changes

@@ -2,7 +2,7 @@
 
 from .accumulation import GradientState
 from .audit import AuditReport, SampleAudit
-from .batch_plan import ShardLayout
+from .layout import ShardLayout
 from .config import ShardplugConfig
 from .dispatch import DataLoaderDispatcher, DispatchError
 from .iterable import IterableDatasetShard

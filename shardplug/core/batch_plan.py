@@ -15,25 +15,15 @@ with the first indices of the epoch, and further padding batches continue that c
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass
 from typing import Iterable, Iterator, Optional, Sequence
 
 import torch
 
+from .layout import ShardLayout
+
 __all__ = ["ShardLayout", "walk_shard", "walk_shard_counted", "shard_length", "ArithmeticShard", "EpochOrder"]
 
 _ROWS_PER_CHUNK = 4096
-
-
-@dataclass(frozen=True)
-class ShardLayout:
-    """How one process's share is cut out of the global batches."""
-
-    num_processes: int = 1
-    process_index: int = 0
-    split_batches: bool = False
-    even_batches: bool = True
-    drop_last: bool = False
 
 
 def _check_len(batch: Sequence[int], batch_size: Optional[int]) -> None:

@@ -10,9 +10,12 @@ from typing import Any, Callable, Iterable, Iterator, Optional, Union
 
 import torch
 import torch.distributed as dist
+from torch.utils.data import IterableDataset
 
 from .collectives import broadcast_object, global_rank, world_size
+from .layout import ShardLayout
 from .loaders import DataLoaderShard
+from .plan import DispatchPlan
 from .topology import resolve_data_topology
 
 __all__ = ["DataLoaderDispatcher", "DispatchError", "DispatchStats", "slice_rows", "concatenate_rows"]
@@ -210,12 +213,15 @@ class DataLoaderDispatcher(DataLoaderShard):
                 f"DataLoaderDispatcher needs one process per data shard: num_processes={self.num_processes} but "
                 f"the process group has {world_size()} processes; use DataLoaderShard for other layouts"
             )
-        base = self.batch_size
-        if split_batches and base is not None and base % self.num_processes != 0:
-            raise ValueError(
-                f"split_batches=True needs a batch size that is a multiple of num_processes, got batch_size={base} "
-                f"and num_processes={self.num_processes}; change the batch size or pass split_batches=False"
-            )
+        layout = ShardLayout.for_batches(
+            self.batch_size, self.num_processes, self.process_index, split_batches, drop_last=bool(self.drop_last)
+        )
+        source = self.plan  # process 0's global batches: a shard of the user's batches, or the stream's own
+        try:
+            length = source.num_batches(0)
+        except TypeError:  # a batch sampler without __len__
+            length = None
+        self.plan = DispatchPlan(layout, length, source if source.unit == "global_batches" else None)
 
     overlap_reads: Optional[bool] = None
     """Process 0 reads the next step while the current one is sent: ``None`` decides by the cores
@@ -223,44 +229,20 @@ class DataLoaderDispatcher(DataLoaderShard):
 
     @property
     def _batches_per_step(self) -> int:
-        return 1 if self.split_batches else self.num_processes
+        return self.plan.layout.batches_per_step
 
-    def _full_length(self) -> int:
-        underlying = super()._full_length()
-        if self.split_batches:
-            return underlying
-        if self.drop_last:
-            return underlying // self.num_processes
-        return -(-underlying // self.num_processes)
-
-    def _consumed_per_batch(self) -> int:
-        """Global batches (batches of the user's loader) one dispatched step consumes."""
-        return self._batches_per_step
-
-    def track_padding(self) -> None:
-        """Not available in dispatch mode: only process 0 sees the indices (a ``ValueError`` says so)."""
-        raise ValueError(
-            "dispatch_batches=True: only process 0 reads indices, so padding is not tracked per batch; use "
-            "loader.remainder for the real rows of the last step, or dispatch_batches=False"
-        )
-
-    @property
-    def total_batch_size(self) -> Optional[int]:
-        if self.batch_size is None:
-            return None
-        return self.batch_size if self.split_batches else self.batch_size * self.num_processes
-
-    def _inner_batches(self, skip: int) -> Iterator[Any]:
-        return self._receive(skip)
+    def _inner_batches(self, discard: int) -> Iterator[Any]:
+        return self._receive(discard)
 
     # -- process 0 --------------------------------------------------------------------------
-    def _read_steps(self, skip: int) -> Iterator[Any]:
-        """Process 0: the global batch of each step (padded to a multiple of N rows).
+    def _read_steps(self, discard: int) -> Iterator[Any]:
+        """Process 0: the global batch of each step (padded to a multiple of N rows), after
+        ``discard`` global batches read and dropped.
 
         ``N`` full batches of equal rows are not concatenated: with the default ``slice_fn``
         batch ``j`` is exactly process ``j``'s rows, so the step is handed on already cut.
         """
-        batches = super()._inner_batches(skip * self._batches_per_step)
+        batches = super()._inner_batches(discard)
         per_step = self._batches_per_step
         uncut = not self.split_batches and self.slice_fn is slice_rows
         head: Optional[Any] = None  # a copy of the first rows: process 0 may change its own rows in place
@@ -294,9 +276,9 @@ class DataLoaderDispatcher(DataLoaderShard):
         A pass that starts mid-epoch (a resume or a skip) loads them by index: the first rows it
         reads are not the epoch's.
         """
-        shard = self._batch_shard
-        if shard is not None and shard.started_at > 0 and not self._dataset_kind_is_iterable():
-            indices = shard.first_indices(max(self.num_processes - 1, 1))
+        record = self._pass.record
+        if record.started_at > 0 and not isinstance(self.dataset, IterableDataset):
+            indices = record.first_indices(max(self.num_processes - 1, 1))
             return self.collate_fn([self.dataset[i] for i in indices])
         return _head_rows(group, self.num_processes - 1)
 

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-import itertools
 from typing import Any, Iterator, Optional
 
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
-from .topology import _check_processes
+from .layout import ShardLayout
+from .plan import StreamPlan
+from .shuffle import epoch_seed
 
 __all__ = ["IterableDatasetShard"]
 
@@ -21,7 +22,9 @@ class IterableDatasetShard(IterableDataset):
     otherwise (slice ``batch_size``).  A short final global batch is dropped (``drop_last``) or
     completed with elements of the first global batch, cycled.  Inside ``DataLoader`` workers,
     worker ``w`` of ``W`` keeps only global batches ``w, w+W, ...``, so each element reaches
-    exactly one worker and batches arrive in stream order.
+    exactly one worker and batches arrive in stream order.  ``even_batches=False``: a short final
+    global batch is not completed; the first processes get its leftovers.  The arithmetic is
+    :class:`~shardplug.core.plan.StreamPlan`'s.
 
     Example::
 
@@ -37,25 +40,18 @@ class IterableDatasetShard(IterableDataset):
         num_processes: int = 1,
         process_index: int = 0,
         split_batches: bool = False,
+        even_batches: bool = True,
     ) -> None:
-        _check_processes(num_processes, process_index)
-        if not isinstance(batch_size, int) or batch_size < 1:
+        if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
             raise ValueError(f"batch_size={batch_size!r} must be an integer >= 1")
-        if split_batches and batch_size > 1 and batch_size % num_processes != 0:
-            raise ValueError(
-                f"split_batches=True needs a batch size that is a multiple of num_processes, got "
-                f"batch_size={batch_size} and num_processes={num_processes}; change the batch size or pass "
-                "split_batches=False"
-            )
+        # A one-element batch cannot be cut: it is then read as N one-element slices.
+        layout = ShardLayout(num_processes, process_index, split_batches and batch_size > 1, even_batches, drop_last, batch_size)
+        length = len(dataset) if hasattr(dataset, "__len__") else None
+        self.plan = StreamPlan(layout, length)
         self.dataset = dataset
         self.batch_size = batch_size
-        self.drop_last = drop_last
-        self.num_processes = num_processes
-        self.process_index = process_index
         self.split_batches = split_batches
         self.epoch = 0
-        self._skip_elements = 0
-        self._resume_state: Any = None
         # dataset.state_dict() at the last few global-batch boundaries, keyed by elements read
         self._boundary_states: dict[int, Any] = {}
         generator = getattr(dataset, "generator", None)
@@ -63,18 +59,20 @@ class IterableDatasetShard(IterableDataset):
             generator.initial_seed() if isinstance(generator, torch.Generator) and not hasattr(dataset, "set_epoch") else None
         )
 
-    @property
-    def _splits(self) -> bool:
-        # A one-element batch cannot be cut: it is then read as N one-element slices.
-        return self.split_batches and self.batch_size > 1
+    drop_last = property(lambda self: self.plan.layout.drop_last)
+    even_batches = property(lambda self: self.plan.layout.even_batches)
+    num_processes = property(lambda self: self.plan.layout.num_processes)
+    process_index = property(lambda self: self.plan.layout.process_index)
 
     @property
     def global_batch_size(self) -> int:
-        return self.batch_size if self._splits else self.batch_size * self.num_processes
+        """Elements of one global batch (all processes' slices together)."""
+        return self.plan.consumed_per_batch
 
     @property
     def process_slice_size(self) -> int:
-        return self.batch_size // self.num_processes if self._splits else self.batch_size
+        """Elements of this process's slice of each global batch."""
+        return self.plan.width
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = int(epoch)
@@ -89,7 +87,7 @@ class IterableDatasetShard(IterableDataset):
         """
         if count < 0:
             raise ValueError(f"count={count} must be >= 0")
-        self._skip_elements = int(count)
+        self.plan.start_after(int(count))
 
     @property
     def repositions_itself(self) -> bool:
@@ -108,61 +106,28 @@ class IterableDatasetShard(IterableDataset):
     def resume_from(self, elements: int, dataset_state: Any = None) -> None:
         """Make the next iteration start after the stream's first ``elements`` elements (one-shot):
         by loading ``dataset_state`` into the dataset when given, else by reading past them."""
-        if dataset_state is None:
-            self.skip_elements(elements)
-        else:
-            self._resume_state = (int(elements), dataset_state)
-
-    def _process_slice(self) -> slice:
-        size = self.process_slice_size
-        return slice(self.process_index * size, (self.process_index + 1) * size)
+        self.plan.start_after(int(elements), dataset_state)
 
     def __iter__(self) -> Iterator[Any]:
         if self._generator_seed is not None:
-            self.dataset.generator.manual_seed(self._generator_seed + self.epoch)
+            self.dataset.generator.manual_seed(epoch_seed(self._generator_seed, self.epoch))
         info = get_worker_info()
         workers, worker = (info.num_workers, info.id) if info is not None else (1, 0)
-        global_size, own = self.global_batch_size, self._process_slice()
-        record = self.repositions_itself
         read = 0
         self._boundary_states = {}
-        resume, self._resume_state = self._resume_state, None
-        if resume is not None:  # the dataset repositions itself (its first batch is then what pads)
-            read = resume[0]
-            self.dataset.load_state_dict(resume[1])
-        stream = iter(self.dataset)
-        # The epoch's first global batch: what a short last global batch is completed with.
-        head: list[Any] = []
-        skip, self._skip_elements = self._skip_elements, 0
-        for element in itertools.islice(stream, skip):
-            if len(head) < global_size:
-                head.append(element)
-        read += skip
-        if record:
-            self._boundary_states[read] = self.dataset.state_dict()
-        buffer: list[Any] = []
-        index = 0
-        for element in stream:
-            if len(head) < global_size:
-                head.append(element)
-            buffer.append(element)
-            if len(buffer) < global_size:
-                continue
-            read += global_size
-            if record:  # a few boundaries are enough: the loader looks at most two batches ahead
-                self._boundary_states[read] = self.dataset.state_dict()
-                self._boundary_states.pop(read - 4 * global_size, None)
-            if index % workers == worker:
-                yield from buffer[own]
-            index += 1
-            buffer = []
-        if buffer and not self.drop_last:
-            padded = buffer + list(itertools.islice(itertools.cycle(head), global_size - len(buffer)))
-            if index % workers == worker:
-                yield from padded[own]
+        skip, dataset_state = self.plan.take_start()
+        if dataset_state is not None:  # the dataset repositions itself (its first batch is then what pads)
+            read, skip = skip, 0
+            self.dataset.load_state_dict(dataset_state)
+        on_boundary = self._record_state if self.repositions_itself else None
+        yield from self.plan.elements(iter(self.dataset), worker, workers, skip, read, on_boundary)
+
+    def _record_state(self, read: int) -> None:
+        """Keep the dataset's state at a few global-batch boundaries: the loader looks at most two batches ahead."""
+        self._boundary_states[read] = self.dataset.state_dict()
+        self._boundary_states.pop(read - 4 * self.global_batch_size, None)
 
     def __len__(self) -> int:
-        n = len(self.dataset)
-        global_size = self.global_batch_size
-        batches = n // global_size if self.drop_last else -(-n // global_size)
-        return batches * self.process_slice_size
+        if self.plan.length is None:
+            raise TypeError(f"{type(self.dataset).__name__} has no len(), so neither has its shard")
+        return self.plan.num_elements()  # type: ignore[return-value]

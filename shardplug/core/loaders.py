@@ -1,14 +1,14 @@
 """Prepared data loaders: what each process iterates.
 
 :class:`PreparedDataLoader` holds what every prepared loader does (epochs, RNG agreement,
-device transfer, knowing the last batch, the resume position); :class:`DataLoaderShard` is the
-loader whose sampler or dataset is already sharded.  The dispatcher lives in ``dispatch.py``.
+device transfer, knowing the last batch, the resume position) by asking its plan (``plan.py``)
+which rows, how many batches and where to resume; :class:`DataLoaderShard` is the loader whose
+sampler or dataset is already sharded.  The dispatcher lives in ``dispatch.py``.
 """
 
 from __future__ import annotations
 
 import logging
-from collections import deque
 from typing import Any, Iterable, Iterator, Optional, Union
 
 import torch
@@ -17,8 +17,12 @@ from torch.utils.data import DataLoader, IterableDataset
 from .collectives import broadcast_object, global_rank
 from .audit import SampleAudit
 from .iterable import IterableDatasetShard
+from .layout import ShardLayout
+from .plan import LocalPlan, PassRecord, ShardPlan
+from .position import Position
 from .rng import apply_rng_states, check_rng_types, rng_states
-from .samplers import BatchSamplerShard, SeedableRandomSampler
+from .samplers import BatchSamplerShard, IndexSamplerShard
+from .shuffle import SeedableRandomSampler, sampler_kind
 from .transfer import send_to_device
 
 __all__ = ["PreparedDataLoader", "DataLoaderShard", "stateful_dataloader_class", "stateful_variant"]
@@ -59,26 +63,36 @@ def stateful_variant(cls: type) -> type:
     return combined_class(cls, stateful_dataloader_class())
 
 
-class _Progress:
-    """Per-pass bookkeeping, kept off ``DataLoader.__setattr__`` (slow) on the per-batch path.
+def _variant_instance(bases: tuple[type, ...]) -> Any:
+    """Unpickling helper: an empty instance of the cached class deriving from ``bases``."""
+    return object.__new__(combined_class(*bases))
+
+
+class _Pass:
+    """The state of one pass (one iteration of the loader), kept off ``DataLoader.__setattr__``
+    (slow) on the per-batch path.  A new pass starts from a new object: nothing of a pass left
+    early leaks into the next.
 
     ``batches_yielded`` counts this process's batches of the epoch, including those before a
-    resume (``resumed``); ``consumed_at_start`` is how much of the epoch (in the position's unit)
-    was consumed before this pass started.
+    resume (``resumed``); ``consumed_at_start`` is how much of the epoch (in the plan's unit) was
+    consumed before this pass started; ``total`` the pass's batches counted the same way (when known).
     """
 
-    __slots__ = ("batches_yielded", "end_of_dataloader", "pass_complete", "resumed", "consumed_at_start",
-                 "batch_indices", "batch_real", "unlogged")
+    __slots__ = ("batches_yielded", "end_of_dataloader", "complete", "resumed", "consumed_at_start", "total",
+                 "record", "batch_indices", "batch_real", "unlogged", "generator_state")
 
-    def __init__(self) -> None:
+    def __init__(self, record: Optional[PassRecord] = None) -> None:
         self.batches_yielded = 0
         self.end_of_dataloader = False
-        self.pass_complete = False
+        self.complete = False
         self.resumed = 0
         self.consumed_at_start = 0
+        self.total: Optional[int] = None
+        self.record = record if record is not None else PassRecord()
         self.batch_indices: Optional[list[int]] = None
         self.batch_real: Optional[int] = None
-        self.unlogged = 0  # log entries of batches a StatefulDataLoader fast-forwarded past
+        self.unlogged = 0  # records of batches a StatefulDataLoader fast-forwarded past
+        self.generator_state: Optional[torch.Tensor] = None  # the shuffle generator's state at the pass start
 
 
 def _is_stateful(loader: DataLoader) -> bool:
@@ -89,6 +103,13 @@ def _is_stateful(loader: DataLoader) -> bool:
     return isinstance(loader, StatefulDataLoader)
 
 
+def _length(obj: Any) -> Optional[int]:
+    try:
+        return len(obj)
+    except (TypeError, NotImplementedError):
+        return None
+
+
 class PreparedDataLoader(DataLoader):
     """What every prepared loader does on top of ``DataLoader``.
 
@@ -96,13 +117,26 @@ class PreparedDataLoader(DataLoader):
       shuffling seeds and synchronise the named RNGs from process 0;
     * per batch: move it to ``device``, know whether it is the last one (``end_of_dataloader``),
       and tell the run's gradient state (``gradient_state``, when set);
-    * ``state_dict()`` / ``load_state_dict()``: the position in the epoch.
+    * ``state_dict()`` / ``load_state_dict()``: the position in the epoch (a :class:`Position`).
+
+    Which rows this process gets, ``len()`` and where a pass resumes are its :attr:`plan`'s
+    (see ``plan.py``); the loader counts and delivers.
     """
+
+    plan: ShardPlan
 
     def __new__(cls, *args: Any, use_stateful_dataloader: bool = False, **kwargs: Any) -> "PreparedDataLoader":
         if use_stateful_dataloader:
             cls = stateful_variant(cls)
         return super().__new__(cls)
+
+    def __reduce_ex__(self, protocol: Any) -> Any:
+        state = dict(self.__dict__)
+        state["_iterator"] = None  # an open iterator (and its workers) does not travel
+        cls = type(self)
+        if _VARIANTS.get(cls.__bases__) is cls:  # a class made by combined_class: rebuilt by its bases
+            return _variant_instance, (cls.__bases__,), state
+        return _variant_instance, ((cls,),), state
 
     # -- set-up ---------------------------------------------------------------------------
     def _setup_prepared(
@@ -112,6 +146,7 @@ class PreparedDataLoader(DataLoader):
         synchronized_generator: Optional[torch.Generator] = None,
         skip_batches: int = 0,
         non_blocking: bool = False,
+        plan: Optional[ShardPlan] = None,
     ) -> None:
         if not isinstance(skip_batches, int) or skip_batches < 0:
             raise ValueError(f"skip_batches={skip_batches!r} must be an integer >= 0")
@@ -121,22 +156,43 @@ class PreparedDataLoader(DataLoader):
         self.synchronized_generator = synchronized_generator
         self.gradient_state: Any = None
         self.epoch = 0
-        self._progress = _Progress()
-        self._skip_pending = skip_batches  # shortens this pass (skip_first_batches)
-        self._resume: Optional[dict[str, Any]] = None  # continues a pass (load_state_dict); len() stays the epoch's
+        self.plan = plan if plan is not None else self._default_plan()
+        self._pass = _Pass()
+        self._skip_pending = skip_batches  # shortens the next pass (skip_first_batches)
+        self._pending: Optional[Position] = None  # loaded, applied when the next pass starts
         self._inner_repositions = False  # a loaded StatefulDataLoader state does the resume skip itself
         self._stateful_snapshot: Optional[dict[str, Any]] = None
         self.audit: Optional[SampleAudit] = None
         self._tracking = False  # record indices and padding of every batch (track_padding)
 
+    def _default_plan(self) -> ShardPlan:
+        """The plan of a loader built directly (``prepare_data_loader`` passes its own)."""
+        shard = self._batch_shard
+        if shard is not None:
+            return shard.plan
+        if isinstance(self.dataset, IterableDatasetShard):
+            return self.dataset.plan
+        layout = ShardLayout(batch_size=self.batch_size, drop_last=bool(self.drop_last))
+        try:
+            length: Optional[int] = DataLoader.__len__(self)
+        except (TypeError, NotImplementedError):
+            length = None
+        return LocalPlan(layout, length)
+
+    @property
+    def _batch_shard(self) -> Optional[BatchSamplerShard]:
+        """The batch sampler shard (also when it was passed as ``sampler=``, or under an index shard)."""
+        for candidate in (self.batch_sampler, getattr(self, "sampler", None)):
+            if isinstance(candidate, BatchSamplerShard):
+                return candidate
+            if isinstance(candidate, IndexSamplerShard):
+                return candidate.shard
+        return None
+
     @property
     def end_of_dataloader(self) -> bool:
         """True while the last batch of the current pass is being processed."""
-        return self._progress.end_of_dataloader
-
-    @property
-    def _advance_pending(self) -> bool:
-        return self._progress.pass_complete
+        return self._pass.end_of_dataloader
 
     @property
     def use_stateful_dataloader(self) -> bool:
@@ -144,31 +200,38 @@ class PreparedDataLoader(DataLoader):
 
     # -- epochs and RNG -------------------------------------------------------------------
     def _epoch_targets(self) -> list[Any]:
-        targets = [self.batch_sampler, getattr(self, "sampler", None), self.dataset]
-        seen: set[int] = set()
-        unique = []
-        for target in targets:
-            if target is not None and id(target) not in seen and hasattr(target, "set_epoch"):
-                seen.add(id(target))
+        """Every object under this loader with a ``set_epoch`` (a batch sampler's, its sampler's, the dataset's)."""
+        candidates = [self.batch_sampler, getattr(self, "sampler", None), self.dataset]
+        unique: list[Any] = []
+        for target in candidates:
+            if target is not None and hasattr(target, "set_epoch") and all(target is not u for u in unique):
                 unique.append(target)
         return unique
 
     def set_epoch(self, epoch: int) -> None:
         """Set the epoch of this loader, its sampler, its batch sampler and its dataset."""
-        if not isinstance(epoch, int) or epoch < 0:
+        if not isinstance(epoch, int) or isinstance(epoch, bool) or epoch < 0:
             raise ValueError(f"epoch={epoch!r} must be an integer >= 0")
         self.epoch = epoch
-        self._progress.pass_complete = False
+        self._pass.complete = False
         for target in self._epoch_targets():
             target.set_epoch(epoch)
 
     def _seedable_samplers(self) -> list[SeedableRandomSampler]:
-        candidates = [getattr(self, "sampler", None), getattr(self.batch_sampler, "sampler", None)]
+        candidates = [getattr(self, "sampler", None), getattr(self.plan, "sampler", None)]
         found: list[SeedableRandomSampler] = []
         for sampler in candidates:
             if isinstance(sampler, SeedableRandomSampler) and all(sampler is not f for f in found):
                 found.append(sampler)
         return found
+
+    def _shuffle_generator(self) -> Optional[torch.Generator]:
+        """The generator a shuffling index sampler draws its order from (its ``generator``), if any."""
+        sampler = getattr(self.plan, "sampler", None)
+        if sampler is None or isinstance(sampler, SeedableRandomSampler):
+            return None
+        generator = getattr(sampler, "generator", None)
+        return generator if isinstance(generator, torch.Generator) else None
 
     def _synchronize(self) -> None:
         """Agree unset shuffle seeds and the named RNG states with process 0 (one broadcast)."""
@@ -187,53 +250,32 @@ class PreparedDataLoader(DataLoader):
             sampler.seed = seed
         apply_rng_states(states, self.synchronized_generator)
 
-    # -- lengths and bookkeeping ----------------------------------------------------------
-    @property
-    def _batch_shard(self) -> Optional[BatchSamplerShard]:
-        """The batch sampler shard (also when it was passed as ``sampler=`` with ``batch_size=None``)."""
-        for candidate in (self.batch_sampler, getattr(self, "sampler", None)):
-            if isinstance(candidate, BatchSamplerShard):
-                return candidate
-        return None
-
-    def _full_length(self) -> int:
-        """Batches in one pass of this process (from a resume point set on the shard, if any)."""
-        shard = self._batch_shard
-        if shard is not None and not self._dataset_kind_is_iterable():
-            return len(shard)
-        return super().__len__()
+    # -- lengths --------------------------------------------------------------------------
+    def _plan_length(self, consumed: int) -> int:
+        """Batches of a pass that starts after ``consumed`` (``TypeError`` when unknown)."""
+        length = self.plan.num_batches(consumed)
+        if length is None:
+            return super().__len__()  # the DataLoader's own answer, or its TypeError
+        return length
 
     def __len__(self) -> int:
-        return max(self._full_length() - self._skip_pending, 0)
-
-    def _pass_length(self) -> Optional[int]:
-        """Exact batches per pass when known without looking ahead, else ``None``."""
-        if self._dataset_kind_is_iterable():
-            return None
-        try:
-            return self._full_length()
-        except TypeError:  # a batch sampler without __len__
-            return None
-
-    def _dataset_kind_is_iterable(self) -> bool:
-        return isinstance(self.dataset, IterableDataset)
+        """Batches the next pass yields (exact also after ``load_state_dict`` and ``skip_first_batches``)."""
+        pending = self._pending
+        consumed = pending.consumed if pending is not None and not self._inner_repositions else 0
+        length = self._plan_length(consumed)
+        if pending is not None and self._inner_repositions:
+            length -= pending.batches_yielded
+        return max(length - self._skip_pending, 0)
 
     @property
     def total_batch_size(self) -> Optional[int]:
-        """Samples per optimizer step over all processes (``None`` for variable-size batches)."""
-        sampler = self._batch_shard
-        if sampler is not None:
-            if sampler.batch_size is None:
-                return None
-            return sampler.batch_size if sampler.split_batches else sampler.batch_size * sampler.num_processes
-        if isinstance(self.dataset, IterableDatasetShard):
-            return self.dataset.global_batch_size
-        return self.batch_size
+        """Samples per step over all processes (``None`` for variable-size batches)."""
+        return self.plan.layout.step_batch_size
 
     @property
     def total_dataset_length(self) -> Optional[int]:
         dataset = self.dataset.dataset if isinstance(self.dataset, IterableDatasetShard) else self.dataset
-        return len(dataset) if hasattr(dataset, "__len__") else None
+        return _length(dataset) if hasattr(dataset, "__len__") else None
 
     @property
     def remainder(self) -> int:
@@ -247,208 +289,225 @@ class PreparedDataLoader(DataLoader):
     def __iter__(self) -> Iterator[Any]:
         return self._iterate()
 
-    def _inner_batches(self, skip: int) -> Iterator[Any]:
-        """The batches of this pass, after ``skip`` of them were left out (subclasses)."""
+    def _inner_batches(self, discard: int) -> Iterator[Any]:
+        """The batches of this pass, after ``discard`` of them were read and dropped (subclasses)."""
         raise NotImplementedError
 
-    def _begin_pass(self) -> tuple[int, int, int]:
-        """Start a pass; return (batches of the epoch counted before the first one, batches to
-        discard, batches this pass's length leaves out because a resume point was set)."""
-        if self._advance_pending:
+    def _begin_pass(self) -> tuple[_Pass, int]:
+        """Start a pass: its state, and how many batches to read and drop before the first one."""
+        if self._pass.complete:
             self.set_epoch(self.epoch + 1)
         self._synchronize()
-        progress = self._progress
-        progress.resumed = progress.consumed_at_start = progress.unlogged = 0
-        discard = offset = 0
-        resume, self._resume = self._resume, None
-        if resume is not None:
-            discard, offset = self._apply_resume(resume)
+        current = _Pass(PassRecord(track=self._tracking))
+        generator = self._shuffle_generator()
+        if generator is not None:
+            current.generator_state = generator.get_state()
+        discard = 0
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            discard = self._start_after(pending, current)
         skip, self._skip_pending = self._skip_pending, 0
-        progress.batches_yielded = progress.resumed + skip
-        progress.end_of_dataloader = False
-        return progress.batches_yielded + discard, skip + discard, offset
+        if skip:  # skip_first_batches: this pass starts that many batches later still
+            current.consumed_at_start += skip * self.plan.consumed_per_batch
+            current.resumed += skip
+            discard = self.plan.start_after(current.consumed_at_start)
+        current.batches_yielded = current.resumed
+        current.record.started_at = current.consumed_at_start
+        current.total = self._pass_total(current)
+        shard = self._batch_shard
+        if shard is not None:
+            shard.record_next_pass(current.record)
+        self._pass = current
+        return current, discard
+
+    def _pass_total(self, current: _Pass) -> Optional[int]:
+        """The epoch's batches counted up to the end of pass ``current``, when known without
+        looking ahead (map-style data with a sized batch sampler)."""
+        if isinstance(self.dataset, IterableDataset):
+            return None
+        try:
+            return current.resumed + self._plan_length(current.consumed_at_start)
+        except TypeError:  # a batch sampler without __len__
+            return None
 
     def _iterate(self) -> Iterator[Any]:
-        count, skip, offset = self._begin_pass()
-        total = self._pass_length()
-        if total is not None:
-            total += offset
+        current, discard = self._begin_pass()
+        self._inner_repositions = False
         state = self.gradient_state
         if state is not None:
             state._loader_started(self)
         try:
-            batches = self._inner_batches(skip)
-            if total is not None:
-                yield from self._deliver_counted(batches, count, total)
+            batches = self._inner_batches(discard)
+            if current.total is not None:
+                yield from self._deliver_counted(batches, current)
             else:
-                yield from self._deliver_lookahead(batches, count)
-            self._progress.pass_complete = True
+                yield from self._deliver_lookahead(batches, current)
+            current.complete = True
         finally:
             self._stateful_snapshot = None
             if state is not None:
                 state._loader_stopped(self)
 
-    def _hand_out(self, batch: Any, count: int, last: bool) -> Any:
-        progress = self._progress
-        progress.batches_yielded = count
+    def _hand_out(self, batch: Any, current: _Pass, count: int, last: bool) -> Any:
+        current.batches_yielded = count
         if last:
-            progress.end_of_dataloader = progress.pass_complete = True
+            current.end_of_dataloader = current.complete = True
         if self._tracking:
-            progress.batch_indices, progress.batch_real = self._batch_record(last)
+            current.batch_indices, current.batch_real = self._batch_record(current)
             if self.audit is not None:
-                self.audit.record(self.epoch, progress.batch_indices, progress.batch_real)
+                self.audit.record(self.epoch, current.batch_indices, current.batch_real)
         if self.gradient_state is not None:
             self.gradient_state._batch_ready(self, last)
         return send_to_device(batch, self.device, self.non_blocking) if self.device is not None else batch
 
-    def _deliver_counted(self, batches: Iterator[Any], count: int, total: int) -> Iterator[Any]:
+    def _deliver_counted(self, batches: Iterator[Any], current: _Pass) -> Iterator[Any]:
+        count, total = current.batches_yielded, current.total
         if self.gradient_state is None and self.device is None and not self._tracking:
             # the hot path: bookkeeping only
-            progress = self._progress
             for batch in batches:
                 count += 1
-                progress.batches_yielded = count
-                if count >= total:
-                    progress.end_of_dataloader = progress.pass_complete = True
+                current.batches_yielded = count
+                if count >= total:  # type: ignore[operator]
+                    current.end_of_dataloader = current.complete = True
                 yield batch
             return
         for batch in batches:
             count += 1
-            yield self._hand_out(batch, count, count >= total)
+            yield self._hand_out(batch, current, count, count >= total)  # type: ignore[operator]
 
-    def _deliver_lookahead(self, batches: Iterator[Any], count: int) -> Iterator[Any]:
+    def _deliver_lookahead(self, batches: Iterator[Any], current: _Pass) -> Iterator[Any]:
         iterator = iter(batches)
         stateful = self.use_stateful_dataloader
-        for current in iterator:
+        count = current.batches_yielded
+        for upcoming in iterator:
             break
         else:
             return
         while True:
-            if stateful:  # the state after ``current``, before the look-ahead fetch
+            batch = upcoming
+            if stateful:  # the state after ``batch``, before the look-ahead fetch
                 self._stateful_snapshot = self._inner_state_dict()
             try:
                 upcoming = next(iterator)
             except StopIteration:
-                count += 1
-                yield self._hand_out(current, count, True)
+                yield self._hand_out(batch, current, count + 1, True)
                 return
             count += 1
-            yield self._hand_out(current, count, False)
-            current = upcoming
+            yield self._hand_out(batch, current, count, False)
 
     # -- position -------------------------------------------------------------------------
     def _inner_state_dict(self) -> dict[str, Any]:
         return super(PreparedDataLoader, self).state_dict()  # type: ignore[misc]
 
-    def _position_unit(self) -> str:
-        """What the position counts: global batches (map-style), stream elements (a sharded
-        iterable dataset) or this loader's batches (anything else; not resizable)."""
-        if isinstance(self.dataset, IterableDatasetShard):
-            return "elements"
-        if self._batch_shard is not None and not self._dataset_kind_is_iterable():
-            return "global_batches"
-        return "batches"
-
-    def _consumed_per_batch(self) -> int:
-        """How much of the epoch, in the position's unit, one batch of this process stands for."""
-        if isinstance(self.dataset, IterableDatasetShard):
-            return self.dataset.global_batch_size
-        shard = self._batch_shard
-        if shard is not None and not self._dataset_kind_is_iterable():
-            return shard.batches_per_step
-        return 1
-
-    def _layout_key(self) -> tuple[int, bool]:
-        """(data processes, split_batches) of this loader, as recorded in a position."""
-        prepared = self.__dict__.get("_data_layout")  # set by prepare_data_loader
-        if prepared is not None:
-            return prepared
-        for source in (self, self._batch_shard, self.dataset):
-            if source is not None and hasattr(source, "num_processes") and hasattr(source, "split_batches"):
-                return int(source.num_processes), bool(source.split_batches)
-        return 1, False
+    def _sampler_kind(self) -> str:
+        if isinstance(self.dataset, IterableDataset):
+            return "stream"
+        return sampler_kind(getattr(self.plan, "sampler", None) or getattr(self, "sampler", None))
 
     def position(self) -> dict[str, Any]:
-        """Where this loader stands, as plain values identical on every process.
+        """Where this loader stands, as plain values identical on every process (what
+        :meth:`state_dict` returns without a ``StatefulDataLoader``; see :class:`Position`)."""
+        return self.current_position().to_dict()
 
-        ``consumed`` counts what the whole job consumed of the epoch (``unit``: global batches,
-        stream elements or batches), so a position saved with N processes can be loaded with M.
+    def current_position(self) -> Position:
+        """Where this loader stands: identical on every process (see :class:`Position`).
+
+        ``consumed`` counts what the whole job consumed of the epoch (in the plan's unit: global
+        batches, stream elements or batches), so a position saved with N processes can be loaded with M.
         """
-        if self._resume is not None:  # loaded but not iterated yet: still that position
-            return dict(self._resume)
-        progress = self._progress
-        num_processes, split = self._layout_key()
-        position = {"epoch": self.epoch, "batches_yielded": 0, "consumed": 0, "unit": self._position_unit(),
-                    "num_processes": num_processes, "split_batches": split,
-                    "seeds": [s.seed for s in self._seedable_samplers()]}
-        if progress.pass_complete:
-            position["epoch"] = self.epoch + 1
+        if self._pending is not None:  # loaded but not iterated yet: still that position
+            return self._pending
+        current, layout = self._pass, self.plan.layout
+        generator = self._shuffle_generator()
+        epoch, done, consumed, dataset_state = self.epoch, 0, 0, None
+        generator_state = current.generator_state
+        if current.complete:
+            epoch += 1
+            generator_state = generator.get_state() if generator is not None else None
         else:
-            done = progress.batches_yielded
-            position["batches_yielded"] = done
-            position["consumed"] = progress.consumed_at_start + (done - progress.resumed) * self._consumed_per_batch()
+            done = current.batches_yielded
+            consumed = current.consumed_at_start + (done - current.resumed) * self.plan.consumed_per_batch
             if isinstance(self.dataset, IterableDatasetShard) and self.dataset.repositions_itself:
-                state = self.dataset.state_at(position["consumed"])  # the dataset's own position
-                if state is not None:
-                    position["dataset_state"] = state
-        return position
+                dataset_state = self.dataset.state_at(consumed)  # the dataset's own position
+        if generator_state is None and generator is not None:
+            generator_state = generator.get_state()
+        return Position(
+            epoch=epoch, batches_yielded=done, consumed=consumed, unit=self.plan.unit,
+            num_processes=layout.num_processes, split_batches=layout.split_batches,
+            even_batches=layout.even_batches, drop_last=layout.drop_last,
+            dataset_length=None if isinstance(self.dataset, IterableDataset) else self.total_dataset_length, batch_size=layout.batch_size,
+            process_batch_size=layout.process_batch_size, step_batch_size=layout.step_batch_size,
+            sampler=self._sampler_kind(), seeds=tuple(s.seed for s in self._seedable_samplers()),
+            generator_state=generator_state, dataset_state=dataset_state,
+        )
 
-    def load_position(self, position: dict[str, Any]) -> None:
-        """Continue from ``position`` at the next pass (see :meth:`position`)."""
-        for sampler, seed in zip(self._seedable_samplers(), position.get("seeds", [])):
+    def _same_layout_length(self) -> Optional[int]:
+        try:
+            return self._plan_length(0)
+        except TypeError:
+            return None
+
+    def load_position(self, position: Union[Position, dict[str, Any]]) -> None:
+        """Continue from ``position`` at the next pass (see :meth:`position`); it is validated
+        first, and nothing changes when it is refused."""
+        if not isinstance(position, Position):
+            position = Position.from_dict(position)
+        self._check_loadable(position, stateful=False)
+        for sampler, seed in zip(self._seedable_samplers(), position.seeds):
             sampler.seed = seed
-        self.set_epoch(int(position["epoch"]))
-        num_processes, split = self._layout_key()
-        resume = {"unit": self._position_unit(), "num_processes": num_processes, "split_batches": split}
-        resume.update(position)
-        if "consumed" not in position:  # a minimal position: the same layout as this loader
-            resume["consumed"] = int(position["batches_yielded"]) * self._consumed_per_batch()
-        self._resume = resume
+        generator = self._shuffle_generator()
+        if generator is not None and position.generator_state is not None:
+            generator.set_state(position.generator_state.clone())
+        self.set_epoch(position.epoch)
+        self._pending = position
         self._skip_pending = 0
 
-    def _apply_resume(self, position: dict[str, Any]) -> tuple[int, int]:
-        """Position this pass after what ``position`` consumed.
+    def resume_at(self, epoch: int, batches_yielded: int, seeds: Optional[Iterable[Optional[int]]] = None) -> None:
+        """Continue in ``epoch`` after this process's first ``batches_yielded`` batches, with this
+        loader's layout (a front end that counts batches itself, e.g. an engine's iteration)."""
+        here = self.current_position()
+        self.load_position(here.replace(
+            epoch=epoch, batches_yielded=batches_yielded, consumed=batches_yielded * self.plan.consumed_per_batch,
+            seeds=tuple(here.seeds if seeds is None else seeds), dataset_state=None,
+        ))
 
-        Returns (batches to discard, batches of the epoch the pass length no longer includes).
-        """
-        progress = self._progress
-        unit, consumed = self._position_unit(), int(position["consumed"])
-        same_layout = (position["num_processes"], position["split_batches"]) == self._layout_key()
-        if position["unit"] != unit:
+    def _check_loadable(self, position: Position, stateful: bool) -> None:
+        """Everything that refuses ``position`` for this loader, before anything changes."""
+        position.check_resumable(self.current_position(), self.plan.epoch_size(), self._same_layout_length())
+        processes = self.plan.layout.num_processes
+        if position.num_processes == processes:
+            return
+        if stateful:
             raise ValueError(
-                f"the position counts {position['unit']} but this loader counts {unit}: it was saved from a "
-                "differently prepared loader; prepare the loader the same way (map-style or iterable) as the saved one"
+                "use_stateful_dataloader=True resumes each process from its own saved state, which cannot be "
+                f"resized from {position.num_processes} to {processes} processes; resume "
+                "without use_stateful_dataloader (the position resizes), or with the same number of processes"
             )
-        progress.consumed_at_start = consumed
-        if self._inner_repositions:  # a StatefulDataLoader that loaded its own state
-            self._inner_repositions = False
-            if not same_layout:
-                raise ValueError(
-                    "use_stateful_dataloader=True resumes each process from its own saved state, which cannot be "
-                    f"resized from {position['num_processes']} to {self._layout_key()[0]} processes; resume "
-                    "without use_stateful_dataloader (the position resizes), or with the same number of processes"
-                )
-            progress.resumed = int(position["batches_yielded"])
-            if self._batch_shard is not None and self._batch_shard.log is not None:
-                progress.unlogged = progress.resumed
-            return 0, 0
-        if unit == "global_batches":
-            shard = self._batch_shard
-            full = self._full_length()
-            shard.start_at_global(consumed)  # type: ignore[union-attr]
-            progress.resumed = int(position["batches_yielded"]) if same_layout else full - self._full_length()
-            return 0, progress.resumed
-        if unit == "elements":
-            self.dataset.resume_from(consumed, position.get("dataset_state"))
-            progress.resumed = int(position["batches_yielded"]) if same_layout else consumed // self._consumed_per_batch()
-            return 0, 0
-        if not same_layout:
+        if self.plan.unit == "batches":
             raise ValueError(
                 f"this loader's data is not sharded by shardplug (unit 'batches'), so its position cannot move from "
-                f"{position['num_processes']} to {self._layout_key()[0]} processes; resume with the same number of "
+                f"{position.num_processes} to {processes} processes; resume with the same number of "
                 "processes, or prepare the data with prepare_data_loader on more than one process"
             )
-        return consumed, 0
+
+    def _start_after(self, position: Position, current: _Pass) -> int:
+        """Position the pass ``current`` after what ``position`` consumed; return batches to read and drop."""
+        layout = self.plan.layout
+        same_layout = (position.num_processes, position.split_batches) == (layout.num_processes, layout.split_batches)
+        current.consumed_at_start = position.consumed
+        if self._inner_repositions:  # a StatefulDataLoader that loaded its own state
+            current.resumed = position.batches_yielded
+            if current.record.batches is not None:
+                current.unlogged = current.resumed
+            return 0
+        if same_layout:
+            current.resumed = position.batches_yielded
+        else:
+            full, rest = self.plan.num_batches(0), self.plan.num_batches(position.consumed)
+            current.resumed = full - rest if full is not None and rest is not None else (
+                position.consumed // self.plan.consumed_per_batch
+            )
+        return self.plan.start_after(position.consumed, position.dataset_state)
 
     # -- padding and audit ----------------------------------------------------------------
     def track_padding(self) -> None:
@@ -460,44 +519,29 @@ class PreparedDataLoader(DataLoader):
         """
         if getattr(self, "in_order", True) is False:
             raise ValueError("padding tracking needs batches in sampler order: build the DataLoader with in_order=True")
-        shard = self._batch_shard
-        if shard is not None and not self._dataset_kind_is_iterable():
-            if shard.log is None:
-                shard.log = deque()
-        elif not (isinstance(self.dataset, IterableDatasetShard) and hasattr(self.dataset.dataset, "__len__")):
-            raise ValueError(
-                "this loader cannot tell padding apart: padding is tracked for map-style data and for sized "
-                "iterable datasets sharded by shardplug; use loader.remainder for the last global batch"
-            )
+        if self.plan.untracked_reason is not None:
+            raise ValueError(self.plan.untracked_reason)
         self._tracking = True
 
-    def _batch_record(self, last: bool) -> tuple[list[int], int]:
+    def _batch_record(self, current: _Pass) -> tuple[list[int], int]:
         """(indices, real count) of the batch being handed out."""
-        progress = self._progress
-        shard = self._batch_shard
-        if shard is not None and shard.log is not None:
-            while progress.unlogged:  # batches a StatefulDataLoader fast-forwarded past
-                shard.log.popleft()
-                progress.unlogged -= 1
-            return shard.log.popleft()
-        # A sharded stream: this batch is process i's slice of global batch j after the resume point.
-        dataset = self.dataset
-        n, size, width = len(dataset.dataset), dataset.global_batch_size, dataset.process_slice_size
-        j = progress.batches_yielded - progress.resumed - 1
-        first = progress.consumed_at_start + j * size + dataset.process_index * width
-        real = min(max(n - first, 0), width)
-        return [(first + k) % n for k in range(width)] if n else [], real
+        record = current.record
+        if record.batches is not None:
+            while current.unlogged:  # batches a StatefulDataLoader fast-forwarded past
+                record.batches.popleft()
+                current.unlogged -= 1
+        return self.plan.batch_record(record, current.batches_yielded - current.resumed - 1)
 
     @property
     def batch_indices(self) -> Optional[list[int]]:
         """Dataset indices of the batch being processed (with :meth:`track_padding`)."""
-        return self._progress.batch_indices
+        return self._pass.batch_indices
 
     @property
     def batch_real_count(self) -> Optional[int]:
         """How many leading samples of the batch being processed are real; the rest are
         wrap-around padding (with :meth:`track_padding`; ``None`` otherwise)."""
-        return self._progress.batch_real
+        return self._pass.batch_real
 
     def enable_audit(self) -> SampleAudit:
         """Start recording which samples this process consumes, per epoch (opt-in; see :class:`SampleAudit`)."""
@@ -520,7 +564,13 @@ class PreparedDataLoader(DataLoader):
             self.load_position(state_dict)
             return
         state = dict(state_dict)
-        position = state.pop(_POSITION_KEY)
+        if _POSITION_KEY not in state:
+            raise ValueError(
+                f"this loader is backed by a StatefulDataLoader and its state has no {_POSITION_KEY!r} key; "
+                "pass what its state_dict() returned"
+            )
+        position = Position.from_dict(state.pop(_POSITION_KEY))
+        self._check_loadable(position, stateful=True)
         super(PreparedDataLoader, self).load_state_dict(state)  # type: ignore[misc]
         self.load_position(position)
         self._inner_repositions = True
@@ -561,25 +611,23 @@ class DataLoaderShard(PreparedDataLoader):
         synchronized_generator: Optional[torch.Generator],
         skip_batches: int,
         non_blocking: bool,
+        plan: Optional[ShardPlan] = None,
     ) -> None:
-        # Own the batch sampler so skipping and resuming never load a skipped batch.
-        iterable = isinstance(self.dataset, IterableDataset)
-        if not iterable and self.batch_sampler is not None and not isinstance(self.batch_sampler, BatchSamplerShard):
-            object.__setattr__(self, "batch_sampler", BatchSamplerShard(self.batch_sampler))
-        shard = self._batch_shard
-        if shard is not None and not iterable:  # what DataLoader reports when given a batch sampler: None / False
-            object.__setattr__(self, "batch_size", shard.per_process_batch_size)
-            object.__setattr__(self, "drop_last", shard.drop_last)
-        self._setup_prepared(device, rng_types, synchronized_generator, skip_batches, non_blocking)
+        # Own the (batch) sampler so skipping and resuming never load a skipped batch.
+        if not isinstance(self.dataset, IterableDataset):
+            if self.batch_sampler is not None and not isinstance(self.batch_sampler, BatchSamplerShard):
+                object.__setattr__(self, "batch_sampler", BatchSamplerShard(self.batch_sampler))
+            elif self.batch_sampler is None and not isinstance(self.sampler, (BatchSamplerShard, IndexSamplerShard)):
+                object.__setattr__(self, "sampler", IndexSamplerShard(self.sampler))
+            if isinstance(self.batch_sampler, BatchSamplerShard):  # what DataLoader reports for a batch sampler
+                object.__setattr__(self, "batch_size", self.batch_sampler.per_process_batch_size)
+                object.__setattr__(self, "drop_last", self.batch_sampler.drop_last)
+        self._setup_prepared(device, rng_types, synchronized_generator, skip_batches, non_blocking, plan)
         for target in self._epoch_targets():
             target.set_epoch(0)
 
-    def _inner_batches(self, skip: int) -> Iterator[Any]:
-        shard = self._batch_shard
-        if skip and shard is not None:
-            shard.skip_next(skip)
-            skip = 0
+    def _inner_batches(self, discard: int) -> Iterator[Any]:
         batches = super(PreparedDataLoader, self).__iter__()
-        for _ in zip(range(skip), batches):
-            pass  # iterable data: these elements are read, but never handed out
+        for _ in zip(range(discard), batches):
+            pass  # read, but never handed out (data that shardplug cannot skip by index)
         return batches

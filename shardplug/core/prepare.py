@@ -12,9 +12,12 @@ from torch.utils.data.distributed import DistributedSampler
 
 from .dispatch import DataLoaderDispatcher
 from .iterable import IterableDatasetShard
+from .layout import ShardLayout
 from .loaders import DataLoaderShard, PreparedDataLoader, combined_class, stateful_dataloader_class
+from .plan import LocalPlan, ShardPlan
 from .rng import check_rng_types
-from .samplers import BatchSamplerShard, SeedableRandomSampler
+from .samplers import BatchSamplerShard, IndexSamplerShard
+from .shuffle import SeedableRandomSampler, check_seed, draw_seed
 from .topology import ProcessTopology, resolve_data_topology
 
 __all__ = ["prepare_data_loader", "skip_first_batches"]
@@ -69,32 +72,48 @@ def _subclasses_stateful(cls: type) -> bool:
 def _shuffle_sampler(sampler: Any, use_seedable_sampler: bool, data_seed: Optional[int]) -> tuple[Any, Optional[torch.Generator]]:
     """Replace a shuffling sampler so every process draws the same order.
 
-    Returns ``(sampler, generator to synchronise from process 0)``.
+    Returns ``(sampler, generator to synchronise from process 0)``.  A ``RandomSampler`` without
+    generator becomes a :class:`SeedableRandomSampler`; any other sampler that draws its order from
+    a ``generator`` attribute (``SubsetRandomSampler``, ``WeightedRandomSampler``, ...) gets a
+    generator of its own (seeded with ``data_seed``), synchronised from process 0 at each pass.
+    The user's sampler is never modified.
     """
     if isinstance(sampler, DistributedSampler):
         raise ValueError(
             "the DataLoader already uses a DistributedSampler, and prepare_data_loader shards it again; "
             "remove the DistributedSampler (pass shuffle=True or a plain sampler) and let shardplug shard the data"
         )
-    if isinstance(sampler, SeedableRandomSampler) or not isinstance(sampler, RandomSampler):
+    if isinstance(sampler, SeedableRandomSampler):
         return sampler, None
-    if sampler.generator is None or use_seedable_sampler:
+    if isinstance(sampler, RandomSampler) and (sampler.generator is None or use_seedable_sampler):
         seedable = SeedableRandomSampler(
             sampler.data_source, replacement=sampler.replacement, num_samples=sampler._num_samples, data_seed=data_seed
         )
         return seedable, None
-    return sampler, sampler.generator
+    if not hasattr(sampler, "generator"):
+        return sampler, None
+    generator = sampler.generator
+    if generator is None:  # it would draw from each process's global RNG: give it one all processes share
+        sampler = copy.copy(sampler)
+        sampler.generator = generator = torch.Generator()
+        generator.manual_seed(data_seed if data_seed is not None else draw_seed())
+    return sampler, generator if isinstance(generator, torch.Generator) else None
 
 
-def _shard_batch_sampler(
-    batch_sampler: Any, sampler: Any, num_processes: int, process_index: int, split_batches: bool, even_batches: bool
-) -> BatchSamplerShard:
+def _shard_batch_sampler(batch_sampler: Any, sampler: Any, layout: ShardLayout) -> BatchSamplerShard:
     if type(batch_sampler) is BatchSampler:
         batch_sampler = BatchSampler(sampler, batch_sampler.batch_size, batch_sampler.drop_last)
     elif getattr(batch_sampler, "sampler", None) is not sampler and hasattr(batch_sampler, "sampler"):
         batch_sampler = copy.copy(batch_sampler)  # never modify the user's batch sampler
         batch_sampler.sampler = sampler
-    return BatchSamplerShard(batch_sampler, num_processes, process_index, split_batches, even_batches)
+    return BatchSamplerShard(
+        batch_sampler, layout.num_processes, layout.process_index, layout.split_batches, layout.even_batches
+    )
+
+
+def _is_batch_sampler(sampler: Any) -> bool:
+    """A sampler that yields batches of indices (passed as ``sampler=`` with ``batch_size=None``)."""
+    return isinstance(sampler, (BatchSampler, BatchSamplerShard)) or hasattr(sampler, "batch_size")
 
 
 def prepare_data_loader(
@@ -120,6 +139,8 @@ def prepare_data_loader(
     :class:`IterableDatasetShard`, or with ``dispatch_batches`` a :class:`DataLoaderDispatcher`
     in which only process 0 reads.  A shuffling sampler without a generator is replaced by a
     :class:`SeedableRandomSampler` whose seed process 0 chooses, so every process shuffles alike.
+    The layout (:class:`ShardLayout`) is validated once, here, and the loader is built with its
+    plan (``plan.py``) in the same call.
 
     Example::
 
@@ -133,6 +154,7 @@ def prepare_data_loader(
         raise TypeError(f"dataloader must be a torch.utils.data.DataLoader, got {type(dataloader).__name__}")
     num_processes, process_index = resolve_data_topology(num_processes, process_index, torch_device_mesh)
     rng = check_rng_types(rng_types)
+    check_seed("data_seed", data_seed)
     dataset = dataloader.dataset
     iterable = isinstance(dataset, IterableDataset)
     if dispatch_batches is None:
@@ -147,63 +169,35 @@ def prepare_data_loader(
     batch_size = dataloader.batch_size
     if batch_size is None and dataloader.batch_sampler is not None:
         batch_size = getattr(dataloader.batch_sampler, "batch_size", None)
-    if split_batches and num_processes > 1:
-        if batch_size is None:
-            raise ValueError(
-                "split_batches=True needs a batch size to split, but the DataLoader has none; give the DataLoader "
-                f"(or its batch sampler) a batch_size that is a multiple of num_processes={num_processes}, "
-                "or pass split_batches=False"
-            )
-        if batch_size % num_processes != 0:
-            raise ValueError(
-                f"split_batches=True needs a batch size that is a multiple of num_processes, got batch_size={batch_size} "
-                f"and num_processes={num_processes}; use batch_size={(batch_size // num_processes + 1) * num_processes} "
-                "or pass split_batches=False"
-            )
+    if batch_size is None and _is_batch_sampler(dataloader.sampler):
+        batch_size = getattr(dataloader.sampler, "batch_size", None)
+    source = dataloader.batch_sampler if dataloader.batch_sampler is not None else dataloader.sampler
+    drop_last = bool(dataloader.drop_last or getattr(source, "drop_last", False))
+    layout = ShardLayout.for_batches(batch_size, num_processes, process_index, split_batches, even_batches, drop_last)
     batch_device = (device if device is not None else ProcessTopology.current().device) if put_on_device else None
-    settings = _loader_settings(dataloader)
+    kwargs: dict[str, Any] = _loader_settings(dataloader)
     synchronized_generator: Optional[torch.Generator] = None
-    kwargs: dict[str, Any] = dict(settings)
-    cls: type = DataLoaderShard
-    if dispatch_batches:
-        cls = DataLoaderDispatcher
-        new_dataset = dataset
-        if iterable:
-            kwargs.update(batch_size=dataloader.batch_size, drop_last=dataloader.drop_last)
-        else:
-            sampler, synchronized_generator = _shuffle_sampler(_index_sampler(dataloader), use_seedable_sampler, data_seed)
-            _place_batch_sampler(kwargs, dataloader, _shard_batch_sampler(dataloader.batch_sampler or dataloader.sampler, sampler, 1, 0, False, True))
-    elif iterable:
-        new_dataset = dataset
-        loader_batch = dataloader.batch_size
-        native = num_processes > 1 and _shards_natively(dataset, num_processes, even_batches and not dataloader.drop_last)
-        if native:
-            new_dataset = dataset.shard(num_shards=num_processes, index=process_index)
-            if split_batches and loader_batch is not None:
-                loader_batch //= num_processes
-        elif num_processes > 1:
-            new_dataset = IterableDatasetShard(
-                dataset,
-                batch_size=loader_batch or 1,
-                drop_last=dataloader.drop_last,
-                num_processes=num_processes,
-                process_index=process_index,
-                split_batches=split_batches,
-            )
-            if loader_batch is not None:
-                loader_batch = new_dataset.process_slice_size
-        kwargs.update(batch_size=loader_batch, drop_last=dataloader.drop_last)
+    plan: Optional[ShardPlan] = None
+    cls: type = DataLoaderDispatcher if dispatch_batches else DataLoaderShard
+    new_dataset = dataset
+    if iterable:
+        kwargs.update(batch_size=dataloader.batch_size, drop_last=dataloader.drop_last)
+        if not dispatch_batches and num_processes > 1:
+            new_dataset, plan, kwargs["batch_size"] = _shard_stream(dataset, dataloader, layout)
     else:
-        new_dataset = dataset
         sampler, synchronized_generator = _shuffle_sampler(_index_sampler(dataloader), use_seedable_sampler, data_seed)
-        source = dataloader.batch_sampler if dataloader.batch_sampler is not None else dataloader.sampler
-        shard = _shard_batch_sampler(source, sampler, num_processes, process_index, split_batches, even_batches)
-        _place_batch_sampler(kwargs, dataloader, shard)
+        shard_layout = ShardLayout(batch_size=batch_size) if dispatch_batches else layout  # process 0 reads all
+        if dataloader.batch_sampler is not None:
+            kwargs.update(batch_sampler=_shard_batch_sampler(dataloader.batch_sampler, sampler, shard_layout))
+        elif _is_batch_sampler(dataloader.sampler):  # a batch sampler passed as ``sampler=``
+            kwargs.update(sampler=_shard_batch_sampler(dataloader.sampler, sampler, shard_layout), batch_size=None)
+        else:  # DataLoader(batch_size=None): single samples, shared out as batches of one
+            shard = IndexSamplerShard(sampler, shard_layout.num_processes, shard_layout.process_index, even_batches)
+            kwargs.update(sampler=shard, batch_size=None)
     if synchronized_generator is None and "generator" in rng and dataloader.generator is not None:
         synchronized_generator = dataloader.generator
     new = _rebuild(dataloader, cls, new_dataset, kwargs, use_stateful_dataloader)
-    new._finish_init(batch_device, rng, synchronized_generator, 0, non_blocking)
-    new._data_layout = (num_processes, split_batches)
+    new._finish_init(batch_device, rng, synchronized_generator, 0, non_blocking, plan)
     if dispatch_batches:
         new._setup_dispatch(split_batches, slice_fn_for_dispatch, torch_device_mesh, num_processes, process_index)
     logger.debug(
@@ -211,6 +205,38 @@ def prepare_data_loader(
         type(dataloader).__name__, process_index, num_processes, split_batches, even_batches, dispatch_batches,
     )
     return new
+
+
+def _shard_stream(dataset: Any, dataloader: DataLoader, layout: ShardLayout) -> tuple[Any, ShardPlan, Optional[int]]:
+    """(this process's dataset, its plan, the per-process DataLoader batch size) for a stream."""
+    loader_batch = dataloader.batch_size
+    if _shards_natively(dataset, layout.num_processes, layout.pads):
+        native = dataset.shard(num_shards=layout.num_processes, index=layout.process_index)
+        if layout.splits and loader_batch is not None:
+            loader_batch //= layout.num_processes
+        length = _length_of_loader(native, loader_batch, dataloader.drop_last)
+        return native, LocalPlan(layout, length), loader_batch
+    shard = IterableDatasetShard(
+        dataset,
+        batch_size=loader_batch or 1,
+        drop_last=dataloader.drop_last,
+        num_processes=layout.num_processes,
+        process_index=layout.process_index,
+        split_batches=layout.split_batches,
+        even_batches=layout.even_batches,
+    )
+    return shard, shard.plan, (shard.process_slice_size if loader_batch is not None else None)
+
+
+def _length_of_loader(dataset: Any, batch_size: Optional[int], drop_last: bool) -> Optional[int]:
+    """Batches a DataLoader over ``dataset`` yields, when the dataset is sized."""
+    try:
+        n = len(dataset)
+    except (TypeError, NotImplementedError):
+        return None
+    if batch_size is None:
+        return n
+    return n // batch_size if drop_last else -(-n // batch_size)
 
 
 def _shards_natively(dataset: Any, num_processes: int, even: bool) -> bool:
@@ -246,13 +272,6 @@ def _index_sampler(loader: DataLoader) -> Any:
     return getattr(loader.sampler, "sampler", loader.sampler)
 
 
-def _place_batch_sampler(kwargs: dict[str, Any], loader: DataLoader, shard: BatchSamplerShard) -> None:
-    if loader.batch_sampler is None:  # a batch sampler passed as ``sampler=`` with batch_size=None
-        kwargs.update(sampler=shard, batch_size=None)
-    else:
-        kwargs.update(batch_sampler=shard)
-
-
 def skip_first_batches(dataloader: DataLoader, num_batches: int = 0) -> PreparedDataLoader:
     """A loader of the same kind and settings that starts after its first ``num_batches`` batches.
 
@@ -264,7 +283,7 @@ def skip_first_batches(dataloader: DataLoader, num_batches: int = 0) -> Prepared
     if isinstance(dataloader, PreparedDataLoader):
         new = copy.copy(dataloader)
         new.__dict__["_iterator"] = None
-        new._progress = copy.copy(dataloader._progress)
+        new._pass = copy.copy(dataloader._pass)
         new._skip_pending = num_batches
         return new
     if not isinstance(dataloader, DataLoader):

@@ -453,7 +453,7 @@ class ShardplugHandler(Serializable):
             done = 0  # Ignite continues its open iterator: nothing is replayed
         seeds = list(pending["seeds"]) if pending is not None else loader.position()["seeds"]
         if done or pending is not None:
-            loader.load_position({"epoch": epoch, "batches_yielded": done, "seeds": seeds})
+            loader.resume_at(epoch, done, seeds)
             if done:
                 logger.info("resuming epoch %d after %d batches (not replayed)", epoch + 1, done)
         else:

@@ -1,0 +1,387 @@
+"""Which rows one process gets in one epoch, how many batches that is, and where a pass resumes.
+
+One plan per kind of sharding, all answering the same small protocol (:class:`ShardPlan`):
+
+* :class:`BatchSamplerPlan`: map-style data; the global batches of a batch sampler, shared out
+  by index arithmetic (standard samplers) or by walking the batches (any other batch sampler).
+* :class:`StreamPlan`: a stream every process reads whole, keeping its part of each global batch.
+* :class:`LocalPlan`: the loader's own batches are this process's part (a stream that sharded
+  itself, or data nobody else reads).
+* :class:`DispatchPlan`: process 0 reads, every process receives its rows of each step.
+
+A position counts what the whole job consumed of the epoch in the plan's ``unit`` (global
+batches, stream elements, or this loader's batches); ``num_batches(consumed)`` is the number of
+batches this process yields after it, with this plan's number of processes: so a position saved
+with N processes continues with M.
+
+Example::
+
+    >>> from torch.utils.data import BatchSampler, SequentialSampler
+    >>> plan = BatchSamplerPlan(BatchSampler(SequentialSampler(range(21)), 3, False), ShardLayout(2, 1, batch_size=3))
+    >>> plan.num_batches(), plan.num_batches(consumed=4)
+    (4, 2)
+    >>> [batch for batch, real in plan.batches(consumed=4)]
+    [[15, 16, 17], [0, 1, 2]]
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections import deque
+from typing import Any, Callable, Iterable, Iterator, Optional, Protocol, Sequence, Union, runtime_checkable
+
+import torch
+from torch.utils.data import BatchSampler, RandomSampler, SequentialSampler
+
+from .batch_plan import ArithmeticShard, EpochHead, EpochOrder, shard_length, walk_shard_counted
+from .layout import ShardLayout
+from .shuffle import SeedableRandomSampler, epoch_order
+
+__all__ = ["ShardPlan", "PassRecord", "BatchSamplerPlan", "StreamPlan", "LocalPlan", "DispatchPlan", "UNITS"]
+
+UNITS = ("global_batches", "elements", "batches")
+
+
+@runtime_checkable
+class ShardPlan(Protocol):
+    """What every plan answers, for one process and one epoch."""
+
+    layout: ShardLayout
+    unit: str
+    """What a position counts: ``"global_batches"``, ``"elements"`` or ``"batches"``."""
+
+    @property
+    def consumed_per_batch(self) -> int:
+        """How much of the epoch, in ``unit``, the whole job consumes per batch of this process."""
+
+    def epoch_size(self) -> Optional[int]:
+        """The epoch's size in ``unit`` (``None`` when unknown before the end, e.g. a stream)."""
+
+    def num_batches(self, consumed: int = 0) -> Optional[int]:
+        """Batches this process yields after ``consumed`` (``None`` when unknown without reading)."""
+
+    def start_after(self, consumed: int, dataset_state: Any = None) -> int:
+        """Make the next pass begin after ``consumed`` (one-shot).  Returns how many of the
+        loader's batches the loader itself must read and drop (0 when the plan skips them)."""
+
+    untracked_reason: Optional[str]
+    """Why batches cannot be told apart from padding (``None``: :meth:`batch_record` works)."""
+
+    def batch_record(self, record: "PassRecord", batch: int) -> tuple[list[int], int]:
+        """(indices or stream positions, real count) of the pass's ``batch``-th batch."""
+
+
+class PassRecord:
+    """What one pass over a plan handed out: where it started, the epoch's order (padding reads
+    its start) and, when ``track`` is set, each batch's indices and number of real samples.
+
+    One record per pass: a pass left early leaves its record behind, never in the next pass.
+    """
+
+    __slots__ = ("started_at", "head", "batches")
+
+    def __init__(self, track: bool = False) -> None:
+        self.started_at = 0
+        self.head: Union[EpochOrder, EpochHead, None] = None
+        self.batches: Optional[deque[tuple[list[int], int]]] = deque() if track else None
+
+    def first_indices(self, count: int) -> list[int]:
+        """Up to ``count`` first indices of the epoch's order (once the pass has started)."""
+        head = self.head
+        if isinstance(head, EpochOrder):
+            return head.lookup(torch.arange(min(count, head.n), dtype=torch.int64)).tolist()
+        return head.first(count) if head is not None else []
+
+
+def _check_consumed(consumed: int) -> int:
+    if not isinstance(consumed, int) or isinstance(consumed, bool) or consumed < 0:
+        raise ValueError(f"consumed={consumed!r} must be an integer >= 0")
+    return consumed
+
+
+class BatchSamplerPlan:
+    """One process's batches of a batch sampler's global batches (map-style data).
+
+    Standard ``BatchSampler`` over ``SequentialSampler`` / ``RandomSampler`` /
+    ``SeedableRandomSampler`` are computed by arithmetic (any start at the same cost); any other
+    batch sampler is walked, by indices only.
+    """
+
+    unit = "global_batches"
+    untracked_reason = None
+
+    def __init__(self, batch_sampler: Iterable[Sequence[int]], layout: ShardLayout) -> None:
+        self.batch_sampler = batch_sampler
+        self.layout = layout
+        self.pending_start = 0
+        """Global batches the next pass starts after (see :meth:`start_after`)."""
+
+    def start_after(self, consumed: int, dataset_state: Any = None) -> int:
+        self.pending_start = _check_consumed(consumed)
+        return 0
+
+    def next_pass(self, record: Optional[PassRecord] = None) -> Iterator[tuple[list[int], int]]:
+        """:meth:`batches` after the pending start, which it takes (one-shot)."""
+        first, self.pending_start = self.pending_start, 0
+        return self.batches(first, record)
+
+    def batch_record(self, record: PassRecord, batch: int) -> tuple[list[int], int]:
+        return record.batches.popleft()  # type: ignore[union-attr]
+
+    @property
+    def sampler(self) -> Any:
+        return getattr(self.batch_sampler, "sampler", None)
+
+    @property
+    def consumed_per_batch(self) -> int:
+        return self.layout.batches_per_step
+
+    def _global_length(self) -> tuple[int, Optional[int]]:
+        """(number of global batches, size of the last one or None when unknown / full)."""
+        num = len(self.batch_sampler)  # type: ignore[arg-type]
+        size = self.layout.batch_size
+        if size is None or self.layout.drop_last or num == 0:
+            return num, None
+        sampler = self.sampler
+        if sampler is None or not hasattr(sampler, "__len__"):
+            return num, None
+        return num, len(sampler) - (num - 1) * size
+
+    def epoch_size(self) -> Optional[int]:
+        try:
+            return len(self.batch_sampler)  # type: ignore[arg-type]
+        except TypeError:
+            return None
+
+    def num_batches(self, consumed: int = 0) -> int:
+        """Batches after ``consumed`` global batches (a ``TypeError`` for a batch sampler without ``len``)."""
+        num, last = self._global_length()
+        return shard_length(num - _check_consumed(consumed), last, self.layout.batch_size, self.layout)
+
+    def _arithmetic(self) -> bool:
+        sampler = self.sampler
+        return type(self.batch_sampler) is BatchSampler and (
+            type(sampler) in (SequentialSampler, RandomSampler) or isinstance(sampler, SeedableRandomSampler)
+        )
+
+    def batches(self, consumed: int = 0, record: Optional[PassRecord] = None) -> Iterator[tuple[list[int], int]]:
+        """This process's batches after ``consumed`` global batches, with their real counts.
+
+        Draws the epoch's order as iterating the batch sampler would (one pass of its sampler).
+        """
+        record = record if record is not None else PassRecord()
+        record.started_at = consumed = _check_consumed(consumed)
+        log = record.batches
+        if self._arithmetic():
+            order, generator = epoch_order(self.sampler)
+            if order is not None:
+                record.head = order
+                shard = ArithmeticShard(order, self.layout.batch_size, self.layout.drop_last, self.layout, consumed)  # type: ignore[arg-type]
+                for batch, real in shard.rows_counted():
+                    if log is not None:
+                        log.append((batch, real))
+                    yield batch, real
+                if generator is not None:  # keep the user's generator in step with RandomSampler
+                    torch.randperm(order.n, generator=generator)
+                return
+        # Skipped global batches are iterated as indices only: nothing is loaded for them.
+        record.head = head = EpochHead.for_layout(self.layout.batch_size, self.layout)
+        for batch, real in walk_shard_counted(self.batch_sampler, self.layout.batch_size, self.layout, consumed, head):
+            if log is not None:
+                log.append((batch, real))
+            yield batch, real
+
+
+class StreamPlan:
+    """A stream every process reads whole, keeping its part of each global batch.
+
+    A global batch is ``step_batch_size`` consecutive elements; process ``i`` keeps the slice
+    ``[i*w, (i+1)*w)`` of it (``w`` = ``process_batch_size``).  A short final global batch is
+    dropped (``drop_last``), completed with the epoch's first elements, cycled (``even_batches``),
+    or left short (``even_batches=False``: the leftovers go to the first processes).  Inside
+    DataLoader workers, worker ``w`` of ``W`` keeps global batches ``w, w+W, ...``.
+
+    Example::
+
+        >>> plan = StreamPlan(ShardLayout(2, 1, batch_size=2), length=11)
+        >>> list(plan.elements(iter(range(11)))), plan.num_batches()
+        ([2, 3, 6, 7, 10, 0], 3)
+    """
+
+    unit = "elements"
+
+    def __init__(self, layout: ShardLayout, length: Optional[int] = None) -> None:
+        if layout.batch_size is None:
+            raise ValueError("a stream shard needs a batch size (elements per process batch); pass batch_size >= 1")
+        self.layout = layout
+        self.length = length
+        self.pending_start: tuple[int, Any] = (0, None)
+        """(elements, dataset state) the next pass starts after (see :meth:`start_after`)."""
+        self.untracked_reason = None if length is not None else (
+            "the stream has no len(), so padding cannot be told apart; use loader.remainder or a sized dataset"
+        )
+
+    def start_after(self, consumed: int, dataset_state: Any = None) -> int:
+        """The next pass starts after ``consumed`` elements: by loading ``dataset_state`` into the
+        dataset when given (a dataset that repositions itself), else by reading past them."""
+        self.pending_start = (_check_consumed(consumed), dataset_state)
+        return 0
+
+    def take_start(self) -> tuple[int, Any]:
+        start, self.pending_start = self.pending_start, (0, None)
+        return start
+
+    @property
+    def consumed_per_batch(self) -> int:
+        return self.layout.step_batch_size  # type: ignore[return-value]
+
+    @property
+    def width(self) -> int:
+        return self.layout.process_batch_size  # type: ignore[return-value]
+
+    def epoch_size(self) -> Optional[int]:
+        return self.length
+
+    def _own_count(self, leftover: int) -> int:
+        """Elements of this process's slice within a global batch of ``leftover`` elements."""
+        width = self.width
+        return min(max(leftover - self.layout.process_index * width, 0), width)
+
+    def num_elements(self, consumed: int = 0) -> Optional[int]:
+        """Elements this process yields after ``consumed`` elements of the stream."""
+        if self.length is None:
+            return None
+        rest = max(self.length - _check_consumed(consumed), 0)
+        full, leftover = divmod(rest, self.consumed_per_batch)
+        count = full * self.width
+        if leftover and not self.layout.drop_last:
+            count += self.width if self.layout.even_batches else self._own_count(leftover)
+        return count
+
+    def num_batches(self, consumed: int = 0) -> Optional[int]:
+        elements = self.num_elements(consumed)
+        return None if elements is None else -(-elements // self.width)
+
+    def batch_record(self, record: PassRecord, batch: int) -> tuple[list[int], int]:
+        """(stream positions, real count) of this process's ``batch``-th batch of the pass."""
+        n, width = self.length, self.width
+        first = record.started_at + batch * self.consumed_per_batch + self.layout.process_index * width
+        if n is None:
+            return list(range(first, first + width)), width
+        real = min(max(n - first, 0), width)
+        size = width if self.layout.even_batches else real
+        return ([(first + k) % n for k in range(size)] if n else []), real
+
+    def elements(
+        self,
+        stream: Iterator[Any],
+        worker: int = 0,
+        workers: int = 1,
+        skip: int = 0,
+        read: int = 0,
+        on_boundary: Optional[Callable[[int], None]] = None,
+    ) -> Iterator[Any]:
+        """This process's elements of ``stream`` (for DataLoader worker ``worker`` of ``workers``).
+
+        The first ``skip`` elements are read but not yielded (a resume); the epoch's first
+        global batch, which padding cycles through, is still taken from what is read first.
+        ``on_boundary(read)`` is called at each global batch boundary, ``read`` counting from ``read``.
+        """
+        size, width = self.consumed_per_batch, self.width
+        own = slice(self.layout.process_index * width, (self.layout.process_index + 1) * width)
+        head: list[Any] = []
+        for element in itertools.islice(stream, skip):
+            if len(head) < size:
+                head.append(element)
+        read += skip
+        if on_boundary is not None:
+            on_boundary(read)
+        buffer: list[Any] = []
+        index = 0
+        for element in stream:
+            if len(head) < size:
+                head.append(element)
+            buffer.append(element)
+            if len(buffer) < size:
+                continue
+            read += size
+            if on_boundary is not None:
+                on_boundary(read)
+            if index % workers == worker:
+                yield from buffer[own]
+            index += 1
+            buffer = []
+        if not buffer or self.layout.drop_last or index % workers != worker:
+            return
+        if self.layout.even_batches:
+            buffer += list(itertools.islice(itertools.cycle(head), size - len(buffer)))
+        yield from buffer[own]
+
+
+class LocalPlan:
+    """The loader's own batches are this process's part: a stream that sharded itself (each
+    process reads only its shards), or data read by this process alone.  A position counts this
+    loader's batches, so it resumes only with the same number of processes."""
+
+    unit = "batches"
+    consumed_per_batch = 1
+    untracked_reason = (
+        "the data is not sharded by shardplug here (a stream that shards itself, or one process), so padding "
+        "cannot be told apart; use loader.remainder for the last global batch"
+    )
+
+    def __init__(self, layout: ShardLayout, length: Optional[int] = None) -> None:
+        self.layout = layout
+        self.length = length
+
+    def start_after(self, consumed: int, dataset_state: Any = None) -> int:
+        return _check_consumed(consumed)  # the loader reads and drops them
+
+    def batch_record(self, record: PassRecord, batch: int) -> tuple[list[int], int]:
+        raise ValueError(self.untracked_reason)
+
+    def epoch_size(self) -> Optional[int]:
+        return self.length
+
+    def num_batches(self, consumed: int = 0) -> Optional[int]:
+        return None if self.length is None else max(self.length - _check_consumed(consumed), 0)
+
+
+class DispatchPlan:
+    """Process 0 reads the global batches; each step takes one of them (splitting) or ``N``, and
+    every process receives its rows.  ``length`` is the number of global batches per epoch;
+    ``source`` the plan of process 0's global batches (it skips them on a resume), or ``None``
+    when they are read and dropped."""
+
+    unit = "global_batches"
+    untracked_reason = (
+        "dispatch_batches=True: only process 0 reads indices, so padding is not tracked per batch; use "
+        "loader.remainder for the real rows of the last step, or dispatch_batches=False"
+    )
+
+    def __init__(self, layout: ShardLayout, length: Optional[int] = None, source: Optional[ShardPlan] = None) -> None:
+        self.layout = layout
+        self.length = length
+        self.source = source
+
+    def start_after(self, consumed: int, dataset_state: Any = None) -> int:
+        if self.source is not None:
+            return self.source.start_after(consumed)
+        return _check_consumed(consumed)
+
+    def batch_record(self, record: PassRecord, batch: int) -> tuple[list[int], int]:
+        raise ValueError(self.untracked_reason)
+
+    @property
+    def consumed_per_batch(self) -> int:
+        return self.layout.batches_per_step
+
+    def epoch_size(self) -> Optional[int]:
+        return self.length
+
+    def num_batches(self, consumed: int = 0) -> Optional[int]:
+        if self.length is None:
+            return None
+        rest = max(self.length - _check_consumed(consumed), 0)
+        per_step = self.consumed_per_batch
+        return rest // per_step if self.layout.drop_last else -(-rest // per_step)
