@@ -175,14 +175,17 @@ class BatchSamplerPlan:
         if self._arithmetic():
             order, generator = epoch_order(self.sampler)
             if order is not None:
+                if generator is not None:
+                    # RandomSampler draws a second permutation when it is exhausted: draw it now,
+                    # so the generator is at the next epoch's state as soon as this pass began
+                    # (a position saved at the end of the pass then records that state).
+                    torch.randperm(order.n, generator=generator)
                 record.head = order
                 shard = ArithmeticShard(order, self.layout.batch_size, self.layout.drop_last, self.layout, consumed)  # type: ignore[arg-type]
                 for batch, real in shard.rows_counted():
                     if log is not None:
                         log.append((batch, real))
                     yield batch, real
-                if generator is not None:  # keep the user's generator in step with RandomSampler
-                    torch.randperm(order.n, generator=generator)
                 return
         # Skipped global batches are iterated as indices only: nothing is loaded for them.
         record.head = head = EpochHead.for_layout(self.layout.batch_size, self.layout)

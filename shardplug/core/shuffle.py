@@ -115,7 +115,7 @@ def sampler_kind(sampler: Any) -> str:
 def epoch_order(sampler: Any) -> tuple[Optional[EpochOrder], Optional[torch.Generator]]:
     """The epoch order of a standard sampler, drawn exactly as iterating it would draw it.
 
-    Returns ``(order, generator_to_advance_at_end)`` or ``(None, None)`` for other samplers.
+    Returns ``(order, generator_to_advance)`` or ``(None, None)`` for other samplers.
     ``RandomSampler`` draws a second permutation when it is exhausted; the returned generator
     must draw it too, so that later epochs stay identical to the plain ``RandomSampler``'s.
     """

@@ -1,0 +1,259 @@
+"""Positions with identity (SPEC §9) and the fixes of the plan rebuild, each shown by a test that
+failed before it: validation of loaded positions, exact len() after a resume, generator-driven
+shuffles resumed in a fresh process, nested set_epoch, per-pass padding state, pickling,
+DataLoader(batch_size=None), shuffles from a sampler's generator, the data_seed range."""
+
+from __future__ import annotations
+
+import io
+import pickle
+
+import pytest
+import torch
+from torch.utils.data import BatchSampler, DataLoader, Dataset, RandomSampler, SubsetRandomSampler
+
+from _datasets import Stream, rows
+from _dist import run_gloo
+from shardplug import SeedableRandomSampler, ShardplugConfig, prepare_data_loader
+from shardplug.core.position import POSITION_FORMAT, Position
+
+
+def _prepared(n=20, b=2, world=2, rank=0, **kwargs):
+    return prepare_data_loader(DataLoader(range(n), batch_size=b, **kwargs), num_processes=world, process_index=rank)
+
+
+def _after(loader, batches):
+    iterator = iter(loader)
+    return [next(iterator).tolist() for _ in range(batches)]
+
+
+# -- the position's identity and validation ------------------------------------------------------------
+def test_a_position_records_its_identity_and_loads_with_weights_only(tmp_path):
+    loader = prepare_data_loader(DataLoader(range(20), batch_size=2, shuffle=True, generator=torch.Generator().manual_seed(3)),
+                                 num_processes=2, process_index=0)
+    _after(loader, 2)
+    state = loader.state_dict()
+    assert state["format"] == POSITION_FORMAT
+    assert (state["dataset_length"], state["batch_size"], state["process_batch_size"], state["step_batch_size"]) == (20, 2, 2, 4)
+    assert (state["sampler"], state["even_batches"], state["drop_last"]) == ("RandomSampler", True, False)
+    assert state["generator_state"].dtype == torch.uint8
+    torch.save(state, tmp_path / "p.pt")
+    loaded = torch.load(tmp_path / "p.pt", weights_only=True)
+    assert Position.from_dict(loaded) == Position.from_dict(state)
+
+
+@pytest.mark.parametrize(
+    "change, key",
+    [
+        ({"format": 99}, "format=99"),
+        ({"extra": 1}, "extra keys \\['extra'\\]"),
+        ({"consumed": -1}, "consumed=-1"),
+        ({"epoch": "0"}, "epoch='0'"),
+        ({"batches_yielded": 1.5}, "batches_yielded=1.5"),
+        ({"unit": "rows"}, "unit='rows'"),
+        ({"seeds": ["a"]}, "seeds=\\['a'\\]"),
+        ({"consumed": 11}, "consumed=11 is beyond this loader's epoch of 10 global_batches"),
+        ({"batches_yielded": 6}, "batches_yielded=6 is beyond"),
+        ({"dataset_length": 30}, "dataset_length=30 differs from this loader's dataset_length=20"),
+        ({"batch_size": 4}, "batch_size=4 differs from this loader's batch_size=2"),
+        ({"drop_last": True}, "drop_last=True differs"),
+        ({"sampler": "RandomSampler"}, "sampler='RandomSampler' differs"),
+        ({"seeds": [1]}, "1 shuffle seeds"),
+    ],
+)
+def test_a_bad_position_is_refused_before_anything_changes(change, key):
+    loader = _prepared()
+    _after(loader, 2)
+    good = loader.state_dict()
+    target = _prepared()
+    expected = rows(_prepared())
+    with pytest.raises(ValueError, match=key):
+        target.load_state_dict({**good, **change})
+    assert rows(target) == expected, "a refused position must leave the loader as it was"
+    target.load_state_dict(good)
+    assert rows(target) == expected[2:]
+
+
+def test_missing_keys_and_old_positions_are_refused_with_the_fix():
+    loader = _prepared()
+    state = loader.state_dict()
+    del state["sampler"]
+    with pytest.raises(ValueError, match=r"missing keys \['sampler'\]"):
+        loader.load_state_dict(state)
+    with pytest.raises(ValueError, match="no 'format' key.*skip_first_batches"):
+        loader.load_state_dict({"epoch": 0, "batches_yielded": 2, "seeds": []})
+    with pytest.raises(ValueError, match="must be a dict"):
+        loader.load_state_dict([1, 2])
+
+
+def test_a_position_for_another_batch_size_or_dataset_is_refused():
+    loader = _prepared(b=2)
+    _after(loader, 3)
+    state = loader.state_dict()
+    with pytest.raises(ValueError, match="batch_size=2 differs from this loader's batch_size=4"):
+        _prepared(b=4).load_state_dict(state)
+    with pytest.raises(ValueError, match="dataset_length=20 differs from this loader's dataset_length=24"):
+        _prepared(n=24).load_state_dict(state)
+
+
+@pytest.mark.parametrize("world_after", [2, 3])
+def test_len_is_exact_after_a_resume_also_with_another_number_of_processes(world_after):
+    loaders = [_prepared(n=23, world=2, rank=r) for r in range(2)]
+    for loader in loaders:
+        _after(loader, 3)
+    state = loaders[0].state_dict()
+    for rank in range(world_after):
+        resumed = _prepared(n=23, world=world_after, rank=rank)
+        resumed.load_state_dict(state)
+        expected_len = len(resumed)
+        got = rows(resumed)
+        assert len(got) == expected_len, "len() after load_state_dict is what the resumed pass yields"
+        assert len(resumed) == len(_prepared(n=23, world=world_after, rank=rank)), "then the full epoch again"
+
+
+def test_skip_first_batches_len_matches_what_it_yields():
+    from shardplug import skip_first_batches
+
+    loader = _prepared(n=21)
+    skipped = skip_first_batches(loader, 2)
+    assert len(skipped) == len(rows(skipped)) == len(loader) - 2
+
+
+def test_a_generator_driven_shuffle_resumes_in_a_fresh_process_in_any_epoch():
+    def make():
+        generator = torch.Generator().manual_seed(11)  # a fresh process: the generator starts over
+        return prepare_data_loader(DataLoader(range(24), batch_size=3, shuffle=True, generator=generator),
+                                   num_processes=2, process_index=1)
+
+    reference = make()
+    epochs = [rows(reference) for _ in range(3)]
+    assert epochs[0] != epochs[1]
+    loader = make()
+    rows(loader)  # epoch 0
+    assert _after(loader, 2) == epochs[1][:2]
+    state = loader.state_dict()
+    resumed = make()
+    resumed.load_state_dict(state)
+    assert rows(resumed) == epochs[1][2:], "epoch 1 continues with epoch 1's order, not epoch 0's"
+    assert rows(resumed) == epochs[2]
+
+
+def test_a_position_saved_at_the_end_of_a_pass_starts_the_next_epoch():
+    def make():
+        return prepare_data_loader(DataLoader(range(12), batch_size=3, shuffle=True, generator=torch.Generator().manual_seed(2)),
+                                   num_processes=2, process_index=0)
+
+    reference = make()
+    epochs = [rows(reference) for _ in range(2)]
+    loader = make()
+    iterator = iter(loader)
+    for _ in range(len(loader)):
+        next(iterator)  # the last batch is being processed
+    state = loader.state_dict()
+    assert (state["epoch"], state["consumed"]) == (1, 0)
+    resumed = make()
+    resumed.load_state_dict(state)
+    assert rows(resumed) == epochs[1]
+
+
+# -- set_epoch reaches every level ---------------------------------------------------------------------
+class EpochBatchSampler(BatchSampler):
+    """A batch sampler with a set_epoch of its own, over a sampler that has one too."""
+
+    def __init__(self, sampler, batch_size):
+        super().__init__(sampler, batch_size, False)
+        self.epochs = []
+
+    def set_epoch(self, epoch):
+        self.epochs.append(epoch)
+
+
+def test_set_epoch_reaches_a_sampler_inside_a_batch_sampler_with_its_own_set_epoch():
+    batch_sampler = EpochBatchSampler(SeedableRandomSampler(range(16), data_seed=4), 4)
+    loader = prepare_data_loader(DataLoader(range(16), batch_sampler=batch_sampler), num_processes=2, process_index=0)
+    first = rows(loader)
+    loader.set_epoch(1)
+    second = rows(loader)
+    assert first != second, "the inner sampler must change its order with the epoch"
+    assert loader.batch_sampler.batch_sampler.epochs[-1] == 1
+    assert loader.batch_sampler.sampler.epoch == 1
+
+
+# -- per-pass state --------------------------------------------------------------------------------------
+@pytest.mark.parametrize("workers", [0, 2])
+def test_leaving_a_pass_early_leaves_no_padding_record_behind(workers):
+    loader = prepare_data_loader(DataLoader(range(10), batch_size=2, num_workers=workers), num_processes=2, process_index=1)
+    loader.track_padding()
+    for _ in loader:
+        break
+    seen = [(batch.tolist(), loader.batch_indices, loader.batch_real_count) for batch in loader]
+    assert [batch for batch, _, _ in seen] == [[2, 3], [6, 7], [0, 1]]
+    assert all(batch == indices for batch, indices, _ in seen), "batch_indices must describe the batch handed out"
+    assert [real for _, _, real in seen] == [2, 2, 0]
+
+
+# -- pickling --------------------------------------------------------------------------------------------
+class MyLoader(DataLoader):
+    pass
+
+
+def test_prepared_loaders_pickle_also_from_a_dataloader_subclass_and_mid_epoch():
+    loader = prepare_data_loader(MyLoader(range(10), batch_size=2), num_processes=2, process_index=1)
+    copy = pickle.loads(pickle.dumps(loader))
+    assert isinstance(copy, MyLoader) and type(copy).__name__ == type(loader).__name__
+    assert rows(copy) == rows(loader)
+    iterator = iter(loader)
+    next(iterator)
+    middle = pickle.loads(pickle.dumps(loader))  # mid-epoch: the position travels, the open iterator does not
+    assert middle.state_dict() == loader.state_dict()
+    buffer = io.BytesIO()
+    torch.save(loader, buffer)
+    assert isinstance(torch.load(io.BytesIO(buffer.getvalue()), weights_only=False), MyLoader)
+
+
+# -- DataLoader(batch_size=None) ---------------------------------------------------------------------------
+def test_a_loader_without_batches_is_unchanged_on_one_process_and_sharded_by_samples_on_more():
+    single = prepare_data_loader(DataLoader(range(5), batch_size=None), num_processes=1, process_index=0)
+    assert [int(x) for x in single] == [0, 1, 2, 3, 4] and single.batch_size is None
+    shards = [prepare_data_loader(DataLoader(range(5), batch_size=None), num_processes=2, process_index=r) for r in range(2)]
+    got = [[int(x) for x in shard] for shard in shards]
+    assert got == [[0, 2, 4], [1, 3, 0]], "samples shared out as batches of one, padded from the epoch's start"
+    assert [len(shard) for shard in shards] == [3, 3]
+    uneven = [prepare_data_loader(DataLoader(range(5), batch_size=None), num_processes=2, process_index=r,
+                                  even_batches=False) for r in range(2)]
+    assert [[int(x) for x in shard] for shard in uneven] == [[0, 2, 4], [1, 3]]
+
+
+# -- seeds -------------------------------------------------------------------------------------------------
+def test_data_seed_range_is_checked_everywhere_and_the_top_of_the_range_works():
+    for bad in (2**64, -(2**63) - 1):
+        with pytest.raises(ValueError, match="data_seed"):
+            prepare_data_loader(DataLoader(range(4), batch_size=2, shuffle=True), num_processes=1, process_index=0, data_seed=bad)
+        with pytest.raises(ValueError, match="data_seed"):
+            SeedableRandomSampler(range(4), data_seed=bad)
+        with pytest.raises(ValueError, match="data_seed"):
+            ShardplugConfig(data_seed=bad)
+    loader = prepare_data_loader(DataLoader(range(4), batch_size=2, shuffle=True), num_processes=1, process_index=0,
+                                 data_seed=2**64 - 1)
+    epochs = [sorted(x for b in rows(loader) for x in b) for _ in range(3)]  # epoch 1 used to overflow
+    assert epochs == [[0, 1, 2, 3]] * 3
+
+
+def _subset_shards(rank, world):
+    torch.manual_seed(100 + rank)  # processes seeded differently
+    sampler = SubsetRandomSampler(list(range(3, 23)))
+    loader = prepare_data_loader(DataLoader(range(30), batch_size=2, sampler=sampler))
+    epochs = []
+    for epoch in range(2):
+        loader.set_epoch(epoch)
+        epochs.append([x for b in loader for x in b.tolist()])
+    return epochs, sampler.generator is None
+
+
+def test_a_sampler_shuffling_with_its_generator_agrees_across_differently_seeded_processes():
+    results = run_gloo(_subset_shards, world_size=2)
+    for epoch in range(2):
+        union = sorted(results[0][0][epoch] + results[1][0][epoch])
+        assert union == list(range(3, 23)), "every sample of the subset exactly once"
+    assert results[0][0][0] != results[0][0][1], "epochs differ"
+    assert all(untouched for _, untouched in results), "the user's sampler is not modified"
