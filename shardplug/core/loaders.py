@@ -419,24 +419,24 @@ class PreparedDataLoader(DataLoader):
             return self._pending
         current, layout = self._pass, self.plan.layout
         generator = self._shuffle_generator()
-        epoch, done, consumed, dataset_state = self.epoch, 0, 0, None
+        epoch, done, dataset_state = self.epoch, current.batches_yielded, None
+        consumed = current.consumed_at_start + (done - current.resumed) * self.plan.consumed_per_batch
         generator_state = current.generator_state
-        if current.complete:
-            epoch += 1
+        # A pass is over for every process once none has a batch left: until then (a process
+        # with fewer batches, even_batches=False) this process reports the same place as the others.
+        if current.complete and self.plan.finished(consumed) is not False:
+            epoch, done, consumed = epoch + 1, 0, 0
             generator_state = generator.get_state() if generator is not None else None
-        else:
-            done = current.batches_yielded
-            consumed = current.consumed_at_start + (done - current.resumed) * self.plan.consumed_per_batch
-            if isinstance(self.dataset, IterableDatasetShard) and self.dataset.repositions_itself:
-                dataset_state = self.dataset.state_at(consumed)  # the dataset's own position
+        elif isinstance(self.dataset, IterableDatasetShard) and self.dataset.repositions_itself:
+            dataset_state = self.dataset.state_at(consumed)  # the dataset's own position
         if generator_state is None and generator is not None:
             generator_state = generator.get_state()
         return Position(
             epoch=epoch, batches_yielded=done, consumed=consumed, unit=self.plan.unit,
             num_processes=layout.num_processes, split_batches=layout.split_batches,
             even_batches=layout.even_batches, drop_last=layout.drop_last,
-            dataset_length=None if isinstance(self.dataset, IterableDataset) else self.total_dataset_length, batch_size=layout.batch_size,
-            process_batch_size=layout.process_batch_size, step_batch_size=layout.step_batch_size,
+            dataset_length=None if isinstance(self.dataset, IterableDataset) else self.total_dataset_length,
+            batch_size=layout.batch_size, process_batch_size=layout.process_batch_size, step_batch_size=layout.step_batch_size,
             sampler=self._sampler_kind(), seeds=tuple(s.seed for s in self._seedable_samplers()),
             generator_state=generator_state, dataset_state=dataset_state,
         )

@@ -26,6 +26,7 @@ Example::
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from collections import deque
 from typing import Any, Callable, Iterable, Iterator, Optional, Protocol, Sequence, Union, runtime_checkable
@@ -59,6 +60,9 @@ class ShardPlan(Protocol):
 
     def num_batches(self, consumed: int = 0) -> Optional[int]:
         """Batches this process yields after ``consumed`` (``None`` when unknown without reading)."""
+
+    def finished(self, consumed: int) -> Optional[bool]:
+        """Whether no process has a batch left after ``consumed`` (``None`` when unknown)."""
 
     def start_after(self, consumed: int, dataset_state: Any = None) -> int:
         """Make the next pass begin after ``consumed`` (one-shot).  Returns how many of the
@@ -157,6 +161,15 @@ class BatchSamplerPlan:
         """Batches after ``consumed`` global batches (a ``TypeError`` for a batch sampler without ``len``)."""
         num, last = self._global_length()
         return shard_length(num - _check_consumed(consumed), last, self.layout.batch_size, self.layout)
+
+    def finished(self, consumed: int) -> Optional[bool]:
+        # Process 0 has the most batches (leftovers go to the first processes).
+        try:
+            num, last = self._global_length()
+        except TypeError:
+            return None
+        first = dataclasses.replace(self.layout, process_index=0)
+        return shard_length(num - consumed, last, self.layout.batch_size, first) == 0
 
     def _arithmetic(self) -> bool:
         sampler = self.sampler
@@ -265,6 +278,12 @@ class StreamPlan:
         elements = self.num_elements(consumed)
         return None if elements is None else -(-elements // self.width)
 
+    def finished(self, consumed: int) -> Optional[bool]:
+        # Process 0 has the most elements (leftovers go to the first processes).
+        first = StreamPlan(dataclasses.replace(self.layout, process_index=0), self.length)
+        elements = first.num_elements(consumed)
+        return None if elements is None else elements == 0
+
     def batch_record(self, record: PassRecord, batch: int) -> tuple[list[int], int]:
         """(stream positions, real count) of this process's ``batch``-th batch of the pass."""
         n, width = self.length, self.width
@@ -349,6 +368,10 @@ class LocalPlan:
     def num_batches(self, consumed: int = 0) -> Optional[int]:
         return None if self.length is None else max(self.length - _check_consumed(consumed), 0)
 
+    def finished(self, consumed: int) -> Optional[bool]:
+        rest = self.num_batches(consumed)
+        return None if rest is None else rest == 0
+
 
 class DispatchPlan:
     """Process 0 reads the global batches; each step takes one of them (splitting) or ``N``, and
@@ -388,3 +411,7 @@ class DispatchPlan:
         rest = max(self.length - _check_consumed(consumed), 0)
         per_step = self.consumed_per_batch
         return rest // per_step if self.layout.drop_last else -(-rest // per_step)
+
+    def finished(self, consumed: int) -> Optional[bool]:
+        rest = self.num_batches(consumed)
+        return None if rest is None else rest == 0

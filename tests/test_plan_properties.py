@@ -1,0 +1,142 @@
+"""One contract for every plan, from one oracle (hypothesis).
+
+For each kind of sharding shardplug decides itself -- a standard batch sampler (index
+arithmetic), a user's batch sampler (walked), a stream every process reads (stream positions) --
+and every option (split_batches, even_batches, drop_last, shuffle), over N processes:
+
+* ``len()`` equals what is yielded: before, during and after a resume;
+* the union of the shards minus the marked padding is exactly the epoch (``drop_last``: what
+  the oracle says survives, each sample at most once);
+* ``even_batches=True`` (or ``drop_last``) gives every process the same number of batches;
+* a position taken at any point, identical on every process, loads into fresh loaders on N or M
+  processes, which yield exactly the rest of the epoch.
+
+Streams run on 2 or more processes: on one process shardplug passes a stream's batches through.
+
+Ranks are simulated in one process (explicit num_processes / process_index).
+"""
+
+from __future__ import annotations
+
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
+from torch.utils.data import BatchSampler, DataLoader, SequentialSampler
+
+from _datasets import Stream
+from shardplug import SeedableRandomSampler, prepare_data_loader
+
+KINDS = ("arithmetic", "walked", "stream")
+
+
+class WalkedBatchSampler(BatchSampler):
+    """A user's batch sampler: shardplug cannot compute it, so it walks it."""
+
+
+def make_loader(kind, n, b, world, rank, split, even, drop_last, shuffle):
+    if kind == "arithmetic":
+        user = DataLoader(range(n), batch_size=b, shuffle=shuffle, drop_last=drop_last)
+    elif kind == "walked":
+        sampler = SeedableRandomSampler(range(n), data_seed=5) if shuffle else SequentialSampler(range(n))
+        user = DataLoader(range(n), batch_sampler=WalkedBatchSampler(sampler, b, drop_last))
+    else:
+        user = DataLoader(Stream(n), batch_size=b, drop_last=drop_last)
+    loader = prepare_data_loader(user, num_processes=world, process_index=rank, split_batches=split,
+                                 even_batches=even, data_seed=5)
+    loader.track_padding()
+    return loader
+
+
+def oracle_real_count(n, b, world, split, drop_last):
+    """How many samples of an ``n``-sample epoch are consumed as real samples (the contract).
+
+    Every sample once, unless ``drop_last``: then only whole steps survive, a step being one global
+    batch of ``b`` when splitting, ``world`` batches of ``b`` otherwise."""
+    if not drop_last:
+        return n
+    step = b if split else b * world
+    return n // step * step
+
+
+def take(loader, batches=None):
+    """(real samples, number of batches) of up to ``batches`` batches of the loader's next pass."""
+    real, count = [], 0
+    for batch in loader:
+        indices, kept = loader.batch_indices, loader.batch_real_count
+        assert batch.tolist()[: len(indices)] == indices, "batch_indices describe the batch handed out"
+        real += indices[:kept]
+        count += 1
+        if batches is not None and count == batches:
+            break
+    return real, count
+
+
+def check_epoch(real, n, b, world, split, drop_last):
+    expected = oracle_real_count(n, b, world, split, drop_last)
+    assert len(real) == expected, f"{len(real)} real samples consumed, the contract says {expected}"
+    assert len(set(real)) == len(real), "a sample was consumed twice"
+    assert set(real) <= set(range(n))
+
+
+options = st.tuples(
+    st.sampled_from(KINDS),
+    st.integers(0, 40),  # n
+    st.integers(1, 4),  # b (times 12 when splitting, so that every world size divides it)
+    st.integers(1, 4),  # N
+    st.integers(1, 4),  # M, the world size after the resume
+    st.booleans(),  # split
+    st.booleans(),  # even
+    st.booleans(),  # drop_last
+    st.booleans(),  # shuffle
+    st.floats(0, 1),  # where to save the position, as a fraction of the epoch
+)
+
+
+@settings(max_examples=250, deadline=None)
+@given(options)
+def test_every_plan_keeps_the_contract_before_during_and_after_a_resume(params):
+    kind, n, b, world, world_after, split, even, drop_last, shuffle, where = params
+    # A stream on one process is not sharded by shardplug (its batches pass through, unit "batches").
+    assume(kind != "stream" or min(world, world_after) > 1)
+    assume(n > 0 or not shuffle)  # RandomSampler refuses an empty dataset
+    if split:
+        b *= 12
+    args = dict(n=n, b=b, split=split, even=even, drop_last=drop_last, shuffle=shuffle)
+    # An uninterrupted epoch on N processes.
+    fresh = [make_loader(kind, world=world, rank=r, **args) for r in range(world)]
+    lengths = [len(loader) for loader in fresh]
+    taken = [take(loader) for loader in fresh]
+    assert [count for _, count in taken] == lengths, "len() equals what is yielded"
+    if world > 1 and (even or drop_last):
+        assert len(set(lengths)) == 1, "every process yields as many batches"
+    check_epoch([x for real, _ in taken for x in real], n, b, world, split, drop_last)
+
+    # The same epoch, interrupted after k batches of every process and resumed on M processes.
+    k = int(min(lengths, default=0) * where)
+    first = [make_loader(kind, world=world, rank=r, **args) for r in range(world)]
+    before = []
+    for loader in first:
+        real, count = take(loader, k) if k else ([], 0)
+        assert count == k
+        before += real
+    positions = [loader.state_dict() for loader in first]
+    assert all(p == positions[0] for p in positions), "the position is identical on every process"
+    next_epoch = positions[0]["epoch"] == 1  # the position was taken as the last batch was handed out
+    assert next_epoch == (k > 0 and k == max(lengths))
+    after = []
+    for rank in range(world_after):
+        resumed = make_loader(kind, world=world_after, rank=rank, **args)
+        resumed.load_state_dict(positions[0])
+        expected_len = len(resumed)
+        real, count = take(resumed)
+        assert count == expected_len, "len() after load_state_dict equals what the resumed pass yields"
+        assert len(resumed) == len(make_loader(kind, world=world_after, rank=rank, **args)), "the next pass is whole"
+        after += real
+    if next_epoch:  # the resumed run starts the next epoch, as a fresh run on M processes would
+        check_epoch(before, n, b, world, split, drop_last)
+        check_epoch(after, n, b, world_after, split, drop_last)
+        return
+    real = before + after
+    if drop_last and world_after != world:  # the rest is cut into whole steps of the new size
+        assert len(set(real)) == len(real) and set(real) <= set(range(n))
+    else:
+        check_epoch(real, n, b, world, split, drop_last)
