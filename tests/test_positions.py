@@ -257,3 +257,31 @@ def test_a_sampler_shuffling_with_its_generator_agrees_across_differently_seeded
         assert union == list(range(3, 23)), "every sample of the subset exactly once"
     assert results[0][0][0] != results[0][0][1], "epochs differ"
     assert all(untouched for _, untouched in results), "the user's sampler is not modified"
+
+
+# -- streams ---------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_stream_honours_even_batches_false(workers):
+    loaders = [prepare_data_loader(DataLoader(Stream(11), batch_size=2, num_workers=workers), num_processes=2,
+                                   process_index=r, even_batches=False) for r in range(2)]
+    got = [rows(loader) for loader in loaders]
+    assert got == [[[0, 1], [4, 5], [8, 9]], [[2, 3], [6, 7], [10]]], "no padding: the leftovers go to the first process"
+    assert [len(loader) for loader in loaders] == [3, 3]
+    shorter = [prepare_data_loader(DataLoader(Stream(9), batch_size=2, num_workers=workers), num_processes=2,
+                                   process_index=r, even_batches=False) for r in range(2)]
+    assert [len(rows(loader)) for loader in shorter] == [len(loader) for loader in shorter] == [3, 2]
+
+
+@pytest.mark.parametrize("persistent", [False, True])
+def test_a_resumed_stream_read_by_workers_skips_only_in_the_resumed_pass(persistent):
+    def make():
+        return prepare_data_loader(DataLoader(Stream(20), batch_size=2, num_workers=2, persistent_workers=persistent),
+                                   num_processes=2, process_index=0)
+
+    whole = rows(make())
+    loader = make()
+    assert _after(loader, 2) == whole[:2]
+    resumed = make()
+    resumed.load_state_dict(loader.state_dict())
+    assert rows(resumed) == whole[2:]
+    assert rows(resumed) == whole, "the next epoch is whole again (the skip was one-shot)"

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
 from .rng import check_rng_types
+from .shuffle import check_seed
 
 __all__ = ["ShardplugConfig"]
 
@@ -114,12 +115,7 @@ class ShardplugConfig:
                 "dispatch_batches=True needs put_on_device=True (process 0 sends each process its rows on its "
                 "device); set put_on_device=True or dispatch_batches=False"
             )
-        if self.data_seed is not None and (not isinstance(self.data_seed, int) or isinstance(self.data_seed, bool)):
-            raise TypeError(f"data_seed={self.data_seed!r} is invalid: it must be an integer or None")
-        if self.data_seed is not None and not -(2**63) <= self.data_seed < 2**64:
-            raise ValueError(
-                f"data_seed={self.data_seed} is out of range: torch seeds lie in [-2**63, 2**64); pick a smaller seed"
-            )
+        check_seed("data_seed", self.data_seed)
         if self.rng_types is not None:
             if isinstance(self.rng_types, str):
                 raise TypeError(

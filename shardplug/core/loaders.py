@@ -628,6 +628,10 @@ class DataLoaderShard(PreparedDataLoader):
 
     def _inner_batches(self, discard: int) -> Iterator[Any]:
         batches = super(PreparedDataLoader, self).__iter__()
+        if self.num_workers > 0 and isinstance(self.dataset, IterableDatasetShard):
+            # The workers started with their copies of the stream shard, and its one-shot start
+            # with them: this process's copy must not carry it into the next pass.
+            self.dataset.plan.take_start()
         for _ in zip(range(discard), batches):
             pass  # read, but never handed out (data that shardplug cannot skip by index)
         return batches

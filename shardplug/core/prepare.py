@@ -164,6 +164,11 @@ def prepare_data_loader(
             "dispatch_batches=True sends each process its rows, which needs put_on_device=True; "
             "pass put_on_device=True, or dispatch_batches=False"
         )
+    if dispatch_batches and not even_batches:
+        raise ValueError(
+            "dispatch_batches=True pads the last step so every process receives rows; it does not honour "
+            "even_batches=False yet (that would silently pad); pass even_batches=True, or dispatch_batches=False"
+        )
     if use_stateful_dataloader:
         stateful_dataloader_class()
     batch_size = dataloader.batch_size
