@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import torch
 from torch.utils.data import IterableDataset
 
 
@@ -16,6 +17,30 @@ class Stream(IterableDataset):
 
     def __len__(self) -> int:
         return self.n
+
+
+class Files(IterableDataset):
+    """A stream that shards itself: `n_shards` files of `size` records, split by DataLoader worker too."""
+
+    def __init__(self, files, size=5):
+        self.files, self.size, self.reads = list(files), size, 0
+
+    @property
+    def n_shards(self):
+        return len(self.files)
+
+    def shard(self, num_shards, index):
+        return Files(self.files[index::num_shards], self.size)
+
+    def __len__(self):
+        return len(self.files) * self.size
+
+    def __iter__(self):
+        info = torch.utils.data.get_worker_info()
+        mine = self.files if info is None else self.files[info.id::info.num_workers]
+        for f in mine:
+            for k in range(self.size):
+                yield f * 100 + k
 
 
 def rows(loader):

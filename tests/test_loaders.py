@@ -10,7 +10,7 @@ from torch.utils.data import BatchSampler, DataLoader, Dataset, IterableDataset,
 from torch.utils.data.distributed import DistributedSampler
 
 import shardplug
-from _datasets import Stream, rows
+from _datasets import Files, Stream, rows
 from shardplug import DataLoaderShard, IterableDatasetShard, prepare_data_loader, skip_first_batches
 
 
@@ -319,30 +319,6 @@ def test_environment_topology(monkeypatch):
     assert rows(loader) == [[2], [5], [8]]
     topo = shardplug.ProcessTopology.current()
     assert (topo.num_processes, topo.process_index) == (3, 2)
-
-
-class Files(IterableDataset):
-    """A stream that shards itself: `n_shards` files of `size` records, split by DataLoader worker too."""
-
-    def __init__(self, files, size=5):
-        self.files, self.size, self.reads = list(files), size, 0
-
-    @property
-    def n_shards(self):
-        return len(self.files)
-
-    def shard(self, num_shards, index):
-        return Files(self.files[index::num_shards], self.size)
-
-    def __len__(self):
-        return len(self.files) * self.size
-
-    def __iter__(self):
-        info = torch.utils.data.get_worker_info()
-        mine = self.files if info is None else self.files[info.id::info.num_workers]
-        for f in mine:
-            for k in range(self.size):
-                yield f * 100 + k
 
 
 @pytest.mark.parametrize("workers", [0, 2])

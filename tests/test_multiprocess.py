@@ -213,24 +213,33 @@ def test_gather_for_metrics_counts_each_sample_once(runs):
 
 
 def _dispatch_resume(rank: int, world: int) -> dict:
-    """Dispatch for 2 steps, save the position, and finish the epoch from it in a new loader."""
+    """For each (split_batches, drop_last): dispatch for 2 steps, save the position, and finish the
+    epoch from it in a new loader; record len() before and after."""
     out: dict = {}
-    loader = shardplug.prepare_data_loader(DataLoader(Records(23), batch_size=2, shuffle=True),
-                                           put_on_device=True, dispatch_batches=True, data_seed=3)
-    first = []
-    for step, batch in enumerate(loader):
-        first.append(_ids(batch))
-        if step == 1:
-            break
-    out["first"] = first
-    out["position"] = loader.state_dict()
-    resumed = shardplug.prepare_data_loader(DataLoader(Records(23), batch_size=2, shuffle=True),
-                                            put_on_device=True, dispatch_batches=True, data_seed=3)
-    resumed.load_state_dict(out["position"])
-    out["rest"] = [_ids(b) for b in resumed]
-    reference = shardplug.prepare_data_loader(DataLoader(Records(23), batch_size=2, shuffle=True),
-                                              put_on_device=True, dispatch_batches=True, data_seed=3)
-    out["full"] = [_ids(b) for b in reference]
+    for split in (False, True):
+        for drop_last in (False, True):
+            def make():
+                return shardplug.prepare_data_loader(
+                    DataLoader(Records(23), batch_size=6 if split else 2, shuffle=True, drop_last=drop_last),
+                    put_on_device=True, dispatch_batches=True, split_batches=split, data_seed=3,
+                )
+
+            loader = make()
+            first = []
+            for step, batch in enumerate(loader):
+                first.append(_ids(batch))
+                if step == 1:
+                    break
+            position = loader.state_dict()
+            resumed = make()
+            resumed.load_state_dict(position)
+            length_after_load = len(resumed)
+            rest = [_ids(b) for b in resumed]
+            reference = make()
+            out[split, drop_last] = {
+                "first": first, "position": position, "rest": rest, "full": [_ids(b) for b in reference],
+                "len": len(reference), "len_after_load": length_after_load,
+            }
     return out
 
 
@@ -238,5 +247,10 @@ def _dispatch_resume(rank: int, world: int) -> dict:
 def test_dispatch_resume_continues_the_uninterrupted_run(world):
     results = run_gloo(_dispatch_resume, world_size=world, timeout=120)
     for res in results:
-        assert res["position"]["consumed"] == 2 * world, "a dispatched step consumes N global batches"
-        assert res["first"] + res["rest"] == res["full"]
+        for (split, drop_last), got in res.items():
+            per_step = 1 if split else world
+            assert got["position"]["consumed"] == 2 * per_step, "a dispatched step consumes N global batches (1 when splitting)"
+            assert got["first"] + got["rest"] == got["full"]
+            assert got["len"] == len(got["full"]), "len() equals the steps dispatched"
+            assert got["len_after_load"] == len(got["rest"]), "len() after load_state_dict equals the resumed pass"
+        assert all(r[key]["full"] != [] for r in results for key in r)

@@ -12,6 +12,8 @@ and every option (split_batches, even_batches, drop_last, shuffle), over N proce
   processes, which yield exactly the rest of the epoch.
 
 Streams run on 2 or more processes: on one process shardplug passes a stream's batches through.
+A stream that shards itself (its batches are this process's part) keeps the same contract with
+the same number of processes, and refuses another one.
 
 Ranks are simulated in one process (explicit num_processes / process_index).
 """
@@ -22,7 +24,9 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from torch.utils.data import BatchSampler, DataLoader, SequentialSampler
 
-from _datasets import Stream
+import pytest
+
+from _datasets import Files, Stream, rows
 from shardplug import SeedableRandomSampler, prepare_data_loader
 
 KINDS = ("arithmetic", "walked", "stream")
@@ -140,3 +144,45 @@ def test_every_plan_keeps_the_contract_before_during_and_after_a_resume(params):
         assert len(set(real)) == len(real) and set(real) <= set(range(n))
     else:
         check_epoch(real, n, b, world, split, drop_last)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.integers(1, 3),  # N
+    st.integers(1, 3),  # files per process
+    st.integers(1, 6),  # records per file
+    st.integers(1, 4),  # b
+    st.booleans(),  # drop_last
+    st.floats(0, 1),  # where to save the position
+)
+def test_a_natively_sharded_stream_keeps_the_contract_and_resumes_with_the_same_processes(world, files, size, b, drop_last, where):
+    dataset = Files(range(world * files), size)
+
+    def make(num, rank):
+        return prepare_data_loader(DataLoader(dataset, batch_size=b, drop_last=drop_last), num_processes=num, process_index=rank)
+
+    loaders = [make(world, r) for r in range(world)]
+    assert all(isinstance(loader.dataset, Files) for loader in loaders) or world == 1, "sharded natively"
+    got = [rows(loader) for loader in loaders]
+    assert [len(g) for g in got] == [len(loader) for loader in loaders], "len() equals what is yielded"
+    assert len({len(g) for g in got}) == 1, "equal shards give equal batch counts"
+    flat = [x for g in got for batch in g for x in batch]
+    assert len(flat) == len(set(flat)), "each record is read by one process only"
+    if not drop_last:
+        assert sorted(flat) == sorted(dataset)
+    k = int(len(got[0]) * where)
+    first = [make(world, r) for r in range(world)]
+    for loader in first:
+        iterator = iter(loader)
+        for _ in range(k):
+            next(iterator)
+    positions = [loader.state_dict() for loader in first]
+    for rank, position in enumerate(positions):
+        resumed = make(world, rank)
+        resumed.load_state_dict(position)
+        expected = got[rank][k:] if k < len(got[rank]) else got[rank]  # a position after the last batch is the next epoch
+        assert len(resumed) == len(expected)
+        assert rows(resumed) == expected
+    if world > 1:
+        with pytest.raises(ValueError, match="cannot move from|unit='batches' differs"):  # natively, or read by all
+            make(world + 1, 0).load_state_dict(positions[0])

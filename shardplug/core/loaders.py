@@ -260,12 +260,8 @@ class PreparedDataLoader(DataLoader):
 
     def __len__(self) -> int:
         """Batches the next pass yields (exact also after ``load_state_dict`` and ``skip_first_batches``)."""
-        pending = self._pending
-        consumed = pending.consumed if pending is not None and not self._inner_repositions else 0
-        length = self._plan_length(consumed)
-        if pending is not None and self._inner_repositions:
-            length -= pending.batches_yielded
-        return max(length - self._skip_pending, 0)
+        consumed = self._pending.consumed if self._pending is not None else 0
+        return max(self._plan_length(consumed) - self._skip_pending, 0)
 
     @property
     def total_batch_size(self) -> Optional[int]:
