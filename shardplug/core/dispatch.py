@@ -15,10 +15,10 @@ from torch.utils.data import IterableDataset
 from .collectives import broadcast_object, global_rank, world_size
 from .layout import ShardLayout
 from .loaders import DataLoaderShard
-from .plan import DispatchPlan
+from .plan import DispatchPlan, ShardPlan
 from .topology import resolve_data_topology
 
-__all__ = ["DataLoaderDispatcher", "DispatchError", "DispatchStats", "slice_rows", "concatenate_rows"]
+__all__ = ["DataLoaderDispatcher", "DispatchError", "DispatchOptions", "DispatchStats", "slice_rows", "concatenate_rows"]
 
 logger = logging.getLogger(__name__)
 
@@ -147,6 +147,17 @@ def _check_batch(batch: Any, reference: Optional[tuple[Any, list[torch.Size]]]) 
     return skeleton, shapes
 
 
+@dataclass(frozen=True)
+class DispatchOptions:
+    """What a dispatcher needs beyond a loader's settings (see :class:`DataLoaderDispatcher`)."""
+
+    split_batches: bool = False
+    slice_fn: Optional[SliceFn] = None
+    torch_device_mesh: Any = None
+    num_processes: Optional[int] = None
+    process_index: Optional[int] = None
+
+
 class DataLoaderDispatcher(DataLoaderShard):
     """Process 0 reads every batch; each process receives only its own rows (scatter).
 
@@ -185,36 +196,35 @@ class DataLoaderDispatcher(DataLoaderShard):
         process_index: Optional[int] = None,
         **dataloader_kwargs: Any,
     ) -> None:
-        super().__init__(
-            dataset,
-            device=device,
-            rng_types=rng_types,
-            synchronized_generator=synchronized_generator,
-            skip_batches=skip_batches,
-            non_blocking=non_blocking,
-            **dataloader_kwargs,
-        )
-        self._setup_dispatch(split_batches, slice_fn, torch_device_mesh, num_processes, process_index)
+        super(DataLoaderShard, self).__init__(dataset, **dataloader_kwargs)
+        options = DispatchOptions(split_batches, slice_fn, torch_device_mesh, num_processes, process_index)
+        self._finish_init(device, rng_types, synchronized_generator, skip_batches, non_blocking, dispatch=options)
 
-    def _setup_dispatch(
+    def _finish_init(  # type: ignore[override]
         self,
-        split_batches: bool,
-        slice_fn: Optional[SliceFn],
-        torch_device_mesh: Any,
-        num_processes: Optional[int],
-        process_index: Optional[int],
+        device: Union[str, torch.device, None],
+        rng_types: Optional[Iterable[str]],
+        synchronized_generator: Optional[torch.Generator],
+        skip_batches: int,
+        non_blocking: bool,
+        plan: Optional[ShardPlan] = None,
+        dispatch: Optional[DispatchOptions] = None,
     ) -> None:
-        self.split_batches = split_batches
-        self.slice_fn: SliceFn = slice_fn or slice_rows
+        super()._finish_init(device, rng_types, synchronized_generator, skip_batches, non_blocking, plan)
+        options = dispatch if dispatch is not None else DispatchOptions()
+        self.split_batches = options.split_batches
+        self.slice_fn: SliceFn = options.slice_fn or slice_rows
         self.dispatch_stats = DispatchStats()
-        self.num_processes, self.process_index = resolve_data_topology(num_processes, process_index, torch_device_mesh)
+        self.num_processes, self.process_index = resolve_data_topology(
+            options.num_processes, options.process_index, options.torch_device_mesh
+        )
         if self.num_processes != world_size():
             raise ValueError(
                 f"DataLoaderDispatcher needs one process per data shard: num_processes={self.num_processes} but "
                 f"the process group has {world_size()} processes; use DataLoaderShard for other layouts"
             )
         layout = ShardLayout.for_batches(
-            self.batch_size, self.num_processes, self.process_index, split_batches, drop_last=bool(self.drop_last)
+            self.batch_size, self.num_processes, self.process_index, self.split_batches, drop_last=bool(self.drop_last)
         )
         source = self.plan  # process 0's global batches: a shard of the user's batches, or the stream's own
         try:

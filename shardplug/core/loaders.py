@@ -469,10 +469,14 @@ class PreparedDataLoader(DataLoader):
 
     def _check_loadable(self, position: Position, stateful: bool) -> None:
         """Everything that refuses ``position`` for this loader, before anything changes."""
-        position.check_resumable(self.current_position(), self.plan.epoch_size(), self._same_layout_length())
+        current, processes = self.current_position(), self.plan.layout.num_processes
+        if position.num_processes != processes and position.unit == current.unit:
+            self._refuse_resize(position, stateful)
+        position.check_resumable(current, self.plan.epoch_size(), self._same_layout_length())
+
+    def _refuse_resize(self, position: Position, stateful: bool) -> None:
+        """Refuse a position of another number of processes where this loader cannot resize."""
         processes = self.plan.layout.num_processes
-        if position.num_processes == processes:
-            return
         if stateful:
             raise ValueError(
                 "use_stateful_dataloader=True resumes each process from its own saved state, which cannot be "

@@ -10,7 +10,7 @@ import torch
 from torch.utils.data import BatchSampler, DataLoader, IterableDataset, RandomSampler
 from torch.utils.data.distributed import DistributedSampler
 
-from .dispatch import DataLoaderDispatcher
+from .dispatch import DataLoaderDispatcher, DispatchOptions
 from .iterable import IterableDatasetShard
 from .layout import ShardLayout
 from .loaders import DataLoaderShard, PreparedDataLoader, combined_class, stateful_dataloader_class
@@ -201,10 +201,11 @@ def prepare_data_loader(
             kwargs.update(sampler=shard, batch_size=None)
     if synchronized_generator is None and "generator" in rng and dataloader.generator is not None:
         synchronized_generator = dataloader.generator
-    new = _rebuild(dataloader, cls, new_dataset, kwargs, use_stateful_dataloader)
-    new._finish_init(batch_device, rng, synchronized_generator, 0, non_blocking, plan)
+    finish: dict[str, Any] = {"plan": plan}
     if dispatch_batches:
-        new._setup_dispatch(split_batches, slice_fn_for_dispatch, torch_device_mesh, num_processes, process_index)
+        finish["dispatch"] = DispatchOptions(split_batches, slice_fn_for_dispatch, torch_device_mesh, num_processes, process_index)
+    new = _rebuild(dataloader, cls, new_dataset, kwargs, use_stateful_dataloader)
+    new._finish_init(batch_device, rng, synchronized_generator, 0, non_blocking, **finish)
     logger.debug(
         "prepared %s for process %d of %d (split_batches=%s, even_batches=%s, dispatch=%s)",
         type(dataloader).__name__, process_index, num_processes, split_batches, even_batches, dispatch_batches,
