@@ -15,7 +15,7 @@ with the first indices of the epoch, and further padding batches continue that c
 from __future__ import annotations
 
 import itertools
-from typing import Iterable, Iterator, Optional, Sequence
+from typing import Callable, Iterable, Iterator, Optional, Sequence
 
 import torch
 
@@ -198,15 +198,26 @@ class EpochOrder:
     """The order of one epoch's indices, as a lookup from positions to indices.
 
     ``EpochOrder(n)`` is ``0 .. n-1`` (never materialised); ``EpochOrder(n, perm)`` is a
-    permutation.  Positions past ``n`` wrap around (that is what padding reads).
+    permutation; ``EpochOrder(n, bijection=f)`` a function of positions (e.g. a
+    :class:`~shardplug.core.shuffle.KeyedPermutation`).  Positions past ``n`` wrap around (that
+    is what padding reads).
     """
 
-    def __init__(self, n: int, permutation: Optional[torch.Tensor] = None) -> None:
+    def __init__(
+        self,
+        n: int,
+        permutation: Optional[torch.Tensor] = None,
+        bijection: Optional[Callable[[torch.Tensor], torch.Tensor]] = None,
+    ) -> None:
         self.n = n
         self.permutation = permutation
+        self.bijection = bijection
 
-    def lookup(self, positions: torch.Tensor) -> torch.Tensor:
-        wrapped = positions % self.n if self.n else positions
+    def lookup(self, positions: torch.Tensor, wraps: bool = True) -> torch.Tensor:
+        """The indices at ``positions`` (``wraps=False``: the caller knows they are all below ``n``)."""
+        wrapped = positions % self.n if self.n and wraps else positions
+        if self.bijection is not None:
+            return self.bijection(wrapped)
         return wrapped if self.permutation is None else self.permutation[wrapped]
 
 
@@ -250,15 +261,15 @@ class ArithmeticShard:
 
     def rows(self, start: int = 0) -> Iterator[list[int]]:
         """Yield this process's batches, beginning with its ``start``-th batch."""
-        for batches, _ in self._chunks(start):
+        for batches, _ in self.chunks(start):
             yield from batches
 
     def rows_counted(self, start: int = 0) -> Iterator[tuple[list[int], int]]:
         """This process's batches with their number of real (not padding) leading indices."""
-        for batches, real in self._chunks(start):
+        for batches, real in self.chunks(start):
             yield from zip(batches, real)
 
-    def _chunks(self, start: int) -> Iterator[tuple[list[list[int]], list[int]]]:
+    def chunks(self, start: int = 0) -> Iterator[tuple[list[list[int]], Iterable[int]]]:
         """Batches in chunks of rows, with the real (not padding) count of each row."""
         total = len(self)
         stride, offset, width = self._row_geometry()
@@ -272,7 +283,8 @@ class ArithmeticShard:
         for first in range(max(start, 0), full_rows, _ROWS_PER_CHUNK):
             count = min(_ROWS_PER_CHUNK, full_rows - first)
             bases = torch.arange(first, first + count, dtype=torch.int64) * stride + offset
-            yield self.order.lookup(bases[:, None] + columns).tolist(), _RealCounts(n, bases, width)
+            wraps = (first + count - 1) * stride + offset + width > n  # padding reads the epoch's start
+            yield self.order.lookup(bases[:, None] + columns, wraps).tolist(), _RealCounts(n, bases, width)
         if short_last and start < total:
             begin = offset + (total - 1) * stride
             yield [self.order.lookup(torch.arange(begin, n, dtype=torch.int64)).tolist()], [n - begin]

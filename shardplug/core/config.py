@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
 from .rng import check_rng_types
-from .shuffle import check_seed
+from .shuffle import check_seed, check_shuffle_algorithm
 
 __all__ = ["ShardplugConfig"]
 
@@ -59,6 +59,9 @@ class ShardplugConfig:
             (``"torch"``, ``"cuda"``, ``"xla"``, ``"generator"``); stored as a tuple.
         slice_fn_for_dispatch: ``slice_fn(data, slice, process_index, num_processes)`` used by
             dispatching loaders.
+        shuffle_algorithm: ``"randperm"`` (default: one ``torch.randperm`` per epoch, the
+            reference's orders) or ``"bijective"`` (a keyed bijection: no permutation in memory,
+            each process computes only its own rows; for very large datasets).
 
     Stepping:
 
@@ -92,6 +95,7 @@ class ShardplugConfig:
     put_on_device: bool = False
     rng_types: Optional[tuple[str, ...]] = None
     slice_fn_for_dispatch: Optional[Callable[..., Any]] = None
+    shuffle_algorithm: str = "randperm"
     gradient_accumulation_steps: int = 1
     step_scheduler_with_optimizer: bool = True
     scale_scheduler_by_num_processes: Optional[bool] = None
@@ -116,6 +120,7 @@ class ShardplugConfig:
                 "device); set put_on_device=True or dispatch_batches=False"
             )
         check_seed("data_seed", self.data_seed)
+        check_shuffle_algorithm(self.shuffle_algorithm)
         if self.rng_types is not None:
             if isinstance(self.rng_types, str):
                 raise TypeError(
@@ -155,6 +160,7 @@ class ShardplugConfig:
             "data_seed": self.data_seed,
             "non_blocking": self.non_blocking,
             "use_stateful_dataloader": self.use_stateful_dataloader,
+            "shuffle_algorithm": self.shuffle_algorithm,
         }
 
     def replace(self, **changes: Any) -> "ShardplugConfig":

@@ -124,10 +124,10 @@ class BatchSamplerPlan:
         self.pending_start = _check_consumed(consumed)
         return 0
 
-    def next_pass(self, record: Optional[PassRecord] = None) -> Iterator[tuple[list[int], int]]:
-        """:meth:`batches` after the pending start, which it takes (one-shot)."""
+    def next_pass(self, record: Optional[PassRecord] = None) -> Iterator[list[int]]:
+        """:meth:`index_batches` after the pending start, which it takes (one-shot)."""
         first, self.pending_start = self.pending_start, 0
-        return self.batches(first, record)
+        return self.index_batches(first, record)
 
     def batch_record(self, record: PassRecord, batch: int) -> tuple[list[int], int]:
         return record.batches.popleft()  # type: ignore[union-attr]
@@ -182,6 +182,14 @@ class BatchSamplerPlan:
 
         Draws the epoch's order as iterating the batch sampler would (one pass of its sampler).
         """
+        record = record if record is not None else PassRecord(track=True)
+        for batch in self.index_batches(consumed, record):
+            yield batch, record.batches.popleft()[1]  # type: ignore[union-attr]
+
+    def index_batches(self, consumed: int = 0, record: Optional[PassRecord] = None) -> Iterator[list[int]]:
+        """This process's batches after ``consumed`` global batches (what a batch sampler yields);
+        ``record`` receives the pass's start, the epoch's order and, when tracking, each batch
+        with its real count."""
         record = record if record is not None else PassRecord()
         record.started_at = consumed = _check_consumed(consumed)
         log = record.batches
@@ -195,17 +203,17 @@ class BatchSamplerPlan:
                     torch.randperm(order.n, generator=generator)
                 record.head = order
                 shard = ArithmeticShard(order, self.layout.batch_size, self.layout.drop_last, self.layout, consumed)  # type: ignore[arg-type]
-                for batch, real in shard.rows_counted():
+                for chunk, reals in shard.chunks():
                     if log is not None:
-                        log.append((batch, real))
-                    yield batch, real
+                        log.extend(zip(chunk, reals))
+                    yield from chunk
                 return
         # Skipped global batches are iterated as indices only: nothing is loaded for them.
         record.head = head = EpochHead.for_layout(self.layout.batch_size, self.layout)
         for batch, real in walk_shard_counted(self.batch_sampler, self.layout.batch_size, self.layout, consumed, head):
             if log is not None:
                 log.append((batch, real))
-            yield batch, real
+            yield batch
 
 
 class StreamPlan:

@@ -17,7 +17,7 @@ from .loaders import DataLoaderShard, PreparedDataLoader, combined_class, statef
 from .plan import LocalPlan, ShardPlan
 from .rng import check_rng_types
 from .samplers import BatchSamplerShard, IndexSamplerShard
-from .shuffle import SeedableRandomSampler, check_seed, draw_seed
+from .shuffle import BijectiveRandomSampler, SeedableRandomSampler, check_seed, check_shuffle_algorithm, draw_seed
 from .topology import ProcessTopology, resolve_data_topology
 
 __all__ = ["prepare_data_loader", "skip_first_batches"]
@@ -67,6 +67,21 @@ def _rebuild(
 
 def _subclasses_stateful(cls: type) -> bool:
     return any(c.__name__ == "StatefulDataLoader" and c.__module__.startswith("torchdata") for c in cls.__mro__)
+
+
+def _bijective_sampler(sampler: Any, data_seed: Optional[int]) -> BijectiveRandomSampler:
+    """The :class:`BijectiveRandomSampler` that replaces a shuffling ``RandomSampler``."""
+    if isinstance(sampler, BijectiveRandomSampler):
+        return sampler
+    if not isinstance(sampler, RandomSampler) or sampler.replacement or sampler._num_samples is not None:
+        raise ValueError(
+            f"shuffle_algorithm='bijective' needs a shuffled DataLoader (shuffle=True: a RandomSampler without "
+            f"replacement or num_samples), but its sampler is {type(sampler).__name__}; pass shuffle=True, or "
+            "shuffle_algorithm='randperm'"
+        )
+    if data_seed is None and isinstance(sampler, SeedableRandomSampler):
+        data_seed = sampler.seed
+    return BijectiveRandomSampler(sampler.data_source, data_seed=data_seed, generator=sampler.generator)
 
 
 def _shuffle_sampler(sampler: Any, use_seedable_sampler: bool, data_seed: Optional[int]) -> tuple[Any, Optional[torch.Generator]]:
@@ -132,6 +147,7 @@ def prepare_data_loader(
     non_blocking: bool = False,
     use_stateful_dataloader: bool = False,
     torch_device_mesh: Any = None,
+    shuffle_algorithm: str = "randperm",
 ) -> PreparedDataLoader:
     """Return this process's loader for ``dataloader``, keeping all its settings and its class.
 
@@ -139,6 +155,8 @@ def prepare_data_loader(
     :class:`IterableDatasetShard`, or with ``dispatch_batches`` a :class:`DataLoaderDispatcher`
     in which only process 0 reads.  A shuffling sampler without a generator is replaced by a
     :class:`SeedableRandomSampler` whose seed process 0 chooses, so every process shuffles alike.
+    ``shuffle_algorithm="bijective"`` replaces it with a :class:`BijectiveRandomSampler` instead:
+    no permutation in memory, each process computes only its own rows (for very large datasets).
     The layout (:class:`ShardLayout`) is validated once, here, and the loader is built with its
     plan (``plan.py``) in the same call.
 
@@ -155,8 +173,14 @@ def prepare_data_loader(
     num_processes, process_index = resolve_data_topology(num_processes, process_index, torch_device_mesh)
     rng = check_rng_types(rng_types)
     check_seed("data_seed", data_seed)
+    check_shuffle_algorithm(shuffle_algorithm)
     dataset = dataloader.dataset
     iterable = isinstance(dataset, IterableDataset)
+    if iterable and shuffle_algorithm != "randperm":
+        raise ValueError(
+            f"shuffle_algorithm={shuffle_algorithm!r} shuffles the indices of map-style data, but this DataLoader "
+            "reads an iterable dataset (its order is the stream's); pass shuffle_algorithm='randperm'"
+        )
     if dispatch_batches is None:
         dispatch_batches = iterable and put_on_device
     if dispatch_batches and not put_on_device:
@@ -190,7 +214,10 @@ def prepare_data_loader(
         if not dispatch_batches and num_processes > 1:
             new_dataset, plan, kwargs["batch_size"] = _shard_stream(dataset, dataloader, layout)
     else:
-        sampler, synchronized_generator = _shuffle_sampler(_index_sampler(dataloader), use_seedable_sampler, data_seed)
+        sampler = _index_sampler(dataloader)
+        if shuffle_algorithm == "bijective":
+            sampler = _bijective_sampler(sampler, data_seed)
+        sampler, synchronized_generator = _shuffle_sampler(sampler, use_seedable_sampler, data_seed)
         shard_layout = ShardLayout(batch_size=batch_size) if dispatch_batches else layout  # process 0 reads all
         if dataloader.batch_sampler is not None:
             kwargs.update(batch_sampler=_shard_batch_sampler(dataloader.batch_sampler, sampler, shard_layout))

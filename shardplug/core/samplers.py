@@ -100,8 +100,7 @@ class BatchSamplerShard(Sampler[list[int]]):
 
     def __iter__(self) -> Iterator[list[int]]:
         record, self._record = self._record, None
-        for batch, _ in self.plan.next_pass(record):
-            yield batch
+        yield from self.plan.next_pass(record)
 
 
 class IndexSamplerShard(Sampler[int]):

@@ -17,9 +17,27 @@ from torch.utils.data import RandomSampler, SequentialSampler
 
 from .batch_plan import EpochOrder
 
-__all__ = ["SeedableRandomSampler", "check_seed", "draw_seed", "epoch_seed", "epoch_order", "sampler_kind"]
+__all__ = [
+    "SeedableRandomSampler",
+    "BijectiveRandomSampler",
+    "KeyedPermutation",
+    "SHUFFLE_ALGORITHMS",
+    "check_seed",
+    "check_shuffle_algorithm",
+    "draw_seed",
+    "epoch_seed",
+    "epoch_order",
+    "sampler_kind",
+]
 
 _SEED_SPACE = 2**64
+_MASK64 = _SEED_SPACE - 1
+_MASK32 = 2**32 - 1
+
+SHUFFLE_ALGORITHMS = ("randperm", "bijective")
+"""``"randperm"``: one ``torch.randperm`` per epoch (the reference's orders); ``"bijective"``: a
+keyed bijection evaluated where it is needed (:class:`KeyedPermutation`), for datasets too large
+to hold a permutation per process."""
 
 
 def check_seed(name: str, seed: Any) -> Optional[int]:
@@ -31,6 +49,16 @@ def check_seed(name: str, seed: Any) -> Optional[int]:
     if not -(2**63) <= seed < _SEED_SPACE:
         raise ValueError(f"{name}={seed} is out of range: torch seeds lie in [-2**63, 2**64); pick a smaller seed")
     return seed
+
+
+def check_shuffle_algorithm(algorithm: Any) -> str:
+    """``algorithm`` when it names a shuffle (:data:`SHUFFLE_ALGORITHMS`), else a clear error."""
+    if algorithm not in SHUFFLE_ALGORITHMS:
+        raise ValueError(
+            f"shuffle_algorithm={algorithm!r} is invalid: it must be one of {list(SHUFFLE_ALGORITHMS)} "
+            "('randperm': torch.randperm per epoch, the default; 'bijective': no permutation in memory)"
+        )
+    return algorithm
 
 
 def epoch_seed(seed: int, epoch: int) -> int:
@@ -103,10 +131,112 @@ class SeedableRandomSampler(RandomSampler):
         yield from torch.randperm(n, generator=generator).tolist()[: self.num_samples % n]
 
 
+def _splitmix64(value: int) -> int:
+    """One step of the SplitMix64 generator: a well-mixed 64-bit function of ``value``."""
+    value = (value + 0x9E3779B97F4A7C15) & _MASK64
+    value = ((value ^ (value >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    value = ((value ^ (value >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return value ^ (value >> 31)
+
+
+class KeyedPermutation:
+    """A permutation of ``[0, n)`` keyed by ``(seed, epoch)``, evaluated, never stored.
+
+    A Feistel network over the ``b`` bits that hold ``n`` (``2**b < 2n``; the halves differ by
+    one bit when ``b`` is odd), with round keys drawn from ``(seed, epoch)`` by SplitMix64 and a
+    keyed multiply-shift hash as round function.  Values that land outside ``[0, n)`` walk the
+    cycle again until they are inside (cycle-walking: fewer than 2 steps expected), which keeps it
+    a bijection of ``[0, n)``.  Every operation is a vectorised torch integer op (never past
+    ``2**63``), so ``perm(positions)`` costs O(len(positions)) whatever ``n`` (up to ``2**62``),
+    and gives the same indices on every process, rerun and number of processes.
+
+    Example::
+
+        >>> perm = KeyedPermutation(10, seed=3, epoch=0)
+        >>> sorted(perm(torch.arange(10)).tolist()) == list(range(10))
+        True
+        >>> perm(torch.tensor([7])).item() == perm(torch.arange(10))[7].item()
+        True
+    """
+
+    rounds = 6
+
+    def __init__(self, n: int, seed: int, epoch: int = 0) -> None:
+        if not isinstance(n, int) or isinstance(n, bool) or not 0 <= n <= 2**62:
+            raise ValueError(f"n={n!r} is invalid: a keyed permutation covers 0 <= n <= 2**62 samples")
+        self.n = n
+        self.bits = max((n - 1).bit_length(), 2)
+        state = _splitmix64((epoch_seed(seed, epoch) ^ 0x5348415244504C55) & _MASK64)  # "SHARDPLU"
+        keys = []
+        for _ in range(self.rounds):
+            state = _splitmix64(state)
+            keys.append((state & _MASK32, (state >> 33) | 1))  # (xor key, odd multiplier < 2**31)
+        self.keys = tuple(keys)
+
+    def _encrypt(self, values: torch.Tensor) -> torch.Tensor:
+        """One pass of the Feistel network over ``bits``-bit values (a bijection of ``[0, 2**bits)``).
+
+        Works in place on ``values`` (two temporaries per round: this is the hot loop)."""
+        low = self.bits // 2  # bits of the right half; the left half has bits - low
+        for key, multiplier in self.keys:
+            high = self.bits - low
+            right = values & ((1 << low) - 1)
+            # right ^ key < 2**32 and multiplier < 2**31: the product stays below 2**63 (no overflow)
+            mixed = torch.bitwise_xor(right, key).mul_(multiplier).bitwise_right_shift_(15).bitwise_and_((1 << high) - 1)
+            mixed.bitwise_xor_(values.bitwise_right_shift_(low))  # left ^ f(right)
+            values = right.bitwise_left_shift_(high).bitwise_or_(mixed)  # (right, left ^ f(right))
+            low = high  # the halves trade places (and sizes, when bits is odd)
+        return values
+
+    def __call__(self, positions: torch.Tensor) -> torch.Tensor:
+        """The indices at ``positions`` (int64, each in ``[0, n)``) of this epoch's order."""
+        out = self._encrypt(positions.to(torch.int64, copy=True))
+        flat = out.view(-1)
+        todo = torch.nonzero(flat >= self.n).flatten()
+        while todo.numel():  # cycle-walking: every chain ends inside [0, n)
+            walked = self._encrypt(flat[todo])  # (indexing copies)
+            flat[todo] = walked
+            todo = todo[walked >= self.n]
+        return out
+
+
+class BijectiveRandomSampler(SeedableRandomSampler):
+    """A shuffle for datasets of any size: position ``k`` of epoch ``e``'s order is
+    ``KeyedPermutation(n, seed, e)(k)``, computed where it is needed (no permutation in memory).
+
+    A prepared loader computes each process's rows from it directly: O(n / N) work per process
+    and epoch, O(batch) for the first batch and for any resume point.  Orders differ from
+    ``torch.randperm``'s (use :class:`SeedableRandomSampler` for the reference's orders).
+
+    Example::
+
+        >>> s = BijectiveRandomSampler(range(6), data_seed=1)
+        >>> sorted(s) == list(range(6)), list(s) == list(BijectiveRandomSampler(range(6), data_seed=1))
+        (True, True)
+    """
+
+    def __init__(self, data_source: Sized, data_seed: Optional[int] = None, generator: Optional[torch.Generator] = None) -> None:
+        super().__init__(data_source, generator=generator, data_seed=data_seed)
+
+    def permutation(self) -> KeyedPermutation:
+        """This epoch's order, as a function of positions."""
+        return KeyedPermutation(len(self.data_source), self.resolve_seed(), self.epoch)
+
+    def index_order(self) -> Optional[torch.Tensor]:
+        return None  # never materialised: see permutation()
+
+    def __iter__(self) -> Iterator[int]:
+        perm, n = self.permutation(), len(self.data_source)
+        for start in range(0, n, 1 << 16):
+            yield from perm(torch.arange(start, min(start + (1 << 16), n), dtype=torch.int64)).tolist()
+
+
 def sampler_kind(sampler: Any) -> str:
     """A short name of the kind of index sampler (recorded in positions)."""
     if sampler is None:
         return "none"
+    if isinstance(sampler, BijectiveRandomSampler):
+        return "bijective_random"
     if isinstance(sampler, SeedableRandomSampler):
         return "seedable_random"
     return type(sampler).__name__
@@ -121,6 +251,8 @@ def epoch_order(sampler: Any) -> tuple[Optional[EpochOrder], Optional[torch.Gene
     """
     if type(sampler) is SequentialSampler:
         return EpochOrder(len(sampler.data_source)), None
+    if isinstance(sampler, BijectiveRandomSampler):
+        return EpochOrder(len(sampler.data_source), bijection=sampler.permutation()), None
     if isinstance(sampler, SeedableRandomSampler):
         perm = sampler.index_order()
         return (EpochOrder(perm.numel(), perm), None) if perm is not None else (None, None)
