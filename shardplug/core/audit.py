@@ -1,9 +1,12 @@
-"""An exactly-once audit: which samples were consumed in each epoch, and how often.
+"""An exactly-once audit: which samples were consumed in each epoch, and whether any twice.
 
 Each process records the dataset indices of the batches it was handed (real samples and
-wrap-around padding apart).  The records are per-epoch count vectors, so they add up across
-processes and across a resume: :meth:`SampleAudit.gathered` sums them over the process group and
-:meth:`SampleAudit.report` says, per epoch, what was seen, missed, duplicated and padded.
+wrap-around padding apart).  A record keeps two bits per sample and epoch: *seen* and *seen more
+than once*, as two bitmaps (``n / 4`` bytes an epoch: 250 MB for a billion samples), so records add
+up across processes and across a resume: :meth:`SampleAudit.gathered` combines every process's
+(one bitwise-or collective, exact whenever no sample was seen by two processes; otherwise an exact
+pairwise merge) and :meth:`SampleAudit.report` summarises an epoch: how many samples were seen,
+missed and duplicated, with the first few ids of each.
 
 Example::
 
@@ -27,10 +30,16 @@ from .topology import distributed_is_active
 
 __all__ = ["SampleAudit", "AuditReport"]
 
+_BIT = torch.tensor([1, 2, 4, 8, 16, 32, 64, 128], dtype=torch.uint8)
+
 
 @dataclass(frozen=True)
 class AuditReport:
-    """What one epoch consumed, over the processes whose records were combined."""
+    """What one epoch consumed, over the processes whose records were combined.
+
+    ``missing`` and ``duplicated`` list the first :attr:`SampleAudit.report_ids` ids of each (all
+    of them for small datasets); ``missing_count`` and ``duplicated_count`` count them all.
+    """
 
     epoch: int
     dataset_length: int
@@ -38,83 +47,186 @@ class AuditReport:
     missing: list[int] = field(default_factory=list)
     duplicated: list[int] = field(default_factory=list)
     padding: int = 0
+    missing_count: int = 0
+    duplicated_count: int = 0
 
     @property
     def exact(self) -> bool:
         """Every sample consumed exactly once (padding apart)."""
-        return not self.missing and not self.duplicated
+        return self.missing_count == 0 and self.duplicated_count == 0
+
+
+class _EpochRecord:
+    """Two bitmaps over the dataset (seen; seen more than once) and a padding count."""
+
+    __slots__ = ("seen", "twice", "padding")
+
+    def __init__(self, length: int) -> None:
+        self.seen = torch.zeros((length + 7) // 8, dtype=torch.uint8)
+        self.twice = torch.zeros_like(self.seen)
+        self.padding = 0
+
+    def add(self, seen: torch.Tensor, twice: torch.Tensor, padding: int) -> None:
+        """Combine with another record: a sample seen in both is seen twice."""
+        self.twice |= twice | (self.seen & seen)
+        self.seen |= seen
+        self.padding += padding
+
+
+def _bits(bitmap: torch.Tensor, length: int) -> torch.Tensor:
+    """The bitmap as one bool per sample (for a slice of it: pass its own length)."""
+    return ((bitmap[:, None] & _BIT) != 0).flatten()[:length]
+
+
+def _popcount(bitmap: torch.Tensor) -> int:
+    return int(((bitmap[:, None] & _BIT) != 0).sum())
 
 
 class SampleAudit:
-    """Per-epoch counts of how often each dataset index was consumed as a real sample.
+    """Per-epoch records of which dataset indices were consumed as real samples, and which twice.
 
-    ``state_dict()`` holds a count tensor per epoch (loads with ``weights_only=True``);
+    ``state_dict()`` holds two uint8 bitmaps per epoch (loads with ``weights_only=True``);
     :meth:`load_state_dict` *adds* a saved record to this one, so records of the processes of
     an interrupted run can be combined with the resumed run's (load it on one process only, or
-    load the gathered record everywhere and gather only the new part).
+    load the gathered record everywhere and gather only the new part).  :meth:`drop_epoch` forgets
+    an epoch once it was checked.
     """
+
+    report_ids = 100
+    """How many ids of missing and of duplicated samples a report lists at most."""
 
     def __init__(self, dataset_length: Optional[int]) -> None:
         if dataset_length is None:
             raise ValueError("an audit needs a sized dataset (len(dataset)); this loader's dataset has no length")
         self.dataset_length = int(dataset_length)
-        self.counts: dict[int, torch.Tensor] = {}
-        self.padding: dict[int, int] = {}
+        self.records: dict[int, _EpochRecord] = {}
 
-    def _epoch(self, epoch: int) -> torch.Tensor:
-        if epoch not in self.counts:
-            self.counts[epoch] = torch.zeros(self.dataset_length, dtype=torch.int32)
-            self.padding[epoch] = 0
-        return self.counts[epoch]
+    def _epoch(self, epoch: int) -> _EpochRecord:
+        if epoch not in self.records:
+            self.records[epoch] = _EpochRecord(self.dataset_length)
+        return self.records[epoch]
+
+    @property
+    def epochs(self) -> list[int]:
+        return sorted(self.records)
+
+    def drop_epoch(self, epoch: int) -> None:
+        """Forget what ``epoch`` consumed (its memory is freed)."""
+        self.records.pop(epoch, None)
 
     def record(self, epoch: int, indices: list[int], real: int) -> None:
         """Count the first ``real`` of ``indices`` as consumed in ``epoch``, the rest as padding."""
-        counts = self._epoch(epoch)
-        if real:
-            counts.index_add_(0, torch.as_tensor(indices[:real], dtype=torch.int64), torch.ones(real, dtype=torch.int32))
-        self.padding[epoch] += len(indices) - real
+        record = self._epoch(epoch)
+        record.padding += len(indices) - real
+        if not real:
+            return
+        ids, repeats = torch.as_tensor(indices[:real], dtype=torch.int64).unique(return_counts=True)
+        byte, masks = ids >> 3, _BIT[ids & 7]
+        # ids are distinct, so the masks of one byte are distinct bits: their sum is their or
+        bytes_, slot = byte.unique(return_inverse=True)
+        combined = torch.zeros(bytes_.numel(), dtype=torch.uint8).index_add_(0, slot, masks)
+        again = torch.zeros_like(combined).index_add_(0, slot, masks * (repeats > 1).to(torch.uint8))
+        record.twice[bytes_] |= again | (record.seen[bytes_] & combined)
+        record.seen[bytes_] |= combined
 
     def state_dict(self) -> dict[str, Any]:
         return {
             "dataset_length": self.dataset_length,
-            "epochs": {int(e): {"counts": c.clone(), "padding": self.padding[e]} for e, c in self.counts.items()},
+            "epochs": {
+                int(e): {"seen": r.seen.clone(), "twice": r.twice.clone(), "padding": r.padding}
+                for e, r in self.records.items()
+            },
         }
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """Add a saved record to this one."""
+        """Add a saved record to this one (also one saved by shardplug 0.1, with count vectors)."""
         if int(state_dict["dataset_length"]) != self.dataset_length:
             raise ValueError(
                 f"the saved audit is for a dataset of {state_dict['dataset_length']} samples, this one has "
                 f"{self.dataset_length}; load the audit saved for this dataset"
             )
-        for epoch, record in state_dict["epochs"].items():
-            self._epoch(int(epoch)).add_(record["counts"].to(torch.int32))
-            self.padding[int(epoch)] += int(record["padding"])
+        for epoch, saved in state_dict["epochs"].items():
+            if "counts" in saved:  # shardplug 0.1: a count per sample
+                counts = saved["counts"]
+                seen, twice = _pack(counts > 0), _pack(counts > 1)
+            else:
+                seen, twice = saved["seen"].to(torch.uint8), saved["twice"].to(torch.uint8)
+            self._epoch(int(epoch)).add(seen, twice, int(saved["padding"]))
 
     def gathered(self) -> "SampleAudit":
-        """The sum of every process's record (a collective: call it on every process)."""
+        """Every process's record combined (a collective: call it on every process).
+
+        One bitwise-or all-reduce of the bitmaps (and a sum of counts) per epoch; exact when no
+        sample was seen by two processes, which the counts tell.  Otherwise the records are merged
+        pairwise along a tree, also exactly."""
         combined = SampleAudit(self.dataset_length)
         combined.load_state_dict(self.state_dict())
         if not distributed_is_active() or dist.get_world_size() == 1:
             return combined
         epochs: list[Any] = [None] * dist.get_world_size()
-        dist.all_gather_object(epochs, sorted(combined.counts))
+        dist.all_gather_object(epochs, sorted(combined.records))
         for epoch in sorted({e for ranks in epochs for e in ranks}):
-            counts = combined._epoch(epoch)
-            padding = torch.tensor([combined.padding[epoch]], dtype=torch.int64)
+            record = combined._epoch(epoch)
+            counts = torch.tensor([_popcount(record.seen), record.padding], dtype=torch.int64)
             dist.all_reduce(counts)
-            dist.all_reduce(padding)
-            combined.padding[epoch] = int(padding.item())
+            planes = torch.cat([record.seen, record.twice])
+            dist.all_reduce(planes, op=dist.ReduceOp.BOR)
+            half = record.seen.numel()
+            if _popcount(planes[:half]) == int(counts[0]):  # no sample in two processes' records
+                record.seen, record.twice = planes[:half].clone(), planes[half:].clone()
+            else:
+                _tree_merge(record)
+            record.padding = int(counts[1])
         return combined
 
     def report(self, epoch: int) -> AuditReport:
-        """What ``epoch`` consumed according to this record."""
-        counts = self.counts.get(epoch, torch.zeros(self.dataset_length, dtype=torch.int32))
+        """What ``epoch`` consumed according to this record (counts, and the first ids of each kind)."""
+        record = self.records.get(epoch) or _EpochRecord(self.dataset_length)
+        n, limit = self.dataset_length, self.report_ids
+        seen = _popcount(record.seen)
+        duplicated = _popcount(record.twice)
+        first_missing: list[int] = []
+        first_duplicated: list[int] = []
+        chunk = 1 << 23  # bytes: the report reads the bitmaps 64M samples at a time
+        for start in range(0, record.seen.numel(), chunk):
+            length = min(n - start * 8, chunk * 8)
+            if len(first_missing) < limit:
+                gaps = torch.nonzero(~_bits(record.seen[start:start + chunk], length)).flatten()[: limit - len(first_missing)]
+                first_missing += (gaps + start * 8).tolist()
+            if len(first_duplicated) < limit and duplicated:
+                twice = torch.nonzero(_bits(record.twice[start:start + chunk], length)).flatten()[: limit - len(first_duplicated)]
+                first_duplicated += (twice + start * 8).tolist()
         return AuditReport(
-            epoch=epoch,
-            dataset_length=self.dataset_length,
-            seen=int((counts > 0).sum().item()),
-            missing=torch.nonzero(counts == 0).flatten().tolist(),
-            duplicated=torch.nonzero(counts > 1).flatten().tolist(),
-            padding=self.padding.get(epoch, 0),
+            epoch=epoch, dataset_length=n, seen=seen, missing=first_missing, duplicated=first_duplicated,
+            padding=record.padding, missing_count=n - seen, duplicated_count=duplicated,
         )
+
+
+def _pack(flags: torch.Tensor) -> torch.Tensor:
+    """One bool per sample as a bitmap (bit ``i % 8`` of byte ``i // 8``)."""
+    padded = torch.zeros((flags.numel() + 7) // 8 * 8, dtype=torch.bool)
+    padded[: flags.numel()] = flags.flatten().bool()
+    return (padded.view(-1, 8).to(torch.uint8) * _BIT).sum(dim=1, dtype=torch.uint8)
+
+
+def _tree_merge(record: _EpochRecord) -> None:
+    """Combine every process's ``record`` exactly (seen by two processes = seen twice): a binary
+    tree of point-to-point exchanges to process 0, then a broadcast of the result."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    planes = torch.cat([record.seen, record.twice])
+    half = record.seen.numel()
+    step = 1
+    while step < world:
+        if rank % (2 * step) == step:
+            dist.send(planes, dst=rank - step)
+            break
+        if rank % (2 * step) == 0 and rank + step < world:
+            other = torch.empty_like(planes)
+            dist.recv(other, src=rank + step)
+            merged = _EpochRecord(0)
+            merged.seen, merged.twice = planes[:half].clone(), planes[half:].clone()
+            merged.add(other[:half], other[half:], 0)
+            planes = torch.cat([merged.seen, merged.twice])
+        step *= 2
+    dist.broadcast(planes, src=0)
+    record.seen, record.twice = planes[:half].clone(), planes[half:].clone()
