@@ -14,6 +14,7 @@ import argparse
 import os
 import pickle
 import socket
+import subprocess
 import sys
 import tempfile
 import time
@@ -28,7 +29,7 @@ from torch.utils.data import BatchSampler, RandomSampler, DataLoader, Dataset, I
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 import shardplug  # noqa: E402
-from shardplug import BatchSamplerShard, SeedableRandomSampler, prepare_data_loader  # noqa: E402
+from shardplug import BatchSamplerShard, BijectiveRandomSampler, SeedableRandomSampler, prepare_data_loader  # noqa: E402
 
 try:  # optional: the reference, for a side-by-side ratio only
     import accelerate.data_loader as reference  # type: ignore[import-not-found]
@@ -128,7 +129,7 @@ def p1_overhead(n: int, repeats: int) -> list[Row]:
     return rows
 
 
-def p2_index_sharding(n: int, repeats: int) -> Row:
+def p2_index_sharding(n: int, repeats: int) -> list[Row]:
     sampler = SeedableRandomSampler(range(n), data_seed=0)
     shard = BatchSamplerShard(BatchSampler(sampler, 32, False), num_processes=8, process_index=3)
 
@@ -145,8 +146,14 @@ def p2_index_sharding(n: int, repeats: int) -> Row:
         )
         return best_of(lambda: [None for _ in theirs], repeats)
 
-    return Row(f"P2 one process's indices, {n} shuffled, bs 32, N=8 (vs randperm)", best_of(ours, repeats), base, "<= 2x",
-               measure_reference("P2", ref))
+    bijective = BatchSamplerShard(BatchSampler(BijectiveRandomSampler(range(n), data_seed=0), 32, False),
+                                  num_processes=8, process_index=3)
+    return [
+        Row(f"P2 one process's indices, {n} shuffled, bs 32, N=8 (vs randperm)", best_of(ours, repeats), base, "<= 2x",
+            measure_reference("P2", ref)),
+        Row(f"P2 same, shuffle_algorithm='bijective' (vs randperm)", best_of(lambda: _drain(bijective), repeats), base,
+            "<= 0.3x"),
+    ]
 
 
 def p3_stateful(n: int, repeats: int) -> Optional[Row]:
@@ -382,17 +389,126 @@ def p4_dispatch(global_batch_bytes: int, steps: int, repeats: int, timeout: floa
     return Row(figure, zero["dispatch"], zero["shards"], "<= 4x")
 
 
+def _rss_mib() -> float:
+    """This process's resident memory now, in MiB (Linux)."""
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def _release_freed_memory() -> None:
+    """Hand memory that was freed back to the system (glibc keeps some), so RSS counts what is held."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc: RSS then includes freed memory
+        pass
+
+
+class Indices(Dataset):
+    """``n`` samples whose value is their index (nothing is stored)."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> int:
+        return i
+
+
+def _p7_child(what: str, n: int, world: int) -> dict:
+    """One P7 measurement in a fresh process: memory is counted above what the imports hold."""
+    _release_freed_memory()
+    baseline = _rss_mib()
+    if what == "bijective":
+        start = time.perf_counter()
+        loader = prepare_data_loader(DataLoader(Indices(n), batch_size=32, shuffle=True), num_processes=world,
+                                     process_index=world // 2, data_seed=1, shuffle_algorithm="bijective")
+        next(iter(loader))
+        first = time.perf_counter() - start
+        memory = _rss_mib() - baseline
+        start = time.perf_counter()
+        indices = sum(len(batch) for batch in loader.batch_sampler)
+        return {"first": first, "memory": memory, "epoch": time.perf_counter() - start, "indices": indices}
+    if what == "randperm":
+        start = time.perf_counter()
+        torch.randperm(n)
+        return {"time": time.perf_counter() - start}
+    if what == "audit":
+        audit = shardplug.SampleAudit(n)
+        step = 1 << 20
+        for first in range(0, n, step):  # the whole epoch seen: every page of the bitmaps touched
+            audit.record(0, torch.arange(first, min(first + step, n)), min(step, n - first))
+        report = audit.report(0)
+        assert report.exact
+        _release_freed_memory()
+        return {"memory": _rss_mib() - baseline}
+    raise ValueError(what)
+
+
+def _largest_randperm() -> int:
+    """The largest randperm this machine allows comfortably (a third of its free memory, 8 bytes
+    an index plus randperm's own working copy), at most a billion."""
+    with open("/proc/meminfo") as meminfo:
+        free = next(int(line.split()[1]) * 1024 for line in meminfo if line.startswith("MemAvailable:"))
+    return int(min(10**9, free // 3 // 16))
+
+
+def _p7_measure(what: str, n: int, world: int = 1) -> dict:
+    import json
+
+    done = subprocess.run([sys.executable, os.path.abspath(__file__), "--p7-child", what, str(n), str(world)],
+                          capture_output=True, text=True, timeout=900)
+    if done.returncode != 0:
+        raise RuntimeError(f"P7 {what} failed: {done.stderr[-2000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def p7_billion(n: int, world: int, randperm_n: int, audit_n: int) -> list[Row]:
+    """The bijective shuffle at a billion samples, one process of ``world``; randperm at the
+    largest size this machine allows beside it; the audit's memory on a sized-down dataset."""
+    ours = _p7_measure("bijective", n, world)
+    perm = _p7_measure("randperm", randperm_n)["time"]
+    per_billion = perm * n / randperm_n  # randperm is linear in n: what it would cost at n
+    small, large = (_p7_measure("audit", size)["memory"] for size in (audit_n // 10, audit_n))
+    per_sample = (large - small) / (audit_n - audit_n // 10)  # MiB a sample: the slope between two sizes
+    audit = small + per_sample * (n - audit_n // 10)
+    label = f"n={n:.0e}, N={world}, one process"
+    return [
+        Row(f"P7 first batch, bijective shuffle, {label} (vs randperm({randperm_n:.0e}))", ours["first"], perm,
+            "<= 50 ms"),
+        Row(f"P7 resident memory above imports after the first batch, {label}", ours["memory"], 100.0, "<= 100 MB",
+            unit="MiB"),
+        Row(f"P7 whole epoch of one process's {ours['indices']} indices, {label} (vs randperm({n:.0e}) extrapolated)",
+            ours["epoch"], per_billion, "<= 1 s"),
+        Row(f"P7 audit memory for {n:.0e} samples, one epoch (measured at {audit_n // 10:.0e} and {audit_n:.0e}, "
+            f"extrapolated linearly: {per_sample * 2**20 * 8:.2f} bits a sample)", audit, 250.0, "<= 250 MB", unit="MiB"),
+    ]
+
+
 def main(argv: Optional[list[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="tiny sizes: check that every benchmark runs")
+    parser.add_argument("--p7-child", nargs=3, metavar=("WHAT", "N", "WORLD"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.p7_child:
+        import json
+
+        what, n, world = args.p7_child
+        print(json.dumps(_p7_child(what, int(n), int(world))))
+        return 0
     quick = args.quick
     repeats = 1 if quick else 5
     rows: list[Row] = []
     progress("P1 per-batch overhead")
     rows += p1_overhead(2_000 if quick else 50_000, repeats)
     progress("P2 index sharding")
-    rows.append(p2_index_sharding(100_000 if quick else 10_000_000, repeats))
+    rows += p2_index_sharding(100_000 if quick else 10_000_000, repeats)
     progress("P3 stateful loader")
     p3 = p3_stateful(2_000 if quick else 20_000, repeats)
     if p3 is not None:
@@ -403,6 +519,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     rows += p5_resume(100_000 if quick else 10_000_000, repeats)
     progress("P6 iterable with workers")
     rows.append(p6_iterable_workers(4 if quick else 8, 3 if quick else 60, 500 if quick else 50_000, 1 if quick else 3))
+    progress("P7 a billion samples: bijective shuffle and audit")
+    rows += p7_billion(10**9, 1024, 10**6 if quick else _largest_randperm(), 10**6 if quick else 10**8)
     print(f"\nshardplug {shardplug.__version__}, torch {torch.__version__}, {os.cpu_count()} CPUs"
           f"{', reference: accelerate ' + getattr(sys.modules.get('accelerate'), '__version__', '?') if reference else ''}")
     print(f"{'figure':<100} {'shardplug':>10} {'baseline':>10} {'ratio':>7} {'reference':>9}  target")

@@ -12,10 +12,13 @@ from _dist import run_gloo
 from shardplug import SampleAudit
 
 
-def test_two_bits_per_sample_and_epoch():
+def test_at_most_two_bits_per_sample_and_epoch():
     n = 10_000_003
     audit = SampleAudit(n)
     audit.record(0, [5, n - 1], 2)
+    assert audit.nbytes == (n + 7) // 8, "an epoch without duplicates holds one bit a sample"
+    audit.record(1, [5, 5], 2)
+    assert audit.nbytes == 3 * ((n + 7) // 8), "a duplicate adds the seen-twice bitmap of its epoch"
     state = audit.state_dict()
     sizes = sum(t.numel() * t.element_size() for t in state["epochs"][0].values() if isinstance(t, torch.Tensor))
     assert sizes == 2 * ((n + 7) // 8), "seen + seen-twice bitmaps: n / 4 bytes an epoch"

@@ -9,7 +9,9 @@ and every option (split_batches, even_batches, drop_last, shuffle), over N proce
   the oracle says survives, each sample at most once);
 * ``even_batches=True`` (or ``drop_last``) gives every process the same number of batches;
 * a position taken at any point, identical on every process, loads into fresh loaders on N or M
-  processes, which yield exactly the rest of the epoch.
+  processes, which yield exactly the rest of the epoch;
+
+with either shuffle (``randperm`` or the bijective one).
 
 Streams run on 2 or more processes: on one process shardplug passes a stream's batches through.
 A stream that shards itself (its batches are this process's part) keeps the same contract with
@@ -27,7 +29,7 @@ from torch.utils.data import BatchSampler, DataLoader, SequentialSampler
 import pytest
 
 from _datasets import Files, Stream, rows
-from shardplug import SeedableRandomSampler, prepare_data_loader
+from shardplug import BijectiveRandomSampler, SeedableRandomSampler, prepare_data_loader
 
 KINDS = ("arithmetic", "walked", "stream")
 
@@ -36,16 +38,19 @@ class WalkedBatchSampler(BatchSampler):
     """A user's batch sampler: shardplug cannot compute it, so it walks it."""
 
 
-def make_loader(kind, n, b, world, rank, split, even, drop_last, shuffle):
+def make_loader(kind, n, b, world, rank, split, even, drop_last, shuffle, algorithm="randperm"):
+    bijective = shuffle and algorithm == "bijective"
     if kind == "arithmetic":
         user = DataLoader(range(n), batch_size=b, shuffle=shuffle, drop_last=drop_last)
     elif kind == "walked":
-        sampler = SeedableRandomSampler(range(n), data_seed=5) if shuffle else SequentialSampler(range(n))
+        shuffled = BijectiveRandomSampler if bijective else SeedableRandomSampler
+        sampler = shuffled(range(n), data_seed=5) if shuffle else SequentialSampler(range(n))
         user = DataLoader(range(n), batch_sampler=WalkedBatchSampler(sampler, b, drop_last))
     else:
         user = DataLoader(Stream(n), batch_size=b, drop_last=drop_last)
     loader = prepare_data_loader(user, num_processes=world, process_index=rank, split_batches=split,
-                                 even_batches=even, data_seed=5)
+                                 even_batches=even, data_seed=5,
+                                 shuffle_algorithm="bijective" if bijective and kind == "arithmetic" else "randperm")
     loader.track_padding()
     return loader
 
@@ -91,6 +96,7 @@ options = st.tuples(
     st.booleans(),  # even
     st.booleans(),  # drop_last
     st.booleans(),  # shuffle
+    st.sampled_from(["randperm", "bijective"]),  # the shuffle's algorithm
     st.floats(0, 1),  # where to save the position, as a fraction of the epoch
 )
 
@@ -98,13 +104,13 @@ options = st.tuples(
 @settings(max_examples=250, deadline=None)
 @given(options)
 def test_every_plan_keeps_the_contract_before_during_and_after_a_resume(params):
-    kind, n, b, world, world_after, split, even, drop_last, shuffle, where = params
+    kind, n, b, world, world_after, split, even, drop_last, shuffle, algorithm, where = params
     # A stream on one process is not sharded by shardplug (its batches pass through, unit "batches").
     assume(kind != "stream" or min(world, world_after) > 1)
     assume(n > 0 or not shuffle)  # RandomSampler refuses an empty dataset
     if split:
         b *= 12
-    args = dict(n=n, b=b, split=split, even=even, drop_last=drop_last, shuffle=shuffle)
+    args = dict(n=n, b=b, split=split, even=even, drop_last=drop_last, shuffle=shuffle, algorithm=algorithm)
     # An uninterrupted epoch on N processes.
     fresh = [make_loader(kind, world=world, rank=r, **args) for r in range(world)]
     lengths = [len(loader) for loader in fresh]

@@ -9,9 +9,11 @@ from .iterable import IterableDatasetShard
 from .loaders import DataLoaderShard, PreparedDataLoader
 from .metrics import drop_padding, gather_for_metrics
 from .optimizer import PreparedOptimizer
+from .position import Position
 from .prepare import prepare_data_loader, skip_first_batches
 from .rng import synchronize_rng_states
 from .samplers import BatchSamplerShard, SeedableRandomSampler
+from .shuffle import BijectiveRandomSampler, KeyedPermutation
 from .scheduler import PreparedScheduler
 from .topology import ProcessTopology, resolve_data_topology
 from .training import TrainingRun
@@ -23,11 +25,14 @@ __all__ = [
     "drop_padding",
     "gather_for_metrics",
     "BatchSamplerShard",
+    "BijectiveRandomSampler",
     "DataLoaderDispatcher",
     "DataLoaderShard",
     "DispatchError",
     "GradientState",
     "IterableDatasetShard",
+    "KeyedPermutation",
+    "Position",
     "PreparedDataLoader",
     "PreparedOptimizer",
     "PreparedScheduler",

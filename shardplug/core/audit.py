@@ -1,8 +1,9 @@
 """An exactly-once audit: which samples were consumed in each epoch, and whether any twice.
 
 Each process records the dataset indices of the batches it was handed (real samples and
-wrap-around padding apart).  A record keeps two bits per sample and epoch: *seen* and *seen more
-than once*, as two bitmaps (``n / 4`` bytes an epoch: 250 MB for a billion samples), so records add
+wrap-around padding apart).  A record keeps at most two bits per sample and epoch: *seen* and
+*seen more than once*, as two bitmaps, the second allocated at the first duplicate (an exact epoch
+holds ``n / 8`` bytes: 125 MB for a billion samples; at most ``n / 4``), so records add
 up across processes and across a resume: :meth:`SampleAudit.gathered` combines every process's
 (one bitwise-or collective, exact whenever no sample was seen by two processes; otherwise an exact
 pairwise merge) and :meth:`SampleAudit.report` summarises an epoch: how many samples were seen,
@@ -57,20 +58,35 @@ class AuditReport:
 
 
 class _EpochRecord:
-    """Two bitmaps over the dataset (seen; seen more than once) and a padding count."""
+    """A bitmap of the samples seen, one of those seen more than once (allocated at the first
+    duplicate: an exact epoch costs one bit a sample), and a padding count."""
 
     __slots__ = ("seen", "twice", "padding")
 
     def __init__(self, length: int) -> None:
         self.seen = torch.zeros((length + 7) // 8, dtype=torch.uint8)
-        self.twice = torch.zeros_like(self.seen)
+        self.twice: Optional[torch.Tensor] = None
         self.padding = 0
 
-    def add(self, seen: torch.Tensor, twice: torch.Tensor, padding: int) -> None:
+    def mark_twice(self, byte: torch.Tensor, masks: torch.Tensor) -> None:
+        if self.twice is None:
+            if not bool(masks.any()):
+                return
+            self.twice = torch.zeros_like(self.seen)
+        self.twice[byte] |= masks
+
+    def add(self, seen: torch.Tensor, twice: Optional[torch.Tensor], padding: int) -> None:
         """Combine with another record: a sample seen in both is seen twice."""
-        self.twice |= twice | (self.seen & seen)
+        both = self.seen & seen
+        if twice is not None or self.twice is not None or bool(both.any()):
+            if self.twice is None:
+                self.twice = torch.zeros_like(self.seen)
+            self.twice |= both if twice is None else both | twice
         self.seen |= seen
         self.padding += padding
+
+    def twice_or_zeros(self) -> torch.Tensor:
+        return self.twice if self.twice is not None else torch.zeros_like(self.seen)
 
 
 def _bits(bitmap: torch.Tensor, length: int) -> torch.Tensor:
@@ -78,8 +94,14 @@ def _bits(bitmap: torch.Tensor, length: int) -> torch.Tensor:
     return ((bitmap[:, None] & _BIT) != 0).flatten()[:length]
 
 
+_POPCOUNT = torch.tensor([bin(byte).count("1") for byte in range(256)], dtype=torch.int64)
+_CHUNK = 1 << 22
+"""Bytes of a bitmap that a report or a count reads at a time (bounds their temporary memory)."""
+
+
 def _popcount(bitmap: torch.Tensor) -> int:
-    return int(((bitmap[:, None] & _BIT) != 0).sum())
+    """Set bits in ``bitmap``, read in chunks (temporary memory stays O(_CHUNK))."""
+    return sum(int(_POPCOUNT[bitmap[start:start + _CHUNK].long()].sum()) for start in range(0, bitmap.numel(), _CHUNK))
 
 
 class SampleAudit:
@@ -110,6 +132,11 @@ class SampleAudit:
     def epochs(self) -> list[int]:
         return sorted(self.records)
 
+    @property
+    def nbytes(self) -> int:
+        """Memory the records hold (their bitmaps)."""
+        return sum(r.seen.numel() + (r.twice.numel() if r.twice is not None else 0) for r in self.records.values())
+
     def drop_epoch(self, epoch: int) -> None:
         """Forget what ``epoch`` consumed (its memory is freed)."""
         self.records.pop(epoch, None)
@@ -126,14 +153,14 @@ class SampleAudit:
         bytes_, slot = byte.unique(return_inverse=True)
         combined = torch.zeros(bytes_.numel(), dtype=torch.uint8).index_add_(0, slot, masks)
         again = torch.zeros_like(combined).index_add_(0, slot, masks * (repeats > 1).to(torch.uint8))
-        record.twice[bytes_] |= again | (record.seen[bytes_] & combined)
+        record.mark_twice(bytes_, again | (record.seen[bytes_] & combined))
         record.seen[bytes_] |= combined
 
     def state_dict(self) -> dict[str, Any]:
         return {
             "dataset_length": self.dataset_length,
             "epochs": {
-                int(e): {"seen": r.seen.clone(), "twice": r.twice.clone(), "padding": r.padding}
+                int(e): {"seen": r.seen.clone(), "twice": r.twice_or_zeros().clone(), "padding": r.padding}
                 for e, r in self.records.items()
             },
         }
@@ -169,7 +196,7 @@ class SampleAudit:
             record = combined._epoch(epoch)
             counts = torch.tensor([_popcount(record.seen), record.padding], dtype=torch.int64)
             dist.all_reduce(counts)
-            planes = torch.cat([record.seen, record.twice])
+            planes = torch.cat([record.seen, record.twice_or_zeros()])
             dist.all_reduce(planes, op=dist.ReduceOp.BOR)
             half = record.seen.numel()
             if _popcount(planes[:half]) == int(counts[0]):  # no sample in two processes' records
@@ -184,17 +211,17 @@ class SampleAudit:
         record = self.records.get(epoch) or _EpochRecord(self.dataset_length)
         n, limit = self.dataset_length, self.report_ids
         seen = _popcount(record.seen)
-        duplicated = _popcount(record.twice)
+        duplicated = _popcount(record.twice) if record.twice is not None else 0
         first_missing: list[int] = []
         first_duplicated: list[int] = []
-        chunk = 1 << 23  # bytes: the report reads the bitmaps 64M samples at a time
+        chunk = _CHUNK
         for start in range(0, record.seen.numel(), chunk):
             length = min(n - start * 8, chunk * 8)
             if len(first_missing) < limit:
                 gaps = torch.nonzero(~_bits(record.seen[start:start + chunk], length)).flatten()[: limit - len(first_missing)]
                 first_missing += (gaps + start * 8).tolist()
             if len(first_duplicated) < limit and duplicated:
-                twice = torch.nonzero(_bits(record.twice[start:start + chunk], length)).flatten()[: limit - len(first_duplicated)]
+                twice = torch.nonzero(_bits(record.twice[start:start + chunk], length)).flatten()[: limit - len(first_duplicated)]  # type: ignore[index]
                 first_duplicated += (twice + start * 8).tolist()
         return AuditReport(
             epoch=epoch, dataset_length=n, seen=seen, missing=first_missing, duplicated=first_duplicated,
@@ -213,7 +240,7 @@ def _tree_merge(record: _EpochRecord) -> None:
     """Combine every process's ``record`` exactly (seen by two processes = seen twice): a binary
     tree of point-to-point exchanges to process 0, then a broadcast of the result."""
     rank, world = dist.get_rank(), dist.get_world_size()
-    planes = torch.cat([record.seen, record.twice])
+    planes = torch.cat([record.seen, record.twice_or_zeros()])
     half = record.seen.numel()
     step = 1
     while step < world:
