@@ -154,3 +154,14 @@ def test_a_bijective_shuffle_resumes_in_constant_time_and_exactly():
     resumed = next(iter(loader)).tolist()
     start = (100_000 * 1024 + 7) * 4
     assert resumed == perm(torch.arange(start, start + 4)).tolist()
+
+
+def test_a_position_does_not_cross_shuffle_algorithms():
+    def make(algorithm):
+        return prepare_data_loader(DataLoader(range(40), batch_size=4, shuffle=True), num_processes=2, process_index=0,
+                                   data_seed=1, shuffle_algorithm=algorithm)
+
+    loader = make("randperm")
+    next(iter(loader))
+    with pytest.raises(ValueError, match="sampler='seedable_random' differs from this loader's sampler='bijective_random'"):
+        make("bijective").load_state_dict(loader.state_dict())

@@ -24,6 +24,7 @@ from .layout import ShardLayout
 __all__ = ["ShardLayout", "walk_shard", "walk_shard_counted", "shard_length", "ArithmeticShard", "EpochOrder"]
 
 _ROWS_PER_CHUNK = 4096
+_FIRST_CHUNK = 4
 
 
 def _check_len(batch: Sequence[int], batch_size: Optional[int]) -> None:
@@ -276,15 +277,17 @@ class ArithmeticShard:
         n = self.order.n
         # The only row that may end before its width: the final one without padding.
         last_end = offset + (total - 1) * stride + width if total else 0
-        pads = self.layout.num_processes > 1 and self.layout.even_batches and not self.layout.drop_last
-        short_last = total > 0 and last_end > n and not pads
+        short_last = total > 0 and last_end > n and not self.layout.pads
         full_rows = total - 1 if short_last else total
         columns = torch.arange(width, dtype=torch.int64)
-        for first in range(max(start, 0), full_rows, _ROWS_PER_CHUNK):
-            count = min(_ROWS_PER_CHUNK, full_rows - first)
+        first, size = max(start, 0), _FIRST_CHUNK  # small at first (the first batch costs O(batch)), then growing
+        while first < full_rows:
+            count = min(size, full_rows - first)
+            size = min(2 * size, _ROWS_PER_CHUNK)
             bases = torch.arange(first, first + count, dtype=torch.int64) * stride + offset
             wraps = (first + count - 1) * stride + offset + width > n  # padding reads the epoch's start
             yield self.order.lookup(bases[:, None] + columns, wraps).tolist(), _RealCounts(n, bases, width)
+            first += count
         if short_last and start < total:
             begin = offset + (total - 1) * stride
             yield [self.order.lookup(torch.arange(begin, n, dtype=torch.int64)).tolist()], [n - begin]
