@@ -408,26 +408,13 @@ def _release_freed_memory() -> None:
         pass
 
 
-class Indices(Dataset):
-    """``n`` samples whose value is their index (nothing is stored)."""
-
-    def __init__(self, n: int) -> None:
-        self.n = n
-
-    def __len__(self) -> int:
-        return self.n
-
-    def __getitem__(self, i: int) -> int:
-        return i
-
-
 def _p7_child(what: str, n: int, world: int) -> dict:
     """One P7 measurement in a fresh process: memory is counted above what the imports hold."""
     _release_freed_memory()
     baseline = _rss_mib()
     if what == "bijective":
         start = time.perf_counter()
-        loader = prepare_data_loader(DataLoader(Indices(n), batch_size=32, shuffle=True), num_processes=world,
+        loader = prepare_data_loader(DataLoader(Plain(n), batch_size=32, shuffle=True), num_processes=world,
                                      process_index=world // 2, data_seed=1, shuffle_algorithm="bijective")
         next(iter(loader))
         first = time.perf_counter() - start
