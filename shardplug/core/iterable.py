@@ -10,6 +10,7 @@ from torch.utils.data import IterableDataset, get_worker_info
 from .layout import ShardLayout
 from .plan import StreamPlan
 from .shuffle import epoch_seed
+from .streams import hf_shuffles, splits_by_worker
 
 __all__ = ["IterableDatasetShard"]
 
@@ -22,7 +23,9 @@ class IterableDatasetShard(IterableDataset):
     otherwise (slice ``batch_size``).  A short final global batch is dropped (``drop_last``) or
     completed with elements of the first global batch, cycled.  Inside ``DataLoader`` workers,
     worker ``w`` of ``W`` keeps only global batches ``w, w+W, ...``, so each element reaches
-    exactly one worker and batches arrive in stream order.  ``even_batches=False``: a short final
+    exactly one worker and batches arrive in stream order; a dataset that splits itself across
+    workers (Hugging Face, webdataset, ``splits_by_worker = True``: see ``streams.py``) is not split
+    again: each worker's part is shared by process, and padded from its own start.  ``even_batches=False``: a short final
     global batch is not completed; the first processes get its leftovers.  The arithmetic is
     :class:`~shardplug.core.plan.StreamPlan`'s.
 
@@ -46,7 +49,9 @@ class IterableDatasetShard(IterableDataset):
             raise ValueError(f"batch_size={batch_size!r} must be an integer >= 1")
         # A one-element batch cannot be cut: it is then read as N one-element slices.
         layout = ShardLayout(num_processes, process_index, split_batches and batch_size > 1, even_batches, drop_last, batch_size)
-        length = len(dataset) if hasattr(dataset, "__len__") else None
+        self.splits_by_worker = splits_by_worker(dataset)
+        # A stream that splits itself across workers pads each worker's part: its length is not the stream's.
+        length = len(dataset) if hasattr(dataset, "__len__") and not self.splits_by_worker else None
         self.plan = StreamPlan(layout, length)
         self.dataset = dataset
         self.batch_size = batch_size
@@ -92,11 +97,14 @@ class IterableDatasetShard(IterableDataset):
     @property
     def repositions_itself(self) -> bool:
         """The dataset has ``state_dict()`` / ``load_state_dict()`` and is read in this process
-        (no DataLoader workers), so a resume loads its state instead of re-reading the stream."""
+        (no DataLoader workers), so a resume loads its state instead of re-reading the stream
+        (not a shuffled Hugging Face stream: its state loses the shuffle buffer, so it is skipped
+        exactly instead)."""
         return (
             callable(getattr(self.dataset, "state_dict", None))
             and callable(getattr(self.dataset, "load_state_dict", None))
             and get_worker_info() is None
+            and not hf_shuffles(self.dataset)  # its state does not restore the shuffle buffer: skip exactly instead
         )
 
     def state_at(self, elements: int) -> Any:
@@ -113,6 +121,8 @@ class IterableDatasetShard(IterableDataset):
             self.dataset.generator.manual_seed(epoch_seed(self._generator_seed, self.epoch))
         info = get_worker_info()
         workers, worker = (info.num_workers, info.id) if info is not None else (1, 0)
+        if self.splits_by_worker:  # the dataset gives this worker its own part: share all of it by process
+            workers, worker = 1, 0
         read = 0
         self._boundary_states = {}
         skip, dataset_state = self.plan.take_start()

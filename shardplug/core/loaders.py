@@ -472,6 +472,15 @@ class PreparedDataLoader(DataLoader):
         current, processes = self.current_position(), self.plan.layout.num_processes
         if position.num_processes != processes and position.unit == current.unit:
             self._refuse_resize(position, stateful)
+        dataset = self.dataset
+        if isinstance(dataset, IterableDatasetShard) and dataset.splits_by_worker and self.num_workers > 0:
+            if position.consumed and not stateful:
+                raise ValueError(
+                    f"each of the {self.num_workers} DataLoader workers reads its own part of this stream, so the "
+                    f"place after {position.consumed} elements cannot be found by skipping elements; resume at an "
+                    "epoch's start (a position saved after a complete pass), with num_workers=0, or with "
+                    "use_stateful_dataloader=True (each worker's place is saved; same number of processes)"
+                )
         position.check_resumable(current, self.plan.epoch_size(), self._same_layout_length())
 
     def _refuse_resize(self, position: Position, stateful: bool) -> None:

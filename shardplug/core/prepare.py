@@ -17,6 +17,7 @@ from .loaders import DataLoaderShard, PreparedDataLoader, combined_class, statef
 from .plan import LocalPlan, ShardPlan
 from .rng import check_rng_types
 from .samplers import BatchSamplerShard, IndexSamplerShard
+from .streams import node_split, single_node_only
 from .shuffle import BijectiveRandomSampler, SeedableRandomSampler, check_seed, check_shuffle_algorithm, draw_seed
 from .topology import ProcessTopology, resolve_data_topology
 
@@ -240,8 +241,27 @@ def prepare_data_loader(
     return new
 
 
+def _check_stream(dataset: Any, num_processes: int) -> None:
+    """Refuse a stream that is already split by node, or that cannot run on several processes."""
+    how = node_split(dataset)
+    if how is not None:
+        raise ValueError(
+            f"this stream is already split by node ({how}), and prepare_data_loader would split it a second time "
+            f"over num_processes={num_processes} (losing data, and giving the processes unequal numbers of "
+            "batches); pass the stream before that split: shardplug gives each process its part (by shard when "
+            "the stream can shard itself), or prepare with num_processes=1"
+        )
+    if single_node_only(dataset):
+        raise ValueError(
+            "this WebDataset keeps webdataset's default nodesplitter=single_node_only, which refuses to run on more "
+            "than one process; build it with WebDataset(urls, nodesplitter=None, ...): shardplug gives each "
+            "process its part"
+        )
+
+
 def _shard_stream(dataset: Any, dataloader: DataLoader, layout: ShardLayout) -> tuple[Any, ShardPlan, Optional[int]]:
     """(this process's dataset, its plan, the per-process DataLoader batch size) for a stream."""
+    _check_stream(dataset, layout.num_processes)
     loader_batch = dataloader.batch_size
     if _shards_natively(dataset, layout.num_processes, layout.pads):
         native = dataset.shard(num_shards=layout.num_processes, index=layout.process_index)

@@ -1,0 +1,96 @@
+"""What a stream already does by itself: split across DataLoader workers, split by node, shuffle.
+
+Recognised by duck typing (the package never imports ``datasets`` or ``webdataset``); this is
+the one place that reads their private attributes (``datasets.IterableDataset._distributed``,
+``._ex_iterable`` and its chain's ``BufferShuffledExamplesIterable``; webdataset's ``pipeline``
+stages by name), each checked by
+``tests/test_streams.py::test_the_stream_attributes_shardplug_reads_still_exist``:
+
+* Hugging Face ``datasets.IterableDataset``: splits its shards across DataLoader workers by
+  itself; ``split_dataset_by_node`` records the node split in ``_distributed``; ``shuffle()``
+  adds a buffer shuffle to its chain of example iterables (its ``state_dict()`` does not save
+  the buffer).
+* webdataset pipelines (``DataPipeline`` / ``WebDataset``): stages ``split_by_worker`` (the
+  default worker splitter) and ``split_by_node`` in their ``pipeline`` list.
+* A dataset of your own that reads only its DataLoader worker's part declares it with a class or
+  instance attribute ``splits_by_worker = True`` (and ``split_by_node = True`` when it already reads
+  only this process's part).
+
+Example::
+
+    >>> class Files(torch.utils.data.IterableDataset):
+    ...     def __iter__(self):
+    ...         return iter([])
+    >>> class MyFiles(Files):
+    ...     splits_by_worker = True  # each DataLoader worker reads only its own files
+    >>> splits_by_worker(MyFiles()), splits_by_worker(Files())
+    (True, False)
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import torch  # noqa: F401  (the docstring example)
+
+__all__ = ["splits_by_worker", "node_split", "single_node_only", "is_hf_iterable", "hf_shuffles"]
+
+
+def is_hf_iterable(dataset: Any) -> bool:
+    """A Hugging Face ``datasets.IterableDataset``."""
+    return type(dataset).__module__.startswith("datasets.") and hasattr(dataset, "n_shards") and hasattr(
+        dataset, "_ex_iterable"
+    )
+
+
+def _wds_stages(dataset: Any) -> list[Any]:
+    """The stages of a webdataset pipeline (``[]`` for anything else)."""
+    stages = getattr(dataset, "pipeline", None)
+    if not isinstance(stages, list) or not type(dataset).__module__.startswith("webdataset"):
+        return []
+    return stages
+
+
+def _stage_named(stages: list[Any], name: str) -> bool:
+    return any(getattr(stage, "__name__", None) == name for stage in stages)
+
+
+def splits_by_worker(dataset: Any) -> bool:
+    """Whether ``dataset`` reads only its DataLoader worker's part of the stream by itself."""
+    declared = getattr(dataset, "splits_by_worker", None)
+    if isinstance(declared, bool):
+        return declared
+    if is_hf_iterable(dataset):
+        return True
+    return _stage_named(_wds_stages(dataset), "split_by_worker")
+
+
+def node_split(dataset: Any) -> Optional[str]:
+    """How ``dataset`` is already split by node (process), in words, or ``None`` when it is not."""
+    if getattr(dataset, "split_by_node", None) is True:
+        return "it declares split_by_node = True"
+    if is_hf_iterable(dataset) and getattr(dataset, "_distributed", None) is not None:
+        config = dataset._distributed
+        return f"datasets.distributed.split_dataset_by_node(rank={config.rank}, world_size={config.world_size})"
+    if _stage_named(_wds_stages(dataset), "split_by_node"):
+        return "webdataset's nodesplitter=split_by_node"
+    return None
+
+
+def single_node_only(dataset: Any) -> bool:
+    """A webdataset pipeline with webdataset's default node splitter, which refuses several processes."""
+    return _stage_named(_wds_stages(dataset), "single_node_only")
+
+
+def hf_shuffles(dataset: Any) -> bool:
+    """A Hugging Face stream with ``shuffle()`` applied (its own state does not restore the buffer)."""
+    if not is_hf_iterable(dataset):
+        return False
+    if getattr(dataset, "_shuffling", None) is not None:  # datasets < 3
+        return True
+    node = dataset._ex_iterable
+    while node is not None:  # the chain of example iterables: one of them shuffles with a buffer
+        if type(node).__name__ == "BufferShuffledExamplesIterable":
+            return True
+        node = getattr(node, "ex_iterable", None)
+    return False

@@ -1,0 +1,191 @@
+"""Streams as users run them (SPEC §8): Hugging Face ``datasets`` and webdataset built from local
+files, on 2 real gloo processes, with DataLoader workers: every element once per epoch, equal step
+counts, streams already split by node refused with the fix."""
+
+from __future__ import annotations
+
+import functools
+import os
+from pathlib import Path
+
+import pytest
+import torch
+from torch.utils.data import DataLoader
+
+from _dist import run_gloo
+from shardplug import prepare_data_loader
+
+datasets = pytest.importorskip("datasets")
+wds = pytest.importorskip("webdataset")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+SHARDS, PER_SHARD = 4, 10  # 40 elements
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory) -> Path:
+    """Parquet and tar shards of the elements 0..39, ten a shard."""
+    root = tmp_path_factory.mktemp("streams")
+    for s in range(SHARDS):
+        values = list(range(s * PER_SHARD, (s + 1) * PER_SHARD))
+        datasets.Dataset.from_dict({"x": values}).to_parquet(str(root / f"part-{s}.parquet"))
+        with wds.TarWriter(str(root / f"shard-{s}.tar")) as writer:
+            for v in values:
+                writer.write({"__key__": f"{v:05d}", "cls": str(v)})
+    return root
+
+
+@functools.lru_cache(maxsize=None)
+def hf_stream(root: Path, shuffle: bool = False):
+    """The parquet shards as a Hugging Face stream (built once per process; preparing never changes it)."""
+    stream = datasets.load_dataset("parquet", data_files=sorted(str(p) for p in root.glob("part-*.parquet")),
+                                   split="train", streaming=True)
+    return stream.shuffle(seed=3, buffer_size=8) if shuffle else stream
+
+
+def wds_stream(root: Path, **kwargs):
+    urls = sorted(str(p) for p in root.glob("shard-*.tar"))
+    return wds.WebDataset(urls, shardshuffle=False, **kwargs).to_tuple("cls").map_tuple(int)
+
+
+def _workers_context(workers: int):
+    """Fork DataLoader workers (Linux's default; the gloo test processes themselves are spawned, and
+    spawned workers would re-import torch and datasets for every pass)."""
+    return "fork" if workers else None
+
+
+def _ids(batch) -> list[int]:
+    if isinstance(batch, dict):
+        batch = batch["x"]
+    if isinstance(batch, (list, tuple)):
+        batch = batch[0]
+    return [int(v) for v in batch]
+
+
+def _epochs(rank, world, kind, root, workers, persistent, shuffle):
+    stream = hf_stream(root, shuffle) if kind == "hf" else wds_stream(root, nodesplitter=None)
+    loader = prepare_data_loader(DataLoader(stream, batch_size=2, num_workers=workers, persistent_workers=persistent,
+                                            multiprocessing_context=_workers_context(workers)))
+    seen = []
+    for epoch in range(2):
+        loader.set_epoch(epoch)
+        seen.append([_ids(batch) for batch in loader])
+    return seen
+
+
+SCENARIOS = [("hf", workers, persistent, False) for workers, persistent in ((0, False), (1, False), (2, False), (2, True))]
+SCENARIOS += [("wds", 0, False, False), ("wds", 2, True, False), ("hf", 2, False, True)]
+
+
+def _everything(rank, world, root):
+    """Every scenario of this file on the same 2 gloo processes (one spawn: the imports dominate)."""
+    return {
+        "epochs": {scenario: _epochs(rank, world, *scenario[:1], root, *scenario[1:]) for scenario in SCENARIOS},
+        "split": {kind: _prepare_split(rank, world, kind, root) for kind, _ in SPLIT_KINDS},
+        "resume": {case: _resume(rank, world, root, *case) for case in RESUMES},
+    }
+
+
+@pytest.fixture(scope="module")
+def runs(files):
+    return run_gloo(_everything, files, world_size=2, timeout=300)
+
+
+@pytest.fixture(scope="module")
+def epochs(runs):
+    return [run["epochs"] for run in runs]
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS[:-1], ids=lambda s: f"{s[0]}-workers{s[1]}{'-persistent' if s[2] else ''}")
+def test_every_element_once_over_processes_and_workers(epochs, scenario):
+    for epoch in range(2):
+        batches = [epochs[rank][scenario][epoch] for rank in range(2)]
+        assert len(batches[0]) == len(batches[1]), "equal step counts"
+        elements = sorted(x for per_rank in batches for batch in per_rank for x in batch)
+        assert elements == list(range(SHARDS * PER_SHARD)), f"epoch {epoch}: every element exactly once"
+
+
+def test_a_shuffled_hf_stream_is_consumed_once_and_agrees_across_processes(epochs):
+    scenario = SCENARIOS[-1]
+    for epoch in range(2):
+        elements = sorted(x for rank in range(2) for batch in epochs[rank][scenario][epoch] for x in batch)
+        assert elements == list(range(SHARDS * PER_SHARD))
+    assert epochs[0][scenario][0] != epochs[0][scenario][1], "the shuffle changes with the epoch"
+
+
+def _prepare_split(rank, world, kind, root):
+    from datasets.distributed import split_dataset_by_node
+
+    if kind == "hf":
+        stream = split_dataset_by_node(hf_stream(root), rank=rank, world_size=world)
+    elif kind == "wds":
+        stream = wds_stream(root, nodesplitter=wds.split_by_node)
+    else:
+        stream = wds_stream(root)  # webdataset's default single_node_only
+    try:
+        prepare_data_loader(DataLoader(stream, batch_size=2))
+    except ValueError as exc:
+        return str(exc)
+    return None
+
+
+def _resume(rank, world, root, workers, shuffle):
+    def make():
+        return prepare_data_loader(DataLoader(hf_stream(root, shuffle), batch_size=2, num_workers=workers,
+                                              multiprocessing_context=_workers_context(workers)))
+
+    whole = [_ids(b) for b in make()]
+    loader = make()
+    iterator = iter(loader)
+    first = [_ids(next(iterator)) for _ in range(3)]
+    state = loader.state_dict()
+    del iterator
+    resumed = make()
+    try:
+        resumed.load_state_dict(state)
+    except ValueError as exc:
+        return {"refused": str(exc)}
+    return {"whole": whole, "first": first, "rest": [_ids(b) for b in resumed]}
+
+
+SPLIT_KINDS = [("hf", "split_dataset_by_node"), ("wds", "split_by_node"), ("wds_default", "nodesplitter=None")]
+RESUMES = [(0, False), (0, True), (2, False)]  # (workers, shuffle)
+
+
+@pytest.fixture(scope="module")
+def others(runs):
+    return runs
+
+
+@pytest.mark.parametrize("kind, words", SPLIT_KINDS)
+def test_streams_already_split_by_node_are_refused_with_the_fix(others, kind, words):
+    messages = [others[rank]["split"][kind] for rank in range(2)]
+    assert all(m is not None and words in m for m in messages), messages
+
+
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_an_hf_stream_resumes_exactly_without_workers(others, shuffle):
+    for rank in range(2):
+        result = others[rank]["resume"][0, shuffle]
+        assert result["first"] + result["rest"] == result["whole"], "the resumed pass continues exactly"
+
+
+def test_resuming_a_stream_split_by_its_workers_mid_epoch_is_refused_with_the_fix(others):
+    assert all("use_stateful_dataloader=True" in others[rank]["resume"][2, False]["refused"] for rank in range(2))
+
+
+def test_the_stream_attributes_shardplug_reads_still_exist(files):
+    """The private attributes streams.py reads (the compat list): fails when a library drops one."""
+    from datasets.distributed import split_dataset_by_node
+
+    from shardplug.core.streams import hf_shuffles, node_split, single_node_only, splits_by_worker
+
+    stream = hf_stream(files)
+    assert hasattr(stream, "_ex_iterable") and stream._distributed is None
+    assert split_dataset_by_node(stream, rank=0, world_size=2)._distributed is not None
+    assert splits_by_worker(stream) and not hf_shuffles(stream) and hf_shuffles(hf_stream(files, shuffle=True))
+    assert node_split(split_dataset_by_node(stream, rank=0, world_size=2)) is not None
+    assert splits_by_worker(wds_stream(files, nodesplitter=None))
+    assert node_split(wds_stream(files, nodesplitter=wds.split_by_node)) is not None
+    assert single_node_only(wds_stream(files)) and not single_node_only(wds_stream(files, nodesplitter=None))
