@@ -331,15 +331,26 @@ def test_datasets_that_shard_themselves_are_read_once(workers):
     assert sorted(x for shard in got for batch in shard for x in batch) == sorted(Files(range(4)))
 
 
-def test_unequal_self_shards_with_even_batches_fall_back_to_reading_the_stream():
+def test_unequal_self_shards_are_sharded_natively_and_padded_to_equal_counts():
     loader = prepare_data_loader(DataLoader(Files(range(3)), batch_size=2), num_processes=2, process_index=0)
-    assert isinstance(loader.dataset, IterableDatasetShard)  # 3 shards cannot split evenly over 2 processes
+    assert isinstance(loader.dataset, IterableDatasetShard)  # 3 shards cannot split over 2 processes: read by all
     uneven = Files(range(4))
     uneven.shard = lambda num_shards, index: Files(range(4)[index::num_shards], size=5 + index)
-    assert isinstance(prepare_data_loader(DataLoader(uneven, batch_size=2), num_processes=2, process_index=0).dataset,
-                      IterableDatasetShard)
-    native = prepare_data_loader(DataLoader(uneven, batch_size=2), num_processes=2, process_index=0, even_batches=False)
-    assert isinstance(native.dataset, Files)
+    loaders = [prepare_data_loader(DataLoader(uneven, batch_size=2), num_processes=2, process_index=i) for i in range(2)]
+    assert all(isinstance(l.dataset, Files) for l in loaders), "sharded natively, also with even_batches=True"
+    for l in loaders:
+        l.track_padding()
+    seen = [[(b.tolist(), l.batch_real_count) for b in l] for l in loaders]
+    assert [len(s) for s in seen] == [len(l) for l in loaders] == [6, 6], "equal counts from the parts' lengths"
+    assert seen[0][-1] == (seen[0][0][0], 0), "the shorter part pads with its first batch, marked as padding"
+    real = sorted(x for s in seen for batch, count in s for x in batch[:count])
+    assert real == sorted(list(uneven.shard(2, 0)) + list(uneven.shard(2, 1))), "every element once, padding apart"
+    uneven_false = [prepare_data_loader(DataLoader(uneven, batch_size=2), num_processes=2, process_index=i,
+                                        even_batches=False) for i in range(2)]
+    assert [len(rows(l)) for l in uneven_false] == [len(l) for l in uneven_false] == [5, 6], "no padding"
+    dropped = [prepare_data_loader(DataLoader(uneven, batch_size=2, drop_last=True), num_processes=2, process_index=i)
+               for i in range(2)]
+    assert [len(rows(l)) for l in dropped] == [len(l) for l in dropped] == [5, 5], "stop where the shorter part ends"
 
 
 def test_a_natively_sharded_stream_refuses_to_resize():

@@ -30,6 +30,8 @@ def files(tmp_path_factory) -> Path:
     for s in range(SHARDS):
         values = list(range(s * PER_SHARD, (s + 1) * PER_SHARD))
         datasets.Dataset.from_dict({"x": values}).to_parquet(str(root / f"part-{s}.parquet"))
+        extra = list(range(100 + s * 20, 100 + s * 20 + (13 if s == 3 else 10)))  # 10, 10, 10, 13 rows
+        datasets.Dataset.from_dict({"x": extra}).to_parquet(str(root / f"uneven-{s}.parquet"))
         with wds.TarWriter(str(root / f"shard-{s}.tar")) as writer:
             for v in values:
                 writer.write({"__key__": f"{v:05d}", "cls": str(v)})
@@ -42,6 +44,25 @@ def hf_stream(root: Path, shuffle: bool = False):
     stream = datasets.load_dataset("parquet", data_files=sorted(str(p) for p in root.glob("part-*.parquet")),
                                    split="train", streaming=True)
     return stream.shuffle(seed=3, buffer_size=8) if shuffle else stream
+
+
+def uneven_stream(root: Path):
+    """Four parquet shards of 10, 10, 10 and 13 rows, without len(): on 2 processes, parts of 20 and 23."""
+    return datasets.load_dataset("parquet", data_files=sorted(str(p) for p in root.glob("uneven-*.parquet")),
+                                 split="train", streaming=True)
+
+
+UNEVEN = sorted(v for s in range(SHARDS) for v in range(100 + s * 20, 100 + s * 20 + (13 if s == 3 else 10)))
+
+
+def _native(rank, world, root, workers, mode):
+    options = {"even": {}, "drop_last": {}, "uneven": {"even_batches": False}}[mode]
+    loader = prepare_data_loader(DataLoader(uneven_stream(root), batch_size=2, num_workers=workers,
+                                            drop_last=mode == "drop_last",
+                                            multiprocessing_context=_workers_context(workers)), **options)
+    loader.track_padding()
+    batches = [(_ids(batch), loader.batch_real_count) for batch in loader]
+    return {"native": type(loader.dataset).__module__.startswith("datasets"), "batches": batches}
 
 
 def wds_stream(root: Path, **kwargs):
@@ -84,6 +105,7 @@ def _everything(rank, world, root):
         "epochs": {scenario: _epochs(rank, world, *scenario[:1], root, *scenario[1:]) for scenario in SCENARIOS},
         "split": {kind: _prepare_split(rank, world, kind, root) for kind, _ in SPLIT_KINDS},
         "resume": {case: _resume(rank, world, root, *case) for case in RESUMES},
+        "native": {case: _native(rank, world, root, *case) for case in NATIVE},
     }
 
 
@@ -130,15 +152,32 @@ def _prepare_split(rank, world, kind, root):
     return None
 
 
-def _resume(rank, world, root, workers, shuffle):
+def three_shards(root: Path):
+    """Three of the shards: 3 does not divide by 2 processes, so every process reads the stream."""
+    return datasets.load_dataset("parquet", data_files=sorted(str(p) for p in root.glob("part-*.parquet"))[:3],
+                                 split="train", streaming=True)
+
+
+def _resume(rank, world, root, workers, shuffle, read_all=False):
     def make():
-        return prepare_data_loader(DataLoader(hf_stream(root, shuffle), batch_size=2, num_workers=workers,
+        stream = three_shards(root) if read_all else hf_stream(root, shuffle)
+        return prepare_data_loader(DataLoader(stream, batch_size=2, num_workers=workers,
                                               multiprocessing_context=_workers_context(workers)))
 
-    whole = [_ids(b) for b in make()]
-    loader = make()
+    def real(loader, batch):  # padding is marked where the plan knows it (native shards)
+        count = loader.batch_real_count
+        return _ids(batch) if count is None else _ids(batch)[:count]
+
+    def tracked(loader):
+        if not read_all:
+            loader.track_padding()
+        return loader
+
+    reference = tracked(make())
+    whole = [real(reference, b) for b in reference]
+    loader = tracked(make())
     iterator = iter(loader)
-    first = [_ids(next(iterator)) for _ in range(3)]
+    first = [real(loader, next(iterator)) for _ in range(3)]
     state = loader.state_dict()
     del iterator
     resumed = make()
@@ -146,11 +185,31 @@ def _resume(rank, world, root, workers, shuffle):
         resumed.load_state_dict(state)
     except ValueError as exc:
         return {"refused": str(exc)}
-    return {"whole": whole, "first": first, "rest": [_ids(b) for b in resumed]}
+    tracked(resumed)
+    return {"whole": whole, "first": first, "rest": [real(resumed, b) for b in resumed]}
+
+
+NATIVE = [(workers, mode) for workers in (0, 2) for mode in ("even", "drop_last", "uneven")]
+
+
+@pytest.mark.parametrize("workers, mode", NATIVE)
+def test_a_stream_that_shards_itself_is_sharded_natively_with_equal_steps(runs, workers, mode):
+    results = [runs[rank]["native"][workers, mode] for rank in range(2)]
+    assert all(r["native"] for r in results), "each process reads only its own shards"
+    counts = [len(r["batches"]) for r in results]
+    real = sorted(x for r in results for batch, count in r["batches"] for x in batch[:count])
+    assert len(real) == len(set(real)), "no element twice"
+    if mode == "even":  # parts of 20 and 23 rows: 10 and 12 batches, the first padded twice
+        assert counts == [12, 12] and real == UNEVEN
+        assert [count for _, count in results[0]["batches"][-2:]] == [0, 0], "padding is marked"
+    elif mode == "drop_last":  # every process stops where the first runs out
+        assert counts == [10, 10]
+    else:  # even_batches=False: no padding, no agreement
+        assert counts == [10, 12] and real == UNEVEN
 
 
 SPLIT_KINDS = [("hf", "split_dataset_by_node"), ("wds", "split_by_node"), ("wds_default", "nodesplitter=None")]
-RESUMES = [(0, False), (0, True), (2, False)]  # (workers, shuffle)
+RESUMES = [(0, False), (0, True), (2, False), (2, True), (0, False, True), (2, False, True)]  # workers, shuffle, read_all
 
 
 @pytest.fixture(scope="module")
@@ -164,15 +223,20 @@ def test_streams_already_split_by_node_are_refused_with_the_fix(others, kind, wo
     assert all(m is not None and words in m for m in messages), messages
 
 
-@pytest.mark.parametrize("shuffle", [False, True])
-def test_an_hf_stream_resumes_exactly_without_workers(others, shuffle):
+@pytest.mark.parametrize("case", [c for c in RESUMES if c != (2, False, True)], ids=str)
+def test_an_hf_stream_resumes_exactly(others, case):
+    """Sharded natively (4 shards), shuffled or not, with and without workers; read by all without workers."""
     for rank in range(2):
-        result = others[rank]["resume"][0, shuffle]
-        assert result["first"] + result["rest"] == result["whole"], "the resumed pass continues exactly"
+        result = others[rank]["resume"][case]
+        got, expected = result["first"] + result["rest"], result["whole"]
+        if len(case) == 3:  # read by all, no len(): the last step's padding comes from where the resumed pass began
+            got, expected = got[:-1], expected[:-1]
+        assert got == expected, "the resumed pass continues exactly"
 
 
 def test_resuming_a_stream_split_by_its_workers_mid_epoch_is_refused_with_the_fix(others):
-    assert all("use_stateful_dataloader=True" in others[rank]["resume"][2, False]["refused"] for rank in range(2))
+    """Read by every process (3 shards over 2) and split by HF across 2 workers: no exact skip exists."""
+    assert all("use_stateful_dataloader=True" in others[rank]["resume"][2, False, True]["refused"] for rank in range(2))
 
 
 def test_the_stream_attributes_shardplug_reads_still_exist(files):

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
+import torch
+
 import torch.distributed as dist
 
 from .topology import distributed_is_active
 
-__all__ = ["broadcast_object", "world_size", "global_rank"]
+__all__ = ["broadcast_object", "world_size", "global_rank", "all_reduce_int", "communication_device"]
 
 
 def world_size() -> int:
@@ -26,3 +28,22 @@ def broadcast_object(obj: Any, src: int = 0, group: Optional[Any] = None) -> Any
     box = [obj]
     dist.broadcast_object_list(box, src=src, group=group)
     return box[0]
+
+
+def communication_device() -> torch.device:
+    """Where tensors of collectives live: the current GPU for nccl, else the CPU."""
+    if dist.is_initialized() and dist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+_OPS = {"max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN, "sum": dist.ReduceOp.SUM}
+
+
+def all_reduce_int(value: int, op: str) -> int:
+    """``value`` reduced over every process (``op``: ``"max"``, ``"min"`` or ``"sum"``); itself alone."""
+    if world_size() == 1:
+        return value
+    tensor = torch.tensor([value], dtype=torch.int64, device=communication_device())
+    dist.all_reduce(tensor, op=_OPS[op])
+    return int(tensor.item())

@@ -12,7 +12,7 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import IterableDataset
 
-from .collectives import broadcast_object, global_rank, world_size
+from .collectives import broadcast_object, communication_device, global_rank, world_size
 from .layout import ShardLayout
 from .loaders import DataLoaderShard
 from .plan import DispatchPlan, ShardPlan
@@ -559,7 +559,4 @@ def _available_cores() -> int:
         return os.cpu_count() or 1
 
 
-def _communication_device() -> torch.device:
-    if dist.is_initialized() and dist.get_backend() == "nccl":
-        return torch.device("cuda", torch.cuda.current_device())
-    return torch.device("cpu")
+_communication_device = communication_device

@@ -333,7 +333,7 @@ class PreparedDataLoader(DataLoader):
         if state is not None:
             state._loader_started(self)
         try:
-            batches = self._inner_batches(discard)
+            batches = self.plan.pass_batches(self._inner_batches(discard), current.record)
             if current.total is not None:
                 yield from self._deliver_counted(batches, current)
             else:
@@ -555,6 +555,12 @@ class PreparedDataLoader(DataLoader):
     def enable_audit(self) -> SampleAudit:
         """Start recording which samples this process consumes, per epoch (opt-in; see :class:`SampleAudit`)."""
         self.track_padding()
+        if not self.plan.identifies_samples:
+            raise ValueError(
+                "this loader's batches carry no sample ids shardplug knows (a stream that shards itself): padding is "
+                "marked in loader.batch_real_count, but an audit needs ids; audit a map-style dataset or a stream "
+                "read by every process"
+            )
         if self.audit is None:
             self.audit = SampleAudit(self.total_dataset_length)
         return self.audit

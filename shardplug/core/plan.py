@@ -5,8 +5,9 @@ One plan per kind of sharding, all answering the same small protocol (:class:`Sh
 * :class:`BatchSamplerPlan`: map-style data; the global batches of a batch sampler, shared out
   by index arithmetic (standard samplers) or by walking the batches (any other batch sampler).
 * :class:`StreamPlan`: a stream every process reads whole, keeping its part of each global batch.
-* :class:`LocalPlan`: the loader's own batches are this process's part (a stream that sharded
-  itself, or data nobody else reads).
+* :class:`NativeStreamPlan`: a stream that sharded itself (each process reads only its shards);
+  equal step counts from the parts' lengths, or from an agreement on when the first runs out.
+* :class:`LocalPlan`: the loader's own batches are this process's part (data nobody else reads).
 * :class:`DispatchPlan`: process 0 reads, every process receives its rows of each step.
 
 A position counts what the whole job consumed of the epoch in the plan's ``unit`` (global
@@ -28,6 +29,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import logging
 from collections import deque
 from typing import Any, Callable, Iterable, Iterator, Optional, Protocol, Sequence, Union, runtime_checkable
 
@@ -38,9 +40,13 @@ from .batch_plan import ArithmeticShard, EpochHead, EpochOrder, shard_length, wa
 from .layout import ShardLayout
 from .shuffle import SeedableRandomSampler, epoch_order
 
-__all__ = ["ShardPlan", "PassRecord", "BatchSamplerPlan", "StreamPlan", "LocalPlan", "DispatchPlan", "UNITS"]
+__all__ = [
+    "ShardPlan", "PassRecord", "BatchSamplerPlan", "StreamPlan", "LocalPlan", "NativeStreamPlan", "DispatchPlan", "UNITS",
+]
 
 UNITS = ("global_batches", "elements", "batches")
+
+logger = logging.getLogger(__name__)
 
 
 @runtime_checkable
@@ -74,6 +80,19 @@ class ShardPlan(Protocol):
     def batch_record(self, record: "PassRecord", batch: int) -> tuple[list[int], int]:
         """(indices or stream positions, real count) of the pass's ``batch``-th batch."""
 
+    def pass_batches(self, batches: Iterator[Any], record: "PassRecord") -> Iterator[Any]:
+        """The loader's batches of a pass as this plan hands them out (most plans: unchanged)."""
+
+
+class _Unchanged:
+    """``pass_batches`` of the plans whose batches come out of the DataLoader as they are handed out."""
+
+    identifies_samples = True
+    """Batch records name each sample (dataset indices or stream positions), so an audit can count them."""
+
+    def pass_batches(self, batches: Iterator[Any], record: "PassRecord") -> Iterator[Any]:
+        return batches
+
 
 class PassRecord:
     """What one pass over a plan handed out: where it started, the epoch's order (padding reads
@@ -103,7 +122,7 @@ def _check_consumed(consumed: int) -> int:
     return consumed
 
 
-class BatchSamplerPlan:
+class BatchSamplerPlan(_Unchanged):
     """One process's batches of a batch sampler's global batches (map-style data).
 
     Standard ``BatchSampler`` over ``SequentialSampler`` / ``RandomSampler`` /
@@ -216,7 +235,7 @@ class BatchSamplerPlan:
             yield batch
 
 
-class StreamPlan:
+class StreamPlan(_Unchanged):
     """A stream every process reads whole, keeping its part of each global batch.
 
     A global batch is ``step_batch_size`` consecutive elements; process ``i`` keeps the slice
@@ -348,13 +367,14 @@ class StreamPlan:
         yield from buffer[own]
 
 
-class LocalPlan:
+class LocalPlan(_Unchanged):
     """The loader's own batches are this process's part: a stream that sharded itself (each
     process reads only its shards), or data read by this process alone.  A position counts this
     loader's batches, so it resumes only with the same number of processes."""
 
     unit = "batches"
     consumed_per_batch = 1
+    identifies_samples = False
     untracked_reason = (
         "the data is not sharded by shardplug here (a stream that shards itself, or one process), so padding "
         "cannot be told apart; use loader.remainder for the last global batch"
@@ -381,13 +401,150 @@ class LocalPlan:
         return None if rest is None else rest == 0
 
 
-class DispatchPlan:
+def _rows(batch: Any) -> int:
+    """Samples in a collated batch: the length of its first tensor (or of the batch itself)."""
+    while isinstance(batch, (list, tuple, dict)) and not isinstance(batch, torch.Tensor) and len(batch):
+        if isinstance(batch, dict):
+            batch = next(iter(batch.values()))
+        elif isinstance(batch[0], (torch.Tensor, list, tuple, dict)):
+            batch = batch[0]
+        else:
+            return len(batch)
+    return len(batch) if hasattr(batch, "__len__") else 1
+
+
+def _detached(batch: Any) -> Any:
+    """A copy of ``batch``'s tensors, kept as padding (the caller may change the batch in place)."""
+    if isinstance(batch, torch.Tensor):
+        return batch.clone()
+    if isinstance(batch, dict):
+        return type(batch)({k: _detached(v) for k, v in batch.items()})
+    if isinstance(batch, tuple) and hasattr(batch, "_fields"):
+        return type(batch)(*(_detached(v) for v in batch))
+    if isinstance(batch, (list, tuple)):
+        return type(batch)(_detached(v) for v in batch)
+    return batch
+
+
+class NativeStreamPlan:
+    """A stream that sharded itself: this process reads only its shards (``dataset.shard(N, i)``).
+
+    Each element is read by one process.  Equal step counts come from the parts' batch counts
+    (``counts``, when every part's length is known) or else from an agreement between the
+    processes, one integer all-reduce a step, on when the first of them runs out.  Then
+    ``even_batches=True``: a process that is done yields padding from the start of its own part
+    (real count 0) until every process is done; ``drop_last=True``: every process stops at the
+    first step some process cannot fill; ``even_batches=False``: no padding, a process may yield
+    fewer batches.  A position counts this loader's batches (padding included): it resumes with
+    the same number of processes.
+    """
+
+    unit = "batches"
+    consumed_per_batch = 1
+    untracked_reason = None
+
+    def __init__(
+        self,
+        layout: ShardLayout,
+        counts: Optional[Sequence[int]] = None,
+        agree: Optional[Callable[[int, str], int]] = None,
+    ) -> None:
+        self.layout = layout
+        self.counts = list(counts) if counts is not None else None
+        self.agree = agree
+        self.pending_start = 0
+
+    identifies_samples = False  # the stream's elements have no index shardplug knows
+
+    def epoch_size(self) -> Optional[int]:
+        return self.num_batches(0)
+
+    def num_batches(self, consumed: int = 0) -> Optional[int]:
+        if self.counts is None:
+            return None
+        if self.layout.pads:
+            target = max(self.counts)
+        elif self.layout.drop_last:
+            target = min(self.counts)
+        else:
+            target = self.counts[self.layout.process_index]
+        return max(target - _check_consumed(consumed), 0)
+
+    def finished(self, consumed: int) -> Optional[bool]:
+        if self.counts is None:
+            return None
+        if self.layout.pads or self.layout.drop_last:
+            return self.num_batches(consumed) == 0
+        return max(self.counts) <= consumed
+
+    def start_after(self, consumed: int, dataset_state: Any = None) -> int:
+        self.pending_start = _check_consumed(consumed)
+        return 0  # pass_batches reads past them (keeping the first one: padding reads it)
+
+    def batch_record(self, record: PassRecord, batch: int) -> tuple[Optional[list[int]], int]:
+        return record.batches.popleft() if record.batches else (None, 0)  # type: ignore[return-value]
+
+    def pass_batches(self, batches: Iterator[Any], record: PassRecord) -> Iterator[Any]:
+        start, self.pending_start = self.pending_start, 0
+        iterator = iter(batches)
+        head: list[Any] = []  # the first batch of this process's part: what padding repeats
+
+        def fetch() -> Any:
+            batch = next(iterator, _END)
+            if batch is not _END and not head:
+                head.append(_detached(batch))
+            return batch
+
+        for _ in range(start):  # read past what the position consumed (padding steps included)
+            if fetch() is _END:
+                break
+        total = self.num_batches(start)
+        step, exhausted = start, False
+        while total is None or step - start < total:
+            batch = _END if exhausted else fetch()
+            exhausted = batch is _END
+            if not self._continues(not exhausted, total is not None):
+                if exhausted is False:
+                    logger.info("stopped after %d batches: another process's part of the stream ran out first "
+                                "(drop_last=True); this process's remaining elements were not used", step)
+                return
+            if exhausted:
+                if not head:
+                    raise ValueError(
+                        f"process {self.layout.process_index}'s part of the stream is empty, so it has nothing to pad "
+                        "with while the other processes go on; give the stream at least num_processes shards with "
+                        "data, or pass even_batches=False"
+                    )
+                if record.batches is not None:
+                    record.batches.append((None, 0))  # type: ignore[arg-type]
+                yield head[0]
+            else:
+                if record.batches is not None:
+                    record.batches.append((None, _rows(batch)))  # type: ignore[arg-type]
+                yield batch
+            step += 1
+
+    def _continues(self, has_batch: bool, counted: bool) -> bool:
+        """Whether this step happens on every process (the agreement, unless the counts decide)."""
+        if counted:  # the counts say how many steps: padding fills what this part lacks
+            return has_batch or self.layout.pads
+        if self.layout.num_processes == 1 or not (self.layout.pads or self.layout.drop_last):
+            return has_batch  # even_batches=False: no padding, no agreement
+        agree = self.agree if self.agree is not None else (lambda value, op: value)
+        return bool(agree(int(has_batch), "max" if self.layout.pads else "min"))
+
+
+_END = object()
+
+
+class DispatchPlan(_Unchanged):
     """Process 0 reads the global batches; each step takes one of them (splitting) or ``N``, and
     every process receives its rows.  ``length`` is the number of global batches per epoch;
     ``source`` the plan of process 0's global batches (it skips them on a resume), or ``None``
     when they are read and dropped."""
 
     unit = "global_batches"
+    identifies_samples = False
     untracked_reason = (
         "dispatch_batches=True: only process 0 reads indices, so padding is not tracked per batch; use "
         "loader.remainder for the real rows of the last step, or dispatch_batches=False"

@@ -14,7 +14,8 @@ from .dispatch import DataLoaderDispatcher, DispatchOptions
 from .iterable import IterableDatasetShard
 from .layout import ShardLayout
 from .loaders import DataLoaderShard, PreparedDataLoader, combined_class, stateful_dataloader_class
-from .plan import LocalPlan, ShardPlan
+from .collectives import all_reduce_int
+from .plan import NativeStreamPlan, ShardPlan
 from .rng import check_rng_types
 from .samplers import BatchSamplerShard, IndexSamplerShard
 from .streams import node_split, single_node_only
@@ -263,12 +264,14 @@ def _shard_stream(dataset: Any, dataloader: DataLoader, layout: ShardLayout) -> 
     """(this process's dataset, its plan, the per-process DataLoader batch size) for a stream."""
     _check_stream(dataset, layout.num_processes)
     loader_batch = dataloader.batch_size
-    if _shards_natively(dataset, layout.num_processes, layout.pads):
-        native = dataset.shard(num_shards=layout.num_processes, index=layout.process_index)
+    if _shards_natively(dataset, layout.num_processes):
         if layout.splits and loader_batch is not None:
             loader_batch //= layout.num_processes
-        length = _length_of_loader(native, loader_batch, dataloader.drop_last)
-        return native, LocalPlan(layout, length), loader_batch
+        parts = [dataset.shard(num_shards=layout.num_processes, index=j) for j in range(layout.num_processes)]
+        counts = [_length_of_loader(part, loader_batch, dataloader.drop_last) for part in parts]
+        known = None if any(count is None for count in counts) else counts
+        plan = NativeStreamPlan(layout, known, agree=all_reduce_int)
+        return parts[layout.process_index], plan, loader_batch
     shard = IterableDatasetShard(
         dataset,
         batch_size=loader_batch or 1,
@@ -292,28 +295,21 @@ def _length_of_loader(dataset: Any, batch_size: Optional[int], drop_last: bool) 
     return n // batch_size if drop_last else -(-n // batch_size)
 
 
-def _shards_natively(dataset: Any, num_processes: int, even: bool) -> bool:
+def _shards_natively(dataset: Any, num_processes: int) -> bool:
     """Whether ``dataset`` can shard itself by process: it has ``n_shards`` (a multiple of the
-    number of processes) and ``shard(num_shards, index)``; with even batches, every process's shard
-    must also report the same ``len()``.  Such a dataset is read once in all (each process, and
-    each DataLoader worker if the dataset splits by worker, reads only its own shards) instead of
-    by every process."""
+    number of processes) and ``shard(num_shards, index)``.  Such a dataset is read once in all
+    (each process, and each DataLoader worker if the dataset splits by worker, reads only its own
+    shards) instead of by every process; equal step counts come from its parts' lengths or from
+    an agreement between the processes (:class:`~shardplug.core.plan.NativeStreamPlan`)."""
     n_shards = getattr(dataset, "n_shards", None)
     if not callable(getattr(dataset, "shard", None)) or not isinstance(n_shards, int):
         return False
     if n_shards < num_processes or n_shards % num_processes:
-        logger.info("dataset has n_shards=%s, not a multiple of %d processes: every process reads the stream",
-                    n_shards, num_processes)
-        return False
-    if not even:
-        return True
-    try:
-        lengths = {len(dataset.shard(num_shards=num_processes, index=j)) for j in range(num_processes)}
-    except TypeError:
-        lengths = set()
-    if len(lengths) != 1:
-        logger.info("the dataset's shards do not report equal lengths, so even batches need every process to read "
-                    "the stream; pass even_batches=False to shard it natively")
+        logger.warning(
+            "the stream has n_shards=%s, not a multiple of num_processes=%d: every process reads the whole stream "
+            "(%dx the I/O of its part); give it a number of shards that %d divides to shard it natively",
+            n_shards, num_processes, num_processes, num_processes,
+        )
         return False
     return True
 
