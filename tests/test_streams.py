@@ -139,7 +139,9 @@ def test_a_shuffled_hf_stream_is_consumed_once_and_agrees_across_processes(epoch
 def _prepare_split(rank, world, kind, root):
     from datasets.distributed import split_dataset_by_node
 
-    if kind == "hf":
+    if kind == "hf_unseeded":
+        stream = hf_stream(root).shuffle(buffer_size=8)  # seed=None: its own seed in every process
+    elif kind == "hf":
         stream = split_dataset_by_node(hf_stream(root), rank=rank, world_size=world)
     elif kind == "wds":
         stream = wds_stream(root, nodesplitter=wds.split_by_node)
@@ -208,7 +210,8 @@ def test_a_stream_that_shards_itself_is_sharded_natively_with_equal_steps(runs, 
         assert counts == [10, 12] and real == UNEVEN
 
 
-SPLIT_KINDS = [("hf", "split_dataset_by_node"), ("wds", "split_by_node"), ("wds_default", "nodesplitter=None")]
+SPLIT_KINDS = [("hf", "split_dataset_by_node"), ("wds", "split_by_node"), ("wds_default", "nodesplitter=None"),
+               ("hf_unseeded", "shuffle(seed=...)")]
 RESUMES = [(0, False), (0, True), (2, False), (2, True), (0, False, True), (2, False, True)]  # workers, shuffle, read_all
 
 
@@ -218,7 +221,7 @@ def others(runs):
 
 
 @pytest.mark.parametrize("kind, words", SPLIT_KINDS)
-def test_streams_already_split_by_node_are_refused_with_the_fix(others, kind, words):
+def test_streams_already_split_by_node_or_shuffled_unseeded_are_refused_with_the_fix(others, kind, words):
     messages = [others[rank]["split"][kind] for rank in range(2)]
     assert all(m is not None and words in m for m in messages), messages
 
@@ -243,12 +246,13 @@ def test_the_stream_attributes_shardplug_reads_still_exist(files):
     """The private attributes streams.py reads (the compat list): fails when a library drops one."""
     from datasets.distributed import split_dataset_by_node
 
-    from shardplug.core.streams import hf_shuffles, node_split, single_node_only, splits_by_worker
+    from shardplug.core.streams import hf_shuffles, node_split, shuffle_fingerprint, single_node_only, splits_by_worker
 
     stream = hf_stream(files)
     assert hasattr(stream, "_ex_iterable") and stream._distributed is None
     assert split_dataset_by_node(stream, rank=0, world_size=2)._distributed is not None
     assert splits_by_worker(stream) and not hf_shuffles(stream) and hf_shuffles(hf_stream(files, shuffle=True))
+    assert shuffle_fingerprint(stream) is None and shuffle_fingerprint(hf_stream(files, shuffle=True)) is not None
     assert node_split(split_dataset_by_node(stream, rank=0, world_size=2)) is not None
     assert splits_by_worker(wds_stream(files, nodesplitter=None))
     assert node_split(wds_stream(files, nodesplitter=wds.split_by_node)) is not None

@@ -7,6 +7,7 @@ import logging
 from typing import Any, Callable, Iterable, Optional, Union
 
 import torch
+import torch.distributed as dist
 from torch.utils.data import BatchSampler, DataLoader, IterableDataset, RandomSampler
 from torch.utils.data.distributed import DistributedSampler
 
@@ -14,11 +15,11 @@ from .dispatch import DataLoaderDispatcher, DispatchOptions
 from .iterable import IterableDatasetShard
 from .layout import ShardLayout
 from .loaders import DataLoaderShard, PreparedDataLoader, combined_class, stateful_dataloader_class
-from .collectives import all_reduce_int
+from .collectives import all_reduce_int, world_size
 from .plan import NativeStreamPlan, ShardPlan
 from .rng import check_rng_types
 from .samplers import BatchSamplerShard, IndexSamplerShard
-from .streams import node_split, single_node_only
+from .streams import node_split, shuffle_fingerprint, single_node_only
 from .shuffle import BijectiveRandomSampler, SeedableRandomSampler, check_seed, check_shuffle_algorithm, draw_seed
 from .topology import ProcessTopology, resolve_data_topology
 
@@ -252,6 +253,16 @@ def _check_stream(dataset: Any, num_processes: int) -> None:
             "batches); pass the stream before that split: shardplug gives each process its part (by shard when "
             "the stream can shard itself), or prepare with num_processes=1"
         )
+    fingerprint = shuffle_fingerprint(dataset)
+    if fingerprint is not None and world_size() == num_processes > 1:
+        fingerprints: list[Any] = [None] * num_processes
+        dist.all_gather_object(fingerprints, fingerprint)
+        if len(set(fingerprints)) > 1:
+            raise ValueError(
+                "the stream shuffles differently on each process (a Hugging Face shuffle() without seed draws its "
+                "own seed in every process), so the processes' parts would overlap and miss elements; pass "
+                "shuffle(seed=...) with the same seed on every process"
+            )
     if single_node_only(dataset):
         raise ValueError(
             "this WebDataset keeps webdataset's default nodesplitter=single_node_only, which refuses to run on more "

@@ -2,7 +2,7 @@
 
 Recognised by duck typing (the package never imports ``datasets`` or ``webdataset``); this is
 the one place that reads their private attributes (``datasets.IterableDataset._distributed``,
-``._ex_iterable`` and its chain's ``BufferShuffledExamplesIterable``; webdataset's ``pipeline``
+``._ex_iterable``, its chain's ``BufferShuffledExamplesIterable`` and ``generator``s; webdataset's ``pipeline``
 stages by name), each checked by
 ``tests/test_streams.py::test_the_stream_attributes_shardplug_reads_still_exist``:
 
@@ -33,7 +33,7 @@ from typing import Any, Optional
 
 import torch  # noqa: F401  (the docstring example)
 
-__all__ = ["splits_by_worker", "node_split", "single_node_only", "is_hf_iterable", "hf_shuffles"]
+__all__ = ["splits_by_worker", "node_split", "single_node_only", "is_hf_iterable", "hf_shuffles", "shuffle_fingerprint"]
 
 
 def is_hf_iterable(dataset: Any) -> bool:
@@ -82,15 +82,35 @@ def single_node_only(dataset: Any) -> bool:
     return _stage_named(_wds_stages(dataset), "single_node_only")
 
 
+def _hf_chain(dataset: Any) -> list[Any]:
+    """The chain of example iterables of a Hugging Face stream, outermost first."""
+    chain, node = [], getattr(dataset, "_ex_iterable", None)
+    while node is not None:
+        chain.append(node)
+        node = getattr(node, "ex_iterable", None)
+    return chain
+
+
 def hf_shuffles(dataset: Any) -> bool:
     """A Hugging Face stream with ``shuffle()`` applied (its own state does not restore the buffer)."""
     if not is_hf_iterable(dataset):
         return False
     if getattr(dataset, "_shuffling", None) is not None:  # datasets < 3
         return True
-    node = dataset._ex_iterable
-    while node is not None:  # the chain of example iterables: one of them shuffles with a buffer
-        if type(node).__name__ == "BufferShuffledExamplesIterable":
-            return True
-        node = getattr(node, "ex_iterable", None)
-    return False
+    return any(type(node).__name__ == "BufferShuffledExamplesIterable" for node in _hf_chain(dataset))
+
+
+def shuffle_fingerprint(dataset: Any) -> Optional[str]:
+    """What a stream's shuffle depends on, to compare across processes (``None``: nothing known).
+
+    A Hugging Face stream's ``shuffle(seed=None)`` draws a different seed in every process: its
+    shards would then overlap.  The states of its shuffle generators tell."""
+    if not is_hf_iterable(dataset):
+        return None
+    states = []
+    for node in _hf_chain(dataset):
+        generator = getattr(node, "generator", None)
+        bit_generator = getattr(generator, "bit_generator", None)
+        if bit_generator is not None:
+            states.append(repr(bit_generator.state))
+    return "|".join(states) if states else None
