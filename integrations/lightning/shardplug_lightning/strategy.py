@@ -201,7 +201,7 @@ class ShardplugStrategyMixin:
             return self._prepare_predict(dataloader)
         training = stage == "train"
         prepared = prepare_data_loader(dataloader, **self._data_kwargs(training))
-        logger.debug("rank %d: %s loader prepared, %d batches", self.global_rank, stage, len(prepared))  # type: ignore[attr-defined]
+        logger.debug("rank %d: %s loader prepared (%s)", self.global_rank, stage, type(prepared.plan).__name__)  # type: ignore[attr-defined]
         return prepared
 
     def _prepare_predict(self, dataloader: DataLoader) -> DataLoader:

@@ -125,6 +125,23 @@ class PredictionRecorder(BasePredictionWriter):
         self.records.append({"batch_indices": list(batch_indices), "batch": batch.tolist()})
 
 
+class Streamed(Recorder):
+    """Trains on a Hugging Face stream of the parquet shards in ``OUT/hf`` (rows ``{"x": i}``)."""
+
+    def train_dataloader(self) -> DataLoader:
+        import datasets
+
+        files = sorted(os.path.join(OUT, "hf", name) for name in os.listdir(os.path.join(OUT, "hf")))
+        stream = datasets.load_dataset("parquet", data_files=files, split="train", streaming=True)
+        return DataLoader(stream.shuffle(seed=5, buffer_size=8), batch_size=BATCH, num_workers=2)
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        return super().training_step(batch["x"], batch_idx)
+
+    def on_train_epoch_start(self) -> None:
+        pass  # the stream has no len()
+
+
 def trainer(**kwargs: Any) -> pl.Trainer:
     settings: dict[str, Any] = dict(
         accelerator="cpu",
@@ -229,6 +246,12 @@ def main() -> None:
     except ValueError as exc:
         error = str(exc)
     dump("errors", rank, {"distributed_sampler": error, "registered": shardplug_lightning.STRATEGY_NAMES})
+
+    # 8. a Hugging Face stream (parquet shards written by the test), 2 workers: sharded natively
+    model = Streamed()
+    t = trainer(max_epochs=2)
+    t.fit(model)
+    dump("stream", rank, {"train": model.train_batches, "dataset": type(t.train_dataloader.dataset).__module__})
 
 
 if __name__ == "__main__":
