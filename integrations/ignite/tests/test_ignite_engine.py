@@ -89,6 +89,33 @@ def _evaluate(config: ShardplugConfig, n: int, batch_size: int) -> dict[str, Any
     return {"metrics": dict(evaluator.state.metrics), "iterations": evaluator.state.iteration, "labels": counted}
 
 
+STREAM_SHARDS = (10, 10, 10, 13)  # rows per parquet shard: parts of 20 and 23 rows on 2 ranks
+
+
+def _write_parquet_shards(root: Path) -> None:
+    datasets = pytest.importorskip("datasets")
+    root.mkdir()
+    start = 0
+    for s, rows in enumerate(STREAM_SHARDS):
+        datasets.Dataset.from_dict({"x": list(range(start, start + rows))}).to_parquet(str(root / f"part-{s}.parquet"))
+        start += rows
+
+
+def _record_stream(out_dir: str, epochs: int) -> dict[str, Any]:
+    """A Hugging Face stream of the parquet shards, 2 DataLoader workers, through the handler."""
+    import datasets
+
+    files = sorted(str(p) for p in Path(out_dir, "hf").glob("*.parquet"))
+    stream = datasets.load_dataset("parquet", data_files=files, split="train", streaming=True)
+    handler = ShardplugHandler(ShardplugConfig())
+    loader = handler.prepare_data_loader(DataLoader(stream, batch_size=3, num_workers=2, multiprocessing_context="fork"))
+    seen: dict[int, list[list[int]]] = {}
+    trainer = Engine(lambda engine, batch: seen.setdefault(engine.state.epoch, []).append(batch["x"].tolist()))
+    handler.attach(trainer)
+    trainer.run(loader, max_epochs=epochs)
+    return {"batches": [seen[e] for e in sorted(seen)], "dataset": type(loader.dataset).__module__}
+
+
 def _worker_data(local_rank: int, out_dir: str) -> None:
     torch.manual_seed(100 + idist.get_rank())  # ranks seeded differently: shuffles must still agree
     res: dict[str, Any] = {}
@@ -107,6 +134,7 @@ def _worker_data(local_rank: int, out_dir: str) -> None:
         res["deterministic_error"] = str(exc)
     res["eval_default"] = _evaluate(ShardplugConfig(), 21, 3)
     res["eval_split"] = _evaluate(ShardplugConfig(split_batches=True), 21, 4)
+    res["stream"] = _record_stream(out_dir, 2)
     idist.barrier()
     Path(out_dir, f"rank{idist.get_rank()}.json").write_text(json.dumps(res))
 
@@ -138,7 +166,16 @@ def _reference_eval(n: int) -> dict[str, float]:
 
 
 def test_ignite_sharding_length_check_and_evaluation(tmp_path: Path) -> None:
+    _write_parquet_shards(tmp_path / "hf")
     ranks = _launch(_worker_data, tmp_path)
+
+    # a Hugging Face stream: sharded natively (each rank reads its own shards), equal steps, every row
+    assert all(ranks[r]["stream"]["dataset"].startswith("datasets") for r in range(WORLD))
+    for epoch in range(2):
+        batches = [ranks[r]["stream"]["batches"][epoch] for r in range(WORLD)]
+        assert len(batches[0]) == len(batches[1]), "equal steps (the shorter part pads)"
+        seen = [x for rank in batches for batch in rank for x in batch]
+        assert set(seen) == set(range(sum(STREAM_SHARDS))), f"epoch {epoch}: every row"
 
     for name, n, b, split in (("default", 21, 3, False), ("split", 22, 4, True)):
         expected = _reference_shards(list(range(n)), b, split)
