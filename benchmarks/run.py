@@ -29,6 +29,7 @@ from torch.utils.data import BatchSampler, RandomSampler, DataLoader, Dataset, I
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 import shardplug  # noqa: E402
+from shardplug.core.plan import NativeStreamPlan  # noqa: E402
 from shardplug import BatchSamplerShard, BijectiveRandomSampler, SeedableRandomSampler, prepare_data_loader  # noqa: E402
 
 try:  # optional: the reference, for a side-by-side ratio only
@@ -344,15 +345,12 @@ def _p4_worker(rank: int, world: int, port: int, out_dir: str, n: int, width: in
         pickle.dump(result, f)
 
 
-def p4_dispatch(global_batch_bytes: int, steps: int, repeats: int, timeout: float) -> Row:
-    """Dispatch mode vs each process loading its own shard, 2 gloo processes, one epoch each."""
-    world, per_process = 2, 128
-    width = global_batch_bytes // (4 * per_process * world)
-    n = per_process * world * steps
+def _run_ranks(target: Callable[..., None], world: int, args: tuple, timeout: float, label: str) -> list[dict]:
+    """Run ``target(rank, world, port, out_dir, *args)`` on ``world`` spawned processes; their results, by rank."""
     ctx = mp.get_context("spawn")
     with tempfile.TemporaryDirectory() as out_dir:
         port = _free_port()
-        procs = [ctx.Process(target=_p4_worker, args=(r, world, port, out_dir, n, width, per_process, repeats)) for r in range(world)]
+        procs = [ctx.Process(target=target, args=(r, world, port, out_dir, *args)) for r in range(world)]
         for proc in procs:
             proc.start()
         deadline = time.monotonic() + timeout
@@ -364,17 +362,26 @@ def p4_dispatch(global_batch_bytes: int, steps: int, repeats: int, timeout: floa
                 proc.kill()
                 proc.join()
         if hung:
-            raise TimeoutError(f"P4: ranks {hung} still running after {timeout} s")
+            raise TimeoutError(f"{label}: ranks {hung} still running after {timeout} s")
         results = []
         for r in range(world):
             path = os.path.join(out_dir, f"rank{r}.pkl")
             if not os.path.exists(path):
-                raise RuntimeError(f"P4: rank {r} died without a result (exit code {procs[r].exitcode})")
+                raise RuntimeError(f"{label}: rank {r} died without a result (exit code {procs[r].exitcode})")
             with open(path, "rb") as f:
                 status, value = pickle.load(f)
             if status != "ok":
-                raise RuntimeError(f"P4: rank {r} failed: {value}")
+                raise RuntimeError(f"{label}: rank {r} failed: {value}")
             results.append(value)
+    return results
+
+
+def p4_dispatch(global_batch_bytes: int, steps: int, repeats: int, timeout: float) -> Row:
+    """Dispatch mode vs each process loading its own shard, 2 gloo processes, one epoch each."""
+    world, per_process = 2, 128
+    width = global_batch_bytes // (4 * per_process * world)
+    n = per_process * world * steps
+    results = _run_ranks(_p4_worker, world, (n, width, per_process, repeats), timeout, "P4")
     zero = results[0]
     stats = zero["stats"]
     global_bytes = per_process * world * width * 4
@@ -478,6 +485,108 @@ def p7_billion(n: int, world: int, randperm_n: int, audit_n: int) -> list[Row]:
     ]
 
 
+READS = [0]
+"""Elements the P8 stream decoded in this process (its map function counts them)."""
+
+
+def _decode(row: dict, work: int) -> dict:
+    """A pure-Python decode of one record (parsing), the usual CPU cost of a stream."""
+    READS[0] += 1
+    checksum = 0
+    for byte in range(work):
+        checksum = (checksum * 31 + byte + row["x"]) & 0xFFFF
+    return {"x": row["x"], "checksum": checksum}
+
+
+class _Opaque(IterableDataset):
+    """A stream that hides how to shard it (no ``n_shards`` / ``shard``): every process reads it."""
+
+    def __init__(self, stream) -> None:
+        self.stream = stream
+
+    def __iter__(self):
+        return iter(self.stream)
+
+
+def _p8_worker(rank: int, world: int, port: int, out_dir: str, files: list, work: int, step_ms: float, repeats: int) -> None:
+    """One gloo process of P8: a Hugging Face stream sharded natively vs read by every process."""
+    torch.set_num_threads(1)
+    result: object
+    try:
+        import datasets
+
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
+                                timeout=timedelta(seconds=60))
+        stream = datasets.load_dataset("parquet", data_files=files, split="train", streaming=True)
+        stream = stream.map(_decode, fn_kwargs={"work": work})
+        loaders = {
+            "native": prepare_data_loader(DataLoader(stream, batch_size=8)),  # no len(): one agreement a step
+            "unagreed": prepare_data_loader(DataLoader(stream, batch_size=8), even_batches=False),
+            "read_all": prepare_data_loader(DataLoader(_Opaque(stream), batch_size=8)),
+        }
+
+        def train_step() -> None:  # step_ms of the caller's work a step, the CPU free (an accelerator's step)
+            time.sleep(step_ms / 1e3)
+
+        def epoch(loader) -> tuple[float, int, int]:
+            dist.barrier()
+            READS[0] = 0
+            start = time.perf_counter()
+            steps = 0
+            for _ in loader:
+                train_step()
+                steps += 1
+            elapsed = time.perf_counter() - start
+            dist.barrier()
+            return elapsed, READS[0], steps
+
+        measured: dict[str, list] = {name: [] for name in loaders}
+        for name, loader in loaders.items():
+            epoch(loader)  # warm-up
+        for _ in range(repeats):
+            for name, loader in loaders.items():
+                measured[name].append(epoch(loader))
+        result = ("ok", {name: (min(t for t, _, _ in runs), runs[0][1], runs[0][2]) for name, runs in measured.items()})
+    except BaseException as exc:  # hand it to the parent instead of losing it in the child
+        import traceback
+
+        result = ("error", f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}")
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+    with open(os.path.join(out_dir, f"rank{rank}.pkl"), "wb") as f:
+        pickle.dump(result, f)
+
+
+def p8_streams(rows_per_shard: int, work: int, step_ms: float, repeats: int, timeout: float) -> list[Row]:
+    """A Hugging Face stream with a decode-heavy map on 2 gloo processes, ``step_ms`` of the caller's
+    work a step: native shards vs read by all, and the cost of the exhaustion agreement (one
+    all-reduce a step, in flight while the caller works) vs none."""
+    try:
+        import datasets
+    except ImportError:
+        progress("P8 skipped: pip install datasets")
+        return []
+    world = 2
+    with tempfile.TemporaryDirectory() as data_dir:
+        files = []
+        for s in range(4):
+            path = os.path.join(data_dir, f"part-{s}.parquet")
+            datasets.Dataset.from_dict({"x": list(range(s * rows_per_shard, (s + 1) * rows_per_shard))}).to_parquet(path)
+            files.append(path)
+        results = _run_ranks(_p8_worker, world, (files, work, step_ms, repeats), timeout, "P8")
+    zero, total = results[0], 4 * rows_per_shard
+    native, unagreed, read_all = zero["native"], zero["unagreed"], zero["read_all"]
+    return [
+        Row(f"P8 HF stream, decode-heavy map, N=2: native shards vs read by every process (time; elements decoded "
+            f"by process 0: native {native[1] / total:.2f}, read-all {read_all[1] / total:.2f} of the stream)",
+            native[0], read_all[0], "native reads 1/N (+ padding)"),
+        Row(f"P8 exhaustion agreement (one all-reduce per {NativeStreamPlan.steps_per_agreement} steps), at {step_ms:g} ms "
+            "of work a step (vs none)",
+            native[0], unagreed[0], "<= 1.05x"),
+    ]
+
+
 def main(argv: Optional[list[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="tiny sizes: check that every benchmark runs")
@@ -506,6 +615,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     rows += p5_resume(100_000 if quick else 10_000_000, repeats)
     progress("P6 iterable with workers")
     rows.append(p6_iterable_workers(4 if quick else 8, 3 if quick else 60, 500 if quick else 50_000, 1 if quick else 3))
+    progress("P8 streams: native shards vs read by all, exhaustion agreement")
+    rows += p8_streams(40 if quick else 500, 100 if quick else 2000, 1.0, 1 if quick else 3, 120 if quick else 600)
     progress("P7 a billion samples: bijective shuffle and audit")
     rows += p7_billion(10**9, 1024, 10**6 if quick else _largest_randperm(), 10**6 if quick else 10**8)
     print(f"\nshardplug {shardplug.__version__}, torch {torch.__version__}, {os.cpu_count()} CPUs"

@@ -15,5 +15,5 @@ def test_benchmarks_quick_prints_every_figure():
         capture_output=True, text=True, timeout=300,
     )
     assert done.returncode == 0, done.stderr[-3000:]
-    for figure in ("P1", "P2", "P3", "P4", "P5", "P6", "P7"):
+    for figure in ("P1", "P2", "P3", "P4", "P5", "P6", "P7", "P8"):
         assert f"\n{figure} " in done.stdout, f"{figure} missing from:\n{done.stdout}"

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import torch
 
@@ -10,7 +10,7 @@ import torch.distributed as dist
 
 from .topology import distributed_is_active
 
-__all__ = ["broadcast_object", "world_size", "global_rank", "all_reduce_int", "communication_device"]
+__all__ = ["broadcast_object", "world_size", "global_rank", "all_reduce_int_async", "communication_device"]
 
 
 def world_size() -> int:
@@ -40,10 +40,17 @@ def communication_device() -> torch.device:
 _OPS = {"max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN, "sum": dist.ReduceOp.SUM}
 
 
-def all_reduce_int(value: int, op: str) -> int:
-    """``value`` reduced over every process (``op``: ``"max"``, ``"min"`` or ``"sum"``); itself alone."""
+def all_reduce_int_async(value: int, op: str) -> Callable[[], int]:
+    """Start reducing ``value`` over every process; the returned function waits and gives the result.
+
+    Every process must start its reductions in the same order (as with any collective)."""
     if world_size() == 1:
-        return value
+        return lambda: value
     tensor = torch.tensor([value], dtype=torch.int64, device=communication_device())
-    dist.all_reduce(tensor, op=_OPS[op])
-    return int(tensor.item())
+    work = dist.all_reduce(tensor, op=_OPS[op], async_op=True)
+
+    def result() -> int:
+        work.wait()
+        return int(tensor.item())
+
+    return result

@@ -15,7 +15,7 @@ from .dispatch import DataLoaderDispatcher, DispatchOptions
 from .iterable import IterableDatasetShard
 from .layout import ShardLayout
 from .loaders import DataLoaderShard, PreparedDataLoader, combined_class, stateful_dataloader_class
-from .collectives import all_reduce_int, world_size
+from .collectives import all_reduce_int_async, world_size
 from .plan import NativeStreamPlan, ShardPlan
 from .rng import check_rng_types
 from .samplers import BatchSamplerShard, IndexSamplerShard
@@ -281,7 +281,7 @@ def _shard_stream(dataset: Any, dataloader: DataLoader, layout: ShardLayout) -> 
         parts = [dataset.shard(num_shards=layout.num_processes, index=j) for j in range(layout.num_processes)]
         counts = [_length_of_loader(part, loader_batch, dataloader.drop_last) for part in parts]
         known = None if any(count is None for count in counts) else counts
-        plan = NativeStreamPlan(layout, known, agree=all_reduce_int)
+        plan = NativeStreamPlan(layout, known, agree=all_reduce_int_async)
         return parts[layout.process_index], plan, loader_batch
     shard = IterableDatasetShard(
         dataset,
