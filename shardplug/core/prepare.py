@@ -278,11 +278,14 @@ def _shard_stream(dataset: Any, dataloader: DataLoader, layout: ShardLayout) -> 
     if _shards_natively(dataset, layout.num_processes):
         if layout.splits and loader_batch is not None:
             loader_batch //= layout.num_processes
-        parts = [dataset.shard(num_shards=layout.num_processes, index=j) for j in range(layout.num_processes)]
-        counts = [_length_of_loader(part, loader_batch, dataloader.drop_last) for part in parts]
-        known = None if any(count is None for count in counts) else counts
+        own = dataset.shard(num_shards=layout.num_processes, index=layout.process_index)
+        counts: Optional[list[Optional[int]]] = None
+        if _length_of_loader(own, loader_batch, dataloader.drop_last) is not None:  # the parts have len(): count them
+            parts = (dataset.shard(num_shards=layout.num_processes, index=j) for j in range(layout.num_processes))
+            counts = [_length_of_loader(part, loader_batch, dataloader.drop_last) for part in parts]
+        known = None if counts is None or any(count is None for count in counts) else counts
         plan = NativeStreamPlan(layout, known, agree=all_reduce_int_async)
-        return parts[layout.process_index], plan, loader_batch
+        return own, plan, loader_batch
     shard = IterableDatasetShard(
         dataset,
         batch_size=loader_batch or 1,
