@@ -287,53 +287,59 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _p4_worker(rank: int, world: int, port: int, out_dir: str, n: int, width: int, per_process: int, repeats: int) -> None:
+def _p4_worker(rank: int, world: int, n: int, width: int, per_process: int, repeats: int) -> dict:
     """One gloo process of P4: time an epoch of dispatch mode and of per-process shards, interleaved."""
+    dataset = Floats(n, width)
+
+    def dispatcher(overlap_reads: Optional[bool]):
+        loader = prepare_data_loader(DataLoader(dataset, batch_size=per_process), dispatch_batches=True,
+                                     put_on_device=True, device="cpu")
+        loader.overlap_reads = overlap_reads
+        return loader
+
+    loaders = {
+        "dispatch": dispatcher(None),  # reads overlap sends only with > 2 cores per process
+        "overlapped": dispatcher(True),  # process 0 reads step t+1 while step t is sent
+        "shards": prepare_data_loader(DataLoader(dataset, batch_size=per_process), dispatch_batches=False),
+    }
+    dispatch = loaders["dispatch"]
+
+    def epoch(loader) -> float:
+        dist.barrier()
+        start = time.perf_counter()
+        rows = sum(batch.shape[0] for batch in loader)
+        dist.barrier()
+        assert rows == n // world, f"rank {rank} got {rows} rows, expected {n // world}"
+        return time.perf_counter() - start
+
+    for loader in loaders.values():  # warm-up (first header, allocator)
+        epoch(loader)
+    times: dict[str, list[float]] = {name: [] for name in loaders}
+    before = dispatch.dispatch_stats.snapshot()
+    for _ in range(repeats):
+        for name, loader in loaders.items():
+            times[name].append(epoch(loader))
+    stats = dispatch.dispatch_stats.since(before)
+    # calibration: a bare scatter of one global batch (each process's rows from process 0)
+    parts = [torch.randn(per_process, width) for _ in range(world)] if rank == 0 else None
+    out = torch.empty(per_process, width)
+
+    def scatter_steps() -> None:
+        for _ in range(n // (per_process * world)):
+            dist.scatter(out, parts, src=0)
+
+    scatter = best_of(lambda: (dist.barrier(), scatter_steps(), dist.barrier()), repeats)
+    return {**{name: min(t) for name, t in times.items()}, "stats": stats, "scatter": scatter}
+
+
+def _rank_entry(rank: int, world: int, port: int, out_dir: str, target: Callable[..., dict], args: tuple) -> None:
+    """One gloo process of a benchmark: ``target(rank, world, *args)``, its result (or error) written for the parent."""
     torch.set_num_threads(1)
     result: object
     try:
         dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
                                 timeout=timedelta(seconds=60))
-        dataset = Floats(n, width)
-        def dispatcher(overlap_reads: Optional[bool]):
-            loader = prepare_data_loader(DataLoader(dataset, batch_size=per_process), dispatch_batches=True,
-                                         put_on_device=True, device="cpu")
-            loader.overlap_reads = overlap_reads
-            return loader
-
-        loaders = {
-            "dispatch": dispatcher(None),  # reads overlap sends only with > 2 cores per process
-            "overlapped": dispatcher(True),  # process 0 reads step t+1 while step t is sent
-            "shards": prepare_data_loader(DataLoader(dataset, batch_size=per_process), dispatch_batches=False),
-        }
-        dispatch = loaders["dispatch"]
-
-        def epoch(loader) -> float:
-            dist.barrier()
-            start = time.perf_counter()
-            rows = sum(batch.shape[0] for batch in loader)
-            dist.barrier()
-            assert rows == n // world, f"rank {rank} got {rows} rows, expected {n // world}"
-            return time.perf_counter() - start
-
-        for loader in loaders.values():  # warm-up (first header, allocator)
-            epoch(loader)
-        times: dict[str, list[float]] = {name: [] for name in loaders}
-        before = dispatch.dispatch_stats.snapshot()
-        for _ in range(repeats):
-            for name, loader in loaders.items():
-                times[name].append(epoch(loader))
-        stats = dispatch.dispatch_stats.since(before)
-        # calibration: a bare scatter of one global batch (each process's rows from process 0)
-        parts = [torch.randn(per_process, width) for _ in range(world)] if rank == 0 else None
-        out = torch.empty(per_process, width)
-
-        def scatter_steps() -> None:
-            for _ in range(n // (per_process * world)):
-                dist.scatter(out, parts, src=0)
-
-        scatter = best_of(lambda: (dist.barrier(), scatter_steps(), dist.barrier()), repeats)
-        result = ("ok", {**{name: min(t) for name, t in times.items()}, "stats": stats, "scatter": scatter})
+        result = ("ok", target(rank, world, *args))
     except BaseException as exc:  # hand it to the parent instead of losing it in the child
         import traceback
 
@@ -345,12 +351,12 @@ def _p4_worker(rank: int, world: int, port: int, out_dir: str, n: int, width: in
         pickle.dump(result, f)
 
 
-def _run_ranks(target: Callable[..., None], world: int, args: tuple, timeout: float, label: str) -> list[dict]:
-    """Run ``target(rank, world, port, out_dir, *args)`` on ``world`` spawned processes; their results, by rank."""
+def _run_ranks(target: Callable[..., dict], world: int, args: tuple, timeout: float, label: str) -> list[dict]:
+    """Run ``target(rank, world, *args)`` on ``world`` spawned gloo processes; their results, by rank."""
     ctx = mp.get_context("spawn")
     with tempfile.TemporaryDirectory() as out_dir:
         port = _free_port()
-        procs = [ctx.Process(target=target, args=(r, world, port, out_dir, *args)) for r in range(world)]
+        procs = [ctx.Process(target=_rank_entry, args=(r, world, port, out_dir, target, args)) for r in range(world)]
         for proc in procs:
             proc.start()
         deadline = time.monotonic() + timeout
@@ -508,54 +514,40 @@ class _Opaque(IterableDataset):
         return iter(self.stream)
 
 
-def _p8_worker(rank: int, world: int, port: int, out_dir: str, files: list, work: int, step_ms: float, repeats: int) -> None:
+def _p8_worker(rank: int, world: int, files: list, work: int, step_ms: float, repeats: int) -> dict:
     """One gloo process of P8: a Hugging Face stream sharded natively vs read by every process."""
-    torch.set_num_threads(1)
-    result: object
-    try:
-        import datasets
+    import datasets
 
-        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
-                                timeout=timedelta(seconds=60))
-        stream = datasets.load_dataset("parquet", data_files=files, split="train", streaming=True)
-        stream = stream.map(_decode, fn_kwargs={"work": work})
-        loaders = {
-            "native": prepare_data_loader(DataLoader(stream, batch_size=8)),  # no len(): one agreement a step
-            "unagreed": prepare_data_loader(DataLoader(stream, batch_size=8), even_batches=False),
-            "read_all": prepare_data_loader(DataLoader(_Opaque(stream), batch_size=8)),
-        }
+    stream = datasets.load_dataset("parquet", data_files=files, split="train", streaming=True)
+    stream = stream.map(_decode, fn_kwargs={"work": work})
+    loaders = {
+        "native": prepare_data_loader(DataLoader(stream, batch_size=8)),  # no len(): the agreement
+        "unagreed": prepare_data_loader(DataLoader(stream, batch_size=8), even_batches=False),
+        "read_all": prepare_data_loader(DataLoader(_Opaque(stream), batch_size=8)),
+    }
 
-        def train_step() -> None:  # step_ms of the caller's work a step, the CPU free (an accelerator's step)
-            time.sleep(step_ms / 1e3)
+    def train_step() -> None:  # step_ms of the caller's work a step, the CPU free (an accelerator's step)
+        time.sleep(step_ms / 1e3)
 
-        def epoch(loader) -> tuple[float, int, int]:
-            dist.barrier()
-            READS[0] = 0
-            start = time.perf_counter()
-            steps = 0
-            for _ in loader:
-                train_step()
-                steps += 1
-            elapsed = time.perf_counter() - start
-            dist.barrier()
-            return elapsed, READS[0], steps
+    def epoch(loader) -> tuple[float, int, int]:
+        dist.barrier()
+        READS[0] = 0
+        start = time.perf_counter()
+        steps = 0
+        for _ in loader:
+            train_step()
+            steps += 1
+        elapsed = time.perf_counter() - start
+        dist.barrier()
+        return elapsed, READS[0], steps
 
-        measured: dict[str, list] = {name: [] for name in loaders}
+    measured: dict[str, list] = {name: [] for name in loaders}
+    for name, loader in loaders.items():
+        epoch(loader)  # warm-up
+    for _ in range(repeats):
         for name, loader in loaders.items():
-            epoch(loader)  # warm-up
-        for _ in range(repeats):
-            for name, loader in loaders.items():
-                measured[name].append(epoch(loader))
-        result = ("ok", {name: (min(t for t, _, _ in runs), runs[0][1], runs[0][2]) for name, runs in measured.items()})
-    except BaseException as exc:  # hand it to the parent instead of losing it in the child
-        import traceback
-
-        result = ("error", f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}")
-    finally:
-        if dist.is_initialized():
-            dist.destroy_process_group()
-    with open(os.path.join(out_dir, f"rank{rank}.pkl"), "wb") as f:
-        pickle.dump(result, f)
+            measured[name].append(epoch(loader))
+    return {name: (min(t for t, _, _ in runs), runs[0][1], runs[0][2]) for name, runs in measured.items()}
 
 
 def p8_streams(rows_per_shard: int, work: int, step_ms: float, repeats: int, timeout: float) -> list[Row]:
