@@ -437,13 +437,14 @@ class NativeStreamPlan:
     (real count 0) until every process is done; ``drop_last=True``: every process stops at the
     first step some process cannot fill; ``even_batches=False``: no padding, a process may yield
     fewer batches.  ``agree(value, op)`` starts the reduction and returns a function that waits
-    for it: the next agreement travels while the caller works on a chunk's last step.  A position counts this loader's batches (padding included): it resumes with
-    the same number of processes.
+    for it: the next agreement travels while the caller works on a chunk's last step.  A position
+    counts this loader's batches (padding included): it resumes with the same number of processes.
     """
 
     unit = "batches"
     consumed_per_batch = 1
     untracked_reason = None
+    identifies_samples = False  # the stream's elements have no index shardplug knows
 
     def __init__(
         self,
@@ -455,8 +456,6 @@ class NativeStreamPlan:
         self.counts = list(counts) if counts is not None else None
         self.agree = agree
         self.pending_start = 0
-
-    identifies_samples = False  # the stream's elements have no index shardplug knows
 
     def epoch_size(self) -> Optional[int]:
         return self.num_batches(0)
