@@ -361,3 +361,10 @@ def test_a_natively_sharded_stream_refuses_to_resize():
     resized = prepare_data_loader(DataLoader(Files(range(4)), batch_size=5), num_processes=4, process_index=0)
     with pytest.raises(ValueError, match="cannot move from 2 to 4 processes"):
         resized.load_state_dict(position)  # refused on loading, before anything changes
+
+
+def test_a_stream_whose_shards_do_not_divide_warns_that_every_process_reads_it(caplog):
+    with caplog.at_level("WARNING", logger="shardplug.core.prepare"):
+        prepare_data_loader(DataLoader(Files(range(3)), batch_size=2), num_processes=2, process_index=0)
+    assert any("n_shards=3" in r.getMessage() and "every process reads the whole stream" in r.getMessage()
+               for r in caplog.records)
