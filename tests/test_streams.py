@@ -70,10 +70,22 @@ def wds_stream(root: Path, **kwargs):
     return wds.WebDataset(urls, shardshuffle=False, **kwargs).to_tuple("cls").map_tuple(int)
 
 
+_FORKSERVER = None
+
+
 def _workers_context(workers: int):
-    """Fork DataLoader workers (Linux's default; the gloo test processes themselves are spawned, and
-    spawned workers would re-import torch and datasets for every pass)."""
-    return "fork" if workers else None
+    """DataLoader workers from a fork server that has torch and datasets imported: forking the test
+    process itself (gloo's and pyarrow's threads running) can deadlock a worker, and spawned workers
+    would re-import torch and datasets for every pass."""
+    global _FORKSERVER
+    if not workers:
+        return None
+    if _FORKSERVER is None:
+        import multiprocessing
+
+        _FORKSERVER = multiprocessing.get_context("forkserver")
+        _FORKSERVER.set_forkserver_preload(["torch", "datasets", "webdataset", "shardplug"])
+    return _FORKSERVER
 
 
 def _ids(batch) -> list[int]:

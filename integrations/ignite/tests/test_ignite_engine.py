@@ -108,7 +108,12 @@ def _record_stream(out_dir: str, epochs: int) -> dict[str, Any]:
     files = sorted(str(p) for p in Path(out_dir, "hf").glob("*.parquet"))
     stream = datasets.load_dataset("parquet", data_files=files, split="train", streaming=True)
     handler = ShardplugHandler(ShardplugConfig())
-    loader = handler.prepare_data_loader(DataLoader(stream, batch_size=3, num_workers=2, multiprocessing_context="fork"))
+    # workers from a fork server: forking a process whose gloo and pyarrow threads run can deadlock a worker
+    import multiprocessing
+
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload(["torch", "datasets"])
+    loader = handler.prepare_data_loader(DataLoader(stream, batch_size=3, num_workers=2, multiprocessing_context=context))
     seen: dict[int, list[list[int]]] = {}
     trainer = Engine(lambda engine, batch: seen.setdefault(engine.state.epoch, []).append(batch["x"].tolist()))
     handler.attach(trainer)

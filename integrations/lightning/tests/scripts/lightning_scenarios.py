@@ -133,7 +133,13 @@ class Streamed(Recorder):
 
         files = sorted(os.path.join(OUT, "hf", name) for name in os.listdir(os.path.join(OUT, "hf")))
         stream = datasets.load_dataset("parquet", data_files=files, split="train", streaming=True)
-        return DataLoader(stream.shuffle(seed=5, buffer_size=8), batch_size=BATCH, num_workers=2)
+        # workers from a fork server: forking a process whose gloo and pyarrow threads run can deadlock a worker
+        import multiprocessing
+
+        context = multiprocessing.get_context("forkserver")
+        context.set_forkserver_preload(["torch", "datasets"])
+        return DataLoader(stream.shuffle(seed=5, buffer_size=8), batch_size=BATCH, num_workers=2,
+                          multiprocessing_context=context)
 
     def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
         return super().training_step(batch["x"], batch_idx)
