@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import faulthandler
 import os
 import pickle
 import socket
@@ -22,7 +23,11 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _entry(rank: int, world_size: int, port: int, out_dir: str, fn: Callable[..., Any], args: tuple) -> None:
+def _entry(
+    rank: int, world_size: int, port: int, out_dir: str, fn: Callable[..., Any], args: tuple, timeout: float = 60.0
+) -> None:
+    # a rank that hangs prints where (every thread) just before the parent kills it
+    faulthandler.dump_traceback_later(max(timeout - 5.0, 1.0), exit=False)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE=str(world_size), RANK=str(rank))
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     try:
@@ -56,7 +61,8 @@ def run_gloo(
     ctx = mp.get_context("spawn")
     with tempfile.TemporaryDirectory() as out_dir:
         port = free_port()
-        procs = [ctx.Process(target=_entry, args=(r, world_size, port, out_dir, fn, args)) for r in range(world_size)]
+        procs = [ctx.Process(target=_entry, args=(r, world_size, port, out_dir, fn, args, timeout))
+                 for r in range(world_size)]
         for p in procs:
             p.start()
         deadline = time.monotonic() + timeout
