@@ -285,3 +285,19 @@ def test_a_resumed_stream_read_by_workers_skips_only_in_the_resumed_pass(persist
     resumed.load_state_dict(loader.state_dict())
     assert rows(resumed) == whole[2:]
     assert rows(resumed) == whole, "the next epoch is whole again (the skip was one-shot)"
+
+
+def test_a_stream_position_loaded_after_persistent_workers_started_reaches_new_workers():
+    def make():
+        return prepare_data_loader(DataLoader(Stream(20), batch_size=2, num_workers=2, persistent_workers=True),
+                                   num_processes=2, process_index=0)
+
+    whole = rows(make())
+    saver = make()
+    assert _after(saver, 2) == whole[:2]
+    state = saver.state_dict()
+    loader = make()
+    assert rows(loader) == whole  # its persistent workers are running now
+    loader.load_state_dict(state)
+    assert rows(loader) == whole[2:], "the workers started before the load must not replay the epoch"
+    assert rows(loader) == whole, "and the next epoch is whole"

@@ -642,8 +642,13 @@ class DataLoaderShard(PreparedDataLoader):
             target.set_epoch(0)
 
     def _inner_batches(self, discard: int) -> Iterator[Any]:
+        in_workers = self.num_workers > 0 and isinstance(self.dataset, IterableDatasetShard)
+        if in_workers and self.persistent_workers and self.dataset.plan.pending_start != (0, None):
+            # persistent workers hold their copies of the stream shard from when they started: a resume
+            # point set since cannot reach them, so this pass gets new workers (DataLoader's _iterator)
+            self._iterator = None
         batches = super(PreparedDataLoader, self).__iter__()
-        if self.num_workers > 0 and isinstance(self.dataset, IterableDatasetShard):
+        if in_workers:
             # The workers started with their copies of the stream shard, and its one-shot start
             # with them: this process's copy must not carry it into the next pass.
             self.dataset.plan.take_start()
