@@ -40,7 +40,7 @@ def test_step_counts(num_processes, split_batches, scale):
         opt,
         split_batches=split_batches,
         num_processes=num_processes,
-        scale_by_num_processes=scale,
+        scale_scheduler_by_num_processes=scale,
     )
     per_step = num_processes if (scale and not split_batches) else 1
     assert sched.steps_per_optimizer_step == per_step
@@ -126,7 +126,7 @@ def test_reduce_lr_on_plateau_is_stepped_once_per_call():
 def test_step_with_optimizer_false_is_a_pass_through():
     state = GradientState(num_steps=4)
     model, inner, opt = make(state=state)
-    sched = PreparedScheduler(StepLR(inner, step_size=1), opt, step_with_optimizer=False, num_processes=3)
+    sched = PreparedScheduler(StepLR(inner, step_size=1), opt, step_scheduler_with_optimizer=False, num_processes=3)
     state.begin_micro_batch()
     assert not state.sync_gradients
     with warnings.catch_warnings():

@@ -24,7 +24,7 @@ from __future__ import annotations
 import itertools
 import logging
 import weakref
-from typing import Any, Callable, Iterator, Optional
+from typing import Any, Callable, Iterator, Mapping, Optional
 
 __all__ = ["GradientState"]
 
@@ -113,7 +113,7 @@ class GradientState:
     @num_steps.setter
     def num_steps(self, value: int) -> None:
         self._num_steps = _check_num_steps(value)
-        self._step = 0
+        self.restart_cycle()
 
     @property
     def sync_gradients(self) -> bool:
@@ -161,11 +161,56 @@ class GradientState:
             self._sync = False
         return self._sync
 
+    def restart_cycle(self) -> None:
+        """Start a fresh accumulation cycle (``sync_gradients=True``); running passes are kept.
+
+        Used when a micro-batch failed and its cycle's gradients were dropped.
+        """
+        self._step = 0
+        self._sync = True
+
     def reset(self) -> None:
         """Forget running passes and start a fresh accumulation cycle (``sync_gradients=True``)."""
         self._passes.clear()
-        self._step = 0
-        self._sync = True
+        self.restart_cycle()
+
+    # -- checkpointing -----------------------------------------------------------------------
+    def state_dict(self) -> dict[str, int]:
+        """``{"num_steps": k, "step": micro-batches accumulated in the current cycle}`` (plain ints).
+
+        Running passes are not state: they belong to live iterators of this process.
+        """
+        return {"num_steps": self._num_steps, "step": self._step}
+
+    def load_state_dict(self, state_dict: Any) -> None:
+        """Continue the accumulation cycle of :meth:`state_dict` (validated before anything changes).
+
+        A different ``num_steps`` is accepted only at a cycle boundary (``step == 0``); the gradients
+        of a cycle in progress are never in a checkpoint, so resuming inside one logs a warning.
+        """
+        if not isinstance(state_dict, Mapping) or set(state_dict) != {"num_steps", "step"}:
+            raise ValueError(
+                f"state_dict={state_dict!r} is not a GradientState state: expected the keys 'num_steps' and 'step' "
+                "(from GradientState.state_dict())"
+            )
+        num_steps = _check_num_steps(state_dict["num_steps"])
+        step = state_dict["step"]
+        if not isinstance(step, int) or isinstance(step, bool) or not 0 <= step < num_steps:
+            raise ValueError(f"state_dict['step']={step!r} is invalid: it must be an integer in [0, {num_steps})")
+        if step and num_steps != self._num_steps:
+            raise ValueError(
+                f"the state is {step} micro-batches into a cycle of {num_steps}, but this run accumulates "
+                f"{self._num_steps}: resume with gradient_accumulation_steps={num_steps}, or from a checkpoint "
+                "saved at the end of an optimizer step"
+            )
+        if step:
+            logger.warning(
+                "resuming %d micro-batches into a gradient-accumulation cycle: their gradients are not in the "
+                "checkpoint (save checkpoints right after optimizer steps to avoid this)",
+                step,
+            )
+        self._step = step
+        self._sync = step == 0
 
     # -- loader protocol (called by prepared loaders) ----------------------------------------
     def _loader_started(self, loader: Any) -> None:

@@ -17,13 +17,30 @@ Example::
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
 from .rng import check_rng_types
 from .shuffle import check_seed, check_shuffle_algorithm
 
-__all__ = ["ShardplugConfig"]
+__all__ = ["ShardplugConfig", "FRONT_ENDS", "renamed_option"]
+
+#: Whether each front end steps prepared schedulers ``num_processes`` times per optimizer step when
+#: ``scale_scheduler_by_num_processes`` is left ``None``: plain PyTorch loops size schedules on the
+#: unsharded loader's length (the reference's convention); Lightning, Fabric and Ignite users size
+#: them in optimizer steps (``trainer.estimated_stepping_batches``, ``len(loader)`` after setup).
+FRONT_ENDS: dict[str, bool] = {"pytorch": True, "lightning": False, "fabric": False, "ignite": False}
+
+def renamed_option(where: str, old: str, old_value: Any, new: str, new_value: Any) -> Any:
+    """The value of option ``new``, also accepted under its deprecated name ``old`` for one release.
+
+    ``old_value`` is ``None`` when the old name was not used; with it, a ``DeprecationWarning``.
+    """
+    if old_value is None:
+        return new_value
+    warnings.warn(f"{where}: {old}= is deprecated, use {new}= (same meaning)", DeprecationWarning, stacklevel=3)
+    return old_value
 
 _BOOL_OPTIONS = (
     "split_batches",
@@ -73,9 +90,9 @@ class ShardplugConfig:
             a prepared scheduler ``num_processes`` times, so a schedule sized on the length of the
             *unsharded* loader ends on time (the plain-PyTorch convention). ``False``: one scheduler
             step per optimizer step, for schedules sized in optimizer steps. Never applied to
-            ``ReduceLROnPlateau``. ``None`` (default): the front end's convention: ``True`` for
-            plain PyTorch (``TrainingRun``), ``False`` for Lightning and Ignite, whose users size
-            schedules in optimizer steps.
+            ``ReduceLROnPlateau``. ``None`` (default): the front end's convention
+            (:meth:`scales_scheduler`): ``True`` for plain PyTorch (``TrainingRun``), ``False`` for
+            Lightning, Fabric and Ignite, whose users size schedules in optimizer steps.
 
     Example::
 
@@ -142,6 +159,24 @@ class ShardplugConfig:
                 f"gradient_accumulation_steps={steps!r} is invalid: it must be an integer >= 1 "
                 "(1 = an optimizer step on every batch)"
             )
+
+    def scales_scheduler(self, front_end: str) -> bool:
+        """Whether prepared schedulers step ``num_processes`` times per optimizer step (SPEC §6).
+
+        ``scale_scheduler_by_num_processes`` when set, else the convention of ``front_end``
+        (:data:`FRONT_ENDS`: ``"pytorch"`` scales, ``"lightning"``, ``"fabric"`` and ``"ignite"`` do
+        not). The scheduler itself never scales with ``split_batches=True`` or ``ReduceLROnPlateau``.
+
+        Example::
+
+            >>> ShardplugConfig().scales_scheduler("pytorch"), ShardplugConfig().scales_scheduler("ignite")
+            (True, False)
+        """
+        if front_end not in FRONT_ENDS:
+            raise ValueError(f"front_end={front_end!r} is not one of {sorted(FRONT_ENDS)}")
+        if self.scale_scheduler_by_num_processes is not None:
+            return self.scale_scheduler_by_num_processes
+        return FRONT_ENDS[front_end]
 
     def data_loader_kwargs(self) -> dict[str, Any]:
         """Keyword arguments of ``prepare_data_loader`` that this configuration decides.

@@ -18,30 +18,12 @@ from typing import Any, Callable, Optional, Union
 import torch
 from torch.optim import Optimizer
 
+from . import amp
 from .accumulation import GradientState
 
 __all__ = ["PreparedOptimizer"]
 
 logger = logging.getLogger(__name__)
-
-def _scaler_active(scaler: Any) -> bool:
-    return scaler is not None and scaler.is_enabled()
-
-
-def _found_inf(scaler: Any, optimizer: Optimizer) -> Optional[bool]:
-    """The scaler's own inf/NaN record for ``optimizer`` in this iteration (before ``update()``).
-
-    ``None`` when the scaler recorded no check for it (an optimizer that handles the scaler
-    itself through the deprecated ``grad_scaler=`` keyword and never called ``unscale_``).
-    """
-    per_optimizer = getattr(scaler, "_per_optimizer_states", None)
-    if per_optimizer is None or id(optimizer) not in per_optimizer:
-        return None
-    found = per_optimizer[id(optimizer)].get("found_inf_per_device") or {}
-    if not found:
-        return None
-    return bool(sum(float(t.item()) for t in found.values()) > 0)
-
 
 class PreparedOptimizer(Optimizer):
     """Wraps an optimizer so that it steps at the end of each gradient-accumulation cycle.
@@ -66,11 +48,18 @@ class PreparedOptimizer(Optimizer):
     around the steps that act (check :attr:`step_was_skipped` in a post-hook); global optimizer
     hooks run for the wrapped optimizer's own ``step``, as torch decides.
 
-    Skipped steps: decided from the scaler's own inf/NaN record for the wrapped optimizer, read
-    after ``scaler.step`` and before ``scaler.update()`` (``found_inf_per_device``), so fused and
-    ``_step_supports_amp_scaling`` optimizers, which are called even when they then skip, are
-    reported correctly. Without a scaler (or with a disabled one) nothing is ever skipped.
-    ``scaler.unscale_(prepared)`` before ``step()`` (gradient clipping) is honoured.
+    Skipped steps: a step counts as taken when the wrapped optimizer's ``step`` completed and the
+    scaler did not skip it (:class:`~shardplug.core.amp.StepCounter`, the counter every front end
+    and every prepared scheduler reads), so fused and ``_step_supports_amp_scaling`` optimizers,
+    which the scaler calls even when they then skip, are reported correctly. Without a scaler (or
+    with a disabled one) nothing is ever skipped. ``scaler.unscale_(prepared)`` before ``step()``
+    (gradient clipping) is honoured.
+
+    Exceptions: if ``step()`` raises (in a hook, in the scaler, in the wrapped step), the scaler's
+    iteration is closed (``update()`` when the parameters had changed, else its record is dropped)
+    and the gradients are cleared, so the next step is computed from fresh gradients only; the
+    exception then propagates. :meth:`abandon_step` does the same for an exception between
+    ``backward()`` and ``step()``.
 
     Example::
 
@@ -104,8 +93,12 @@ class PreparedOptimizer(Optimizer):
             )
         if isinstance(optimizer, PreparedOptimizer):
             raise TypeError("optimizer is already a PreparedOptimizer; pass it as it is, or its .optimizer")
-        if scaler is not None and not all(hasattr(scaler, name) for name in ("step", "update", "is_enabled")):
-            raise TypeError(f"scaler={scaler!r} is not a GradScaler (it needs step(), update() and is_enabled())")
+        amp.check_scaler(scaler)
+        if gradient_state is not None and not isinstance(gradient_state, GradientState):
+            raise TypeError(
+                f"gradient_state={gradient_state!r} is not a GradientState; pass the run's GradientState "
+                "(e.g. run.gradient_state) or None"
+            )
         self.__dict__["optimizer"] = optimizer
         # Run Optimizer's own set-up (hook registries, profiling name) against a scratch group,
         # so that the wrapped optimizer's groups, state and defaults are left untouched.
@@ -119,7 +112,7 @@ class PreparedOptimizer(Optimizer):
         self.device = torch.device(device) if device is not None else None
         self.gradient_state = gradient_state if gradient_state is not None else GradientState()
         self._step_was_skipped = False
-        self._steps_taken = 0  # steps that updated the parameters (read by PreparedScheduler)
+        self._counter = amp.step_counter(optimizer)
         self._warned_no_micro_batch = False
         if self.device_placement:
             self._place_state()
@@ -188,50 +181,74 @@ class PreparedOptimizer(Optimizer):
                 "steps on every call. Wrap each micro-batch in the run's accumulate() context.",
                 state.num_steps,
             )
-        if closure is not None and _scaler_active(self.scaler):
+        if closure is not None and amp.scaler_enabled(self.scaler):
             raise RuntimeError("closures are not supported with a GradScaler (as in torch); call step() without one")
-        # hooks see (self, *step arguments), as torch's own step wrapper passes them
-        args: tuple[Any, ...] = (self,) if closure is None else (self, closure)
-        kwargs: dict[str, Any] = {}
-        for pre_hook in list(self._optimizer_step_pre_hooks.values()):
-            result = pre_hook(self, args, kwargs)
-            if result is not None:
-                if not (isinstance(result, tuple) and len(result) == 2):
-                    raise RuntimeError(
-                        f"an optimizer step pre-hook must return None or (args, kwargs), got {result!r}"
-                    )
-                args, kwargs = result
-        out = self._step_wrapped(tuple(args[1:]), kwargs)
-        for post_hook in list(self._optimizer_step_post_hooks.values()):
-            post_hook(self, args, kwargs)
+        taken_before, calls_before = self._counter.taken, self._counter.calls
+        try:
+            # hooks see (self, *step arguments), as torch's own step wrapper passes them
+            args: tuple[Any, ...] = (self,) if closure is None else (self, closure)
+            kwargs: dict[str, Any] = {}
+            for pre_hook in list(self._optimizer_step_pre_hooks.values()):
+                result = pre_hook(self, args, kwargs)
+                if result is not None:
+                    if not (isinstance(result, tuple) and len(result) == 2):
+                        raise RuntimeError(
+                            f"an optimizer step pre-hook must return None or (args, kwargs), got {result!r}"
+                        )
+                    args, kwargs = result
+            out = self._step_wrapped(tuple(args[1:]), kwargs)
+            self._step_was_skipped = self._counter.taken == taken_before
+            for post_hook in list(self._optimizer_step_post_hooks.values()):
+                post_hook(self, args, kwargs)
+        except BaseException:
+            self._step_failed(stepped=self._counter.calls > calls_before)
+            raise
         return out
 
     def _step_wrapped(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         scaler, optimizer = self.scaler, self.optimizer
-        if not _scaler_active(scaler):
-            self._step_was_skipped = False
-            out = optimizer.step(*args, **kwargs)
-            self._steps_taken += 1
-            return out
-        per_optimizer = scaler._per_optimizer_states
-        if id(self) in per_optimizer:  # the user called scaler.unscale_(this wrapper): keep that record
-            per_optimizer[id(optimizer)] = per_optimizer.pop(id(self))
-        scale_before = scaler.get_scale()
-        out = scaler.step(optimizer, *args, **kwargs)
-        found_inf = _found_inf(scaler, optimizer)
+        if not amp.scaler_enabled(scaler):
+            return optimizer.step(*args, **kwargs)
+        amp.move_record(scaler, self, optimizer)  # the user called scaler.unscale_(this wrapper)
+        calls_before = self._counter.calls
+        try:
+            out = scaler.step(optimizer, *args, **kwargs)
+        except BaseException:
+            amp.close_failed_step(scaler, optimizer, stepped=self._counter.calls > calls_before)
+            raise
         scaler.update()
-        if found_inf is None:
-            # no record to read: fall back to the scale, which backs off only after an inf/NaN
-            found_inf = scaler.get_scale() < scale_before
-            logger.debug("no inf record from the scaler for %s; decided from the scale", type(optimizer).__name__)
-        self._step_was_skipped = found_inf
-        if not found_inf:
-            self._steps_taken += 1
         return out
+
+    def _step_failed(self, stepped: bool) -> None:
+        """An exception inside :meth:`step`: no stale scaler record, no gradients left behind."""
+        self.abandon_step()
+        logger.warning(
+            "%s.step() raised %s the parameters were updated: the gradients of this step were cleared so that "
+            "the next step starts clean",
+            type(self.optimizer).__name__,
+            "after" if stepped else "before",
+        )
+
+    def abandon_step(self) -> None:
+        """Give up the step being prepared: clear the gradients and the scaler's record of them.
+
+        Call it when an exception ends a micro-batch between ``backward()`` and ``step()`` and the
+        loop goes on (``TrainingRun.accumulate`` does): the next step then uses only the gradients of
+        the micro-batches that follow, never gradients that were unscaled for a step that never came.
+        """
+        amp.forget_step(self.scaler, self.optimizer)
+        amp.forget_step(self.scaler, self)
+        self.optimizer.zero_grad(set_to_none=True)
+
+    @property
+    def steps_taken(self) -> int:
+        """Updates the wrapped optimizer has really made (steps the scaler skipped excluded)."""
+        return self._counter.taken
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Clear the gradients on a sync micro-batch; do nothing on the others."""
         if self.gradient_state.sync_gradients:
+            amp.forget_step(self.scaler, self.optimizer)  # unscaled for a step that did not come
             self.optimizer.zero_grad(set_to_none=set_to_none)
 
     # -- the rest of the Optimizer API -------------------------------------------------------
@@ -300,7 +317,6 @@ class PreparedOptimizer(Optimizer):
             "device": self.device,
             "gradient_state": self.gradient_state,
             "_step_was_skipped": self._step_was_skipped,
-            "_steps_taken": self._steps_taken,
             "_warned_no_micro_batch": self._warned_no_micro_batch,
         }
 
@@ -315,6 +331,7 @@ class PreparedOptimizer(Optimizer):
             "_optimizer_load_state_dict_post_hooks",
         ):
             self.__dict__.setdefault(name, OrderedDict())
+        self.__dict__["_counter"] = amp.step_counter(self.optimizer)
         self._patch_step_function()
 
     def __repr__(self) -> str:

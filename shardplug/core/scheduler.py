@@ -18,7 +18,10 @@ from typing import Any, Iterable, Optional, Union
 from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LRScheduler, ReduceLROnPlateau
 
+from . import amp
 from .accumulation import GradientState
+from .config import renamed_option
+from .optimizer import PreparedOptimizer
 from .topology import resolve_data_topology
 
 __all__ = ["PreparedScheduler", "advance_scheduler"]
@@ -29,10 +32,11 @@ _OWN = frozenset(
     {
         "scheduler",
         "optimizers",
-        "step_with_optimizer",
+        "step_scheduler_with_optimizer",
         "split_batches",
         "num_processes",
-        "scale_by_num_processes",
+        "scale_scheduler_by_num_processes",
+        "_counters",
         "gradient_state",
         "_seen_steps",
         "_warned_total_steps",
@@ -57,27 +61,57 @@ def advance_scheduler(scheduler: Any, times: int, *args: Any, **kwargs: Any) -> 
     return False
 
 
+def _unwrapped(optimizer: Optimizer) -> Optimizer:
+    """The optimizer whose ``step`` updates the parameters (a prepared optimizer's wrapped one)."""
+    return optimizer.optimizer if isinstance(optimizer, PreparedOptimizer) else optimizer
+
+
+def _check_optimizers(scheduler: Any, optimizers: Any) -> list[Optimizer]:
+    if optimizers is None:
+        optimizers = [getattr(scheduler, "optimizer", None)]
+    elif isinstance(optimizers, Optimizer):
+        optimizers = [optimizers]
+    elif hasattr(optimizers, "__iter__") and not isinstance(optimizers, (str, bytes)):
+        optimizers = list(optimizers)
+    else:
+        raise TypeError(
+            f"optimizers={optimizers!r} is invalid: pass an optimizer, a list of optimizers, or None "
+            "(the scheduler's own optimizer)"
+        )
+    if not optimizers:
+        raise ValueError("optimizers=[] is invalid: a scheduler that follows optimizer steps needs at least one")
+    for opt in optimizers:
+        if not isinstance(opt, Optimizer):
+            raise TypeError(f"optimizers contains {opt!r}, which is not a torch.optim.Optimizer")
+    return optimizers
+
+
 class PreparedScheduler(LRScheduler):
     """Wraps a learning-rate scheduler so that it steps once per real optimizer step.
 
     Args:
         scheduler: the scheduler to wrap (any ``LRScheduler``, including ``ReduceLROnPlateau``).
-        optimizers: the optimizer(s) whose steps drive it (prepared or not).
-        step_with_optimizer: ``False`` makes :meth:`step` a plain pass-through.
+        optimizers: the optimizer(s) whose steps drive it (prepared or not); ``None`` = the
+            scheduler's own optimizer.
+        step_scheduler_with_optimizer: ``False`` makes :meth:`step` a plain pass-through
+            (``step_with_optimizer=``: deprecated old name).
         split_batches: whether the loaders split batches; when they do, one optimizer step is one
             global batch and the scheduler steps once.
         num_processes: ``None`` = read from the running job.
-        scale_by_num_processes: when batches are not split, step ``num_processes`` times per
-            optimizer step (schedules sized on the unsharded loader's length end on time);
-            ``False``: once per optimizer step.
+        scale_scheduler_by_num_processes: when batches are not split, step ``num_processes`` times
+            per optimizer step (schedules sized on the unsharded loader's length end on time);
+            ``False``: once per optimizer step (``scale_by_num_processes=``: deprecated old name).
+            Front ends pass ``ShardplugConfig.scales_scheduler(front_end)``.
         gradient_state: the run's :class:`GradientState`; ``None`` = the one of the first
             prepared optimizer, else a private one (no accumulation).
 
-    With ``step_with_optimizer=True``, :meth:`step` does nothing while gradients are being
-    accumulated, nor unless every optimizer in ``optimizers`` made an update that the scaler did not
-    skip since the scheduler last stepped (optimizers that are not prepared always count as having
-    stepped). Otherwise it steps ``num_processes`` times (see above), never past the scheduler's
-    ``total_steps`` (``OneCycleLR``). ``ReduceLROnPlateau`` is stepped exactly once with its metric.
+    With ``step_scheduler_with_optimizer=True``, :meth:`step` does nothing unless every optimizer in
+    ``optimizers`` made a real update since the scheduler last stepped: not while gradients are
+    being accumulated, not after a step the ``GradScaler`` skipped (fused optimizers included). The
+    updates are counted by :func:`shardplug.core.amp.step_counter`, whoever steps the optimizer
+    (a prepared optimizer, ``scaler.step``, Lightning, Fabric, Ignite). It then steps
+    ``num_processes`` times (see above), never past the scheduler's ``total_steps``
+    (``OneCycleLR``). ``ReduceLROnPlateau`` is stepped exactly once with its metric.
 
     Everything else (``last_epoch``, ``base_lrs``, ``optimizer``, ``get_last_lr()``, ``get_lr()``,
     ``state_dict()``, ``load_state_dict()``, ...) is the wrapped scheduler's; attribute writes go
@@ -96,31 +130,52 @@ class PreparedScheduler(LRScheduler):
         self,
         scheduler: Any,
         optimizers: Union[Optimizer, Iterable[Optimizer], None] = None,
-        step_with_optimizer: bool = True,
+        step_scheduler_with_optimizer: bool = True,
         split_batches: bool = False,
         num_processes: Optional[int] = None,
-        scale_by_num_processes: bool = True,
+        scale_scheduler_by_num_processes: bool = True,
         gradient_state: Optional[GradientState] = None,
+        *,
+        step_with_optimizer: Optional[bool] = None,
+        scale_by_num_processes: Optional[bool] = None,
     ) -> None:
         # LRScheduler.__init__ is deliberately not run: it would step and patch the optimizer.
+        step_scheduler_with_optimizer = renamed_option(
+            "PreparedScheduler", "step_with_optimizer", step_with_optimizer,
+            "step_scheduler_with_optimizer", step_scheduler_with_optimizer,
+        )
+        scale_scheduler_by_num_processes = renamed_option(
+            "PreparedScheduler", "scale_by_num_processes", scale_by_num_processes,
+            "scale_scheduler_by_num_processes", scale_scheduler_by_num_processes,
+        )
+        if isinstance(scheduler, Optimizer):
+            raise TypeError(
+                f"scheduler={type(scheduler).__name__} is an optimizer; pass the learning-rate scheduler first "
+                "and the optimizer(s) as optimizers="
+            )
         if not callable(getattr(scheduler, "step", None)):
             raise TypeError(f"scheduler={scheduler!r} has no step() method; pass a torch learning-rate scheduler")
         if isinstance(scheduler, PreparedScheduler):
             raise TypeError("scheduler is already a PreparedScheduler; pass it as it is, or its .scheduler")
-        if optimizers is None:
-            optimizers = [scheduler.optimizer]
-        elif isinstance(optimizers, Optimizer):
-            optimizers = [optimizers]
-        optimizers = list(optimizers)
-        for opt in optimizers:
-            if not isinstance(opt, Optimizer):
-                raise TypeError(f"optimizers contains {opt!r}, which is not a torch.optim.Optimizer")
+        optimizers = _check_optimizers(scheduler, optimizers)
+        for name, value in (
+            ("step_scheduler_with_optimizer", step_scheduler_with_optimizer),
+            ("split_batches", split_batches),
+            ("scale_scheduler_by_num_processes", scale_scheduler_by_num_processes),
+        ):
+            if not isinstance(value, bool):
+                raise TypeError(f"{name}={value!r} is invalid: it must be True or False")
         if num_processes is None:
             num_processes = _default_num_processes()
         if not isinstance(num_processes, int) or isinstance(num_processes, bool) or num_processes < 1:
             raise ValueError(
                 f"num_processes={num_processes!r} is invalid: it must be an integer >= 1 "
                 "(leave it None to read it from the job)"
+            )
+        if gradient_state is not None and not isinstance(gradient_state, GradientState):
+            raise TypeError(
+                f"gradient_state={gradient_state!r} is not a GradientState; pass the run's GradientState "
+                "(e.g. run.gradient_state) or None"
             )
         if gradient_state is None:
             gradient_state = next(
@@ -130,13 +185,25 @@ class PreparedScheduler(LRScheduler):
         own = self.__dict__
         own["scheduler"] = scheduler
         own["optimizers"] = optimizers
-        own["step_with_optimizer"] = bool(step_with_optimizer)
-        own["split_batches"] = bool(split_batches)
+        own["step_scheduler_with_optimizer"] = step_scheduler_with_optimizer
+        own["split_batches"] = split_batches
         own["num_processes"] = num_processes
-        own["scale_by_num_processes"] = bool(scale_by_num_processes)
+        own["scale_scheduler_by_num_processes"] = scale_scheduler_by_num_processes
         own["gradient_state"] = gradient_state
+        own["_counters"] = [amp.step_counter(_unwrapped(o)) for o in optimizers]
         own["_seen_steps"] = self._optimizer_steps()
         own["_warned_total_steps"] = False
+
+    # old spellings, read-only (one release)
+    @property
+    def step_with_optimizer(self) -> bool:
+        """Deprecated name of :attr:`step_scheduler_with_optimizer`."""
+        return self.step_scheduler_with_optimizer
+
+    @property
+    def scale_by_num_processes(self) -> bool:
+        """Deprecated name of :attr:`scale_scheduler_by_num_processes`."""
+        return self.scale_scheduler_by_num_processes
 
     # -- attribute pass-through --------------------------------------------------------------
     def __getattr__(self, name: str) -> Any:
@@ -171,22 +238,22 @@ class PreparedScheduler(LRScheduler):
     @property
     def steps_per_optimizer_step(self) -> int:
         """Scheduler steps taken per real optimizer step (``ReduceLROnPlateau``: always 1)."""
-        if isinstance(self.scheduler, ReduceLROnPlateau) or self.split_batches or not self.scale_by_num_processes:
+        if isinstance(self.scheduler, ReduceLROnPlateau) or self.split_batches or not self.scale_scheduler_by_num_processes:
             return 1
         return self.num_processes
 
-    def _optimizer_steps(self) -> list[Optional[int]]:
-        return [getattr(o, "_steps_taken", None) for o in self.optimizers]
+    def _optimizer_steps(self) -> list[int]:
+        return [counter.taken for counter in self._counters]
 
     def step(self, *args: Any, **kwargs: Any) -> None:  # type: ignore[override]
         """Step the wrapped scheduler if (and as often as) the optimizers really stepped."""
-        if not self.step_with_optimizer:
+        if not self.step_scheduler_with_optimizer:
             self.scheduler.step(*args, **kwargs)
             return
         if not self.gradient_state.sync_gradients:
             return  # accumulating: no optimizer step happened
         now = self._optimizer_steps()
-        stepped = all(n is None or n > seen for n, seen in zip(now, self._seen_steps))
+        stepped = all(n > seen for n, seen in zip(now, self._seen_steps))
         if not stepped:
             logger.debug("scheduler not stepped: an optimizer made no update since the last scheduler step")
             return
@@ -213,10 +280,14 @@ class PreparedScheduler(LRScheduler):
         self.scheduler.load_state_dict(state_dict)
 
     def __getstate__(self) -> dict[str, Any]:
-        return dict(self.__dict__)
+        state = dict(self.__dict__)
+        del state["_counters"], state["_seen_steps"]  # bound to the optimizer objects of this process
+        return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
+        self.__dict__["_counters"] = [amp.step_counter(_unwrapped(o)) for o in self.optimizers]
+        self.__dict__["_seen_steps"] = self._optimizer_steps()  # the next real step counts
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.scheduler!r}, steps_per_optimizer_step={self.steps_per_optimizer_step})"

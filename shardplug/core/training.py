@@ -28,8 +28,9 @@ from typing import Any, Iterable, Iterator, Optional, Union
 import torch
 from torch.optim import Optimizer
 
+from . import amp
 from .accumulation import GradientState
-from .config import ShardplugConfig
+from .config import FRONT_ENDS, ShardplugConfig
 from .optimizer import PreparedOptimizer
 from .prepare import prepare_data_loader
 from .scheduler import PreparedScheduler
@@ -52,6 +53,8 @@ class TrainingRun:
         num_processes, process_index: ``None`` = read from the running job (process group, else
             the launcher's environment, else a single process).
         torch_device_mesh: a ``DeviceMesh`` whose data-parallel dimensions define the data topology.
+        front_end: whose conventions the options left ``None`` follow
+            (:meth:`ShardplugConfig.scales_scheduler`); integrations pass their name.
 
     Typical loop (``k`` = ``config.gradient_accumulation_steps``)::
 
@@ -76,19 +79,23 @@ class TrainingRun:
         num_processes: Optional[int] = None,
         process_index: Optional[int] = None,
         torch_device_mesh: Any = None,
+        front_end: str = "pytorch",
     ) -> None:
         if config is None:
             config = ShardplugConfig()
         if not isinstance(config, ShardplugConfig):
             raise TypeError(f"config={config!r} is not a ShardplugConfig; build one with ShardplugConfig(...)")
         self.config = config
-        self.scaler = scaler
+        self.scaler = amp.check_scaler(scaler)
         self.num_processes, self.process_index = resolve_data_topology(
             num_processes, process_index, torch_device_mesh
         )
         self.torch_device_mesh = torch_device_mesh
         self.device = torch.device(device) if device is not None else ProcessTopology.current().device
         self.gradient_state = GradientState(num_steps=config.gradient_accumulation_steps)
+        if front_end not in FRONT_ENDS:
+            raise ValueError(f"front_end={front_end!r} is invalid: it must be one of {sorted(FRONT_ENDS)}")
+        self.front_end = front_end
         self.optimizers: list[PreparedOptimizer] = []
         self.schedulers: list[PreparedScheduler] = []
 
@@ -143,10 +150,10 @@ class TrainingRun:
         prepared = PreparedScheduler(
             scheduler,
             optimizers,
-            step_with_optimizer=self.config.step_scheduler_with_optimizer,
+            step_scheduler_with_optimizer=self.config.step_scheduler_with_optimizer,
             split_batches=self.config.split_batches,
             num_processes=self.num_processes,
-            scale_by_num_processes=self.config.scale_scheduler_by_num_processes is not False,
+            scale_scheduler_by_num_processes=self.config.scales_scheduler(self.front_end),
             gradient_state=self.gradient_state,
         )
         self.schedulers.append(prepared)
@@ -162,19 +169,52 @@ class TrainingRun:
         ``force_sync=True`` makes this micro-batch sync (end of a hand-written loop).
         """
         sync = self.gradient_state.begin_micro_batch(force_sync=force_sync)
-        with contextlib.ExitStack() as stack:
-            if not sync:
-                for model in models:
-                    no_sync = getattr(model, "no_sync", None)
-                    if callable(no_sync):
-                        stack.enter_context(no_sync())
-            yield sync
+        try:
+            with contextlib.ExitStack() as stack:
+                if not sync:
+                    for model in models:
+                        no_sync = getattr(model, "no_sync", None)
+                        if callable(no_sync):
+                            stack.enter_context(no_sync())
+                yield sync
+        except BaseException:
+            self.abandon_step()
+            raise
+
+    def abandon_step(self) -> None:
+        """Drop the optimizer step being prepared: its gradients, the scaler's record, the cycle.
+
+        Done for you when an exception leaves :meth:`accumulate` (e.g. an out-of-memory error caught
+        around the micro-batch, after which the loop goes on): the gradients accumulated in the
+        current cycle are cleared, the scaler forgets what it unscaled for the step that never came,
+        and the next micro-batch starts a new cycle. The next update is then exactly the one a run
+        that never saw the failed cycle would make.
+        """
+        for prepared in self.optimizers:
+            prepared.abandon_step()
+        self.gradient_state.restart_cycle()
+        logger.warning("an exception ended a micro-batch: the optimizer step in progress was abandoned")
 
     def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
         """``loss.backward()``, averaged over the accumulation cycle (divided by
-        ``gradient_accumulation_steps``) and scaled by the run's scaler when there is one."""
+        ``gradient_accumulation_steps``) and scaled by the run's scaler when there is one.
+
+        If an optimizer's gradients were unscaled for a step that never came (an exception between
+        :meth:`clip_grad_norm_` and ``step()``, caught outside :meth:`accumulate`), that step is
+        abandoned first (:meth:`PreparedOptimizer.abandon_step`): new scaled gradients are never
+        added to unscaled ones.
+        """
+        if amp.scaler_enabled(self.scaler):
+            for prepared in self.optimizers:
+                if amp.is_unscaled(self.scaler, prepared.optimizer) or amp.is_unscaled(self.scaler, prepared):
+                    logger.warning(
+                        "backward() after the gradients of %s were unscaled for a step that never came: that step "
+                        "is abandoned (its gradients cleared)",
+                        type(prepared.optimizer).__name__,
+                    )
+                    prepared.abandon_step()
         loss = loss / self.gradient_state.num_steps
-        if self.scaler is not None and self.scaler.is_enabled():
+        if amp.scaler_enabled(self.scaler):
             loss = self.scaler.scale(loss)
         loss.backward(**kwargs)
 
@@ -191,17 +231,13 @@ class TrainingRun:
         if not self.gradient_state.sync_gradients:
             return None
         parameters = [parameters] if isinstance(parameters, torch.Tensor) else list(parameters)
-        if self.scaler is not None and self.scaler.is_enabled():
-            from torch.amp.grad_scaler import OptState
-
+        if amp.scaler_enabled(self.scaler):
             wanted = {id(p) for p in parameters}
-            per_optimizer = self.scaler._per_optimizer_states
             for prepared in self.optimizers:
                 owns = any(id(p) in wanted for group in prepared.param_groups for p in group["params"])
-                if prepared.scaler is not self.scaler or not owns or id(prepared) in per_optimizer:
+                if prepared.scaler is not self.scaler or not owns or amp.is_unscaled(self.scaler, prepared):
                     continue  # another scaler, other parameters, or already unscaled by the user
-                if per_optimizer[id(prepared.optimizer)]["stage"] is OptState.READY:
-                    self.scaler.unscale_(prepared.optimizer)
+                amp.unscale_once(self.scaler, prepared.optimizer)
         return torch.nn.utils.clip_grad_norm_(parameters, max_norm, norm_type=norm_type)
 
     def __repr__(self) -> str:
