@@ -41,6 +41,15 @@ def test_frozen_and_replace_validates():
         ({"rng_types": "torch"}, TypeError, ["rng_types='torch'", "('torch',)"]),
         ({"rng_types": ("torch", "tpu")}, ValueError, ["rng_types", "'tpu'"]),
         ({"slice_fn_for_dispatch": 3}, TypeError, ["slice_fn_for_dispatch=3", "callable"]),
+        # options that would silently do nothing
+        ({"dispatch_batches": True, "put_on_device": True, "even_batches": False}, ValueError,
+         ["even_batches=False", "dispatch_batches=False"]),
+        ({"slice_fn_for_dispatch": len, "dispatch_batches": False}, ValueError, ["slice_fn_for_dispatch", "dispatch_batches=False"]),
+        ({"non_blocking": True}, ValueError, ["non_blocking=True", "put_on_device=True"]),
+        ({"scale_scheduler_by_num_processes": True, "split_batches": True}, ValueError,
+         ["scale_scheduler_by_num_processes=True", "split_batches=True"]),
+        ({"scale_scheduler_by_num_processes": True, "step_scheduler_with_optimizer": False}, ValueError,
+         ["scale_scheduler_by_num_processes=True", "step_scheduler_with_optimizer=False"]),
     ],
 )
 def test_validation_names_argument_value_and_fix(kwargs, error, words):
@@ -67,7 +76,6 @@ def test_data_loader_kwargs_are_prepare_data_loader_arguments():
 
     config = ShardplugConfig(
         split_batches=True,
-        even_batches=False,
         dispatch_batches=True,
         put_on_device=True,
         use_seedable_sampler=True,
@@ -81,3 +89,13 @@ def test_data_loader_kwargs_are_prepare_data_loader_arguments():
     assert set(kwargs) <= set(parameters)
     assert set(parameters) - set(kwargs) == {"dataloader", "device", "num_processes", "process_index", "torch_device_mesh"}
     assert kwargs["slice_fn_for_dispatch"] is slicer and kwargs["data_seed"] == 7 and kwargs["split_batches"] is True
+
+
+def test_scheduler_scaling_is_decided_in_one_place():
+    assert [ShardplugConfig().scales_scheduler(f) for f in ("pytorch", "lightning", "fabric", "ignite")] == [
+        True, False, False, False
+    ]
+    assert ShardplugConfig(scale_scheduler_by_num_processes=True).scales_scheduler("ignite") is True
+    assert ShardplugConfig(scale_scheduler_by_num_processes=False).scales_scheduler("pytorch") is False
+    with pytest.raises(ValueError, match="front_end='keras'"):
+        ShardplugConfig().scales_scheduler("keras")

@@ -46,6 +46,7 @@ __all__ = [
     "move_record",
     "forget_step",
     "close_failed_step",
+    "StepAttempt",
 ]
 
 logger = logging.getLogger(__name__)
@@ -221,3 +222,39 @@ def step_counter(optimizer: Optimizer) -> StepCounter:
     if counter is None:
         counter = _COUNTERS[optimizer] = StepCounter(optimizer)
     return counter
+
+
+class StepAttempt:
+    """One attempt to step an optimizer through code shardplug does not own (a framework's precision
+    plugin): counts what happened and closes the scaler's iteration if the attempt raises.
+
+    Example::
+
+        >>> import torch
+        >>> param = torch.nn.Parameter(torch.ones(1)); param.grad = torch.ones(1)
+        >>> opt = torch.optim.SGD([param], lr=0.1)
+        >>> with StepAttempt(opt, scaler=None) as attempt:
+        ...     opt.step()
+        >>> attempt.skipped
+        False
+    """
+
+    def __init__(self, optimizer: Optimizer, scaler: Any) -> None:
+        self.optimizer = optimizer
+        self.scaler = scaler
+        self._counter = step_counter(optimizer)
+        self._taken_before = 0
+        self._calls_before = 0
+
+    def __enter__(self) -> "StepAttempt":
+        self._taken_before, self._calls_before = self._counter.taken, self._counter.calls
+        return self
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        if exc_type is not None:
+            close_failed_step(self.scaler, self.optimizer, stepped=self._counter.calls > self._calls_before)
+
+    @property
+    def skipped(self) -> bool:
+        """Whether the attempt made no update (the scaler skipped it, or nothing called ``step``)."""
+        return self._counter.taken == self._taken_before

@@ -159,6 +159,35 @@ class ShardplugConfig:
                 f"gradient_accumulation_steps={steps!r} is invalid: it must be an integer >= 1 "
                 "(1 = an optimizer step on every batch)"
             )
+        self._refuse_options_without_effect()
+
+    def _refuse_options_without_effect(self) -> None:
+        """A combination in which an option would silently do nothing is a ``ValueError``."""
+        if self.dispatch_batches and not self.even_batches:
+            raise ValueError(
+                "even_batches=False has no effect with dispatch_batches=True (process 0 sends every process the same "
+                "number of steps); use dispatch_batches=False to give processes uneven batches, or even_batches=True"
+            )
+        if self.slice_fn_for_dispatch is not None and self.dispatch_batches is False:
+            raise ValueError(
+                "slice_fn_for_dispatch is only used by dispatching loaders, and dispatch_batches=False; "
+                "drop slice_fn_for_dispatch, or set dispatch_batches=True (or None: automatic)"
+            )
+        if self.non_blocking and not self.put_on_device:
+            raise ValueError(
+                "non_blocking=True has no effect with put_on_device=False (shardplug moves no batch); "
+                "set put_on_device=True, or leave non_blocking=False"
+            )
+        if self.scale_scheduler_by_num_processes and self.split_batches:
+            raise ValueError(
+                "scale_scheduler_by_num_processes=True has no effect with split_batches=True (one optimizer step is "
+                "one global batch: schedulers step once); leave scale_scheduler_by_num_processes=None"
+            )
+        if self.scale_scheduler_by_num_processes and not self.step_scheduler_with_optimizer:
+            raise ValueError(
+                "scale_scheduler_by_num_processes=True has no effect with step_scheduler_with_optimizer=False "
+                "(prepared schedulers are then plain pass-throughs); leave scale_scheduler_by_num_processes=None"
+            )
 
     def scales_scheduler(self, front_end: str) -> bool:
         """Whether prepared schedulers step ``num_processes`` times per optimizer step (SPEC §6).

@@ -20,7 +20,7 @@ from torch.optim.lr_scheduler import LRScheduler, ReduceLROnPlateau
 
 from . import amp
 from .accumulation import GradientState
-from .config import renamed_option
+from .config import ShardplugConfig, renamed_option
 from .optimizer import PreparedOptimizer
 from .topology import resolve_data_topology
 
@@ -193,6 +193,32 @@ class PreparedScheduler(LRScheduler):
         own["_counters"] = [amp.step_counter(_unwrapped(o)) for o in optimizers]
         own["_seen_steps"] = self._optimizer_steps()
         own["_warned_total_steps"] = False
+
+    @classmethod
+    def from_config(
+        cls,
+        scheduler: Any,
+        optimizers: Union[Optimizer, Iterable[Optimizer], None],
+        config: ShardplugConfig,
+        *,
+        front_end: str,
+        num_processes: int,
+        gradient_state: Optional[GradientState] = None,
+    ) -> "PreparedScheduler":
+        """The scheduler wrapper every front end builds: its options come from ``config`` only
+        (``step_scheduler_with_optimizer``, ``split_batches``, and the N-fold rule decided by
+        :meth:`ShardplugConfig.scales_scheduler` for ``front_end``)."""
+        if not isinstance(config, ShardplugConfig):
+            raise TypeError(f"config={config!r} is not a ShardplugConfig")
+        return cls(
+            scheduler,
+            optimizers,
+            step_scheduler_with_optimizer=config.step_scheduler_with_optimizer,
+            split_batches=config.split_batches,
+            num_processes=num_processes,
+            scale_scheduler_by_num_processes=config.scales_scheduler(front_end),
+            gradient_state=gradient_state,
+        )
 
     # old spellings, read-only (one release)
     @property

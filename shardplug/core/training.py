@@ -139,21 +139,30 @@ class TrainingRun:
         return prepared
 
     def prepare_scheduler(
-        self, scheduler: Any, optimizers: Union[Optimizer, Iterable[Optimizer], None] = None
+        self,
+        scheduler: Any,
+        optimizers: Union[Optimizer, Iterable[Optimizer], None] = None,
+        *,
+        scale_scheduler_by_num_processes: Optional[bool] = None,
     ) -> PreparedScheduler:
         """Wrap ``scheduler``; it follows ``optimizers`` (default: the prepared optimizer of the
-        scheduler's own optimizer, else every optimizer this run prepared)."""
+        scheduler's own optimizer, else every optimizer this run prepared).
+
+        ``scale_scheduler_by_num_processes`` overrides the config's value for this scheduler.
+        """
+        config = self.config
+        if scale_scheduler_by_num_processes is not None:
+            config = config.replace(scale_scheduler_by_num_processes=scale_scheduler_by_num_processes)
         if optimizers is None:
             target = getattr(scheduler, "optimizer", None)
             matching = [o for o in self.optimizers if o is target or o.optimizer is target]
             optimizers = matching or list(self.optimizers) or ([target] if target is not None else [])
-        prepared = PreparedScheduler(
+        prepared = PreparedScheduler.from_config(
             scheduler,
             optimizers,
-            step_scheduler_with_optimizer=self.config.step_scheduler_with_optimizer,
-            split_batches=self.config.split_batches,
+            config,
+            front_end=self.front_end,
             num_processes=self.num_processes,
-            scale_scheduler_by_num_processes=self.config.scales_scheduler(self.front_end),
             gradient_state=self.gradient_state,
         )
         self.schedulers.append(prepared)

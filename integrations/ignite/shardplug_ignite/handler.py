@@ -25,7 +25,7 @@ from ignite.metrics.metric import MetricUsage
 from torch.optim import Optimizer
 from torch.utils.data import DataLoader, IterableDataset
 
-from shardplug.core.config import ShardplugConfig
+from shardplug.core.config import ShardplugConfig, renamed_option
 from shardplug.core.loaders import PreparedDataLoader
 from shardplug.core.optimizer import PreparedOptimizer
 from shardplug.core.scheduler import PreparedScheduler
@@ -219,6 +219,7 @@ class ShardplugHandler(Serializable):
     ) -> None:
         self.run = TrainingRun(
             config,
+            front_end="ignite",
             scaler=scaler,
             device=device,
             num_processes=num_processes,
@@ -307,37 +308,28 @@ class ShardplugHandler(Serializable):
         scheduler: Any,
         optimizers: Union[Optimizer, Sequence[Optimizer], None] = None,
         *,
+        scale_scheduler_by_num_processes: Optional[bool] = None,
         scale_by_num_processes: Optional[bool] = None,
     ) -> PreparedScheduler:
         """Step a torch ``LRScheduler`` after every real optimizer step (never while accumulating,
         never after a step the scaler skipped).
 
-        ``scale_by_num_processes=True`` steps it ``num_processes`` times per optimizer step when
-        batches are not split (a schedule sized on the unsharded loader's length). Off by default,
-        as in Lightning: a schedule is sized in optimizer steps. ``None`` takes the config's
-        ``scale_scheduler_by_num_processes``, itself ``None`` (= off for Ignite) by default.
-        ``ReduceLROnPlateau`` needs a metric: step it yourself after evaluation.
+        ``scale_scheduler_by_num_processes=True`` steps it ``num_processes`` times per optimizer
+        step when batches are not split (a schedule sized on the unsharded loader's length).
+        ``None`` takes the config's value; when that is ``None`` too, off: Ignite's convention
+        (``ShardplugConfig.scales_scheduler("ignite")``), a schedule is sized in optimizer steps.
+        ``scale_by_num_processes=`` is the deprecated old name. ``ReduceLROnPlateau`` needs a
+        metric: step it yourself after evaluation.
         """
         if isinstance(scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau):
             raise TypeError(
                 "ReduceLROnPlateau needs a metric: call scheduler.step(metric) in an evaluator handler instead"
             )
-        if optimizers is None:
-            target = getattr(scheduler, "optimizer", None)
-            matching = [o for o in self.run.optimizers if o is target or o.optimizer is target]
-            optimizers = matching or list(self.run.optimizers)
-        prepared = PreparedScheduler(
-            scheduler,
-            optimizers,
-            step_with_optimizer=self.config.step_scheduler_with_optimizer,
-            split_batches=self.config.split_batches,
-            num_processes=self.run.num_processes,
-            scale_by_num_processes=bool(
-                self.config.scale_scheduler_by_num_processes if scale_by_num_processes is None else scale_by_num_processes
-            ),
-            gradient_state=self.run.gradient_state,
+        scale = renamed_option(
+            "attach_scheduler", "scale_by_num_processes", scale_by_num_processes,
+            "scale_scheduler_by_num_processes", scale_scheduler_by_num_processes,
         )
-        self.run.schedulers.append(prepared)
+        prepared = self.run.prepare_scheduler(scheduler, optimizers, scale_scheduler_by_num_processes=scale)
         self._register_events(engine)
         event = (
             ShardplugEvents.OPTIMIZER_STEP_COMPLETED
@@ -399,14 +391,9 @@ class ShardplugHandler(Serializable):
         if pending is not None:
             self.optimizer_step = int(pending["optimizer_step"])
             self.optimizer_step_skipped = int(pending["optimizer_step_skipped"])
-            step = int(pending["accumulation_step"])
-            if step:
-                logger.warning(
-                    "resuming inside a gradient-accumulation cycle (%d micro-batches in): their gradients are not "
-                    "in the checkpoint; save on ShardplugEvents.OPTIMIZER_STEP_COMPLETED to avoid this",
-                    step,
-                )
-                state._step = step % state.num_steps  # keep the uninterrupted run's step boundaries
+            # keep the uninterrupted run's step boundaries (GradientState warns inside a cycle)
+            step = int(pending["accumulation_step"]) % state.num_steps
+            state.load_state_dict({"num_steps": state.num_steps, "step": step})
         elif engine.state.iteration == 0:
             self.optimizer_step = self.optimizer_step_skipped = 0
         engine.state.optimizer_step = self.optimizer_step
@@ -549,16 +536,20 @@ class ShardplugHandler(Serializable):
                     "call handler.attach(trainer) (or use handler.create_trainer)"
                 )
             model.train()
-            x, y = prepare_batch(batch, device=device, non_blocking=non_blocking)
-            with self.no_sync(model):
-                with self._autocast(autocast, autocast_dtype):
-                    y_pred = model_transform(model_fn(model, x))
-                    loss = loss_fn(y_pred, y)
-                self.run.backward(loss)
-            if clip_grad_norm is not None:
-                self.run.clip_grad_norm_(model.parameters(), clip_grad_norm)
-            prepared.step()
-            prepared.zero_grad()
+            try:
+                x, y = prepare_batch(batch, device=device, non_blocking=non_blocking)
+                with self.no_sync(model):
+                    with self._autocast(autocast, autocast_dtype):
+                        y_pred = model_transform(model_fn(model, x))
+                        loss = loss_fn(y_pred, y)
+                    self.run.backward(loss)
+                if clip_grad_norm is not None:
+                    self.run.clip_grad_norm_(model.parameters(), clip_grad_norm)
+                prepared.step()
+                prepared.zero_grad()
+            except BaseException:
+                self.run.abandon_step()  # the next step starts from fresh gradients and a clean scaler
+                raise
             return output_transform(x, y, y_pred, loss)
 
         return update

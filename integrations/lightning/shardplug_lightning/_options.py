@@ -1,108 +1,56 @@
-"""Options of the shardplug strategies, and the data-side helpers they share.
+"""The shardplug configuration of a strategy, and the data-side checks the strategies share.
 
-The strategies accept a ``shardplug`` configuration value (``ShardplugConfig``) and/or its fields
-as keywords; keywords win over the value's fields. :func:`resolve_options` turns them into the
-keyword arguments of :func:`shardplug.prepare_data_loader` plus the stepping options.
+The strategies accept a ``ShardplugConfig`` and/or its fields as keywords (keywords win) and hold
+the merged :class:`~shardplug.core.config.ShardplugConfig` itself: every option is read from it,
+never re-stated here.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
-from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Optional
 
 from torch.utils.data import DataLoader
 from torch.utils.data.distributed import DistributedSampler
 
+from shardplug.core.config import ShardplugConfig
 from shardplug.core.loaders import PreparedDataLoader
 
-__all__ = ["ResolvedOptions", "resolve_options", "refuse_distributed_sampler", "refuse_prepared"]
+__all__ = ["resolve_config", "data_loader_kwargs", "refuse_distributed_sampler", "refuse_prepared"]
 
 logger = logging.getLogger(__name__)
 
-try:  # the shared configuration value (shardplug >= the stepping release)
-    from shardplug.core.config import ShardplugConfig
-except ImportError:  # pragma: no cover - older shardplug: keywords only
-    ShardplugConfig = None  # type: ignore[assignment,misc]
-
-#: ``prepare_data_loader`` keywords a strategy decides (the run-specific ones are filled in per process).
-DATA_FIELDS: tuple[str, ...] = (
-    "split_batches",
-    "even_batches",
-    "dispatch_batches",
-    "use_seedable_sampler",
-    "data_seed",
-    "non_blocking",
-    "use_stateful_dataloader",
-    "put_on_device",
-    "rng_types",
-    "slice_fn_for_dispatch",
-)
-STEP_FIELDS: tuple[str, ...] = ("gradient_accumulation_steps", "step_scheduler_with_optimizer")
-
-_DATA_DEFAULTS: dict[str, Any] = {
-    "split_batches": False,
-    "even_batches": True,
-    "dispatch_batches": None,
-    "use_seedable_sampler": False,
-    "data_seed": None,
-    "non_blocking": False,
-    "use_stateful_dataloader": False,
-    "put_on_device": False,
-    "rng_types": None,
-    "slice_fn_for_dispatch": None,
-}
+_FIELDS = frozenset(f.name for f in dataclasses.fields(ShardplugConfig))
 
 
-@dataclass(frozen=True)
-class ResolvedOptions:
-    """What a strategy does with the data and the optimizers (plain values: the strategy stays picklable)."""
-
-    data_kwargs: dict[str, Any] = field(default_factory=dict)
-    gradient_accumulation_steps: int = 1
-    step_scheduler_with_optimizer: bool = True
-
-    @property
-    def split_batches(self) -> bool:
-        return bool(self.data_kwargs.get("split_batches", False))
-
-    @property
-    def even_batches(self) -> bool:
-        return bool(self.data_kwargs.get("even_batches", True))
-
-
-def resolve_options(config: Any, overrides: dict[str, Any]) -> ResolvedOptions:
-    """Merge ``config`` (a ``ShardplugConfig`` or ``None``) with explicit keyword ``overrides``.
-
-    ``overrides`` holds only the keywords the user passed (not ``None``). The merged value is
-    validated by ``ShardplugConfig`` when it is available (errors name the argument and the fix).
-    """
-    unknown = set(overrides) - set(DATA_FIELDS) - set(STEP_FIELDS)
+def resolve_config(config: Any, overrides: dict[str, Any]) -> ShardplugConfig:
+    """``config`` (a ``ShardplugConfig`` or ``None``) with the keywords the user passed (not ``None``)
+    applied; validated by ``ShardplugConfig`` (errors name the argument and the fix)."""
+    unknown = set(overrides) - _FIELDS
     if unknown:
         raise TypeError(f"unknown shardplug option(s): {sorted(unknown)}")
-    if ShardplugConfig is not None:
-        if config is None:
-            merged = ShardplugConfig(**overrides)
-        elif isinstance(config, ShardplugConfig):
-            merged = config.replace(**overrides) if overrides else config
-        else:
-            raise TypeError(f"config={config!r} is invalid: pass a shardplug ShardplugConfig or None")
-        return ResolvedOptions(
-            data_kwargs=merged.data_loader_kwargs(),
-            gradient_accumulation_steps=merged.gradient_accumulation_steps,
-            step_scheduler_with_optimizer=merged.step_scheduler_with_optimizer,
-        )
-    if config is not None:  # pragma: no cover - older shardplug
-        raise TypeError("config= needs shardplug with ShardplugConfig; pass the options as keywords instead")
-    data = dict(_DATA_DEFAULTS)
-    data.update({k: v for k, v in overrides.items() if k in DATA_FIELDS})
-    if data["rng_types"] is not None:
-        data["rng_types"] = list(data["rng_types"])
-    return ResolvedOptions(
-        data_kwargs=data,
-        gradient_accumulation_steps=int(overrides.get("gradient_accumulation_steps", 1)),
-        step_scheduler_with_optimizer=bool(overrides.get("step_scheduler_with_optimizer", True)),
-    )
+    if "rng_types" in overrides and not isinstance(overrides["rng_types"], str):
+        overrides = {**overrides, "rng_types": tuple(overrides["rng_types"])}
+    if config is None:
+        return ShardplugConfig(**overrides)
+    if not isinstance(config, ShardplugConfig):
+        raise TypeError(f"config={config!r} is invalid: pass a shardplug ShardplugConfig or None")
+    return config.replace(**overrides) if overrides else config
+
+
+def data_loader_kwargs(
+    config: ShardplugConfig, num_processes: int, process_index: int, device: Any, even_batches: Optional[bool] = None
+) -> dict[str, Any]:
+    """``prepare_data_loader`` keywords for one loader of this process (``even_batches`` overrides the config's)."""
+    kwargs = config.data_loader_kwargs()
+    if even_batches is not None:
+        kwargs["even_batches"] = even_batches
+    if config.put_on_device:
+        kwargs["device"] = device
+    kwargs["num_processes"] = num_processes
+    kwargs["process_index"] = process_index
+    return kwargs
 
 
 def _has_distributed_sampler(dataloader: DataLoader) -> bool:

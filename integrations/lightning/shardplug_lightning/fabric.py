@@ -1,16 +1,18 @@
-"""``ShardplugFabricDDPStrategy``: Fabric's ``DDPStrategy`` with shardplug's data loading.
+"""``ShardplugFabricDDPStrategy``: Fabric's ``DDPStrategy`` with shardplug's data loading and stepping.
 
 ``fabric.setup_dataloaders(loader)`` returns ``prepare_data_loader(loader, ...)`` for this process
 (Fabric injects no ``DistributedSampler``: this strategy reports no sampler arguments). Fabric
-loops are written by the user, so ``even_batches=False`` is allowed here. Fabric steps no
-schedulers: use ``shardplug.core.training.TrainingRun`` / ``PreparedScheduler`` for scheduler and
-accumulation semantics, or check :attr:`ShardplugFabricDDPStrategy.step_was_skipped` after
-``optimizer.step()`` to skip a scheduler step the ``GradScaler`` skipped.
+loops are written by the user, so ``even_batches=False`` is allowed here. A scheduler given to
+``fabric.setup(model, optimizer, scheduler=scheduler)`` comes back as a
+:class:`~shardplug.core.scheduler.PreparedScheduler`: it advances only after real optimizer
+updates (not after a step the ``GradScaler`` skipped, fused optimizers included), with the same
+rules as every other front end.
 
 Example::
 
     fabric = Fabric(accelerator="cpu", devices=2, strategy=ShardplugFabricDDPStrategy(split_batches=True))
     fabric.launch()
+    model, optimizer, scheduler = fabric.setup(model, optimizer, scheduler=scheduler)
     loader = fabric.setup_dataloaders(DataLoader(dataset, batch_size=8, shuffle=True))
 """
 
@@ -20,11 +22,16 @@ import logging
 from typing import Any, Callable, Optional
 
 from lightning.fabric.strategies import DDPStrategy
+from torch.nn import Module
+from torch.optim import Optimizer
 from torch.utils.data import DataLoader
 
 from shardplug import prepare_data_loader
+from shardplug.core import amp
+from shardplug.core.config import ShardplugConfig
+from shardplug.core.scheduler import PreparedScheduler
 
-from ._options import ResolvedOptions, refuse_distributed_sampler, refuse_prepared, resolve_options
+from ._options import data_loader_kwargs, refuse_distributed_sampler, refuse_prepared, resolve_config
 
 __all__ = ["ShardplugFabricDDPStrategy"]
 
@@ -35,11 +42,18 @@ class ShardplugFabricDDPStrategy(DDPStrategy):
     """Fabric's DDP strategy whose ``setup_dataloaders`` shards with ``shardplug.prepare_data_loader``.
 
     Args:
-        config: a ``ShardplugConfig``; the keywords below override its fields.
+        config: a ``ShardplugConfig``; the keywords below override its fields, and the strategy
+            holds the merged value (``strategy.shardplug_config``).
         split_batches, even_batches, dispatch_batches, use_seedable_sampler, data_seed,
             non_blocking, use_stateful_dataloader, put_on_device, rng_types,
-            slice_fn_for_dispatch: the ``prepare_data_loader`` options of every loader.
+            slice_fn_for_dispatch, shuffle_algorithm: the ``prepare_data_loader`` options of every loader.
+        step_scheduler_with_optimizer, scale_scheduler_by_num_processes: how the scheduler of
+            ``fabric.setup`` steps (``None``: the config's; the N-fold rule is off by default in
+            Fabric, whose ``len(loader)`` is already per process).
         **ddp_kwargs: every ``lightning.fabric.strategies.DDPStrategy`` keyword.
+
+    ``gradient_accumulation_steps`` other than 1 is refused: in a Fabric loop you decide when to
+    step (``fabric.no_backward_sync``), and the option would do nothing.
     """
 
     def __init__(
@@ -56,6 +70,9 @@ class ShardplugFabricDDPStrategy(DDPStrategy):
         put_on_device: Optional[bool] = None,
         rng_types: Any = None,
         slice_fn_for_dispatch: Optional[Callable[..., Any]] = None,
+        shuffle_algorithm: Optional[str] = None,
+        step_scheduler_with_optimizer: Optional[bool] = None,
+        scale_scheduler_by_num_processes: Optional[bool] = None,
         **ddp_kwargs: Any,
     ) -> None:
         given = {
@@ -67,11 +84,21 @@ class ShardplugFabricDDPStrategy(DDPStrategy):
             "non_blocking": non_blocking,
             "use_stateful_dataloader": use_stateful_dataloader,
             "put_on_device": put_on_device,
-            "rng_types": tuple(rng_types) if rng_types is not None else None,
+            "rng_types": rng_types,
             "slice_fn_for_dispatch": slice_fn_for_dispatch,
+            "shuffle_algorithm": shuffle_algorithm,
+            "step_scheduler_with_optimizer": step_scheduler_with_optimizer,
+            "scale_scheduler_by_num_processes": scale_scheduler_by_num_processes,
         }
-        self.shardplug_options: ResolvedOptions = resolve_options(config, {k: v for k, v in given.items() if v is not None})
-        self._step_was_skipped = False
+        config = resolve_config(config, {k: v for k, v in given.items() if v is not None})
+        if config.gradient_accumulation_steps != 1:
+            raise ValueError(
+                f"gradient_accumulation_steps={config.gradient_accumulation_steps} has no effect with Fabric: your "
+                "loop decides when to step. Leave it 1, skip optimizer.step() on accumulating micro-batches and "
+                "wrap them in fabric.no_backward_sync(model)"
+            )
+        self.shardplug_config: ShardplugConfig = config
+        self._last_step: Optional[amp.StepAttempt] = None
         super().__init__(**ddp_kwargs)
 
     @property
@@ -81,8 +108,8 @@ class ShardplugFabricDDPStrategy(DDPStrategy):
 
     @property
     def step_was_skipped(self) -> bool:
-        """Whether the last ``optimizer.step()`` was skipped (``GradScaler`` found inf/NaN gradients)."""
-        return self._step_was_skipped
+        """Whether the last ``optimizer.step()`` made no update (``GradScaler`` found inf/NaN gradients)."""
+        return self._last_step is not None and self._last_step.skipped
 
     def process_dataloader(self, dataloader: DataLoader) -> DataLoader:
         """This process's loader: ``prepare_data_loader`` with the strategy's options."""
@@ -91,33 +118,29 @@ class ShardplugFabricDDPStrategy(DDPStrategy):
             return dataloader
         refuse_prepared(dataloader, "fabric.setup_dataloaders()")
         refuse_distributed_sampler(dataloader, "fabric.setup_dataloaders()")
-        kwargs = dict(self.shardplug_options.data_kwargs)
-        if kwargs.get("put_on_device"):
-            kwargs["device"] = self.root_device
-        return prepare_data_loader(dataloader, num_processes=self.world_size, process_index=self.global_rank, **kwargs)
+        return prepare_data_loader(
+            dataloader,
+            **data_loader_kwargs(self.shardplug_config, self.world_size, self.global_rank, self.root_device),
+        )
+
+    def setup_module_and_optimizers(
+        self, module: Module, optimizers: list[Optimizer], scheduler: Any = None
+    ) -> tuple[Module, list[Optimizer], Any]:
+        """Fabric's set-up; the scheduler comes back as a ``PreparedScheduler`` following real steps."""
+        module, optimizers, scheduler = super().setup_module_and_optimizers(module, optimizers, scheduler)
+        if scheduler is not None and not isinstance(scheduler, PreparedScheduler):
+            scheduler = PreparedScheduler.from_config(
+                scheduler, None, self.shardplug_config, front_end="fabric", num_processes=self.world_size
+            )
+        return module, optimizers, scheduler
 
     def optimizer_step(self, optimizer: Any, **kwargs: Any) -> Any:
-        """Fabric's optimizer step, noting whether the optimizer really stepped (:attr:`step_was_skipped`)."""
-        own = vars(optimizer)
-        had_own_step = "step" in own
-        previous = own.get("step")
-        inner = optimizer.step
-        called: list[bool] = []
-
-        def tracking_step(*args: Any, **step_kwargs: Any) -> Any:
-            called.append(True)
-            return inner(*args, **step_kwargs)
-
-        optimizer.step = tracking_step
-        try:
-            output = super().optimizer_step(optimizer, **kwargs)
-        finally:
-            if had_own_step:
-                own["step"] = previous
-            else:
-                own.pop("step", None)
-        self._step_was_skipped = not called
-        return output
+        """Fabric's optimizer step, counted by shardplug's real-step counter (:attr:`step_was_skipped`);
+        if it raises, the scaler's record of the step is closed."""
+        scaler = getattr(self.precision, "scaler", None)
+        with amp.StepAttempt(optimizer, scaler) as attempt:
+            self._last_step = attempt
+            return super().optimizer_step(optimizer, **kwargs)
 
     @classmethod
     def register_strategies(cls, strategy_registry: Any) -> None:

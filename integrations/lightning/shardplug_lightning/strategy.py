@@ -21,17 +21,18 @@ from __future__ import annotations
 import importlib
 import logging
 import types
-from collections import defaultdict
 from typing import Any, Callable, Optional
 
 from torch.optim import Optimizer
 from torch.utils.data import DataLoader
 
 from shardplug import prepare_data_loader
+from shardplug.core import amp
+from shardplug.core.config import ShardplugConfig
 from shardplug.core.loaders import PreparedDataLoader
+from shardplug.core.scheduler import PreparedScheduler
 
-from ._options import ResolvedOptions, refuse_distributed_sampler, refuse_prepared, resolve_options
-from ._scheduler import StepGatedScheduler
+from ._options import data_loader_kwargs, refuse_distributed_sampler, refuse_prepared, resolve_config
 
 __all__ = ["ShardplugDDPStrategy", "ShardplugStrategyMixin", "make_strategy_class"]
 
@@ -62,11 +63,13 @@ class ShardplugStrategyMixin:
     Keyword-only arguments (all DDP keywords pass through to ``DDPStrategy``):
 
     Args:
-        config: a ``shardplug.core.config.ShardplugConfig``; the keywords below override its fields.
+        config: a ``shardplug.core.config.ShardplugConfig``; the keywords below override its fields,
+            and the strategy holds the merged value (``strategy.shardplug_config``).
         split_batches, even_batches, dispatch_batches, use_seedable_sampler, data_seed, non_blocking,
-            use_stateful_dataloader, put_on_device, rng_types, slice_fn_for_dispatch: the
-            ``prepare_data_loader`` options used for training loaders. ``even_batches=False`` is
-            refused: Lightning cannot join ranks that run out of batches at different steps.
+            use_stateful_dataloader, put_on_device, rng_types, slice_fn_for_dispatch,
+            shuffle_algorithm: the ``prepare_data_loader`` options used for training loaders.
+            ``even_batches=False`` is refused: Lightning cannot join ranks that run out of batches
+            at different steps.
         eval_even_batches: the ``even_batches`` used for validation / test / predict loaders.
             Default ``False``: every sample is seen exactly once (some ranks may get one batch
             fewer; avoid per-step collectives such as ``self.log(..., on_step=True, sync_dist=True)``
@@ -74,8 +77,9 @@ class ShardplugStrategyMixin:
         step_scheduler_with_optimizer: ``interval="step"`` schedulers step only after a real
             optimizer update (not after one ``GradScaler`` skipped). ``False``: Lightning's behaviour.
         scale_scheduler_by_num_processes: step ``interval="step"`` schedulers ``world_size`` times
-            per optimizer step when batches are not split. Default ``False``: Lightning users size
-            schedules with ``trainer.estimated_stepping_batches``, which already counts the
+            per optimizer step when batches are not split. ``None`` (default, here or in the config):
+            off, Lightning's convention (``ShardplugConfig.scales_scheduler("lightning")``): users
+            size schedules with ``trainer.estimated_stepping_batches``, which already counts the
             per-process steps; scaling would run such a schedule ``world_size`` times too fast.
         gradient_accumulation_steps: must be 1 or equal to ``Trainer(accumulate_grad_batches=...)``
             (Lightning owns accumulation; its cycle ends on every k-th batch and on the epoch's last
@@ -99,6 +103,7 @@ class ShardplugStrategyMixin:
         put_on_device: Optional[bool] = None,
         rng_types: Any = None,
         slice_fn_for_dispatch: Optional[Callable[..., Any]] = None,
+        shuffle_algorithm: Optional[str] = None,
         gradient_accumulation_steps: Optional[int] = None,
         step_scheduler_with_optimizer: Optional[bool] = None,
         eval_even_batches: bool = False,
@@ -114,13 +119,15 @@ class ShardplugStrategyMixin:
             "non_blocking": non_blocking,
             "use_stateful_dataloader": use_stateful_dataloader,
             "put_on_device": put_on_device,
-            "rng_types": tuple(rng_types) if rng_types is not None else None,
+            "rng_types": rng_types,
             "slice_fn_for_dispatch": slice_fn_for_dispatch,
+            "shuffle_algorithm": shuffle_algorithm,
             "gradient_accumulation_steps": gradient_accumulation_steps,
             "step_scheduler_with_optimizer": step_scheduler_with_optimizer,
+            "scale_scheduler_by_num_processes": scale_scheduler_by_num_processes,
         }
-        options = resolve_options(config, {k: v for k, v in given.items() if v is not None})
-        if not options.even_batches:
+        config = resolve_config(config, {k: v for k, v in given.items() if v is not None})
+        if not config.even_batches:
             raise ValueError(
                 "even_batches=False is not supported for training with Lightning: ranks would run out of batches "
                 "at different steps, and Lightning has no way to join uneven ranks (the DDP gradient all-reduce of "
@@ -128,13 +135,11 @@ class ShardplugStrategyMixin:
                 "with samples from the start of the epoch), or use drop_last=True in the DataLoader. Evaluation "
                 "loaders are uneven already by default (eval_even_batches=False)."
             )
-        self.shardplug_options: ResolvedOptions = options
-        self.eval_even_batches = bool(eval_even_batches)
-        if scale_scheduler_by_num_processes is None and config is not None:
-            scale_scheduler_by_num_processes = getattr(config, "scale_scheduler_by_num_processes", None)
-        self.scale_scheduler_by_num_processes = bool(scale_scheduler_by_num_processes)  # None: off for Lightning
-        self._step_was_skipped = False
-        self._real_steps: dict[int, int] = defaultdict(int)
+        if not isinstance(eval_even_batches, bool):
+            raise TypeError(f"eval_even_batches={eval_even_batches!r} is invalid: it must be True or False")
+        self.shardplug_config: ShardplugConfig = config
+        self.eval_even_batches = eval_even_batches
+        self._last_step: Optional[amp.StepAttempt] = None
         super().__init__(**ddp_kwargs)  # type: ignore[call-arg]
 
     # -- helpers ------------------------------------------------------------------------
@@ -151,8 +156,8 @@ class ShardplugStrategyMixin:
 
     @property
     def step_was_skipped(self) -> bool:
-        """Whether the last optimizer step was skipped (``GradScaler`` found inf/NaN gradients)."""
-        return self._step_was_skipped
+        """Whether the last optimizer step made no update (``GradScaler`` found inf/NaN gradients)."""
+        return self._last_step is not None and self._last_step.skipped
 
     def _stage_name(self, trainer: Any) -> str:
         stage = trainer.state.stage
@@ -171,17 +176,16 @@ class ShardplugStrategyMixin:
         super().setup_environment()  # type: ignore[misc]
 
     def _data_kwargs(self, training: bool) -> dict[str, Any]:
-        kwargs = dict(self.shardplug_options.data_kwargs)
-        if kwargs.get("rng_types") is not None:
-            kwargs["rng_types"] = list(kwargs["rng_types"])
-        if not training:
-            kwargs["even_batches"] = self.eval_even_batches
-            kwargs["dispatch_batches"] = False if kwargs.get("dispatch_batches") else kwargs.get("dispatch_batches")
-        if kwargs.get("put_on_device"):
-            kwargs["device"] = self.root_device  # type: ignore[attr-defined]
-        kwargs["num_processes"] = self.world_size  # type: ignore[attr-defined]
-        kwargs["process_index"] = self.global_rank  # type: ignore[attr-defined]
-        return kwargs
+        config = self.shardplug_config
+        if not training and config.dispatch_batches:
+            config = config.replace(dispatch_batches=False)  # evaluation loaders never dispatch
+        return data_loader_kwargs(
+            config,
+            num_processes=self.world_size,  # type: ignore[attr-defined]
+            process_index=self.global_rank,  # type: ignore[attr-defined]
+            device=self.root_device,  # type: ignore[attr-defined]
+            even_batches=None if training else self.eval_even_batches,
+        )
 
     def process_dataloader(self, dataloader: object) -> object:
         """Shard ``dataloader`` for this process with ``prepare_data_loader``.
@@ -222,60 +226,39 @@ class ShardplugStrategyMixin:
     def setup_optimizers(self, trainer: Any) -> None:
         """Lightning's optimizers and schedulers; ``interval="step"`` schedulers follow real steps."""
         super().setup_optimizers(trainer)  # type: ignore[misc]
-        wanted = self.shardplug_options.gradient_accumulation_steps
+        config = self.shardplug_config
+        wanted = config.gradient_accumulation_steps
         if wanted != 1 and wanted != trainer.accumulate_grad_batches:
             raise ValueError(
                 f"gradient_accumulation_steps={wanted} in the shardplug options, but "
                 f"Trainer(accumulate_grad_batches={trainer.accumulate_grad_batches}); Lightning owns accumulation: "
                 f"use Trainer(accumulate_grad_batches={wanted}) and leave gradient_accumulation_steps=1"
             )
-        if not self.shardplug_options.step_scheduler_with_optimizer:
+        if not config.step_scheduler_with_optimizer:
             return
-        scale = self.scale_scheduler_by_num_processes and not self.shardplug_options.split_batches
-        factor = self.world_size if scale else 1  # type: ignore[attr-defined]
-        for config in self.lr_scheduler_configs:  # type: ignore[attr-defined]
-            if config.interval != "step" or config.reduce_on_plateau or isinstance(config.scheduler, StepGatedScheduler):
+        for scheduler_config in self.lr_scheduler_configs:  # type: ignore[attr-defined]
+            scheduler = scheduler_config.scheduler
+            if scheduler_config.interval != "step" or scheduler_config.reduce_on_plateau:
+                continue  # epoch schedules and ReduceLROnPlateau are Lightning's
+            if isinstance(scheduler, PreparedScheduler) or not isinstance(getattr(scheduler, "optimizer", None), Optimizer):
                 continue
-            optimizer = getattr(config.scheduler, "optimizer", None)
-            if not isinstance(optimizer, Optimizer):
-                continue
-            config.scheduler = StepGatedScheduler(config.scheduler, self._real_step_counter(optimizer), factor)
-
-    def _real_step_counter(self, optimizer: Optimizer) -> Callable[[], int]:
-        return _StepCounter(self._real_steps, id(optimizer))
+            scheduler_config.scheduler = PreparedScheduler.from_config(
+                scheduler, None, config, front_end="lightning", num_processes=self.world_size  # type: ignore[attr-defined]
+            )
 
     def optimizer_step(
         self, optimizer: Optimizer, closure: Callable[[], Any], model: Any = None, **kwargs: Any
     ) -> Any:
-        """Lightning's optimizer step, noting whether the optimizer really stepped.
+        """Lightning's optimizer step, counted by shardplug's real-step counter.
 
-        ``GradScaler`` skips ``optimizer.step()`` when the gradients hold inf/NaN; the step is then
-        recorded as skipped (:attr:`step_was_skipped`) and gated schedulers do not advance.
+        ``GradScaler`` skips an update when the gradients hold inf/NaN (fused optimizers inside
+        their kernel); :attr:`step_was_skipped` tells, and prepared schedulers do not advance. If
+        the step raises, the scaler's record of it is closed (no stale unscale survives).
         """
-        own = vars(optimizer)
-        had_own_step = "step" in own
-        previous = own.get("step")
-        inner = optimizer.step
-        called: list[bool] = []
-
-        def tracking_step(*args: Any, **step_kwargs: Any) -> Any:
-            called.append(True)
-            return inner(*args, **step_kwargs)
-
-        optimizer.step = tracking_step  # type: ignore[method-assign]
-        try:
-            output = super().optimizer_step(optimizer, closure, model, **kwargs)  # type: ignore[misc]
-        finally:
-            if had_own_step:
-                own["step"] = previous  # e.g. the wrapper LRScheduler installed: restore it exactly
-            else:
-                own.pop("step", None)
-        self._step_was_skipped = not called
-        if called:
-            self._real_steps[id(optimizer)] += 1
-        else:
-            logger.debug("rank %d: optimizer step skipped by the precision plugin", self.global_rank)  # type: ignore[attr-defined]
-        return output
+        scaler = getattr(self.precision_plugin, "scaler", None)  # type: ignore[attr-defined]
+        with amp.StepAttempt(optimizer, scaler) as attempt:
+            self._last_step = attempt
+            return super().optimizer_step(optimizer, closure, model, **kwargs)  # type: ignore[misc]
 
     # -- resume -------------------------------------------------------------------------
     def on_train_start(self) -> None:
@@ -305,17 +288,6 @@ class ShardplugStrategyMixin:
         for loader in combined.flattened:
             if isinstance(loader, PreparedDataLoader) and loader.epoch != epoch and not loader.end_of_dataloader:
                 loader.epoch = epoch
-
-
-class _StepCounter:
-    """Real optimizer updates recorded for one optimizer (picklable, unlike a lambda)."""
-
-    def __init__(self, steps: dict[int, int], key: int) -> None:
-        self.steps = steps
-        self.key = key
-
-    def __call__(self) -> int:
-        return self.steps[self.key]
 
 
 def _with_batch_sampler(dataloader: DataLoader, batch_sampler: Any) -> DataLoader:

@@ -19,8 +19,10 @@ import torch
 from torch.utils.data import DataLoader
 
 import shardplug_lightning
+import shardplug_lightning._options
 from shardplug import prepare_data_loader
-from shardplug_lightning import ShardplugDDPStrategy
+from shardplug.core.config import ShardplugConfig
+from shardplug_lightning import ShardplugDDPStrategy, ShardplugFabricDDPStrategy
 
 SCRIPTS = Path(__file__).parent / "scripts"
 N_TRAIN, N_VAL, BATCH, WORLD = 42, 21, 4, 2
@@ -145,7 +147,7 @@ def test_accumulation_and_skipped_amp_step_do_not_advance_scheduler(runs: dict[s
         assert record["skipped"][1] is True and record["skipped"][3] is False and record["skipped"][5] is False
         assert record["global_step"] == 3  # Lightning counts the skipped step
         assert record["scheduler_epochs"] == [0, 0, 0, 1, 1, 2]  # 2 real steps; plain Lightning: 3
-        assert record["scheduler_type"] == "StepGatedScheduler"
+        assert record["scheduler_type"] == "PreparedScheduler"
         assert record["warnings"] == []  # no "lr_scheduler.step() before optimizer.step()"
 
 
@@ -193,11 +195,22 @@ def test_registered_in_pytorch_lightning_too() -> None:
 def test_strategy_accepts_the_shared_config_value() -> None:
     config_module = pytest.importorskip("shardplug.core.config")
     config = config_module.ShardplugConfig(split_batches=True, use_seedable_sampler=True, data_seed=3)
-    strategy = ShardplugDDPStrategy(config=config, non_blocking=True, find_unused_parameters=True)
-    kwargs = strategy.shardplug_options.data_kwargs
-    assert kwargs["split_batches"] and kwargs["data_seed"] == 3 and kwargs["non_blocking"]
+    strategy = ShardplugDDPStrategy(config=config, put_on_device=True, find_unused_parameters=True)
+    held = strategy.shardplug_config
+    assert held == config.replace(put_on_device=True)  # the config itself, keywords applied
     assert strategy._ddp_kwargs == {"find_unused_parameters": True}  # DDP keywords pass through
-    assert strategy.scale_scheduler_by_num_processes is False  # off by default (see README)
+    assert held.scales_scheduler("lightning") is False  # off by default (see README)
+    with pytest.raises(ValueError, match="non_blocking=True has no effect"):
+        ShardplugDDPStrategy(config=config, non_blocking=True)
+    with pytest.raises(TypeError, match="unknown shardplug option"):
+        shardplug_lightning._options.resolve_config(None, {"split_batch": True})
+
+
+def test_fabric_strategy_refuses_options_that_would_do_nothing() -> None:
+    with pytest.raises(ValueError, match="gradient_accumulation_steps=2 has no effect with Fabric"):
+        ShardplugFabricDDPStrategy(config=ShardplugConfig(gradient_accumulation_steps=2))
+    held = ShardplugFabricDDPStrategy(split_batches=True, shuffle_algorithm="bijective").shardplug_config
+    assert held.split_batches and held.shuffle_algorithm == "bijective"
 
 
 def test_private_lightning_attributes_still_exist() -> None:
