@@ -105,6 +105,10 @@ def test_rejects_non_optimizers():
         PreparedOptimizer(torch.nn.Linear(2, 2))
     with pytest.raises(TypeError, match="already"):
         PreparedOptimizer(PreparedOptimizer(make()[1]))
+    with pytest.raises(TypeError, match="gradient_state=5 is not a GradientState"):
+        PreparedOptimizer(make()[1], gradient_state=5)
+    with pytest.raises(TypeError, match="scaler=5 is not a GradScaler"):
+        PreparedOptimizer(make()[1], scaler=5)
 
 
 def test_step_and_zero_grad_act_only_on_sync_micro_batches():

@@ -163,6 +163,41 @@ def test_invalid_arguments():
         PreparedScheduler(StepLR(inner, step_size=1), opt, num_processes=0)
     with pytest.raises(TypeError, match="optimizers"):
         PreparedScheduler(StepLR(inner, step_size=1), [object()], num_processes=1)
+    with pytest.raises(TypeError, match="scheduler=SGD is an optimizer; pass the learning-rate scheduler first"):
+        PreparedScheduler(inner, StepLR(inner, step_size=1), num_processes=1)
+    with pytest.raises(TypeError, match="optimizers=5 is invalid"):
+        PreparedScheduler(StepLR(inner, step_size=1), 5, num_processes=1)
+    with pytest.raises(ValueError, match=r"optimizers=\[\] is invalid"):
+        PreparedScheduler(StepLR(inner, step_size=1), [], num_processes=1)
+    with pytest.raises(TypeError, match="gradient_state=5 is not a GradientState"):
+        PreparedScheduler(StepLR(inner, step_size=1), opt, num_processes=1, gradient_state=5)
+    with pytest.raises(TypeError, match="split_batches='no' is invalid"):
+        PreparedScheduler(StepLR(inner, step_size=1), opt, split_batches="no", num_processes=1)
+
+
+def test_old_option_names_still_work_with_a_deprecation_warning():
+    _, inner, opt = make()
+    with pytest.warns(DeprecationWarning, match="step_with_optimizer= is deprecated, use step_scheduler_with_optimizer="):
+        sched = PreparedScheduler(StepLR(inner, step_size=1), opt, step_with_optimizer=False, num_processes=2)
+    assert sched.step_scheduler_with_optimizer is False and sched.step_with_optimizer is False
+    with pytest.warns(DeprecationWarning, match="scale_by_num_processes= is deprecated"):
+        sched = PreparedScheduler(StepLR(inner, step_size=1), opt, scale_by_num_processes=False, num_processes=2)
+    assert sched.steps_per_optimizer_step == 1 and sched.scale_by_num_processes is False
+
+
+def test_a_plain_optimizer_stepped_through_a_scaler_gates_the_scheduler():
+    """Not prepared, stepped by the user's own scaler.step: a skipped update does not move the schedule."""
+    param = torch.nn.Parameter(torch.ones(2))
+    inner = torch.optim.AdamW([param], lr=0.1, fused=True)
+    sched = PreparedScheduler(StepLR(inner, step_size=1), inner, num_processes=1)
+    scaler = torch.amp.GradScaler("cpu")
+    for inf in (False, True, False):
+        inner.zero_grad()
+        scaler.scale(param.sum() * (float("inf") if inf else 1.0)).backward()
+        scaler.step(inner)
+        scaler.update()
+        sched.step()
+    assert sched.last_epoch == 2
 
 
 def test_state_dict_round_trip():

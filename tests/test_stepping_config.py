@@ -99,3 +99,16 @@ def test_scheduler_scaling_is_decided_in_one_place():
     assert ShardplugConfig(scale_scheduler_by_num_processes=False).scales_scheduler("pytorch") is False
     with pytest.raises(ValueError, match="front_end='keras'"):
         ShardplugConfig().scales_scheduler("keras")
+
+
+def test_dispatcher_takes_the_one_spelling_and_the_old_one_with_a_warning():
+    from shardplug.core.dispatch import DataLoaderDispatcher
+
+    def slicer(data, rows, process_index, num_processes):
+        return data
+
+    loader = DataLoaderDispatcher(list(range(4)), batch_size=2, slice_fn_for_dispatch=slicer, num_processes=1, process_index=0)
+    assert loader.slice_fn is slicer
+    with pytest.warns(DeprecationWarning, match="slice_fn= is deprecated, use slice_fn_for_dispatch="):
+        old = DataLoaderDispatcher(list(range(4)), batch_size=2, slice_fn=slicer, num_processes=1, process_index=0)
+    assert old.slice_fn is slicer

@@ -13,6 +13,7 @@ import torch.distributed as dist
 from torch.utils.data import IterableDataset
 
 from .collectives import broadcast_object, communication_device, global_rank, world_size
+from .config import renamed_option
 from .layout import ShardLayout
 from .loaders import DataLoaderShard
 from .plan import DispatchPlan, ShardPlan
@@ -186,7 +187,7 @@ class DataLoaderDispatcher(DataLoaderShard):
         split_batches: bool = False,
         skip_batches: int = 0,
         use_stateful_dataloader: bool = False,
-        slice_fn: Optional[SliceFn] = None,
+        slice_fn_for_dispatch: Optional[SliceFn] = None,
         torch_device_mesh: Any = None,
         device: Union[str, torch.device, None] = None,
         rng_types: Optional[Iterable[str]] = None,
@@ -194,8 +195,10 @@ class DataLoaderDispatcher(DataLoaderShard):
         non_blocking: bool = False,
         num_processes: Optional[int] = None,
         process_index: Optional[int] = None,
+        slice_fn: Optional[SliceFn] = None,
         **dataloader_kwargs: Any,
     ) -> None:
+        slice_fn = renamed_option("DataLoaderDispatcher", "slice_fn", slice_fn, "slice_fn_for_dispatch", slice_fn_for_dispatch)
         super(DataLoaderShard, self).__init__(dataset, **dataloader_kwargs)
         options = DispatchOptions(split_batches, slice_fn, torch_device_mesh, num_processes, process_index)
         self._finish_init(device, rng_types, synchronized_generator, skip_batches, non_blocking, dispatch=options)
