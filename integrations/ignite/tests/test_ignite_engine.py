@@ -258,7 +258,7 @@ def _stepping() -> dict[str, Any]:
     plain = handler.attach_scheduler(trainer, torch.optim.lr_scheduler.StepLR(prepared, step_size=1, gamma=0.9))
     n_fold = handler.attach_scheduler(
         trainer, torch.optim.lr_scheduler.StepLR(torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0), 1),
-        optimizers=[prepared], scale_by_num_processes=True,
+        optimizers=[prepared], scale_scheduler_by_num_processes=True,
     )
     rec: dict[str, Any] = {"completed": [], "skipped": [], "every3": [], "sync": [], "lr": [], "grads_nonsync": []}
     trainer.add_event_handler(
@@ -338,7 +338,7 @@ def test_ignite_stepping_and_resume(tmp_path: Path) -> None:
         assert rec["every3"] == [3, 6]
         assert rec["optimizer_step"] == 7 and rec["optimizer_step_skipped"] == 1
         assert rec["plain_last_epoch"] == 7  # one scheduler step per real optimizer step
-        assert rec["n_fold_last_epoch"] == 14  # scale_by_num_processes=True: N per real step
+        assert rec["n_fold_last_epoch"] == 14  # scale_scheduler_by_num_processes=True: N per real step
         lr = rec["lr"]
         assert lr[0] == pytest.approx(0.1) and lr[1] == pytest.approx(0.09)
         assert lr[1] == lr[2] == lr[3] == lr[4]  # no step while accumulating, none for the skipped step
