@@ -32,6 +32,7 @@ from . import amp
 from .accumulation import GradientState
 from .config import FRONT_ENDS, ShardplugConfig
 from .optimizer import PreparedOptimizer
+from .plan import StreamPlan
 from .prepare import prepare_data_loader
 from .scheduler import PreparedScheduler
 from .topology import ProcessTopology, resolve_data_topology
@@ -113,16 +114,40 @@ class TrainingRun:
     def prepare_data_loader(self, dataloader: Any, **overrides: Any) -> Any:
         """``prepare_data_loader`` with this run's options (``overrides`` win), connected to the
         run's gradient state so that its last batch of each pass ends an accumulation cycle."""
+        loader = prepare_data_loader(dataloader, **self._loader_kwargs(overrides))
+        loader.gradient_state = self.gradient_state
+        return loader
+
+    def _loader_kwargs(self, overrides: dict[str, Any], **defaults: Any) -> dict[str, Any]:
         kwargs = self.config.data_loader_kwargs()
         kwargs.update(
             device=self.device,
             num_processes=self.num_processes,
             process_index=self.process_index,
             torch_device_mesh=self.torch_device_mesh,
+            **defaults,
         )
         kwargs.update(overrides)
+        return kwargs
+
+    def prepare_eval_loader(self, dataloader: Any, **overrides: Any) -> Any:
+        """This process's evaluation loader: sharded like a training loader, but never dispatching, not
+        tied to the gradient state, and with every sample countable once.
+
+        Padding is tracked wherever it can be told apart (``loader.batch_real_count``: map-style data,
+        sized streams, streams sharded natively); a stream whose padding could not be told apart
+        (no ``len()``) gets none (``even_batches=False``: processes may then run different numbers
+        of evaluation batches, so no per-batch collective in evaluation).
+        """
+        kwargs = self._loader_kwargs(overrides, dispatch_batches=False)
         loader = prepare_data_loader(dataloader, **kwargs)
-        loader.gradient_state = self.gradient_state
+        if loader.plan.untracked_reason is not None and loader.plan.layout.even_batches and "even_batches" not in overrides:
+            if isinstance(loader.plan, StreamPlan):  # padded, and the padding cannot be told apart
+                logger.info("evaluation stream without len(): prepared with even_batches=False (no padding)")
+                kwargs["even_batches"] = False
+                loader = prepare_data_loader(dataloader, **kwargs)
+        if loader.plan.untracked_reason is None:
+            loader.track_padding()
         return loader
 
     def prepare_optimizer(self, optimizer: Optimizer, device_placement: bool = True) -> PreparedOptimizer:

@@ -13,15 +13,21 @@ Example::
 
 from shardplug.core.config import ShardplugConfig
 
-from .handler import RealSamplesOnly, ShardplugEvents, ShardplugHandler, real_samples, trim_padding
+from .epochs import EpochSync
+from .evaluation import RealSamplesOnly, evaluation_step, real_samples, trim_padding
+from .handler import ShardplugHandler
+from .steps import ShardplugEvents, StepEvents
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "EpochSync",
     "RealSamplesOnly",
     "ShardplugConfig",
     "ShardplugEvents",
     "ShardplugHandler",
+    "StepEvents",
+    "evaluation_step",
     "real_samples",
     "trim_padding",
 ]

@@ -1,0 +1,162 @@
+"""Keeping a prepared loader's epochs, and its resume position, in step with an Ignite engine.
+
+Example::
+
+    sync = EpochSync()
+    sync.attach(trainer)
+    trainer.run(prepared_loader, max_epochs=3)   # a new shuffle every epoch, the same on every rank
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import OrderedDict
+from typing import Any, Mapping, Optional
+
+import ignite.distributed as idist
+import torch
+from ignite.engine import Engine, Events
+
+from shardplug.core.loaders import PreparedDataLoader
+
+__all__ = ["EpochSync", "current_loader"]
+
+logger = logging.getLogger(__name__)
+
+
+def current_loader(engine: Engine) -> PreparedDataLoader:
+    """The prepared loader ``engine`` runs on (a ``TypeError`` with the fix otherwise)."""
+    loader = engine.state.dataloader
+    if not isinstance(loader, PreparedDataLoader):
+        raise TypeError(
+            f"the trainer runs on a {type(loader).__name__}, not a prepared loader: pass "
+            "handler.prepare_data_loader(DataLoader(...)) (or handler.auto_dataloader(...)) to trainer.run"
+        )
+    return loader
+
+
+def _length(loader: PreparedDataLoader) -> Optional[int]:
+    try:
+        return len(loader)
+    except TypeError:
+        return None
+
+
+class EpochSync:
+    """Sets the loader's epoch at the engine's epoch events, and resumes it from a checkpoint.
+
+    Ignite never calls ``set_epoch``; this does, at the events where the next pass is opened:
+
+    ============================= ==============================================================
+    ``STARTED``                   the data is a prepared loader; a loaded position is applied (with
+                                  the same or another number of processes) and the engine's
+                                  ``epoch_length`` / ``iteration`` / ``epoch`` set to match it; every
+                                  rank has the same epoch length (else ``RuntimeError``, not a hang)
+    ``EPOCH_STARTED``             ``loader.set_epoch(epoch - 1)`` (not in a resumed epoch)
+    ``DATALOADER_STOP_ITERATION`` ``set_epoch(epoch - 1)`` again: the previous pass ended only now
+    ``TERMINATE_SINGLE_EPOCH``    ``set_epoch(epoch)``: Ignite opens the next pass right away
+    ============================= ==============================================================
+
+    Its state (:meth:`state_dict`) is the loader's full position (``loader.state_dict()``).
+    """
+
+    def __init__(self) -> None:
+        self.loader: Optional[PreparedDataLoader] = None
+        self._pending: Optional[dict[str, Any]] = None
+        self._resumed_epoch = False
+        self._ran = False  # iterations ran on this engine in this process: a new run() continues them
+
+    def attach(self, engine: Engine) -> None:
+        engine.add_event_handler(Events.STARTED, self._on_started)
+        engine.add_event_handler(Events.EPOCH_STARTED, self._on_epoch_started)
+        engine.add_event_handler(Events.DATALOADER_STOP_ITERATION, self._on_stop_iteration)
+        engine.add_event_handler(Events.TERMINATE_SINGLE_EPOCH, self._on_terminate_single_epoch)
+        engine.add_event_handler(Events.ITERATION_COMPLETED, self._on_iteration_completed)
+
+    # -- events ------------------------------------------------------------------------------
+    def _on_started(self, engine: Engine) -> None:
+        loader = current_loader(engine)
+        self.loader = loader
+        full = _length(loader)  # a whole epoch on this layout (before a position shortens the pass)
+        pending, self._pending = self._pending, None
+        self._resumed_epoch = pending is not None
+        if pending is not None:
+            loader.load_state_dict(pending)  # validated; another number of processes is the core's business
+            self._align_engine(engine, loader, full)
+        elif engine.state.epoch_length and engine.state.iteration % engine.state.epoch_length and not self._ran:
+            raise RuntimeError(
+                f"the trainer resumes at iteration {engine.state.iteration}, inside an epoch of "
+                f"{engine.state.epoch_length}, but no shardplug position was loaded: the epoch would start again "
+                "from its first batch (samples repeated, others never seen). Put the ShardplugHandler in the "
+                "Checkpoint's to_save next to the trainer, or resume from a checkpoint saved at an epoch end"
+            )
+        self._check_epoch_length(engine, full)
+
+    def _align_engine(self, engine: Engine, loader: PreparedDataLoader, full: Optional[int]) -> None:
+        """Make the engine's counters describe the loaded position on this layout."""
+        if full is None:
+            return  # a stream without len(): Ignite finds the epoch's end itself
+        position = loader.current_position()
+        done = full - len(loader)
+        state = engine.state
+        iteration = position.epoch * full + done
+        if (state.epoch_length, state.iteration) != (full, iteration):
+            logger.info(
+                "resumed position: epoch %d, %d of %d batches on this layout (the checkpoint's engine had "
+                "epoch_length=%s, iteration=%s)", position.epoch + 1, done, full, state.epoch_length, state.iteration,
+            )
+        state.epoch_length = full
+        state.iteration = iteration
+        state.epoch = position.epoch
+
+    def _check_epoch_length(self, engine: Engine, length: Optional[int]) -> None:
+        length = -1 if length is None else length
+        epoch_length = engine.state.epoch_length if engine.state.epoch_length is not None else -1
+        mine = torch.tensor([length, epoch_length], dtype=torch.int64, device=idist.device())
+        gathered = idist.all_gather(mine) if idist.get_world_size() > 1 else mine
+        per_rank = gathered.view(-1, 2).tolist()
+        lengths = [row[0] for row in per_rank]
+        epoch_lengths = [row[1] for row in per_rank]
+        if len(set(lengths)) > 1 or len(set(epoch_lengths)) > 1:
+            raise RuntimeError(
+                f"ranks disagree on the epoch length: batches per rank {lengths}, engine epoch_length per rank "
+                f"{epoch_lengths}. Every rank must run the same number of iterations, or collectives hang. "
+                "Use even_batches=True (the default) or drop_last=True for training loaders, and the same "
+                "epoch_length on every rank."
+            )
+        if length >= 0 and epoch_length >= 0 and length != epoch_length:
+            logger.warning(
+                "engine epoch_length=%d differs from the loader's %d batches per epoch: epochs then do not "
+                "match passes over the data and set_epoch follows the engine's epochs",
+                epoch_length,
+                length,
+            )
+
+    def _on_epoch_started(self, engine: Engine) -> None:
+        if self._resumed_epoch:
+            self._resumed_epoch = False  # the loaded position already chose this epoch and its start
+            return
+        current_loader(engine).set_epoch(engine.state.epoch - 1)
+
+    def _on_stop_iteration(self, engine: Engine) -> None:
+        # the previous pass only ended now, inside this epoch: make sure the next pass is this epoch's
+        current_loader(engine).set_epoch(engine.state.epoch - 1)
+
+    def _on_terminate_single_epoch(self, engine: Engine, iter_counter: int = 0) -> None:
+        # Ignite opens the next pass right away, before the next EPOCH_STARTED
+        current_loader(engine).set_epoch(engine.state.epoch)
+
+    def _on_iteration_completed(self, engine: Engine) -> None:
+        self._ran = True
+
+    # -- state -------------------------------------------------------------------------------
+    def state_dict(self) -> "OrderedDict[str, Any]":
+        """``{"loader": the loader's state_dict()}`` (``None`` before a loader is known)."""
+        return OrderedDict(loader=None if self.loader is None else self.loader.state_dict())
+
+    def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
+        """Keep a :meth:`state_dict`; the loader loads (and validates) it when the next run starts."""
+        loader_state = state_dict["loader"]
+        if loader_state is not None and not isinstance(loader_state, Mapping):
+            raise ValueError(f"loader={loader_state!r} is not a loader state (loader.state_dict())")
+        self._pending = None if loader_state is None else dict(loader_state)

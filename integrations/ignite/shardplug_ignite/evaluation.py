@@ -1,0 +1,145 @@
+"""Evaluation over prepared loaders: every sample counted once, padding dropped before the metrics.
+
+Example::
+
+    evaluator = Engine(evaluation_step(model))
+    Accuracy().attach(evaluator, "accuracy", usage=RealSamplesOnly())
+    evaluator.run(handler.prepare_eval_loader(DataLoader(val_set, batch_size=64)))
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Iterable, Mapping, Optional, Union
+
+import torch
+from ignite.engine import Engine, Events
+from ignite.engine import _prepare_batch as ignite_prepare_batch
+from ignite.metrics.metric import MetricUsage
+
+__all__ = ["RealSamplesOnly", "evaluation_step", "real_samples", "trim_padding"]
+
+
+def _identity(value: Any) -> Any:
+    return value
+
+
+def _call_model(model: torch.nn.Module, x: Any) -> Any:
+    return model(x)
+
+
+def _prediction_and_target(x: Any, y: Any, y_pred: Any) -> tuple[Any, Any]:
+    return y_pred, y
+
+
+def real_samples(loader: Any) -> Optional[int]:
+    """How many leading rows of the batch ``loader`` handed out last are real samples.
+
+    ``None`` means "unknown: all of them" (a loader that does not track padding: an iterable or
+    a training loader). The evaluation loaders of :meth:`ShardplugHandler.prepare_eval_loader`
+    track it (``loader.track_padding()``); the padding rows come last in every batch, so trimming
+    to the returned count keeps each sample exactly once across processes.
+
+    Example::
+
+        rows = real_samples(engine.state.dataloader)   # inside an evaluation step
+        y_pred, y = y_pred[:rows], y[:rows]
+    """
+    return getattr(loader, "batch_real_count", None)
+
+
+def trim_padding(loader: Any, data: Any) -> Any:
+    """``data`` (tensors, or lists/tuples/dicts of them) cut to the real rows of the latest batch.
+
+    Example::
+
+        y_pred, y = trim_padding(engine.state.dataloader, (y_pred, y))
+    """
+    rows = real_samples(loader)
+    if rows is None:
+        return data
+    return _slice_rows(data, rows)
+
+
+def _slice_rows(data: Any, rows: int) -> Any:
+    if isinstance(data, torch.Tensor):
+        return data[:rows] if data.dim() > 0 else data
+    if isinstance(data, Mapping):
+        return type(data)({k: _slice_rows(v, rows) for k, v in data.items()})  # type: ignore[call-arg]
+    if isinstance(data, tuple) and hasattr(data, "_fields"):
+        return type(data)(*(_slice_rows(v, rows) for v in data))
+    if isinstance(data, (list, tuple)):
+        return type(data)(_slice_rows(v, rows) for v in data)
+    return data
+
+
+def _first_tensor(data: Any) -> Optional[torch.Tensor]:
+    if isinstance(data, torch.Tensor):
+        return data
+    values: Iterable[Any] = data.values() if isinstance(data, Mapping) else data if isinstance(data, (list, tuple)) else ()
+    for value in values:
+        found = _first_tensor(value)
+        if found is not None:
+            return found
+    return None
+
+
+def _output_has_samples(engine: Engine, _event_count: int) -> bool:
+    tensor = _first_tensor(engine.state.output)
+    return tensor is None or tensor.dim() == 0 or tensor.shape[0] > 0
+
+
+class RealSamplesOnly(MetricUsage):
+    """Epoch-wise metric usage that skips iterations whose (trimmed) output holds no sample.
+
+    A process whose last evaluation batch is pure padding gets an empty output from the
+    handler's evaluation step; metrics attached with this usage do not see it (``Loss`` would
+    turn an empty batch into NaN).
+
+    Example::
+
+        Accuracy().attach(evaluator, "accuracy", usage=RealSamplesOnly())
+    """
+
+    usage_name: str = "real_samples_only"
+
+    def __init__(self) -> None:
+        super().__init__(
+            started=Events.EPOCH_STARTED,
+            completed=Events.EPOCH_COMPLETED,
+            iteration_completed=Events.ITERATION_COMPLETED(event_filter=_output_has_samples),
+        )
+
+
+
+def evaluation_step(
+    model: torch.nn.Module,
+    *,
+    device: Union[str, torch.device, None] = None,
+    non_blocking: bool = False,
+    prepare_batch: Callable[..., tuple[Any, Any]] = ignite_prepare_batch,
+    model_transform: Callable[[Any], Any] = _identity,
+    output_transform: Callable[[Any, Any, Any], Any] = _prediction_and_target,
+    model_fn: Callable[[torch.nn.Module, Any], Any] = _call_model,
+    autocast: Optional[Callable[[], Any]] = None,
+) -> Callable[[Engine, Any], Any]:
+    """The process function of an evaluator over a prepared evaluation loader.
+
+    ``x``, ``y`` and ``y_pred`` are trimmed to the real samples (:func:`trim_padding`) before
+    ``output_transform(x, y, y_pred)`` (default ``(y_pred, y)``), so metrics count each sample
+    once across ranks. A batch of pure padding gives empty tensors: attach metrics with
+    :class:`RealSamplesOnly`. ``autocast``: a context factory for the forward pass (or ``None``).
+    """
+
+    def evaluate(engine: Engine, batch: Any) -> Any:
+        model.eval()
+        with torch.no_grad():
+            x, y = prepare_batch(batch, device=device, non_blocking=non_blocking)
+            if autocast is None:
+                y_pred = model_transform(model_fn(model, x))
+            else:
+                with autocast():
+                    y_pred = model_transform(model_fn(model, x))
+            x, y, y_pred = trim_padding(engine.state.dataloader, (x, y, y_pred))
+            return output_transform(x, y, y_pred)
+
+    return evaluate

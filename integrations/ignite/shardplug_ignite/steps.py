@@ -1,0 +1,154 @@
+"""Optimizer-step events for an Ignite trainer: which micro-batches sync, which steps were real.
+
+Example::
+
+    steps = StepEvents(run)              # run: the handler's shardplug TrainingRun
+    steps.watch(prepared_optimizer)
+    steps.attach(trainer)
+    trainer.add_event_handler(ShardplugEvents.OPTIMIZER_STEP_COMPLETED(every=100), checkpoint)
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import OrderedDict
+from typing import Any, Mapping, Optional
+
+from ignite.engine import Engine, EventEnum, Events
+
+from shardplug.core.loaders import PreparedDataLoader
+from shardplug.core.optimizer import PreparedOptimizer
+from shardplug.core.training import TrainingRun
+
+__all__ = ["ShardplugEvents", "StepEvents"]
+
+logger = logging.getLogger(__name__)
+
+
+class ShardplugEvents(EventEnum):
+    """Events fired on a trainer by :class:`StepEvents` (part of ``ShardplugHandler``).
+
+    * ``OPTIMIZER_STEP_COMPLETED``: after an iteration in which the prepared optimizer(s) really
+      updated the parameters; counted in ``engine.state.optimizer_step`` (so ``every=``/``once=``
+      filters count real steps).
+    * ``OPTIMIZER_STEP_SKIPPED``: after an iteration whose optimizer step the ``GradScaler``
+      skipped (inf/NaN gradients); counted in ``engine.state.optimizer_step_skipped``.
+
+    Example::
+
+        trainer.add_event_handler(ShardplugEvents.OPTIMIZER_STEP_COMPLETED(every=100), checkpoint)
+    """
+
+    OPTIMIZER_STEP_COMPLETED = "optimizer_step_completed"
+    OPTIMIZER_STEP_SKIPPED = "optimizer_step_skipped"
+
+
+_EVENT_TO_ATTR = {
+    ShardplugEvents.OPTIMIZER_STEP_COMPLETED: "optimizer_step",
+    ShardplugEvents.OPTIMIZER_STEP_SKIPPED: "optimizer_step_skipped",
+}
+
+
+def register_step_events(engine: Engine) -> None:
+    """Register :class:`ShardplugEvents` on ``engine`` (once) and their counters on its state."""
+    if not engine.has_registered_events(ShardplugEvents.OPTIMIZER_STEP_COMPLETED):
+        engine.register_events(*ShardplugEvents, event_to_attr=_EVENT_TO_ATTR)
+    for attr in _EVENT_TO_ATTR.values():
+        if not hasattr(engine.state, attr):
+            setattr(engine.state, attr, 0)
+
+
+class StepEvents:
+    """Gradient-accumulation and optimizer-step events of one trainer.
+
+    Args:
+        run: the ``TrainingRun`` whose gradient state and optimizers this follows.
+
+    Registers:
+
+    ================== ================================================================
+    ``STARTED``        the loader feeds the run's gradient state; a fresh accumulation
+                       cycle, or the checkpoint's; the step counters on ``engine.state``
+    ``ITERATION_STARTED`` decide ``sync_gradients`` for this micro-batch
+    ``ITERATION_COMPLETED`` fire ``OPTIMIZER_STEP_COMPLETED`` / ``OPTIMIZER_STEP_SKIPPED``
+                       when a watched optimizer acted
+    ================== ================================================================
+
+    Its state (:meth:`state_dict`) is the gradient state and the two counters.
+    """
+
+    def __init__(self, run: TrainingRun) -> None:
+        self.run = run
+        self.optimizer_step = 0
+        self.optimizer_step_skipped = 0
+        self.micro_batch_iteration = -1  #: the engine iteration whose micro-batch was begun last
+        self._records: list[bool] = []
+        self._pending: Optional[dict[str, Any]] = None
+
+    def watch(self, optimizer: PreparedOptimizer) -> None:
+        """Count the steps of ``optimizer`` (a post-hook: it runs on the steps that act)."""
+        optimizer.register_step_post_hook(self._record)
+
+    def _record(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        self._records.append(bool(optimizer.step_was_skipped))
+
+    def attach(self, engine: Engine) -> None:
+        register_step_events(engine)
+        engine.add_event_handler(Events.STARTED, self._on_started)
+        engine.add_event_handler(Events.ITERATION_STARTED, self._on_iteration_started)
+        engine.add_event_handler(Events.ITERATION_COMPLETED, self._on_iteration_completed)
+
+    def _on_started(self, engine: Engine) -> None:
+        state = self.run.gradient_state
+        loader = engine.state.dataloader
+        if isinstance(loader, PreparedDataLoader) and loader.gradient_state is not state:
+            loader.gradient_state = state
+        state.reset()
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            state.load_state_dict(pending["gradient_state"])  # warns when resuming inside a cycle
+            self.optimizer_step = pending["optimizer_step"]
+            self.optimizer_step_skipped = pending["optimizer_step_skipped"]
+        elif engine.state.iteration == 0:
+            self.optimizer_step = self.optimizer_step_skipped = 0
+        engine.state.optimizer_step = self.optimizer_step
+        engine.state.optimizer_step_skipped = self.optimizer_step_skipped
+
+    def _on_iteration_started(self, engine: Engine) -> None:
+        self._records.clear()
+        self.run.gradient_state.begin_micro_batch()
+        self.micro_batch_iteration = engine.state.iteration
+
+    def _on_iteration_completed(self, engine: Engine) -> None:
+        records, self._records = self._records, []
+        if not records:
+            return
+        if all(records):
+            self.optimizer_step_skipped += 1
+            engine.state.optimizer_step_skipped = self.optimizer_step_skipped
+            engine.fire_event(ShardplugEvents.OPTIMIZER_STEP_SKIPPED)
+        else:
+            self.optimizer_step += 1
+            engine.state.optimizer_step = self.optimizer_step
+            engine.fire_event(ShardplugEvents.OPTIMIZER_STEP_COMPLETED)
+
+    def state_dict(self) -> "OrderedDict[str, Any]":
+        """The gradient state and the step counters (plain values)."""
+        return OrderedDict(
+            gradient_state=self.run.gradient_state.state_dict(),
+            optimizer_step=self.optimizer_step,
+            optimizer_step_skipped=self.optimizer_step_skipped,
+        )
+
+    def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
+        """Validate a :meth:`state_dict`; it is applied when the trainer's next run starts."""
+        gradient = state_dict["gradient_state"]
+        if not isinstance(gradient, Mapping) or set(gradient) != {"num_steps", "step"}:
+            raise ValueError(f"gradient_state={gradient!r} is not a GradientState state (GradientState.state_dict())")
+        for key in ("optimizer_step", "optimizer_step_skipped"):
+            value = state_dict[key]
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise ValueError(f"{key}={value!r} is invalid: it must be an integer >= 0")
+        self._pending = {key: state_dict[key] for key in ("gradient_state", "optimizer_step", "optimizer_step_skipped")}
+        self.optimizer_step = state_dict["optimizer_step"]
+        self.optimizer_step_skipped = state_dict["optimizer_step_skipped"]
