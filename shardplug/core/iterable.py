@@ -8,7 +8,7 @@ import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
 from .layout import ShardLayout
-from .plan import StreamPlan
+from .plan import StreamPlan, sized_length
 from .shuffle import epoch_seed
 from .streams import hf_shuffles, splits_by_worker
 
@@ -51,7 +51,7 @@ class IterableDatasetShard(IterableDataset):
         layout = ShardLayout(num_processes, process_index, split_batches and batch_size > 1, even_batches, drop_last, batch_size)
         self.splits_by_worker = splits_by_worker(dataset)
         # A stream that splits itself across workers pads each worker's part: its length is not the stream's.
-        length = len(dataset) if hasattr(dataset, "__len__") and not self.splits_by_worker else None
+        length = None if self.splits_by_worker else sized_length(dataset)
         self.plan = StreamPlan(layout, length)
         self.dataset = dataset
         self.batch_size = batch_size

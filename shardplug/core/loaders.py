@@ -18,7 +18,7 @@ from .collectives import broadcast_object, global_rank
 from .audit import SampleAudit
 from .iterable import IterableDatasetShard
 from .layout import ShardLayout
-from .plan import LocalPlan, PassRecord, ShardPlan
+from .plan import LocalPlan, PassRecord, ShardPlan, sized_length
 from .position import Position
 from .rng import apply_rng_states, check_rng_types, rng_states
 from .samplers import BatchSamplerShard, IndexSamplerShard
@@ -101,13 +101,6 @@ def _is_stateful(loader: DataLoader) -> bool:
     except ImportError:
         return False
     return isinstance(loader, StatefulDataLoader)
-
-
-def _length(obj: Any) -> Optional[int]:
-    try:
-        return len(obj)
-    except (TypeError, NotImplementedError):
-        return None
 
 
 class PreparedDataLoader(DataLoader):
@@ -271,7 +264,7 @@ class PreparedDataLoader(DataLoader):
     @property
     def total_dataset_length(self) -> Optional[int]:
         dataset = self.dataset.dataset if isinstance(self.dataset, IterableDatasetShard) else self.dataset
-        return _length(dataset) if hasattr(dataset, "__len__") else None
+        return sized_length(dataset)
 
     @property
     def remainder(self) -> int:

@@ -42,11 +42,21 @@ from .shuffle import SeedableRandomSampler, epoch_order
 
 __all__ = [
     "ShardPlan", "PassRecord", "BatchSamplerPlan", "StreamPlan", "LocalPlan", "NativeStreamPlan", "DispatchPlan", "UNITS",
+    "sized_length",
 ]
 
 UNITS = ("global_batches", "elements", "batches")
 
 logger = logging.getLogger(__name__)
+
+
+def sized_length(obj: Any) -> Optional[int]:
+    """``len(obj)``, or ``None`` for an object without one (also when ``__len__`` raises
+    ``TypeError`` / ``NotImplementedError``, as unsized ``DataLoader`` and stream wrappers do)."""
+    try:
+        return len(obj)
+    except (TypeError, NotImplementedError):
+        return None
 
 
 @runtime_checkable

@@ -16,7 +16,7 @@ from .iterable import IterableDatasetShard
 from .layout import ShardLayout
 from .loaders import DataLoaderShard, PreparedDataLoader, combined_class, stateful_dataloader_class
 from .collectives import all_reduce_int_async, world_size
-from .plan import NativeStreamPlan, ShardPlan
+from .plan import NativeStreamPlan, ShardPlan, sized_length
 from .rng import check_rng_types
 from .samplers import BatchSamplerShard, IndexSamplerShard
 from .streams import node_split, shuffle_fingerprint, single_node_only
@@ -300,9 +300,8 @@ def _shard_stream(dataset: Any, dataloader: DataLoader, layout: ShardLayout) -> 
 
 def _length_of_loader(dataset: Any, batch_size: Optional[int], drop_last: bool) -> Optional[int]:
     """Batches a DataLoader over ``dataset`` yields, when the dataset is sized."""
-    try:
-        n = len(dataset)
-    except (TypeError, NotImplementedError):
+    n = sized_length(dataset)
+    if n is None:
         return None
     if batch_size is None:
         return n

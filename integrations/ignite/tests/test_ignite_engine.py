@@ -45,10 +45,10 @@ def _run_then_exit(local_rank: int, fn: Any, out_dir: str) -> None:
     os._exit(0)
 
 
-def _launch(fn: Any, tmp_path: Path) -> list[dict[str, Any]]:
-    with idist.Parallel(backend="gloo", nproc_per_node=WORLD, master_port=_free_port()) as parallel:
+def _launch(fn: Any, tmp_path: Path, world: int = WORLD) -> list[dict[str, Any]]:
+    with idist.Parallel(backend="gloo", nproc_per_node=world, master_port=_free_port()) as parallel:
         parallel.run(_run_then_exit, fn, str(tmp_path))
-    return [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(WORLD)]
+    return [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(world)]
 
 
 def _dataset(n: int) -> TensorDataset:
@@ -362,3 +362,83 @@ def test_ignite_stepping_and_resume(tmp_path: Path) -> None:
         rows = [ranks[r]["resume"]["full"][epoch * 5 : (epoch + 1) * 5] for r in range(WORLD)]
         samples = sorted(i for r in range(WORLD) for row in rows[r] for i in row[1])
         assert samples == list(range(20))
+
+
+# -- resuming with another number of processes ------------------------------------------------
+ELASTIC_N, ELASTIC_STOP = 24, 4  # 24 samples, batch 2 per rank; the 2-process run stops after iteration 4
+
+
+def _elastic_run(out_dir: str, stop_at: Optional[int], resume: bool) -> dict[str, Any]:
+    """2 epochs over 24 shuffled samples (seed 11), batch 2 per rank, a StepLR the handler saves."""
+    handler = ShardplugHandler(ShardplugConfig(use_seedable_sampler=True, data_seed=11))
+    loader = handler.prepare_data_loader(DataLoader(_dataset(ELASTIC_N), batch_size=2, shuffle=True))
+    loader.track_padding()  # which rows are wrap-around padding (the end of an epoch is padded)
+    model = idist.auto_model(_regression_model())
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    trainer = handler.create_trainer(model, optimizer, lambda p, y: F.mse_loss(p, _regression_target(y)), model_fn=_features)
+    handler.attach_scheduler(trainer, torch.optim.lr_scheduler.StepLR(handler.optimizers[0], step_size=1, gamma=0.9))
+    rec: dict[str, Any] = {"rows": [], "lr_first": None}
+
+    def seen(engine: Engine) -> None:
+        real = loader.batch_real_count
+        indices = _indices(engine.state.batch)
+        rec["rows"].append([engine.state.epoch, engine.state.iteration, indices[:real], indices[real:]])
+
+    def first_lr(engine: Engine) -> None:
+        if rec["lr_first"] is None:
+            rec["lr_first"] = handler.optimizers[0].param_groups[0]["lr"]
+
+    trainer.add_event_handler(Events.ITERATION_STARTED, first_lr)
+    trainer.add_event_handler(Events.ITERATION_COMPLETED, seen)
+    ckpt = Path(out_dir, "elastic")
+    to_save = {"trainer": trainer, "model": model, "optimizer": handler.optimizers[0], "shardplug": handler}
+    if stop_at is not None:
+        saver = Checkpoint(to_save, DiskSaver(str(ckpt), require_empty=False), n_saved=None, save_on_rank=0)
+        trainer.add_event_handler(Events.ITERATION_COMPLETED(once=stop_at), saver)
+        trainer.add_event_handler(Events.ITERATION_COMPLETED(once=stop_at), lambda e: e.terminate())
+    if resume:
+        files = sorted(ckpt.glob("*.pt"))
+        assert len(files) == 1, files
+        Checkpoint.load_objects(to_save, str(files[0]))
+    trainer.run(loader, max_epochs=2)
+    rec["epoch_length"] = trainer.state.epoch_length
+    rec["lr_last"] = handler.optimizers[0].param_groups[0]["lr"]
+    return rec
+
+
+def _worker_elastic_first(local_rank: int, out_dir: str) -> None:
+    res = {"first": _elastic_run(out_dir, ELASTIC_STOP, False)}
+    idist.barrier()
+    Path(out_dir, f"rank{idist.get_rank()}.json").write_text(json.dumps(res))
+
+
+def _worker_elastic_resumed(local_rank: int, out_dir: str) -> None:
+    res = {"resumed": _elastic_run(out_dir, None, True), "fresh": _elastic_run(out_dir, None, False)}
+    idist.barrier()
+    Path(out_dir, f"rank{idist.get_rank()}.json").write_text(json.dumps(res))
+
+
+def test_ignite_resumes_with_another_number_of_processes_exactly(tmp_path: Path) -> None:
+    first = [r["first"] for r in _launch(_worker_elastic_first, tmp_path, world=2)]
+    for r in range(2):
+        (tmp_path / f"rank{r}.json").unlink()
+    runs = _launch(_worker_elastic_resumed, tmp_path, world=3)
+    resumed, fresh = [r["resumed"] for r in runs], [r["fresh"] for r in runs]
+    # epoch 1: what the 2 processes read before the checkpoint, and the 3 processes after it
+    before = [i for rec in first for epoch, _, real, _ in rec["rows"] if epoch == 1 for i in real]
+    after = [i for rec in resumed for epoch, _, real, _ in rec["rows"] if epoch == 1 for i in real]
+    assert len(before) == 2 * 2 * ELASTIC_STOP
+    assert sorted(before + after) == list(range(ELASTIC_N))  # every sample once: none lost, none repeated
+    padding = [i for rec in resumed for epoch, _, _, pad in rec["rows"] if epoch == 1 for i in pad]
+    assert len(after) + len(padding) == 2 * 3 * (len(resumed[0]["rows"]) - 4)  # equal steps on every rank
+    for r in range(3):
+        # the engine counts on the new layout: 24 / (3 x 2) = 4 iterations per epoch
+        assert resumed[r]["epoch_length"] == fresh[r]["epoch_length"] == 4
+        iterations = [it for _, it, _, _ in resumed[r]["rows"]]
+        assert iterations == list(range(iterations[0], 9)) and iterations[0] > 1
+        # epoch 2 equals a fresh 3-process run's epoch 2
+        assert [row for row in resumed[r]["rows"] if row[0] == 2] == [row for row in fresh[r]["rows"] if row[0] == 2]
+        # the schedule continues: 4 real steps before the checkpoint (gamma 0.9 per step)
+        assert resumed[r]["lr_first"] == pytest.approx(0.1 * 0.9**ELASTIC_STOP)
+        steps_after = len(resumed[r]["rows"])
+        assert resumed[r]["lr_last"] == pytest.approx(0.1 * 0.9 ** (ELASTIC_STOP + steps_after))

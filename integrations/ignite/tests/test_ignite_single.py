@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 import torch
 import torch.nn.functional as F
-from ignite.engine import Engine
+from ignite.engine import Engine, Events
 from torch.utils.data import DataLoader, TensorDataset
 
 from shardplug_ignite import ShardplugConfig, ShardplugEvents, ShardplugHandler
@@ -82,3 +82,90 @@ def test_ignite_unprepared_loader_and_unattached_step_are_refused() -> None:
         loose.run(other.prepare_data_loader(DataLoader(_data(4), batch_size=2)), max_epochs=1)
     handler_state = other.state_dict()
     assert set(handler_state) == set(ShardplugHandler._state_dict_all_req_keys)
+
+
+def test_ignite_handler_state_loads_with_weights_only(tmp_path) -> None:
+    handler = ShardplugHandler(ShardplugConfig(use_seedable_sampler=True, data_seed=3))
+    loader = handler.prepare_data_loader(DataLoader(_data(8), batch_size=2, shuffle=True))
+    trainer = Engine(lambda e, b: None)
+    handler.attach(trainer)
+    trainer.run(loader, max_epochs=1)
+    torch.save(handler.state_dict(), tmp_path / "h.pt")
+    state = torch.load(tmp_path / "h.pt", weights_only=True)
+    assert state["loader"]["seeds"] == [3] and state["gradient_state"] == {"num_steps": 1, "step": 0}
+
+
+def test_ignite_auto_dataloader_takes_the_global_batch_as_idist_does() -> None:
+    rows = []
+    for rank in range(2):
+        handler = ShardplugHandler(num_processes=2, process_index=rank)
+        loader = handler.auto_dataloader(_data(16), batch_size=8)
+        batches = [b[0].flatten().int().tolist() for b in loader]
+        assert len(loader) == len(batches) == 2 and all(len(b) == 4 for b in batches)  # 8 per step, 4 per rank
+        rows.extend(i for b in batches for i in b)
+    assert sorted(rows) == list(range(16))
+    with pytest.raises(ValueError, match="batch_size=7 is the global batch"):
+        ShardplugHandler(num_processes=2, process_index=0).auto_dataloader(_data(16), batch_size=7)
+
+
+class _Stream(torch.utils.data.IterableDataset):
+    def __init__(self, n: int, sized: bool) -> None:
+        self.n, self.sized = n, sized
+
+    def __iter__(self):
+        for i in range(self.n):
+            yield torch.tensor([float(i)]), torch.tensor(0.0)
+
+    def __len__(self) -> int:
+        if not self.sized:
+            raise TypeError("no len")
+        return self.n
+
+
+@pytest.mark.parametrize("sized", [True, False])
+def test_ignite_evaluation_counts_every_stream_sample_once(sized: bool) -> None:
+    seen = []
+    for rank in range(2):
+        handler = ShardplugHandler(num_processes=2, process_index=rank)
+        loader = handler.prepare_eval_loader(DataLoader(_Stream(21, sized), batch_size=4))
+        evaluator = handler.create_evaluator(torch.nn.Identity(), output_transform=lambda x, y, p: p)
+        outputs = []
+        evaluator.add_event_handler(Events.ITERATION_COMPLETED, lambda e: outputs.append(e.state.output))
+        evaluator.run(loader)
+        seen.extend(int(v) for out in outputs for v in out.flatten().tolist())
+    assert sorted(seen) == list(range(21))  # padding dropped (sized) or never added (no len)
+
+
+def test_ignite_param_scheduler_attached_to_real_steps_counts_real_steps() -> None:
+    from ignite.handlers import PiecewiseLinear
+
+    torch.manual_seed(0)
+    model = torch.nn.Linear(1, 1)
+    handler = ShardplugHandler(ShardplugConfig(gradient_accumulation_steps=2), scaler=torch.amp.GradScaler("cpu"))
+    holder: dict[str, Engine] = {}
+
+    def loss_fn(p: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        loss = F.mse_loss(p.squeeze(1), y)
+        return loss * float("inf") if holder["t"].state.iteration == 4 else loss
+
+    trainer = handler.create_trainer(model, torch.optim.SGD(model.parameters(), lr=1.0), loss_fn)
+    holder["t"] = trainer
+    sched = PiecewiseLinear(handler.optimizers[0], "lr", milestones_values=[(0, 1.0), (10, 0.0)])
+    trainer.add_event_handler(ShardplugEvents.OPTIMIZER_STEP_COMPLETED, sched)
+    trainer.run(handler.prepare_data_loader(DataLoader(_data(8), batch_size=1)), max_epochs=1)
+    # 8 micro-batches, 2 per step: 4 steps, the one ending at iteration 4 skipped by the scaler
+    assert trainer.state.optimizer_step == 3 and trainer.state.optimizer_step_skipped == 1
+    assert sched.event_index == 3
+    assert handler.optimizers[0].param_groups[0]["lr"] == pytest.approx(0.8)  # value at event 2, set for step 3
+
+
+def test_ignite_mid_epoch_resume_without_the_handler_state_is_refused() -> None:
+    handler = ShardplugHandler()
+    trainer = Engine(lambda e, b: None)
+    handler.attach(trainer)
+    trainer.load_state_dict({"iteration": 3, "epoch_length": 4, "max_epochs": 2})
+    with pytest.raises(RuntimeError, match="Put the ShardplugHandler in the Checkpoint's to_save"):
+        trainer.run(handler.prepare_data_loader(DataLoader(_data(8), batch_size=2)))
+    with pytest.raises(ValueError, match="older shardplug-ignite"):
+        handler.load_state_dict({"seeds": [1], "epoch": 0, "batches_yielded": 2, "optimizer_step": 0,
+                                 "optimizer_step_skipped": 0, "accumulation_step": 0})
