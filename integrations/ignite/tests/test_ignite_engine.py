@@ -285,6 +285,18 @@ def _stepping() -> dict[str, Any]:
     return rec
 
 
+def _checkpointing(trainer: Engine, to_save: dict[str, Any], ckpt_dir: Path, save_at: Any, stop_at: Optional[int], resume: bool) -> None:
+    """Save ``to_save`` on rank 0 at ``save_at`` and stop after iteration ``stop_at``; or load the one checkpoint."""
+    if stop_at is not None:
+        checkpoint = Checkpoint(to_save, DiskSaver(str(ckpt_dir), require_empty=False), n_saved=None, save_on_rank=0)
+        trainer.add_event_handler(save_at, checkpoint)
+        trainer.add_event_handler(Events.ITERATION_COMPLETED(once=stop_at), lambda e: e.terminate())
+    if resume:
+        files = sorted(ckpt_dir.glob("*.pt"))
+        assert len(files) == 1, files
+        Checkpoint.load_objects(to_save, str(files[0]))
+
+
 def _resume_parts(ckpt_dir: Path, stop_at: Optional[int], resume: bool) -> tuple[list[Any], list[float], dict[str, Any]]:
     """3 epochs of 5 iterations (n=20, batch 2 per rank, shuffled, accumulation 2)."""
     handler = ShardplugHandler(ShardplugConfig(gradient_accumulation_steps=2))
@@ -302,14 +314,7 @@ def _resume_parts(ckpt_dir: Path, stop_at: Optional[int], resume: bool) -> tuple
         Events.ITERATION_COMPLETED, lambda e: seen.append([e.state.iteration, _indices(e.state.batch), handler.sync_gradients])
     )
     to_save = {"trainer": trainer, "model": model, "optimizer": handler.optimizers[0], "shardplug": handler}
-    if stop_at is not None:
-        checkpoint = Checkpoint(to_save, DiskSaver(str(ckpt_dir), require_empty=False), n_saved=None, save_on_rank=0)
-        trainer.add_event_handler(ShardplugEvents.OPTIMIZER_STEP_COMPLETED(every=4), checkpoint)
-        trainer.add_event_handler(Events.ITERATION_COMPLETED(once=stop_at), lambda e: e.terminate())
-    if resume:
-        files = sorted(ckpt_dir.glob("*.pt"))
-        assert len(files) == 1, files
-        Checkpoint.load_objects(to_save, str(files[0]))
+    _checkpointing(trainer, to_save, ckpt_dir, ShardplugEvents.OPTIMIZER_STEP_COMPLETED(every=4), stop_at, resume)
     trainer.run(loader, max_epochs=3)
     return seen, model.module.weight.flatten().tolist(), dict(handler.state_dict())
 
@@ -390,16 +395,9 @@ def _elastic_run(out_dir: str, stop_at: Optional[int], resume: bool) -> dict[str
 
     trainer.add_event_handler(Events.ITERATION_STARTED, first_lr)
     trainer.add_event_handler(Events.ITERATION_COMPLETED, seen)
-    ckpt = Path(out_dir, "elastic")
     to_save = {"trainer": trainer, "model": model, "optimizer": handler.optimizers[0], "shardplug": handler}
-    if stop_at is not None:
-        saver = Checkpoint(to_save, DiskSaver(str(ckpt), require_empty=False), n_saved=None, save_on_rank=0)
-        trainer.add_event_handler(Events.ITERATION_COMPLETED(once=stop_at), saver)
-        trainer.add_event_handler(Events.ITERATION_COMPLETED(once=stop_at), lambda e: e.terminate())
-    if resume:
-        files = sorted(ckpt.glob("*.pt"))
-        assert len(files) == 1, files
-        Checkpoint.load_objects(to_save, str(files[0]))
+    save_at = Events.ITERATION_COMPLETED(once=stop_at) if stop_at is not None else None
+    _checkpointing(trainer, to_save, Path(out_dir, "elastic"), save_at, stop_at, resume)
     trainer.run(loader, max_epochs=2)
     rec["epoch_length"] = trainer.state.epoch_length
     rec["lr_last"] = handler.optimizers[0].param_groups[0]["lr"]
