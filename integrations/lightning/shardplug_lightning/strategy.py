@@ -13,7 +13,11 @@ Private Lightning attributes relied on (checked at run time; a change makes the 
   the shard goes inside Lightning's index-recording wrapper);
 * ``trainer.fit_loop._combined_loader`` / ``_combined_loader_states_to_load`` and
   ``CombinedLoader._load_state_dicts`` (resume when ``estimated_stepping_batches`` built the
-  loaders before the checkpoint was restored, Lightning issue #20550).
+  loaders before the checkpoint was restored, Lightning issue #20550: no public way to apply a
+  loader state late).
+
+Public equivalents are used everywhere else (``lightning_module.trainer``,
+``trainer.train_dataloader``).
 """
 
 from __future__ import annotations
@@ -149,10 +153,10 @@ class ShardplugStrategyMixin:
 
     def _get_trainer(self) -> Any:
         module = getattr(self, "lightning_module", None)
-        trainer = getattr(module, "_trainer", None) if module is not None else None
-        if trainer is None:
-            raise RuntimeError("the shardplug strategy needs a LightningModule attached to a Trainer")
-        return trainer
+        try:
+            return module.trainer  # type: ignore[union-attr]
+        except (AttributeError, RuntimeError):
+            raise RuntimeError("the shardplug strategy needs a LightningModule attached to a Trainer") from None
 
     @property
     def step_was_skipped(self) -> bool:
@@ -281,13 +285,21 @@ class ShardplugStrategyMixin:
         """Keep each training loader's epoch equal to Lightning's (passes cut short by limits/max_steps)."""
         super().on_train_batch_start(batch, batch_idx, *args, **kwargs)  # type: ignore[misc]
         trainer = self._get_trainer()
-        combined = getattr(trainer.fit_loop, "_combined_loader", None)
-        if combined is None:
-            return
         epoch = trainer.current_epoch
-        for loader in combined.flattened:
+        for loader in _loaders_in(trainer.train_dataloader):
             if isinstance(loader, PreparedDataLoader) and loader.epoch != epoch and not loader.end_of_dataloader:
                 loader.epoch = epoch
+
+
+def _loaders_in(iterables: Any) -> list[Any]:
+    """The loaders in ``trainer.train_dataloader`` (one loader, or a list / tuple / dict of them)."""
+    if iterables is None:
+        return []
+    if isinstance(iterables, dict):
+        return [loader for value in iterables.values() for loader in _loaders_in(value)]
+    if isinstance(iterables, (list, tuple)):
+        return [loader for value in iterables for loader in _loaders_in(value)]
+    return [iterables]
 
 
 def _with_batch_sampler(dataloader: DataLoader, batch_sampler: Any) -> DataLoader:
