@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import weakref
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any, Callable, Iterable, Iterator, Optional, Union
@@ -168,11 +169,14 @@ class DataLoaderDispatcher(DataLoaderShard):
     must be (nested) tensors with the same shape beyond dim 0; anything else is a
     :class:`DispatchError` raised on every process, never a hang.
 
-    Per step process 0 broadcasts a two-integer message (same shapes as before / new row
-    count / new structure / end / error); the pickled structure is sent only when it changes
-    (once per pass for constant shapes).  Process 0 hands out its own rows while the others'
-    are still being sent, and reads the next step while they are.  ``dispatch_stats`` counts
-    steps, headers and bytes sent / received.
+    Per step process 0 broadcasts a four-integer message on the loader's own process group
+    (same shapes as before / new row count / new structure / no step / error / pass closed early,
+    with its pass number and whether the step is the pass's last); the pickled structure is sent
+    only when it changes (once per pass for constant shapes).  Process 0 reads one step ahead, so
+    the end of a pass is its own on every process; a pass it leaves early (``break``, an
+    exception, garbage collection, a new ``iter()``) is closed with a message, so the others stop
+    after the same step.  Process 0 hands out its own rows while the others' are still being sent.
+    ``dispatch_stats`` counts steps, headers and bytes sent / received.
 
     Example (2 processes)::
 
@@ -234,7 +238,21 @@ class DataLoaderDispatcher(DataLoaderShard):
             length = source.num_batches(0)
         except TypeError:  # a batch sampler without __len__
             length = None
+        # All dispatch traffic goes through a process group of its own: a message a process has not
+        # read yet (the close of a pass it left early) can never meet the user's own collectives.
+        self._group = dist.new_group() if world_size() > 1 else None
+        if self._group is not None:  # process 0 reads the data: its length is everybody's
+            length = broadcast_object(length if global_rank() == 0 else None, group=self._group)
         self.plan = DispatchPlan(layout, length, source if source.unit == "global_batches" else None)
+        self._passes_started = 0  # passes begun on this process; every message names process 0's
+        self._sending: Optional["weakref.ref[Any]"] = None  # process 0: the pass whose steps are being sent
+        self._closing: list[Any] = []  # process 0: close messages not yet read by every process
+
+    def __reduce_ex__(self, protocol: Any) -> Any:
+        rebuild, args, state = super().__reduce_ex__(protocol)
+        # the process group and the open pass belong to this process (a copy cannot dispatch)
+        state.update(_group=None, _sending=None, _closing=[])
+        return rebuild, args, state
 
     overlap_reads: Optional[bool] = None
     """Process 0 reads the next step while the current one is sent: ``None`` decides by the cores
@@ -309,31 +327,59 @@ class DataLoaderDispatcher(DataLoaderShard):
 
     # -- every process ----------------------------------------------------------------------
     def _receive(self, skip: int) -> Iterator[Any]:
-        """The batches this process receives: one per step (process 0 reads, everybody receives)."""
+        """This pass's steps as ``(batch, last)``: process 0 reads and sends, everybody receives.
+
+        Every message carries process 0's pass number. Process 0 closes a pass it leaves early
+        (``break``, an exception, garbage collection, a new ``iter()``) with a close message, so the
+        others end that pass after the same step; a process that left a pass early itself drops the
+        rest of that pass's messages when its next pass starts.
+        """
+        self._passes_started += 1
         if world_size() == 1:
             return self._local_steps(skip)
         if global_rank() == 0:
-            return self._send_steps(skip)
-        return self._receive_steps()
+            previous = self._sending() if self._sending is not None else None
+            if previous is not None:
+                previous.close()  # a pass still open: the others learn it ended here
+            self._check_group()
+            steps = self._send_steps(skip, self._passes_started)
+            self._sending = weakref.ref(steps)  # weak: an abandoned pass is closed by the garbage collector
+            return steps
+        self._check_group()
+        return self._receive_steps(self._passes_started)
 
-    def _local_steps(self, skip: int) -> Iterator[Any]:
+    def _check_group(self) -> None:
+        if self._group is None:
+            raise RuntimeError(
+                "this DataLoaderDispatcher is a copy (pickled) or was built without a process group: it cannot "
+                "dispatch; build the loader in each process with prepare_data_loader"
+            )
+
+    def _deliver(self, batches: Iterator[Any], current: Any) -> Iterator[Any]:
+        """Hand out ``(batch, last)`` steps: the end of the pass is process 0's, on every process."""
+        count = current.batches_yielded
+        for batch, last in batches:
+            count += 1
+            yield self._hand_out(batch, current, count, last)
+
+    def _local_steps(self, skip: int) -> Iterator[tuple[Any, bool]]:
         """Without a process group: process 0's own part of every step."""
         stats = self.dispatch_stats
-        for step in self._read_steps(skip):
+        for step, last in _flag_last(self._read_steps(skip)):
             parts = self._cut(step)
             stats.steps += 1
-            yield parts[0]
+            yield parts[0], last
 
-    def _send_steps(self, skip: int) -> Iterator[Any]:
+    def _send_steps(self, skip: int, pass_number: int) -> Iterator[tuple[Any, bool]]:
         """Process 0: read a step, tell the others what comes, send each its rows, hand out its own.
 
-        On CPU process groups (gloo) every other process's rows go out as asynchronous
-        point-to-point sends -- a scatter without the copy of process 0's own rows -- and
-        process 0 hands out its own rows at once: the sends of step ``t`` proceed in the process
+        Step ``t + 1`` is read before step ``t`` is announced, so the announcement says whether
+        ``t`` is the pass's last. On CPU process groups (gloo) every other process's rows go out as
+        asynchronous point-to-point sends -- a scatter without the copy of process 0's own rows --
+        and process 0 hands out its own rows at once: the sends of step ``t`` proceed in the process
         group's threads while the caller works on its rows, and are waited for before step
-        ``t + 1`` is read -- or, with :meth:`_overlap_reads`, while step ``t + 1`` is read and
-        collated, and waited for just before it is announced.  On GPU process groups (nccl) each
-        leaf is a synchronous ``scatter``.
+        ``t + 2`` is read -- or, with :meth:`_overlap_reads`, while it is read and collated. On GPU
+        process groups (nccl) each leaf is a synchronous ``scatter``.
         """
         stats = self.dispatch_stats
         comm_device = _communication_device()
@@ -342,43 +388,57 @@ class DataLoaderDispatcher(DataLoaderShard):
         # rows while the others' are still being sent; a custom slice_fn may share rows.
         overlap = on_cpu and self.slice_fn is slice_rows
         overlap_reads = overlap and self._overlap_reads()
-        control = torch.zeros(2, dtype=torch.int64, device=comm_device)
+        control = torch.zeros(_CONTROL_SIZE, dtype=torch.int64, device=comm_device)
+        group = self._group
+        _wait(self._closing)  # every process has read the close of the previous pass by now, or is about to
         steps = self._read_steps_cut(skip)
         sent: Optional[_Header] = None
         pending: list[Any] = []
-        try:
-            while True:
-                failure: Optional[BaseException] = None
-                cut: Optional[tuple[Any, list[list[torch.Tensor]], _Header]] = None
-                if not overlap_reads:
-                    _wait(pending)
-                try:
-                    cut = next(steps, None)
-                except Exception as exc:  # reach every process instead of leaving them waiting
-                    failure = exc
+        ended = False  # the others know where this pass ends (its last step, its end or an error)
+
+        def read_next() -> Any:
+            """The next step, ``None`` at the end, or the exception reading it raised."""
+            if not overlap_reads:
                 _wait(pending)
-                if failure is not None:
-                    _announce(control, _ERROR)
-                    broadcast_object(f"{type(failure).__name__}: {failure}")
-                    raise failure
-                if cut is None:
-                    _announce(control, _END)
-                    return
-                own, parts, header = cut
+            try:
+                return next(steps, None)
+            except Exception as exc:  # reached every process when its turn comes, not before
+                return exc
+            finally:
+                _wait(pending)
+
+        try:
+            upcoming = read_next()
+            if upcoming is None:
+                ended = True
+                _announce(control, _END, pass_number, group=group)
+                return
+            while upcoming is not None:
+                if isinstance(upcoming, Exception):
+                    ended = True
+                    _announce(control, _ERROR, pass_number, group=group)
+                    broadcast_object(f"{type(upcoming).__name__}: {upcoming}", group=group)
+                    raise upcoming
+                following = read_next()
+                last = following is None
+                own, parts, header = upcoming
                 kind, rows = _control_for(header, sent)
-                pending.append(_announce(control, kind, rows, async_op=on_cpu))
+                pending.append(_announce(control, kind, pass_number, rows, last, group=group, async_op=on_cpu))
+                ended = last
                 if kind == _HEADER:
-                    broadcast_object(header)
+                    broadcast_object(header, group=group)
                     stats.headers += 1
                 sent = header
                 sources: list[torch.Tensor] = []
                 for k, (dtype, shape) in enumerate(header[1]):
                     sources = [leaves[k] for leaves in parts]
                     if on_cpu:
-                        pending.extend(dist.isend(source, dst=j, tag=_SEND_TAG) for j, source in enumerate(sources) if j != 0)
+                        pending.extend(
+                            dist.isend(source, dst=j, group=group, tag=_SEND_TAG) for j, source in enumerate(sources) if j != 0
+                        )
                     else:
                         out = torch.empty(shape, dtype=dtype, device=comm_device)
-                        dist.scatter(out, sources, src=0)
+                        dist.scatter(out, sources, src=0, group=group)
                         sources[0] = out
                     stats.bytes_sent += sum(t.numel() * t.element_size() for t in sources[1:])
                     parts[0][k] = sources[0]
@@ -387,13 +447,19 @@ class DataLoaderDispatcher(DataLoaderShard):
                     _wait(pending)
                 if not on_cpu:
                     own = _unflatten(iter(parts[0]), header[0])
-                del parts, cut, sources  # rows in flight stay referenced by their sends only
-                yield own
+                del parts, upcoming, sources  # rows in flight stay referenced by their sends only
+                yield own, last
+                upcoming = following
         finally:
             try:
                 _wait(pending)
+                if not ended and dist.is_initialized():
+                    # left early: the others stop after this step. Not waited for here: a process that
+                    # left the pass early too reads it only when its next pass starts.
+                    self._closing.append(_announce(control.clone(), _CLOSE, pass_number, group=group, async_op=True))
+                    logger.debug("dispatch pass %d closed early by process 0", pass_number)
             except Exception:  # already failing or closing: the original error matters more
-                logger.exception("a send still in flight failed while the dispatcher stopped")
+                logger.exception("the dispatcher could not tell the other processes that the pass ended")
 
     def _overlap_reads(self) -> bool:
         """Whether process 0 reads step ``t + 1`` while step ``t`` is still being sent.
@@ -406,53 +472,74 @@ class DataLoaderDispatcher(DataLoaderShard):
             return bool(self.overlap_reads)
         return _available_cores() > 2 * world_size()
 
-    def _receive_steps(self) -> Iterator[Any]:
+    def _receive_steps(self, pass_number: int) -> Iterator[tuple[Any, bool]]:
         """Processes other than 0: receive each step's announcement, then this process's rows.
 
         A failure of the process group while waiting (process 0 died, a timeout) is a
         :class:`DispatchError` that names process 0.
         """
         comm_device = _communication_device()
-        control = torch.zeros(2, dtype=torch.int64, device=comm_device)
+        control = torch.zeros(_CONTROL_SIZE, dtype=torch.int64, device=comm_device)
         header: Optional[_Header] = None
         while True:
             try:
-                header, batch = self._receive_step(control, header, comm_device)
+                kind, last, header, batch = self._receive_step(control, header, comm_device, pass_number)
             except DispatchError:
                 raise
             except RuntimeError as exc:  # torch.distributed.DistBackendError included
                 raise DispatchError(
                     f"lost process 0 (which reads and sends the data in dispatch mode) while waiting for a batch: {exc}"
                 ) from exc
-            if header is None:
+            if kind in (_END, _CLOSE):
                 return
-            yield batch
+            yield batch, last
+            if last:
+                return
 
-    def _receive_step(self, control: torch.Tensor, header: Optional[_Header], comm_device: torch.device) -> tuple[Optional[_Header], Any]:
-        """One step's message and rows: (the header now known, the batch), or (None, None) at the end."""
-        dist.broadcast(control, src=0)
-        kind, rows = control.tolist()
-        if kind == _END:
-            return None, None
-        if kind == _ERROR:
-            raise DispatchError(f"process 0 failed to dispatch a batch: {broadcast_object(None)}")
-        if kind == _HEADER:
-            header = broadcast_object(None)
-            self.dispatch_stats.headers += 1
-        elif kind == _ROWS and header is not None:
-            header = _with_rows(header, rows)
-        elif kind != _SAME or header is None:
-            raise DispatchError(f"process 0 sent an unexpected dispatch message {kind}")
-        skeleton, specs = header
-        received = [torch.empty(shape, dtype=dtype, device=comm_device) for dtype, shape in specs]
-        for out in received:
-            if comm_device.type == "cpu":
-                dist.recv(out, src=0, tag=_SEND_TAG)
-            else:
-                dist.scatter(out, None, src=0)
-        self.dispatch_stats.steps += 1
-        self.dispatch_stats.bytes_received += sum(t.numel() * t.element_size() for t in received)
-        return header, _unflatten(iter(received), skeleton)
+    def _receive_step(
+        self, control: torch.Tensor, header: Optional[_Header], comm_device: torch.device, pass_number: int
+    ) -> tuple[int, bool, Optional[_Header], Any]:
+        """The next message of pass ``pass_number``: (kind, last, the header now known, the batch).
+
+        Messages of an earlier pass (one this process left early) are received and dropped.
+        """
+        group = self._group
+        while True:
+            dist.broadcast(control, src=0, group=group)
+            kind, number, rows, last = control.tolist()
+            if number > pass_number:
+                raise DispatchError(
+                    f"process 0 is in pass {number} over the data and this process in pass {pass_number}: in dispatch "
+                    "mode every process must iterate the loader the same number of times"
+                )
+            if kind == _ERROR:
+                message = broadcast_object(None, group=group)
+                if number == pass_number:
+                    raise DispatchError(f"process 0 failed to dispatch a batch: {message}")
+                continue
+            if kind in (_END, _CLOSE):
+                if number == pass_number:
+                    return kind, True, header, None
+                continue
+            if kind == _HEADER:
+                header = broadcast_object(None, group=group)
+                self.dispatch_stats.headers += 1
+            elif kind == _ROWS and header is not None:
+                header = _with_rows(header, rows)
+            elif kind != _SAME or header is None:
+                raise DispatchError(f"process 0 sent an unexpected dispatch message {kind}")
+            skeleton, specs = header
+            received = [torch.empty(shape, dtype=dtype, device=comm_device) for dtype, shape in specs]
+            for out in received:
+                if comm_device.type == "cpu":
+                    dist.recv(out, src=0, group=group, tag=_SEND_TAG)
+                else:
+                    dist.scatter(out, None, src=0, group=group)
+            if number < pass_number:
+                continue  # the rest of a pass this process left early
+            self.dispatch_stats.steps += 1
+            self.dispatch_stats.bytes_received += sum(t.numel() * t.element_size() for t in received)
+            return kind, bool(last), header, _unflatten(iter(received), skeleton)
 
     def _read_steps_cut(self, skip: int) -> Iterator[tuple[Any, list[list[torch.Tensor]], _Header]]:
         """Process 0: each step as (own part, every part's contiguous leaves, header)."""
@@ -484,17 +571,35 @@ _Header = tuple[Any, list[tuple[torch.dtype, tuple[int, ...]]]]
 _SEND_TAG = 0x5350
 """Tag of the point-to-point sends of rows (gloo), apart from the user's own sends."""
 
-_SAME, _ROWS, _HEADER, _END, _ERROR = range(5)
-"""Kinds of the two-integer message process 0 broadcasts before every step: the part has the
-header sent last / that header with dim 0 = the second integer on every leaf / a new header
-follows (pickled) / the pass is over / an error message follows (pickled)."""
+_SAME, _ROWS, _HEADER, _END, _ERROR, _CLOSE = range(6)
+"""Kinds of the message process 0 broadcasts before every step: the part has the header sent
+last / that header with dim 0 = ``rows`` on every leaf / a new header follows (pickled) / the
+pass had no step / an error message follows (pickled) / process 0 left the pass early."""
+
+_CONTROL_SIZE = 4
+"""The message: (kind, process 0's pass number, rows, whether this step is the pass's last)."""
 
 
-def _announce(control: torch.Tensor, kind: int, rows: int = 0, async_op: bool = False) -> Any:
-    """Process 0: broadcast the two-integer message of the coming step (its work when ``async_op``)."""
-    control[0], control[1] = kind, rows
-    work = dist.broadcast(control, src=0, async_op=async_op)
+def _announce(
+    control: torch.Tensor, kind: int, pass_number: int, rows: int = 0, last: bool = False, *, group: Any, async_op: bool = False
+) -> Any:
+    """Process 0: broadcast the message of the coming step (its work when ``async_op``)."""
+    control[0], control[1], control[2], control[3] = kind, pass_number, rows, int(last)
+    work = dist.broadcast(control, src=0, group=group, async_op=async_op)
     return work if async_op else _Done()
+
+
+def _flag_last(items: Iterator[Any]) -> Iterator[tuple[Any, bool]]:
+    """``(item, is_last)`` for each item (one read ahead)."""
+    iterator = iter(items)
+    for upcoming in iterator:
+        break
+    else:
+        return
+    for following in iterator:
+        yield upcoming, False
+        upcoming = following
+    yield upcoming, True
 
 
 def _control_for(header: _Header, sent: Optional[_Header]) -> tuple[int, int]:

@@ -327,15 +327,19 @@ class PreparedDataLoader(DataLoader):
             state._loader_started(self)
         try:
             batches = self.plan.pass_batches(self._inner_batches(discard), current.record)
-            if current.total is not None:
-                yield from self._deliver_counted(batches, current)
-            else:
-                yield from self._deliver_lookahead(batches, current)
+            yield from self._deliver(batches, current)
             current.complete = True
         finally:
             self._stateful_snapshot = None
             if state is not None:
                 state._loader_stopped(self)
+
+    def _deliver(self, batches: Iterator[Any], current: _Pass) -> Iterator[Any]:
+        """The pass's batches as handed out: the last one known from the exact length, else by
+        reading one ahead."""
+        if current.total is not None:
+            return self._deliver_counted(batches, current)
+        return self._deliver_lookahead(batches, current)
 
     def _hand_out(self, batch: Any, current: _Pass, count: int, last: bool) -> Any:
         current.batches_yielded = count
