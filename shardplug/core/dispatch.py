@@ -18,6 +18,7 @@ from .config import renamed_option
 from .layout import ShardLayout
 from .loaders import DataLoaderShard
 from .plan import DispatchPlan, ShardPlan
+from .rows import OBJECT, batch_rows, concatenate_rows, describe_path, flatten, leaf_spec, slice_rows, take_rows, unflatten
 from .topology import resolve_data_topology
 
 __all__ = ["DataLoaderDispatcher", "DispatchError", "DispatchOptions", "DispatchStats", "slice_rows", "concatenate_rows"]
@@ -55,98 +56,37 @@ class DispatchStats:
         return {name: value - before[name] for name, value in asdict(self).items()}
 
 
-# -- nested structures ------------------------------------------------------------------------
-def _flatten(data: Any) -> tuple[list[Any], Any]:
-    """Leaves of a nested dict / list / tuple / namedtuple, and a picklable skeleton to rebuild it."""
-    if isinstance(data, Mapping):
-        keys = list(data.keys())
-        parts = [_flatten(data[k]) for k in keys]
-        return [leaf for p in parts for leaf in p[0]], ("map", type(data), keys, [p[1] for p in parts])
-    if isinstance(data, tuple) and hasattr(data, "_fields"):
-        parts = [_flatten(v) for v in data]
-        return [leaf for p in parts for leaf in p[0]], ("namedtuple", type(data), None, [p[1] for p in parts])
-    if isinstance(data, (list, tuple)):
-        parts = [_flatten(v) for v in data]
-        return [leaf for p in parts for leaf in p[0]], ("seq", type(data), None, [p[1] for p in parts])
-    return [data], None
-
-
-def _unflatten(leaves: Iterator[Any], skeleton: Any) -> Any:
-    if skeleton is None:
-        return next(leaves)
-    kind, cls, keys, children = skeleton
-    values = [_unflatten(leaves, child) for child in children]
-    if kind == "map":
-        built = dict(zip(keys, values))
-        try:
-            return cls(built)
-        except TypeError:
-            return built
-    if kind == "namedtuple":
-        return cls(*values)
-    return cls(values)
-
-
-def _describe_path(skeleton: Any, index: int) -> str:
-    paths: list[str] = []
-
-    def walk(node: Any, prefix: str) -> None:
-        if node is None:
-            paths.append(prefix or "batch")
-            return
-        kind, _, keys, children = node
-        for position, child in enumerate(children):
-            walk(child, f"{prefix}[{keys[position]!r}]" if kind == "map" else f"{prefix}[{position}]")
-
-    walk(skeleton, "")
-    return paths[index] if index < len(paths) else "batch"
-
-
-def slice_rows(data: Any, rows: slice, process_index: int = 0, num_processes: int = 1) -> Any:
-    """Rows ``rows`` of every tensor in ``data`` (the default ``slice_fn``)."""
-    leaves, skeleton = _flatten(data)
-    return _unflatten(iter([leaf[rows] for leaf in leaves]), skeleton)
-
-
-def concatenate_rows(batches: list[Any]) -> Any:
-    """Concatenate same-structured nested batches along dim 0."""
-    flat = [_flatten(b) for b in batches]
-    skeleton = flat[0][1]
-    columns = list(zip(*(leaves for leaves, _ in flat)))
-    return _unflatten(iter([torch.cat(column, dim=0) for column in columns]), skeleton)
-
-
 _FIX = "pass split_batches=True (one batch per step, no concatenation) or dispatch_batches=False"
 
 
-def _check_batch(batch: Any, reference: Optional[tuple[Any, list[torch.Size]]]) -> tuple[Any, list[torch.Size]]:
-    leaves, skeleton = _flatten(batch)
-    shapes: list[torch.Size] = []
-    for k, leaf in enumerate(leaves):
-        if not isinstance(leaf, torch.Tensor):
+def _check_step(group: list[Any]) -> list[int]:
+    """The rows of each batch of one step; a ``DispatchError`` when they cannot be dispatched
+    together (different structures, or shapes beyond dim 0 that differ within the step)."""
+    rows, first = [], None
+    for batch in group:
+        leaves, skeleton = flatten(batch)
+        count = batch_rows(leaves)
+        if count is None:
             raise DispatchError(
-                f"dispatch_batches=True can only dispatch tensors, but {_describe_path(skeleton, k)} is a "
-                f"{type(leaf).__name__}; make the collate_fn return tensors only, or pass dispatch_batches=False"
+                "dispatch_batches=True cuts batches along their rows, but this batch has no tensor with a batch "
+                "dimension and no list of values to cut; give it one, or pass dispatch_batches=False"
             )
-        if leaf.dim() == 0:
+        for k, leaf in enumerate(leaves):
+            if isinstance(leaf, torch.Tensor) and leaf.dim() > 0 and leaf.shape[0] != count:
+                raise DispatchError(
+                    f"dispatch_batches=True needs every tensor of a batch to have the same number of rows, but "
+                    f"{describe_path(skeleton, k)} has {leaf.shape[0]} and the batch {count}; pass dispatch_batches=False"
+                )
+        signature = (skeleton, [leaf_spec(leaf)[1][1:] if leaf_spec(leaf)[1] else None for leaf in leaves])
+        if first is None:
+            first = signature
+        elif signature != first:
             raise DispatchError(
-                f"dispatch_batches=True splits tensors along dim 0, but {_describe_path(skeleton, k)} is a scalar; "
-                "give it a batch dimension, or pass dispatch_batches=False"
+                "dispatch_batches=True joins the batches of one step, but they differ in structure or in shape beyond "
+                f"dim 0 within the step ({first[1]} vs {signature[1]}); {_FIX}"
             )
-        shapes.append(leaf.shape)
-    if len({s[0] for s in shapes}) > 1:
-        raise DispatchError(
-            f"dispatch_batches=True needs every tensor of a batch to have the same number of rows, got "
-            f"{[s[0] for s in shapes]}; pass dispatch_batches=False"
-        )
-    if reference is not None:
-        ref_skeleton, ref_shapes = reference
-        if ref_skeleton != skeleton or [s[1:] for s in ref_shapes] != [s[1:] for s in shapes]:
-            raise DispatchError(
-                "dispatch_batches=True concatenates batches, but they differ in structure or in shape beyond "
-                f"dim 0 ({[tuple(s) for s in ref_shapes]} vs {[tuple(s) for s in shapes]}); {_FIX}"
-            )
-    return skeleton, shapes
+        rows.append(count)
+    return rows
 
 
 @dataclass(frozen=True)
@@ -165,9 +105,11 @@ class DataLoaderDispatcher(DataLoaderShard):
 
     Per step process 0 takes one batch (``split_batches=True``) or ``N`` consecutive batches
     concatenated along dim 0, and process ``i`` receives rows ``[i*k, (i+1)*k)``.  A final
-    step whose rows do not divide by ``N`` is completed with rows of the first step.  Batches
-    must be (nested) tensors with the same shape beyond dim 0; anything else is a
-    :class:`DispatchError` raised on every process, never a hang.
+    step whose rows do not divide by ``N`` is completed with rows of the first step.  Shapes may
+    change from step to step; the batches joined into one step must agree beyond dim 0.
+    Non-tensor leaves are delivered (:mod:`shardplug.core.rows`: per-row lists cut, other values
+    kept).  A batch that cannot be dispatched is a :class:`DispatchError` raised on every process,
+    never a hang.
 
     Per step process 0 broadcasts a four-integer message on the loader's own process group
     (same shapes as before / new row count / new structure / no step / error / pass closed early,
@@ -277,7 +219,6 @@ class DataLoaderDispatcher(DataLoaderShard):
         per_step = self._batches_per_step
         uncut = not self.split_batches and self.slice_fn is slice_rows
         head: Optional[Any] = None  # a copy of the first rows: process 0 may change its own rows in place
-        reference = None
         while True:
             group = []
             for batch in batches:
@@ -288,11 +229,7 @@ class DataLoaderDispatcher(DataLoaderShard):
                 return
             if self.drop_last and len(group) < per_step:
                 return
-            rows = set()
-            for batch in group:
-                checked = _check_batch(batch, reference)
-                reference = reference or checked
-                rows.add(checked[1][0][0] if checked[1] else 0)
+            rows = set(_check_step(group))  # shapes may change from one step to the next
             if head is None:
                 head = self._epoch_head_rows(group)
             if uncut and len(group) == per_step and len(rows) == 1:
@@ -315,15 +252,13 @@ class DataLoaderDispatcher(DataLoaderShard):
 
     def _pad_rows(self, step: Any, head: Any) -> Any:
         """``step`` completed to a multiple of N rows with the first rows of the pass (wrapped)."""
-        leaves, _ = _flatten(step)
-        rows = leaves[0].shape[0]
+        rows = batch_rows(flatten(step)[0]) or 0
         missing = -rows % self.num_processes
         if missing == 0:
             return step
-        source_rows = _flatten(head)[0][0].shape[0]
+        source_rows = batch_rows(flatten(head)[0]) or 1
         picks = torch.arange(missing) % source_rows
-        padding = slice_rows_index(head, picks)
-        return concatenate_rows([step, padding])
+        return concatenate_rows([step, take_rows(head, picks)])
 
     # -- every process ----------------------------------------------------------------------
     def _receive(self, skip: int) -> Iterator[Any]:
@@ -430,7 +365,11 @@ class DataLoaderDispatcher(DataLoaderShard):
                     stats.headers += 1
                 sent = header
                 sources: list[torch.Tensor] = []
+                if any(dtype == OBJECT for dtype, _ in header[1]):
+                    dist.scatter_object_list([None], [_objects(leaves) for leaves in parts], src=0, group=group)
                 for k, (dtype, shape) in enumerate(header[1]):
+                    if dtype == OBJECT:
+                        continue
                     sources = [leaves[k] for leaves in parts]
                     if on_cpu:
                         pending.extend(
@@ -446,7 +385,7 @@ class DataLoaderDispatcher(DataLoaderShard):
                 if not overlap:
                     _wait(pending)
                 if not on_cpu:
-                    own = _unflatten(iter(parts[0]), header[0])
+                    own = unflatten(iter(parts[0]), header[0])
                 del parts, upcoming, sources  # rows in flight stay referenced by their sends only
                 yield own, last
                 upcoming = following
@@ -529,8 +468,15 @@ class DataLoaderDispatcher(DataLoaderShard):
             elif kind != _SAME or header is None:
                 raise DispatchError(f"process 0 sent an unexpected dispatch message {kind}")
             skeleton, specs = header
-            received = [torch.empty(shape, dtype=dtype, device=comm_device) for dtype, shape in specs]
+            objects: list[Any] = []
+            if any(dtype == OBJECT for dtype, _ in specs):
+                box: list[Any] = [None]
+                dist.scatter_object_list(box, None, src=0, group=group)
+                objects = box[0]
+            received = [None if dtype == OBJECT else torch.empty(shape, dtype=dtype, device=comm_device) for dtype, shape in specs]
             for out in received:
+                if out is None:
+                    continue
                 if comm_device.type == "cpu":
                     dist.recv(out, src=0, group=group, tag=_SEND_TAG)
                 else:
@@ -538,28 +484,31 @@ class DataLoaderDispatcher(DataLoaderShard):
             if number < pass_number:
                 continue  # the rest of a pass this process left early
             self.dispatch_stats.steps += 1
-            self.dispatch_stats.bytes_received += sum(t.numel() * t.element_size() for t in received)
-            return kind, bool(last), header, _unflatten(iter(received), skeleton)
+            tensors = [t for t in received if t is not None]
+            self.dispatch_stats.bytes_received += sum(t.numel() * t.element_size() for t in tensors)
+            values = iter(objects)
+            leaves = [next(values) if out is None else out for out in received]
+            return kind, bool(last), header, unflatten(iter(leaves), skeleton)
 
     def _read_steps_cut(self, skip: int) -> Iterator[tuple[Any, list[list[torch.Tensor]], _Header]]:
         """Process 0: each step as (own part, every part's contiguous leaves, header)."""
         comm_device = _communication_device()
         for step in self._read_steps(skip):
             parts = self._cut(step)
-            leaves, skeleton = _flatten(parts[0])
-            flat = [[leaf.contiguous().to(comm_device) for leaf in _flatten(part)[0]] for part in parts]
-            yield parts[0], flat, (skeleton, [(leaf.dtype, tuple(leaf.shape)) for leaf in leaves])
+            leaves, skeleton = flatten(parts[0])
+            flat = [[_transportable(leaf, comm_device) for leaf in flatten(part)[0]] for part in parts]
+            yield parts[0], flat, (skeleton, [leaf_spec(leaf) for leaf in leaves])
 
     def _cut(self, step: Any) -> list[Any]:
         if isinstance(step, _Parts):  # already one batch per process, nothing to cut
             return step.parts
-        rows = _flatten(step)[0][0].shape[0]
+        rows = batch_rows(flatten(step)[0]) or 0
         k = rows // self.num_processes
         parts = [self.slice_fn(step, slice(j * k, (j + 1) * k), j, self.num_processes) for j in range(self.num_processes)]
-        first_leaves, first_skeleton = _flatten(parts[0])
+        first_leaves, first_skeleton = flatten(parts[0])
         for part in parts[1:]:
-            leaves, skeleton = _flatten(part)
-            if skeleton != first_skeleton or [l.shape for l in leaves] != [l.shape for l in first_leaves]:
+            leaves, skeleton = flatten(part)
+            if skeleton != first_skeleton or [leaf_spec(l) for l in leaves] != [leaf_spec(l) for l in first_leaves]:
                 raise DispatchError("slice_fn_for_dispatch returned parts of different structure or shape for different processes")
         return parts
 
@@ -608,7 +557,7 @@ def _control_for(header: _Header, sent: Optional[_Header]) -> tuple[int, int]:
         return _HEADER, 0
     if header == sent:
         return _SAME, 0
-    rows = {shape[0] for _, shape in header[1]}
+    rows = {shape[0] for dtype, shape in header[1] if dtype != OBJECT}
     if len(rows) == 1 and _with_rows(sent, next(iter(rows))) == header:
         return _ROWS, next(iter(rows))
     return _HEADER, 0
@@ -616,7 +565,19 @@ def _control_for(header: _Header, sent: Optional[_Header]) -> tuple[int, int]:
 
 def _with_rows(header: _Header, rows: int) -> _Header:
     skeleton, specs = header
-    return skeleton, [(dtype, (rows,) + tuple(shape[1:])) for dtype, shape in specs]
+    return skeleton, [(dtype, shape if dtype == OBJECT else (rows,) + tuple(shape[1:])) for dtype, shape in specs]
+
+
+def _objects(leaves: list[Any]) -> list[Any]:
+    """The leaves of one part that travel pickled (everything but tensors with rows)."""
+    return [leaf for leaf in leaves if leaf_spec(leaf)[0] == OBJECT]
+
+
+def _transportable(leaf: Any, device: torch.device) -> Any:
+    """A tensor leaf ready to send (contiguous, on the group's device); other leaves as they are."""
+    if leaf_spec(leaf)[0] == OBJECT:
+        return leaf
+    return leaf.contiguous().to(device)
 
 
 class _Done:
@@ -649,14 +610,9 @@ def _head_rows(group: list[Any], count: int) -> Any:
             break
         piece = slice_rows(batch, slice(0, max(count, 1) - taken))
         pieces.append(piece)
-        taken += _flatten(piece)[0][0].shape[0]
+        taken += batch_rows(flatten(piece)[0]) or 0
     rows = concatenate_rows(pieces) if len(pieces) > 1 else pieces[0]
-    return slice_rows_index(rows, torch.arange(min(max(count, 1), taken)))
-
-
-def slice_rows_index(data: Any, index: torch.Tensor) -> Any:
-    leaves, skeleton = _flatten(data)
-    return _unflatten(iter([leaf[index] for leaf in leaves]), skeleton)
+    return take_rows(rows, torch.arange(min(max(count, 1), taken)))
 
 
 def _available_cores() -> int:

@@ -1,0 +1,154 @@
+"""Batches as rows: nested dicts / lists / tuples of tensors and plain values, cut and joined along dim 0.
+
+A batch is flattened into *leaves*: tensors, lists or tuples of plain values (``["a", "b"]``, a
+list of ids), and other values. Its **rows** are the first dimension of its first tensor of at
+least one dimension (else the length of its first list of plain values). A tensor's rows are
+its dim 0; a list of plain values of that length has one value per row; every other leaf (a
+string, a number, a 0-dim tensor, a list of another length) belongs to the whole batch and is
+kept as it is in every part.
+
+Example::
+
+    >>> batch = {"x": torch.arange(4).view(4, 1), "text": ["a", "b", "c", "d"], "source": "web"}
+    >>> part = slice_rows(batch, slice(2, 4))
+    >>> part["x"].flatten().tolist(), part["text"], part["source"]
+    ([2, 3], ['c', 'd'], 'web')
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Iterator, Optional
+
+import torch
+
+__all__ = [
+    "flatten", "unflatten", "batch_rows", "slice_rows", "take_rows", "concatenate_rows", "describe_path",
+    "leaf_spec", "OBJECT",
+]
+
+OBJECT = "object"
+"""The spec of a leaf that is not a tensor of at least one dimension (sent pickled)."""
+
+
+def _is_plain(value: Any) -> bool:
+    return not isinstance(value, (torch.Tensor, Mapping, list, tuple))
+
+
+def flatten(data: Any) -> tuple[list[Any], Any]:
+    """Leaves of a nested dict / list / tuple / namedtuple, and a picklable skeleton to rebuild it.
+
+    A non-empty list or tuple of plain values (no tensor, no container) is one leaf.
+    """
+    if isinstance(data, Mapping):
+        keys = list(data.keys())
+        parts = [flatten(data[k]) for k in keys]
+        return [leaf for p in parts for leaf in p[0]], ("map", type(data), keys, [p[1] for p in parts])
+    if isinstance(data, tuple) and hasattr(data, "_fields"):
+        parts = [flatten(v) for v in data]
+        return [leaf for p in parts for leaf in p[0]], ("namedtuple", type(data), None, [p[1] for p in parts])
+    if isinstance(data, (list, tuple)) and not (data and all(_is_plain(v) for v in data)):
+        parts = [flatten(v) for v in data]
+        return [leaf for p in parts for leaf in p[0]], ("seq", type(data), None, [p[1] for p in parts])
+    return [data], None
+
+
+def unflatten(leaves: Iterator[Any], skeleton: Any) -> Any:
+    """The nested batch of :func:`flatten`'s ``skeleton`` with ``leaves`` in order."""
+    if skeleton is None:
+        return next(leaves)
+    kind, cls, keys, children = skeleton
+    values = [unflatten(leaves, child) for child in children]
+    if kind == "map":
+        built = dict(zip(keys, values))
+        try:
+            return cls(built)
+        except TypeError:
+            return built
+    if kind == "namedtuple":
+        return cls(*values)
+    return cls(values)
+
+
+def describe_path(skeleton: Any, index: int) -> str:
+    """Where leaf ``index`` sits in the batch, e.g. ``['input_ids']`` or ``[1]``."""
+    paths: list[str] = []
+
+    def walk(node: Any, prefix: str) -> None:
+        if node is None:
+            paths.append(prefix or "batch")
+            return
+        kind, _, keys, children = node
+        for position, child in enumerate(children):
+            walk(child, f"{prefix}[{keys[position]!r}]" if kind == "map" else f"{prefix}[{position}]")
+
+    walk(skeleton, "")
+    return paths[index] if index < len(paths) else "batch"
+
+
+def _is_rows_tensor(leaf: Any) -> bool:
+    return isinstance(leaf, torch.Tensor) and leaf.dim() > 0
+
+
+def batch_rows(leaves: list[Any]) -> Optional[int]:
+    """The rows of a flattened batch (``None``: nothing in it has rows)."""
+    for leaf in leaves:
+        if _is_rows_tensor(leaf):
+            return int(leaf.shape[0])
+    for leaf in leaves:
+        if isinstance(leaf, (list, tuple)):
+            return len(leaf)
+    return None
+
+
+def _per_row(leaf: Any, rows: Optional[int]) -> bool:
+    """Whether ``leaf`` has one entry per row (it is cut with the rows) or belongs to the batch."""
+    if _is_rows_tensor(leaf):
+        return True
+    return isinstance(leaf, (list, tuple)) and rows is not None and len(leaf) == rows
+
+
+def leaf_spec(leaf: Any) -> tuple[Any, Any]:
+    """``(dtype, shape)`` of a tensor of at least one dimension, else ``(OBJECT, None)``."""
+    if _is_rows_tensor(leaf):
+        return leaf.dtype, tuple(leaf.shape)
+    return OBJECT, None
+
+
+def slice_rows(data: Any, rows: slice, process_index: int = 0, num_processes: int = 1) -> Any:
+    """Rows ``rows`` of ``data`` (the default ``slice_fn`` of dispatching loaders)."""
+    leaves, skeleton = flatten(data)
+    n = batch_rows(leaves)
+    return unflatten(iter([leaf[rows] if _per_row(leaf, n) else leaf for leaf in leaves]), skeleton)
+
+
+def take_rows(data: Any, index: torch.Tensor) -> Any:
+    """The rows at ``index`` (a 1-d integer tensor) of ``data``."""
+    leaves, skeleton = flatten(data)
+    n = batch_rows(leaves)
+    picks = index.tolist()
+    taken = []
+    for leaf in leaves:
+        if _is_rows_tensor(leaf):
+            taken.append(leaf[index])
+        elif _per_row(leaf, n):
+            taken.append(type(leaf)(leaf[i] for i in picks))
+        else:
+            taken.append(leaf)
+    return unflatten(iter(taken), skeleton)
+
+
+def concatenate_rows(batches: list[Any]) -> Any:
+    """Same-structured nested batches joined along their rows (values of the whole batch: the first's)."""
+    flat = [flatten(b) for b in batches]
+    skeleton = flat[0][1]
+    counts = [batch_rows(leaves) for leaves, _ in flat]
+    joined = []
+    for column in zip(*(leaves for leaves, _ in flat)):
+        if all(_is_rows_tensor(leaf) for leaf in column):
+            joined.append(torch.cat(column, dim=0))
+        elif all(_per_row(leaf, n) for leaf, n in zip(column, counts)):
+            joined.append(type(column[0])(value for leaf in column for value in leaf))
+        else:
+            joined.append(column[0])
+    return unflatten(iter(joined), skeleton)

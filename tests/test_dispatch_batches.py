@@ -1,0 +1,95 @@
+"""What dispatch delivers, on real gloo groups: shapes that change from step to step (variable
+sequence lengths), and non-tensor leaves (per-row lists cut with their rows, other values kept)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+import shardplug
+from _dist import run_gloo
+
+
+class Sentences(Dataset):
+    """Sample ``i``: ``1 + i % 5`` tokens all equal to ``i``, its text and a constant source."""
+
+    def __len__(self) -> int:
+        return 24
+
+    def __getitem__(self, i: int) -> dict:
+        return {"tokens": torch.full((1 + i % 5,), i), "text": f"sentence {i}", "id": i}
+
+
+def pad_collate(samples: list[dict]) -> dict:
+    """Pads to the longest sample of the batch: every batch has its own width."""
+    width = max(len(s["tokens"]) for s in samples)
+    tokens = torch.full((len(samples), width), -1)
+    for row, sample in enumerate(samples):
+        tokens[row, : len(sample["tokens"])] = sample["tokens"]
+    return {
+        "tokens": tokens,
+        "text": [s["text"] for s in samples],
+        "ids": [s["id"] for s in samples],
+        "source": "corpus-a",
+    }
+
+
+def _scenarios(rank: int, world: int) -> dict:
+    out: dict = {}
+    for split in (True, False):
+        batch_size = 2 * world if split else 2
+        loader = shardplug.prepare_data_loader(
+            DataLoader(Sentences(), batch_size=batch_size, collate_fn=pad_collate),
+            put_on_device=True, dispatch_batches=True, split_batches=split,
+        )
+        rows = []
+        try:
+            for batch in loader:
+                rows.append({
+                    "first_token": batch["tokens"][:, 0].tolist(), "width": batch["tokens"].shape[1],
+                    "text": batch["text"], "ids": batch["ids"], "source": batch["source"],
+                })
+            out[split] = rows
+        except shardplug.DispatchError as exc:
+            out[split] = f"DispatchError: {exc}"
+        out[split, "headers"] = loader.dispatch_stats.headers
+    return out
+
+
+@pytest.fixture(scope="module", params=[2, 3], ids=["2procs", "3procs"])
+def runs(request):
+    return request.param, run_gloo(_scenarios, world_size=request.param, timeout=90)
+
+
+def test_shapes_may_change_from_step_to_step(runs):
+    world, results = runs
+    seen = []
+    for rank, res in enumerate(results):
+        rows = res[True]
+        assert isinstance(rows, list), rows
+        for step, batch in enumerate(rows):
+            start = step * 2 * world + 2 * rank
+            assert batch["first_token"] == [start, start + 1]  # this process's rows of the global batch
+            # the width of the whole global batch (the collate padded it before the cut)
+            assert batch["width"] == max(1 + i % 5 for i in range(step * 2 * world, (step + 1) * 2 * world))
+            seen += batch["ids"]
+        widths = [batch["width"] for batch in rows]
+        changes = sum(1 for a, b in zip(widths, widths[1:]) if a != b)
+        assert res[True, "headers"] == 1 + changes  # a header at the start and whenever the width changes
+    assert sorted(seen) == list(range(24))
+
+
+@pytest.mark.parametrize("split", [True, False])
+def test_lists_are_cut_with_their_rows_and_other_values_are_kept(runs, split):
+    world, results = runs
+    for res in results:
+        rows = res[split]
+        if not split and isinstance(rows, str):
+            # without splitting a step joins N batches of different widths: a clear error, on every process
+            assert "differ in structure or in shape beyond dim 0 within the step" in rows and "split_batches=True" in rows
+            continue
+        for batch in rows:
+            assert batch["ids"] == batch["first_token"]
+            assert batch["text"] == [f"sentence {i}" for i in batch["ids"]]
+            assert batch["source"] == "corpus-a"
