@@ -14,16 +14,19 @@ from _dist import run_gloo
 class Sentences(Dataset):
     """Sample ``i``: ``1 + i % 5`` tokens all equal to ``i``, its text and a constant source."""
 
+    def __init__(self, n: int = 24) -> None:
+        self.n = n
+
     def __len__(self) -> int:
-        return 24
+        return self.n
 
     def __getitem__(self, i: int) -> dict:
         return {"tokens": torch.full((1 + i % 5,), i), "text": f"sentence {i}", "id": i}
 
 
-def pad_collate(samples: list[dict]) -> dict:
-    """Pads to the longest sample of the batch: every batch has its own width."""
-    width = max(len(s["tokens"]) for s in samples)
+def pad_collate(samples: list[dict], width: int = 0) -> dict:
+    """Pads to the longest sample of the batch (every batch has its own width), or to ``width``."""
+    width = width or max(len(s["tokens"]) for s in samples)
     tokens = torch.full((len(samples), width), -1)
     for row, sample in enumerate(samples):
         tokens[row, : len(sample["tokens"])] = sample["tokens"]
@@ -93,3 +96,42 @@ def test_lists_are_cut_with_their_rows_and_other_values_are_kept(runs, split):
             assert batch["ids"] == batch["first_token"]
             assert batch["text"] == [f"sentence {i}" for i in batch["ids"]]
             assert batch["source"] == "corpus-a"
+
+
+def _fixed_width(samples: list[dict]) -> dict:
+    return pad_collate(samples, width=5)
+
+
+def _uneven(rank: int, world: int) -> dict:
+    out = {}
+    for split in (True, False):
+        # three whole steps, then world + 1 leftover rows (uneven across processes)
+        loader = shardplug.prepare_data_loader(
+            DataLoader(Sentences(2 * world * 3 + world + 1), batch_size=2 * world if split else 2, collate_fn=_fixed_width),
+            put_on_device=True, dispatch_batches=True, split_batches=split, even_batches=False,
+        )
+        out[split] = [(batch["ids"], batch["tokens"].shape[0], loader.end_of_dataloader) for batch in loader]
+        out[split, "len"] = len(loader)
+    return out
+
+
+@pytest.fixture(scope="module", params=[2, 3], ids=["2procs", "3procs"])
+def uneven_runs(request):
+    return request.param, run_gloo(_uneven, world_size=request.param, timeout=90)
+
+
+@pytest.mark.parametrize("split", [True, False])
+def test_even_batches_false_pads_nothing_and_gives_the_leftovers_to_the_first_processes(uneven_runs, split):
+    world, results = uneven_runs
+    n, leftover = 2 * world * 3 + world + 1, world + 1
+    seen = []
+    for rank, res in enumerate(results):
+        batches = res[split]
+        assert len(batches) == res[split, "len"] == 4  # every process takes part in every step
+        assert [end for _, _, end in batches] == [False, False, False, True]
+        for ids, rows, _ in batches:
+            assert rows == len(ids)
+            seen += ids
+        size = leftover // world + (1 if rank < leftover % world else 0)
+        assert batches[-1][1] == size  # as even as possible, the first processes take one more
+    assert sorted(seen) == list(range(n))  # no padding: every sample exactly once

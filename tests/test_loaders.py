@@ -297,8 +297,6 @@ def test_errors_name_argument_value_and_fix():
         prepare_data_loader(DataLoader(range(10), batch_size=None), num_processes=2, process_index=0, split_batches=True)
     with pytest.raises(ValueError, match="put_on_device=True"):
         prepare_data_loader(dl, dispatch_batches=True)
-    with pytest.raises(ValueError, match="does not honour even_batches=False"):
-        prepare_data_loader(dl, dispatch_batches=True, put_on_device=True, even_batches=False)
     with pytest.raises(ValueError, match="'gpu'"):
         prepare_data_loader(dl, rng_types=["torch", "gpu"])
     with pytest.raises(ValueError, match="DistributedSampler"):

@@ -42,8 +42,6 @@ def test_frozen_and_replace_validates():
         ({"rng_types": ("torch", "tpu")}, ValueError, ["rng_types", "'tpu'"]),
         ({"slice_fn_for_dispatch": 3}, TypeError, ["slice_fn_for_dispatch=3", "callable"]),
         # options that would silently do nothing
-        ({"dispatch_batches": True, "put_on_device": True, "even_batches": False}, ValueError,
-         ["even_batches=False", "dispatch_batches=False"]),
         ({"slice_fn_for_dispatch": len, "dispatch_batches": False}, ValueError, ["slice_fn_for_dispatch", "dispatch_batches=False"]),
         ({"non_blocking": True}, ValueError, ["non_blocking=True", "put_on_device=True"]),
         ({"scale_scheduler_by_num_processes": True, "split_batches": True}, ValueError,
@@ -76,6 +74,7 @@ def test_data_loader_kwargs_are_prepare_data_loader_arguments():
 
     config = ShardplugConfig(
         split_batches=True,
+        even_batches=False,
         dispatch_batches=True,
         put_on_device=True,
         use_seedable_sampler=True,

@@ -163,11 +163,6 @@ class ShardplugConfig:
 
     def _refuse_options_without_effect(self) -> None:
         """A combination in which an option would silently do nothing is a ``ValueError``."""
-        if self.dispatch_batches and not self.even_batches:
-            raise ValueError(
-                "even_batches=False has no effect with dispatch_batches=True (process 0 sends every process the same "
-                "number of steps); use dispatch_batches=False to give processes uneven batches, or even_batches=True"
-            )
         if self.slice_fn_for_dispatch is not None and self.dispatch_batches is False:
             raise ValueError(
                 "slice_fn_for_dispatch is only used by dispatching loaders, and dispatch_batches=False; "

@@ -98,6 +98,7 @@ class DispatchOptions:
     torch_device_mesh: Any = None
     num_processes: Optional[int] = None
     process_index: Optional[int] = None
+    even_batches: bool = True
 
 
 class DataLoaderDispatcher(DataLoaderShard):
@@ -141,12 +142,13 @@ class DataLoaderDispatcher(DataLoaderShard):
         non_blocking: bool = False,
         num_processes: Optional[int] = None,
         process_index: Optional[int] = None,
+        even_batches: bool = True,
         slice_fn: Optional[SliceFn] = None,
         **dataloader_kwargs: Any,
     ) -> None:
         slice_fn = renamed_option("DataLoaderDispatcher", "slice_fn", slice_fn, "slice_fn_for_dispatch", slice_fn_for_dispatch)
         super(DataLoaderShard, self).__init__(dataset, **dataloader_kwargs)
-        options = DispatchOptions(split_batches, slice_fn, torch_device_mesh, num_processes, process_index)
+        options = DispatchOptions(split_batches, slice_fn, torch_device_mesh, num_processes, process_index, even_batches)
         self._finish_init(device, rng_types, synchronized_generator, skip_batches, non_blocking, dispatch=options)
 
     def _finish_init(  # type: ignore[override]
@@ -173,7 +175,8 @@ class DataLoaderDispatcher(DataLoaderShard):
                 f"the process group has {world_size()} processes; use DataLoaderShard for other layouts"
             )
         layout = ShardLayout.for_batches(
-            self.batch_size, self.num_processes, self.process_index, self.split_batches, drop_last=bool(self.drop_last)
+            self.batch_size, self.num_processes, self.process_index, self.split_batches, options.even_batches,
+            drop_last=bool(self.drop_last),
         )
         source = self.plan  # process 0's global batches: a shard of the user's batches, or the stream's own
         try:
@@ -236,7 +239,7 @@ class DataLoaderDispatcher(DataLoaderShard):
                 yield _Parts(group)
                 continue
             step = group[0] if len(group) == 1 else concatenate_rows(group)
-            yield self._pad_rows(step, head)
+            yield self._pad_rows(step, head) if self.plan.layout.even_batches else step
 
     def _epoch_head_rows(self, group: list[Any]) -> Any:
         """A copy of the epoch's first N-1 rows, which padding cycles through.
@@ -356,14 +359,18 @@ class DataLoaderDispatcher(DataLoaderShard):
                     raise upcoming
                 following = read_next()
                 last = following is None
-                own, parts, header = upcoming
-                kind, rows = _control_for(header, sent)
+                own, parts, header, part_rows = upcoming
+                uneven = len(set(part_rows)) > 1  # even_batches=False: the last step's leftovers
+                kind, rows = (_UNEVEN, 0) if uneven else _control_for(header, sent)
                 pending.append(_announce(control, kind, pass_number, rows, last, group=group, async_op=on_cpu))
                 ended = last
                 if kind == _HEADER:
                     broadcast_object(header, group=group)
                     stats.headers += 1
-                sent = header
+                elif kind == _UNEVEN:
+                    broadcast_object((header, part_rows), group=group)
+                    stats.headers += 1
+                sent = None if uneven else header
                 sources: list[torch.Tensor] = []
                 if any(dtype == OBJECT for dtype, _ in header[1]):
                     dist.scatter_object_list([None], [_objects(leaves) for leaves in parts], src=0, group=group)
@@ -371,9 +378,10 @@ class DataLoaderDispatcher(DataLoaderShard):
                     if dtype == OBJECT:
                         continue
                     sources = [leaves[k] for leaves in parts]
-                    if on_cpu:
+                    if on_cpu or uneven:  # point to point (scatter needs equal parts)
                         pending.extend(
-                            dist.isend(source, dst=j, group=group, tag=_SEND_TAG) for j, source in enumerate(sources) if j != 0
+                            dist.isend(source, dst=j, group=group, tag=_SEND_TAG)
+                            for j, source in enumerate(sources) if j != 0 and source.numel()
                         )
                     else:
                         out = torch.empty(shape, dtype=dtype, device=comm_device)
@@ -384,7 +392,7 @@ class DataLoaderDispatcher(DataLoaderShard):
                 stats.steps += 1
                 if not overlap:
                     _wait(pending)
-                if not on_cpu:
+                if not (on_cpu or uneven):
                     own = unflatten(iter(parts[0]), header[0])
                 del parts, upcoming, sources  # rows in flight stay referenced by their sends only
                 yield own, last
@@ -460,8 +468,13 @@ class DataLoaderDispatcher(DataLoaderShard):
                 if number == pass_number:
                     return kind, True, header, None
                 continue
+            uneven = kind == _UNEVEN
             if kind == _HEADER:
                 header = broadcast_object(None, group=group)
+                self.dispatch_stats.headers += 1
+            elif uneven:
+                first, part_rows = broadcast_object(None, group=group)
+                header = _with_rows(first, part_rows[self.process_index])
                 self.dispatch_stats.headers += 1
             elif kind == _ROWS and header is not None:
                 header = _with_rows(header, rows)
@@ -475,40 +488,49 @@ class DataLoaderDispatcher(DataLoaderShard):
                 objects = box[0]
             received = [None if dtype == OBJECT else torch.empty(shape, dtype=dtype, device=comm_device) for dtype, shape in specs]
             for out in received:
-                if out is None:
+                if out is None or (uneven and not out.numel()):
                     continue
-                if comm_device.type == "cpu":
+                if comm_device.type == "cpu" or uneven:
                     dist.recv(out, src=0, group=group, tag=_SEND_TAG)
                 else:
                     dist.scatter(out, None, src=0, group=group)
+            if uneven:
+                header_after: Optional[_Header] = None  # the next step comes with a header of its own
+            else:
+                header_after = header
             if number < pass_number:
+                header = header_after
                 continue  # the rest of a pass this process left early
             self.dispatch_stats.steps += 1
             tensors = [t for t in received if t is not None]
             self.dispatch_stats.bytes_received += sum(t.numel() * t.element_size() for t in tensors)
             values = iter(objects)
             leaves = [next(values) if out is None else out for out in received]
-            return kind, bool(last), header, unflatten(iter(leaves), skeleton)
+            return kind, bool(last), header_after, unflatten(iter(leaves), skeleton)
 
-    def _read_steps_cut(self, skip: int) -> Iterator[tuple[Any, list[list[torch.Tensor]], _Header]]:
-        """Process 0: each step as (own part, every part's contiguous leaves, header)."""
+    def _read_steps_cut(self, skip: int) -> Iterator[tuple[Any, list[list[torch.Tensor]], _Header, list[int]]]:
+        """Process 0: each step as (own part, every part's contiguous leaves, part 0's header, every
+        part's rows)."""
         comm_device = _communication_device()
         for step in self._read_steps(skip):
             parts = self._cut(step)
             leaves, skeleton = flatten(parts[0])
             flat = [[_transportable(leaf, comm_device) for leaf in flatten(part)[0]] for part in parts]
-            yield parts[0], flat, (skeleton, [leaf_spec(leaf) for leaf in leaves])
+            rows = [batch_rows(part_leaves) or 0 for part_leaves in flat]
+            yield parts[0], flat, (skeleton, [leaf_spec(leaf) for leaf in leaves]), rows
 
     def _cut(self, step: Any) -> list[Any]:
         if isinstance(step, _Parts):  # already one batch per process, nothing to cut
             return step.parts
         rows = batch_rows(flatten(step)[0]) or 0
-        k = rows // self.num_processes
-        parts = [self.slice_fn(step, slice(j * k, (j + 1) * k), j, self.num_processes) for j in range(self.num_processes)]
+        n = self.num_processes
+        sizes = [rows // n + (1 if j < rows % n else 0) for j in range(n)]  # even: rows divide by N
+        starts = [sum(sizes[:j]) for j in range(n)]
+        parts = [self.slice_fn(step, slice(starts[j], starts[j] + sizes[j]), j, n) for j in range(n)]
         first_leaves, first_skeleton = flatten(parts[0])
         for part in parts[1:]:
             leaves, skeleton = flatten(part)
-            if skeleton != first_skeleton or [leaf_spec(l) for l in leaves] != [leaf_spec(l) for l in first_leaves]:
+            if skeleton != first_skeleton or [_trailing(l) for l in leaves] != [_trailing(l) for l in first_leaves]:
                 raise DispatchError("slice_fn_for_dispatch returned parts of different structure or shape for different processes")
         return parts
 
@@ -520,10 +542,12 @@ _Header = tuple[Any, list[tuple[torch.dtype, tuple[int, ...]]]]
 _SEND_TAG = 0x5350
 """Tag of the point-to-point sends of rows (gloo), apart from the user's own sends."""
 
-_SAME, _ROWS, _HEADER, _END, _ERROR, _CLOSE = range(6)
+_SAME, _ROWS, _HEADER, _END, _ERROR, _CLOSE, _UNEVEN = range(7)
 """Kinds of the message process 0 broadcasts before every step: the part has the header sent
 last / that header with dim 0 = ``rows`` on every leaf / a new header follows (pickled) / the
-pass had no step / an error message follows (pickled) / process 0 left the pass early."""
+pass had no step / an error message follows (pickled) / process 0 left the pass early / the
+parts have different rows (``even_batches=False``): part 0's header and every part's rows follow
+(pickled)."""
 
 _CONTROL_SIZE = 4
 """The message: (kind, process 0's pass number, rows, whether this step is the pass's last)."""
@@ -566,6 +590,12 @@ def _control_for(header: _Header, sent: Optional[_Header]) -> tuple[int, int]:
 def _with_rows(header: _Header, rows: int) -> _Header:
     skeleton, specs = header
     return skeleton, [(dtype, shape if dtype == OBJECT else (rows,) + tuple(shape[1:])) for dtype, shape in specs]
+
+
+def _trailing(leaf: Any) -> Any:
+    """What must agree between the parts of one step: a tensor's dtype and shape beyond dim 0."""
+    dtype, shape = leaf_spec(leaf)
+    return (dtype, shape[1:]) if shape is not None else dtype
 
 
 def _objects(leaves: list[Any]) -> list[Any]:

@@ -191,11 +191,6 @@ def prepare_data_loader(
             "dispatch_batches=True sends each process its rows, which needs put_on_device=True; "
             "pass put_on_device=True, or dispatch_batches=False"
         )
-    if dispatch_batches and not even_batches:
-        raise ValueError(
-            "dispatch_batches=True pads the last step so every process receives rows; it does not honour "
-            "even_batches=False yet (that would silently pad); pass even_batches=True, or dispatch_batches=False"
-        )
     if use_stateful_dataloader:
         stateful_dataloader_class()
     batch_size = dataloader.batch_size
@@ -233,7 +228,9 @@ def prepare_data_loader(
         synchronized_generator = dataloader.generator
     finish: dict[str, Any] = {"plan": plan}
     if dispatch_batches:
-        finish["dispatch"] = DispatchOptions(split_batches, slice_fn_for_dispatch, torch_device_mesh, num_processes, process_index)
+        finish["dispatch"] = DispatchOptions(
+            split_batches, slice_fn_for_dispatch, torch_device_mesh, num_processes, process_index, even_batches
+        )
     new = _rebuild(dataloader, cls, new_dataset, kwargs, use_stateful_dataloader)
     new._finish_init(batch_device, rng, synchronized_generator, 0, non_blocking, **finish)
     logger.debug(
