@@ -6,6 +6,7 @@ import os
 import signal
 import time
 
+import torch
 from torch.utils.data import DataLoader
 
 from _dist import run_gloo
@@ -32,3 +33,26 @@ def test_dispatch_death_of_process_0_fails_the_others_instead_of_hanging():
     assert survivor["error"] is not None, "process 1 finished an epoch whose data source died"
     assert survivor["seconds"] < 60, survivor
     assert "process 0" in survivor["error"], survivor
+
+
+def _dispatch_while_another_dies(rank: int, world: int) -> dict:
+    data = [torch.tensor([float(i)]) for i in range(40 * world)]  # 40 steps of one row per process
+    loader = prepare_data_loader(DataLoader(data, batch_size=1), put_on_device=True, dispatch_batches=True)
+    start = time.monotonic()
+    try:
+        for step, _ in enumerate(loader):
+            if rank == world - 1 and step == 2:
+                os.kill(os.getpid(), signal.SIGKILL)
+    except Exception as exc:  # what the surviving processes see
+        return {"error": f"{type(exc).__name__}: {exc}", "seconds": time.monotonic() - start}
+    return {"error": None, "seconds": time.monotonic() - start}
+
+
+def test_dispatch_death_of_another_process_fails_every_survivor_within_seconds():
+    results = run_gloo(_dispatch_while_another_dies, world_size=3, timeout=90, allow_deaths=True)
+    assert results[2] is None
+    for rank in (0, 1):
+        survivor = results[rank]
+        assert survivor["error"] is not None, f"process {rank} finished an epoch after process 2 died"
+        assert survivor["error"].startswith("DispatchError"), survivor
+        assert survivor["seconds"] < 30, survivor

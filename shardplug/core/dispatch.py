@@ -192,11 +192,13 @@ class DataLoaderDispatcher(DataLoaderShard):
         self._passes_started = 0  # passes begun on this process; every message names process 0's
         self._sending: Optional["weakref.ref[Any]"] = None  # process 0: the pass whose steps are being sent
         self._closing: list[Any] = []  # process 0: close messages not yet read by every process
+        self._acks: dict[int, list[Any]] = {}  # process 0: per process, receipts of steps not yet seen
+        self._ack_sends: list[Any] = []  # the other processes: receipts in flight
 
     def __reduce_ex__(self, protocol: Any) -> Any:
         rebuild, args, state = super().__reduce_ex__(protocol)
         # the process group and the open pass belong to this process (a copy cannot dispatch)
-        state.update(_group=None, _sending=None, _closing=[])
+        state.update(_group=None, _sending=None, _closing=[], _acks={}, _ack_sends=[])
         return rebuild, args, state
 
     overlap_reads: Optional[bool] = None
@@ -345,6 +347,7 @@ class DataLoaderDispatcher(DataLoaderShard):
             finally:
                 _wait(pending)
 
+        read_failure: Optional[BaseException] = None  # the dataset's own error: raised as it is
         try:
             upcoming = read_next()
             if upcoming is None:
@@ -352,8 +355,12 @@ class DataLoaderDispatcher(DataLoaderShard):
                 _announce(control, _END, pass_number, group=group)
                 return
             while upcoming is not None:
+                if not isinstance(upcoming, Exception):
+                    upcoming = self._await_receipts(upcoming, control, pass_number)
                 if isinstance(upcoming, Exception):
                     ended = True
+                    if not isinstance(upcoming, DispatchError):
+                        read_failure = upcoming
                     _announce(control, _ERROR, pass_number, group=group)
                     broadcast_object(f"{type(upcoming).__name__}: {upcoming}", group=group)
                     raise upcoming
@@ -390,6 +397,7 @@ class DataLoaderDispatcher(DataLoaderShard):
                     stats.bytes_sent += sum(t.numel() * t.element_size() for t in sources[1:])
                     parts[0][k] = sources[0]
                 stats.steps += 1
+                self._expect_receipts(comm_device)
                 if not overlap:
                     _wait(pending)
                 if not (on_cpu or uneven):
@@ -397,6 +405,11 @@ class DataLoaderDispatcher(DataLoaderShard):
                 del parts, upcoming, sources  # rows in flight stay referenced by their sends only
                 yield own, last
                 upcoming = following
+        except RuntimeError as exc:
+            if exc is read_failure or isinstance(exc, DispatchError):
+                raise
+            ended = True  # the process group failed: a process died or stopped receiving
+            raise DispatchError(f"process 0 lost a process it dispatches to: {exc}") from exc
         finally:
             try:
                 _wait(pending)
@@ -407,6 +420,34 @@ class DataLoaderDispatcher(DataLoaderShard):
                     logger.debug("dispatch pass %d closed early by process 0", pass_number)
             except Exception:  # already failing or closing: the original error matters more
                 logger.exception("the dispatcher could not tell the other processes that the pass ended")
+
+    def _expect_receipts(self, device: torch.device) -> None:
+        """Process 0: after a step went out, wait (later) for every other process's receipt of it."""
+        for j in range(1, self.num_processes):
+            receipt = torch.zeros(1, dtype=torch.int64, device=device)
+            self._acks.setdefault(j, []).append(dist.irecv(receipt, src=j, group=self._group, tag=_ACK_TAG))
+
+    def _await_receipts(self, upcoming: Any, control: torch.Tensor, pass_number: int) -> Any:
+        """Process 0: hold step ``t`` until every process received step ``t - _RECEIPT_LAG``.
+
+        It keeps process 0 at most that many steps ahead, and a process that died (or hangs) is
+        noticed within a few steps: the others then get an error message instead of waiting.
+        Returns ``upcoming``, or the ``DispatchError`` to raise everywhere.
+        """
+        for j, works in self._acks.items():
+            while len(works) > _RECEIPT_LAG:
+                try:
+                    works.pop(0).wait()
+                except RuntimeError as exc:
+                    return DispatchError(f"process {j} stopped receiving dispatched batches: {exc}")
+        return upcoming
+
+    def _send_receipt(self, device: torch.device) -> None:
+        """The other processes: tell process 0 that a step arrived."""
+        while len(self._ack_sends) > _RECEIPT_LAG:
+            self._ack_sends.pop(0).wait()
+        receipt = torch.ones(1, dtype=torch.int64, device=device)
+        self._ack_sends.append(dist.isend(receipt, dst=0, group=self._group, tag=_ACK_TAG))
 
     def _overlap_reads(self) -> bool:
         """Whether process 0 reads step ``t + 1`` while step ``t`` is still being sent.
@@ -435,7 +476,8 @@ class DataLoaderDispatcher(DataLoaderShard):
                 raise
             except RuntimeError as exc:  # torch.distributed.DistBackendError included
                 raise DispatchError(
-                    f"lost process 0 (which reads and sends the data in dispatch mode) while waiting for a batch: {exc}"
+                    "lost process 0 (which reads and sends the data in dispatch mode), or another process of the "
+                    f"dispatch group died, while waiting for a batch: {exc}"
                 ) from exc
             if kind in (_END, _CLOSE):
                 return
@@ -498,6 +540,7 @@ class DataLoaderDispatcher(DataLoaderShard):
                 header_after: Optional[_Header] = None  # the next step comes with a header of its own
             else:
                 header_after = header
+            self._send_receipt(comm_device)
             if number < pass_number:
                 header = header_after
                 continue  # the rest of a pass this process left early
@@ -541,6 +584,12 @@ _Header = tuple[Any, list[tuple[torch.dtype, tuple[int, ...]]]]
 
 _SEND_TAG = 0x5350
 """Tag of the point-to-point sends of rows (gloo), apart from the user's own sends."""
+
+_ACK_TAG = 0x5351
+"""Tag of the receipts the other processes send process 0 for every step."""
+
+_RECEIPT_LAG = 2
+"""Steps process 0 may run ahead of the slowest receipt."""
 
 _SAME, _ROWS, _HEADER, _END, _ERROR, _CLOSE, _UNEVEN = range(7)
 """Kinds of the message process 0 broadcasts before every step: the part has the header sent
