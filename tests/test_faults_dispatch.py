@@ -14,16 +14,22 @@ from shardplug import prepare_data_loader
 from test_faults import BATCH, Line
 
 
-def _dispatch_then_die(rank: int, world: int) -> dict:
-    loader = prepare_data_loader(DataLoader(Line(), batch_size=BATCH), put_on_device=True, dispatch_batches=True)
+def _dispatch_until_one_dies(rank: int, world: int, victim: int, dataset: object) -> dict:
+    """Iterate a dispatching loader; process ``victim`` kills itself (SIGKILL) at its third step."""
+    loader = prepare_data_loader(DataLoader(dataset, batch_size=BATCH if victim == 0 else 1), put_on_device=True,
+                                 dispatch_batches=True)
     start = time.monotonic()
     try:
         for step, _ in enumerate(loader):
-            if rank == 0 and step == 2:
+            if rank == victim and step == 2:
                 os.kill(os.getpid(), signal.SIGKILL)
-    except Exception as exc:  # what the surviving process sees
+    except Exception as exc:  # what the surviving processes see
         return {"error": f"{type(exc).__name__}: {exc}", "seconds": time.monotonic() - start}
     return {"error": None, "seconds": time.monotonic() - start}
+
+
+def _dispatch_then_die(rank: int, world: int) -> dict:
+    return _dispatch_until_one_dies(rank, world, 0, Line())
 
 
 def test_dispatch_death_of_process_0_fails_the_others_instead_of_hanging():
@@ -37,15 +43,7 @@ def test_dispatch_death_of_process_0_fails_the_others_instead_of_hanging():
 
 def _dispatch_while_another_dies(rank: int, world: int) -> dict:
     data = [torch.tensor([float(i)]) for i in range(40 * world)]  # 40 steps of one row per process
-    loader = prepare_data_loader(DataLoader(data, batch_size=1), put_on_device=True, dispatch_batches=True)
-    start = time.monotonic()
-    try:
-        for step, _ in enumerate(loader):
-            if rank == world - 1 and step == 2:
-                os.kill(os.getpid(), signal.SIGKILL)
-    except Exception as exc:  # what the surviving processes see
-        return {"error": f"{type(exc).__name__}: {exc}", "seconds": time.monotonic() - start}
-    return {"error": None, "seconds": time.monotonic() - start}
+    return _dispatch_until_one_dies(rank, world, world - 1, data)
 
 
 def test_dispatch_death_of_another_process_fails_every_survivor_within_seconds():
