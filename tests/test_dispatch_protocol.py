@@ -40,10 +40,19 @@ def _dispatcher(dataset: Dataset, batch_size: int, overlap_reads: bool) -> shard
 
 
 def _protocol(rank: int, world: int) -> dict:
-    return {mode: _scenarios(rank, world, overlap_reads) for mode, overlap_reads in MODES.items()}
+    out = {}
+    for mode, (overlap_reads, shared_memory) in MODES.items():
+        shardplug.DataLoaderDispatcher.shared_memory = shared_memory  # read when a loader is built
+        out[mode] = _scenarios(rank, world, overlap_reads)
+    return out
 
 
-MODES = {"reads_overlap_sends": True, "reads_after_sends": False}
+# (process 0 reads the next step while the current one is sent, rows through shared memory)
+MODES = {
+    "reads_overlap_sends": (True, False),
+    "reads_after_sends": (False, False),
+    "shared_memory": (True, True),
+}
 
 
 def _scenarios(rank: int, world: int, overlap_reads: bool) -> dict:
@@ -107,20 +116,22 @@ def test_rows_end_flag_and_len(runs):
         assert res["second_epoch"] == expected, "process 0's in-place change must not reach the others"
 
 
-def test_header_is_sent_once_per_pass_and_only_other_rows_are_sent(runs):
+def test_header_is_sent_once_per_pass_and_only_other_rows_are_sent(runs, request):
     world, results = runs
+    shared = MODES[request.node.callspec.params["runs"]][1]
     global_bytes = 4 * world * WIDTH * 4  # one full step: 4 * world rows of WIDTH float32
     tail_bytes = -(-2 // world) * world * WIDTH * 4  # the final step, padded to a multiple of world
+    others = (3 * global_bytes + tail_bytes) * (world - 1) // world
     for r, res in enumerate(results):
         stats = res["stats"]
         assert stats["steps"] == 4
         assert stats["headers"] == 1, "a row-count change is announced without a new header"
-        if r == 0:
-            assert stats["bytes_sent"] == (3 * global_bytes + tail_bytes) * (world - 1) // world
+        if r == 0:  # the others' rows only: through the process group, or written to shared memory
+            assert (stats["bytes_sent"], stats["bytes_shared"]) == ((0, others) if shared else (others, 0))
             assert stats["bytes_received"] == 0
         else:
-            assert stats["bytes_sent"] == 0
-            assert stats["bytes_received"] == (3 * global_bytes + tail_bytes) // world
+            assert stats["bytes_sent"] == stats["bytes_shared"] == 0
+            assert stats["bytes_received"] == (0 if shared else others // (world - 1))
 
 
 def test_errors_reach_every_process_and_the_next_pass_works(runs):

@@ -54,3 +54,31 @@ def test_dispatch_death_of_another_process_fails_every_survivor_within_seconds()
         assert survivor["error"] is not None, f"process {rank} finished an epoch after process 2 died"
         assert survivor["error"].startswith("DispatchError"), survivor
         assert survivor["seconds"] < 30, survivor
+
+
+def _dispatch_then_stop(rank: int, world: int) -> dict:
+    """A whole pass, a pass left early by an exception, and a pass outgrowing its ring."""
+    data = [torch.full((4,), float(i)) for i in range(8 * world)]
+    loader = prepare_data_loader(DataLoader(data, batch_size=2), put_on_device=True, dispatch_batches=True)
+    rows = sum(batch.shape[0] for batch in loader)
+    try:
+        for step, _ in enumerate(loader):
+            if step == 1:
+                raise ValueError("stop")
+    except ValueError:
+        pass
+    big = [torch.zeros(2**19) for _ in range(2 * world)]  # 4 MiB per process and step: a bigger ring
+    grown = prepare_data_loader(DataLoader(big, batch_size=2), put_on_device=True, dispatch_batches=True)
+    rows += sum(batch.shape[0] for batch in grown)
+    return {"rows": rows, "shared": loader.dispatch_stats.bytes_shared + grown.dispatch_stats.bytes_shared}
+
+
+def test_shared_memory_rings_leave_nothing_behind(tmp_path, monkeypatch):
+    """Exits, exceptions and SIGKILL (of process 0, and of another process): no file is left."""
+    monkeypatch.setenv("SHARDPLUG_SHM_DIR", str(tmp_path))
+    results = run_gloo(_dispatch_then_stop, world_size=2, timeout=90)
+    assert results[0]["shared"] > 0, "process 0 did not use shared memory on one host"
+    assert results[1]["rows"] == 8 + 2  # its half of 16 samples, then of 4
+    run_gloo(_dispatch_then_die, world_size=2, timeout=90, allow_deaths=True)
+    run_gloo(_dispatch_while_another_dies, world_size=3, timeout=90, allow_deaths=True)
+    assert sorted(os.listdir(tmp_path)) == []

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
 import weakref
-from collections.abc import Mapping
 from dataclasses import asdict, dataclass
+from datetime import timedelta
 from typing import Any, Callable, Iterable, Iterator, Optional, Union
 
 import torch
@@ -19,6 +20,7 @@ from .layout import ShardLayout
 from .loaders import DataLoaderShard
 from .plan import DispatchPlan, ShardPlan
 from .rows import OBJECT, batch_rows, concatenate_rows, describe_path, flatten, leaf_spec, slice_rows, take_rows, unflatten
+from .shm import RingReader, SharedRing, ring_bytes, shared_memory_dir
 from .topology import resolve_data_topology
 
 __all__ = ["DataLoaderDispatcher", "DispatchError", "DispatchOptions", "DispatchStats", "slice_rows", "concatenate_rows"]
@@ -39,13 +41,16 @@ class DispatchStats:
     ``steps``: batches handed out; ``headers``: batch structures pickled and broadcast (process
     0) or received (the others) -- once per pass while the structure and shapes stay the same;
     ``bytes_sent``: bytes of the other processes' rows process 0 passed to scatter;
-    ``bytes_received``: bytes of rows this process received (not on process 0).
+    ``bytes_received``: bytes of rows this process received through the process group (not on
+    process 0); ``bytes_shared``: bytes of rows process 0 wrote into shared memory for the
+    processes of its host (not counted in ``bytes_sent``).
     """
 
     steps: int = 0
     headers: int = 0
     bytes_sent: int = 0
     bytes_received: int = 0
+    bytes_shared: int = 0
 
     def snapshot(self) -> dict[str, int]:
         """The counters now, as a plain dict."""
@@ -194,11 +199,38 @@ class DataLoaderDispatcher(DataLoaderShard):
         self._closing: list[Any] = []  # process 0: close messages not yet read by every process
         self._acks: dict[int, list[Any]] = {}  # process 0: per process, receipts of steps not yet seen
         self._ack_sends: list[Any] = []  # the other processes: receipts in flight
+        self._shm_targets = self._same_host_processes()
+        self._rings: dict[int, SharedRing] = {}  # process 0: a ring per process of its host
+        self._ring_writes: dict[int, int] = {}
+        self._reader: Optional[RingReader] = None  # the others: process 0's ring for this process
+        self._ring_reads = 0
+
+    shared_memory: Optional[bool] = None
+    """Processes on process 0's host receive their rows through shared memory (a ring in
+    ``/dev/shm``); the process group carries the control messages only. ``None``: whenever
+    possible (a CPU process group, a writable ``/dev/shm``, not ``SHARDPLUG_DISPATCH_SHM=0``);
+    ``False``: always through the process group. Read when the loader is built."""
+
+    def _same_host_processes(self) -> frozenset[int]:
+        """The processes other than 0 that share process 0's host and will read its rings."""
+        if self._group is None or _communication_device().type != "cpu":
+            return frozenset()
+        wanted = self.shared_memory
+        if wanted is None:
+            wanted = os.environ.get("SHARDPLUG_DISPATCH_SHM", "1") != "0"
+        mine = (socket.gethostname(), bool(wanted) and shared_memory_dir() is not None)
+        everyone: list[Any] = [None] * world_size()
+        dist.all_gather_object(everyone, mine, group=self._group)
+        host, usable = everyone[0]
+        if not usable:
+            return frozenset()
+        return frozenset(j for j in range(1, len(everyone)) if everyone[j] == (host, True))
 
     def __reduce_ex__(self, protocol: Any) -> Any:
         rebuild, args, state = super().__reduce_ex__(protocol)
         # the process group and the open pass belong to this process (a copy cannot dispatch)
-        state.update(_group=None, _sending=None, _closing=[], _acks={}, _ack_sends=[])
+        state.update(_group=None, _sending=None, _closing=[], _acks={}, _ack_sends=[], _rings={}, _ring_writes={},
+                     _reader=None, _shm_targets=frozenset())
         return rebuild, args, state
 
     overlap_reads: Optional[bool] = None
@@ -367,8 +399,11 @@ class DataLoaderDispatcher(DataLoaderShard):
                 following = read_next()
                 last = following is None
                 own, parts, header, part_rows = upcoming
+                header = header + (self._ring_table(parts),)
                 uneven = len(set(part_rows)) > 1  # even_batches=False: the last step's leftovers
                 kind, rows = (_UNEVEN, 0) if uneven else _control_for(header, sent)
+                for j in self._shm_targets:  # this host: through shared memory, written before it is announced
+                    self._write_ring(j, [leaf for leaf in parts[j] if leaf_spec(leaf)[0] != OBJECT])
                 pending.append(_announce(control, kind, pass_number, rows, last, group=group, async_op=on_cpu))
                 ended = last
                 if kind == _HEADER:
@@ -388,13 +423,15 @@ class DataLoaderDispatcher(DataLoaderShard):
                     if on_cpu or uneven:  # point to point (scatter needs equal parts)
                         pending.extend(
                             dist.isend(source, dst=j, group=group, tag=_SEND_TAG)
-                            for j, source in enumerate(sources) if j != 0 and source.numel()
+                            for j, source in enumerate(sources) if j != 0 and source.numel() and j not in self._shm_targets
                         )
                     else:
                         out = torch.empty(shape, dtype=dtype, device=comm_device)
                         dist.scatter(out, sources, src=0, group=group)
                         sources[0] = out
-                    stats.bytes_sent += sum(t.numel() * t.element_size() for t in sources[1:])
+                    stats.bytes_sent += sum(
+                        t.numel() * t.element_size() for j, t in enumerate(sources) if j and j not in self._shm_targets
+                    )
                     parts[0][k] = sources[0]
                 stats.steps += 1
                 self._expect_receipts(comm_device)
@@ -420,6 +457,72 @@ class DataLoaderDispatcher(DataLoaderShard):
                     logger.debug("dispatch pass %d closed early by process 0", pass_number)
             except Exception:  # already failing or closing: the original error matters more
                 logger.exception("the dispatcher could not tell the other processes that the pass ended")
+
+    def _ring_table(self, parts: list[list[Any]]) -> tuple[tuple[int, str, int, int], ...]:
+        """Process 0: the ring of every process of its host, each big enough for its part of this step
+        (a ring outgrown is replaced; the table is part of the header, so a change is announced)."""
+        table = []
+        for j in sorted(self._shm_targets):
+            need = ring_bytes([leaf_spec(leaf) for leaf in parts[j] if leaf_spec(leaf)[0] != OBJECT])
+            ring = self._rings.get(j)
+            if ring is None or not ring.fits(need):
+                if ring is not None:
+                    ring.close(remove=False)  # the others may still map it: they remove it
+                size = max(need, 2 * ring.slot_bytes if ring is not None else 0, _MIN_SLOT_BYTES)
+                ring = self._rings[j] = SharedRing(_RECEIPT_LAG + 1, size)
+                self._ring_writes[j] = 0
+            table.append((j, ring.path, ring.slots, ring.slot_bytes))
+        return tuple(table)
+
+    def _write_ring(self, j: int, tensors: list[torch.Tensor]) -> None:
+        """Process 0: this step's rows for process ``j`` into its next slot (free: receipts are at
+        most ``_RECEIPT_LAG`` steps behind, and the ring has one slot more)."""
+        ring = self._rings[j]
+        count = self._ring_writes[j]
+        ring.write(count % ring.slots, tensors)
+        self._ring_writes[j] = count + 1
+        self.dispatch_stats.bytes_shared += sum(t.numel() * t.element_size() for t in tensors)
+
+    def _read_ring(self, rings: tuple[Any, ...], specs: list[tuple[Any, Any]]) -> Optional[list[torch.Tensor]]:
+        """The other processes: this step's tensors from process 0's ring for this process, or
+        ``None`` when they come through the process group."""
+        entry = next((e for e in rings if e[0] == self.process_index), None)
+        if entry is None:
+            return None
+        _, path, slots, slot_bytes = entry
+        if self._reader is None or self._reader.path != path:
+            if self._reader is not None:
+                self._reader.close()
+            self._reader = RingReader(path, slots, slot_bytes)
+            self._ring_reads = 0
+        tensors = self._reader.read(self._ring_reads % slots, [spec for spec in specs if spec[0] != OBJECT])
+        self._ring_reads += 1
+        return tensors
+
+    def close(self) -> None:
+        """Release the shared-memory rings of this loader (also done when it is garbage collected).
+
+        Process 0 first waits (briefly) for the receipts still due: a process that has not read its
+        last steps yet may not have mapped its ring, and removing the file would leave it nothing to map.
+        """
+        for j, ring in list(self._rings.items()):
+            works = self._acks.get(j, [])
+            try:
+                while works:
+                    works.pop(0).wait(timedelta(seconds=_CLOSE_WAIT_S))
+            except RuntimeError as exc:  # gone, or not reading any more: the file goes anyway
+                logger.debug("closing the dispatch ring of process %d without its receipts: %s", j, exc)
+            ring.close()
+        self._rings.clear()
+        if self._reader is not None:
+            self._reader.close()
+            self._reader = None
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:  # interpreter shutdown
+            pass
 
     def _expect_receipts(self, device: torch.device) -> None:
         """Process 0: after a step went out, wait (later) for every other process's receipt of it."""
@@ -522,15 +625,20 @@ class DataLoaderDispatcher(DataLoaderShard):
                 header = _with_rows(header, rows)
             elif kind != _SAME or header is None:
                 raise DispatchError(f"process 0 sent an unexpected dispatch message {kind}")
-            skeleton, specs = header
+            skeleton, specs, rings = header
             objects: list[Any] = []
             if any(dtype == OBJECT for dtype, _ in specs):
                 box: list[Any] = [None]
                 dist.scatter_object_list(box, None, src=0, group=group)
                 objects = box[0]
-            received = [None if dtype == OBJECT else torch.empty(shape, dtype=dtype, device=comm_device) for dtype, shape in specs]
+            shared = self._read_ring(rings, specs)
+            if shared is not None:  # process 0's host: the rows are in shared memory
+                tensors_in = iter(shared)
+                received = [None if dtype == OBJECT else next(tensors_in) for dtype, _ in specs]
+            else:
+                received = [None if dtype == OBJECT else torch.empty(shape, dtype=dtype, device=comm_device) for dtype, shape in specs]
             for out in received:
-                if out is None or (uneven and not out.numel()):
+                if shared is not None or out is None or (uneven and not out.numel()):
                     continue
                 if comm_device.type == "cpu" or uneven:
                     dist.recv(out, src=0, group=group, tag=_SEND_TAG)
@@ -545,8 +653,9 @@ class DataLoaderDispatcher(DataLoaderShard):
                 header = header_after
                 continue  # the rest of a pass this process left early
             self.dispatch_stats.steps += 1
-            tensors = [t for t in received if t is not None]
-            self.dispatch_stats.bytes_received += sum(t.numel() * t.element_size() for t in tensors)
+            if shared is None:
+                tensors = [t for t in received if t is not None]
+                self.dispatch_stats.bytes_received += sum(t.numel() * t.element_size() for t in tensors)
             values = iter(objects)
             leaves = [next(values) if out is None else out for out in received]
             return kind, bool(last), header_after, unflatten(iter(leaves), skeleton)
@@ -579,8 +688,15 @@ class DataLoaderDispatcher(DataLoaderShard):
 
 
 # -- the per-step messages ----------------------------------------------------------------------
-_Header = tuple[Any, list[tuple[torch.dtype, tuple[int, ...]]]]
-"""(skeleton of the nested batch, (dtype, shape) of every leaf of one process's part)."""
+_Header = tuple[Any, list[tuple[Any, Any]], tuple[tuple[int, str, int, int], ...]]
+"""(skeleton of the nested batch, (dtype, shape) of every leaf of one process's part, the
+shared-memory ring of every process on process 0's host: (process, path, slots, slot bytes))."""
+
+_CLOSE_WAIT_S = 10.0
+"""How long closing a dispatcher waits for the receipts still due before it removes its rings."""
+
+_MIN_SLOT_BYTES = 1 << 20
+"""Smallest slot of a shared-memory ring (rings double when a step outgrows them)."""
 
 _SEND_TAG = 0x5350
 """Tag of the point-to-point sends of rows (gloo), apart from the user's own sends."""
@@ -637,8 +753,8 @@ def _control_for(header: _Header, sent: Optional[_Header]) -> tuple[int, int]:
 
 
 def _with_rows(header: _Header, rows: int) -> _Header:
-    skeleton, specs = header
-    return skeleton, [(dtype, shape if dtype == OBJECT else (rows,) + tuple(shape[1:])) for dtype, shape in specs]
+    skeleton, specs, rings = header
+    return skeleton, [(dtype, shape if dtype == OBJECT else (rows,) + tuple(shape[1:])) for dtype, shape in specs], rings
 
 
 def _trailing(leaf: Any) -> Any:
