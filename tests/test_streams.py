@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import functools
 import os
+import random
 from pathlib import Path
 
 import pytest
@@ -274,3 +275,35 @@ def test_the_stream_attributes_shardplug_reads_still_exist(files):
     assert splits_by_worker(wds_stream(files, nodesplitter=None))
     assert node_split(wds_stream(files, nodesplitter=wds.split_by_node)) is not None
     assert single_node_only(wds_stream(files)) and not single_node_only(wds_stream(files, nodesplitter=None))
+
+
+class _RankOrdered(torch.utils.data.IterableDataset):
+    """A stream whose order depends on the process, as with an unseeded shuffle of a plain IterableDataset."""
+
+    def __init__(self, n: int, seed: int) -> None:
+        self.n, self.seed = n, seed
+
+    def __iter__(self):
+        order = list(range(self.n))
+        random.Random(self.seed).shuffle(order)
+        yield from (torch.tensor(i) for i in order)
+
+
+def _read_all(rank, world, workers, same_order):
+    dataset = _RankOrdered(40, 0 if same_order else rank)
+    loader = prepare_data_loader(DataLoader(dataset, batch_size=2, num_workers=workers,
+                                            multiprocessing_context=_workers_context(workers)))
+    try:
+        return {"rows": sum(len(b) for b in loader), "error": None}
+    except RuntimeError as exc:
+        return {"rows": None, "error": str(exc)}
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_streams_that_differ_between_processes_are_refused_on_every_process(workers):
+    mixed = run_gloo(_read_all, workers, False, world_size=2, timeout=120)
+    for res in mixed:
+        assert res["error"] is not None and "the processes read different streams" in res["error"], res
+        assert "seed its shuffle the same way everywhere" in res["error"]
+    same = run_gloo(_read_all, workers, True, world_size=2, timeout=120)
+    assert [res["rows"] for res in same] == [20, 20] and all(res["error"] is None for res in same)

@@ -7,6 +7,7 @@ from typing import Any, Iterator, Optional
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
+from .fingerprint import FirstBatchCheck
 from .layout import ShardLayout
 from .plan import StreamPlan, sized_length
 from .shuffle import epoch_seed
@@ -59,6 +60,8 @@ class IterableDatasetShard(IterableDataset):
         self.epoch = 0
         # dataset.state_dict() at the last few global-batch boundaries, keyed by elements read
         self._boundary_states: dict[int, Any] = {}
+        # every process must read the same stream: the first global batch of each pass is compared
+        self._fingerprint = FirstBatchCheck()
         generator = getattr(dataset, "generator", None)
         self._generator_seed: Optional[int] = (
             generator.initial_seed() if isinstance(generator, torch.Generator) and not hasattr(dataset, "set_epoch") else None
@@ -107,6 +110,16 @@ class IterableDatasetShard(IterableDataset):
             and not hf_shuffles(self.dataset)  # its state does not restore the shuffle buffer: skip exactly instead
         )
 
+    def begin_pass(self) -> None:
+        """The loader starts a pass (in its own process, before any worker reads it)."""
+        self._fingerprint.begin_pass()
+
+    def check_first_batch(self) -> None:
+        """Every process compares the first global batch of this pass (a collective: call it on every
+        process, after the pass's first batch was fetched or the pass ended); a ``RuntimeError`` on
+        every process when the streams differ."""
+        self._fingerprint.agree()
+
     def state_at(self, elements: int) -> Any:
         """The dataset's ``state_dict()`` after its first ``elements`` elements of this pass, if recorded."""
         return self._boundary_states.get(elements)
@@ -121,6 +134,7 @@ class IterableDatasetShard(IterableDataset):
             self.dataset.generator.manual_seed(epoch_seed(self._generator_seed, self.epoch))
         info = get_worker_info()
         workers, worker = (info.num_workers, info.id) if info is not None else (1, 0)
+        first_reader = worker == 0  # the reader of the pass's first global batch records it
         if self.splits_by_worker:  # the dataset gives this worker its own part: share all of it by process
             workers, worker = 1, 0
         read = 0
@@ -130,7 +144,8 @@ class IterableDatasetShard(IterableDataset):
             read, skip = skip, 0
             self.dataset.load_state_dict(dataset_state)
         on_boundary = self._record_state if self.repositions_itself else None
-        yield from self.plan.elements(iter(self.dataset), worker, workers, skip, read, on_boundary)
+        on_first = self._fingerprint.recorder() if first_reader and self.num_processes > 1 else None
+        yield from self.plan.elements(iter(self.dataset), worker, workers, skip, read, on_boundary, on_first)
 
     def _record_state(self, read: int) -> None:
         """Keep the dataset's state at a few global-batch boundaries: the loader looks at most two batches ahead."""

@@ -14,7 +14,7 @@ from typing import Any, Iterable, Iterator, Optional, Union
 import torch
 from torch.utils.data import DataLoader, IterableDataset
 
-from .collectives import broadcast_object, global_rank
+from .collectives import broadcast_object, global_rank, world_size
 from .audit import SampleAudit
 from .iterable import IterableDatasetShard
 from .layout import ShardLayout
@@ -101,6 +101,19 @@ def _is_stateful(loader: DataLoader) -> bool:
     except ImportError:
         return False
     return isinstance(loader, StatefulDataLoader)
+
+
+def _checked_first_batch(batches: Iterator[Any], shard: IterableDatasetShard) -> Iterator[Any]:
+    """``batches``, with the processes' first global batches compared once the first one was read."""
+    iterator = iter(batches)
+    try:
+        first = next(iterator)
+    except StopIteration:
+        shard.check_first_batch()
+        return
+    shard.check_first_batch()
+    yield first
+    yield from iterator
 
 
 class PreparedDataLoader(DataLoader):
@@ -287,6 +300,8 @@ class PreparedDataLoader(DataLoader):
         if self._pass.complete:
             self.set_epoch(self.epoch + 1)
         self._synchronize()
+        if isinstance(self.dataset, IterableDatasetShard):
+            self.dataset.begin_pass()
         current = _Pass(PassRecord(track=self._tracking))
         generator = self._shuffle_generator()
         if generator is not None:
@@ -327,6 +342,8 @@ class PreparedDataLoader(DataLoader):
             state._loader_started(self)
         try:
             batches = self.plan.pass_batches(self._inner_batches(discard), current.record)
+            if isinstance(self.dataset, IterableDatasetShard) and self.dataset.num_processes > 1 and world_size() > 1:
+                batches = _checked_first_batch(batches, self.dataset)
             yield from self._deliver(batches, current)
             current.complete = True
         finally:

@@ -339,12 +339,14 @@ class StreamPlan(_Unchanged):
         skip: int = 0,
         read: int = 0,
         on_boundary: Optional[Callable[[int], None]] = None,
+        on_first: Optional[Callable[[list[Any]], None]] = None,
     ) -> Iterator[Any]:
         """This process's elements of ``stream`` (for DataLoader worker ``worker`` of ``workers``).
 
         The first ``skip`` elements are read but not yielded (a resume); the epoch's first
         global batch, which padding cycles through, is still taken from what is read first.
-        ``on_boundary(read)`` is called at each global batch boundary, ``read`` counting from ``read``.
+        ``on_boundary(read)`` is called at each global batch boundary, ``read`` counting from ``read``;
+        ``on_first(elements)`` with the first whole (or final) global batch this call reads.
         """
         size, width = self.consumed_per_batch, self.width
         own = slice(self.layout.process_index * width, (self.layout.process_index + 1) * width)
@@ -367,9 +369,14 @@ class StreamPlan(_Unchanged):
             if on_boundary is not None:
                 on_boundary(read)
             if index % workers == worker:
+                if on_first is not None:
+                    on_first(buffer)
+                    on_first = None
                 yield from buffer[own]
             index += 1
             buffer = []
+        if on_first is not None:
+            on_first(buffer if index % workers == worker else [])  # no whole global batch reached this reader
         if not buffer or self.layout.drop_last or index % workers != worker:
             return
         if self.layout.even_batches:
