@@ -457,6 +457,33 @@ class PreparedDataLoader(DataLoader):
         except TypeError:
             return None
 
+    @property
+    def epoch_length(self) -> Optional[int]:
+        """Batches of a whole epoch on this loader's layout (``None`` when unknown: a stream without
+        ``len()``); ``len(loader)`` is the next pass's, shorter after a resume."""
+        return self._same_layout_length()
+
+    @property
+    def resuming(self) -> bool:
+        """Whether a loaded position waits for the next pass (``load_state_dict`` since the last ``iter()``)."""
+        return self._pending is not None
+
+    @property
+    def resumed_batches(self) -> int:
+        """Batches of the epoch that a resumed pass does not yield, counted on this layout: after
+        ``load_state_dict`` (also of a position saved with another number of processes),
+        ``epoch_length - len(loader)``, and the same while that pass runs; 0 for a pass that
+        started at the epoch's beginning. Front ends set their own counters from it (an engine's
+        iteration, a trainer's batch progress)."""
+        total = self.epoch_length
+        if total is None:
+            return 0
+        try:
+            rest = len(self) if self._pending is not None else self._plan_length(self._pass.consumed_at_start)
+        except TypeError:
+            return 0
+        return max(total - rest, 0)
+
     def load_position(self, position: Union[Position, dict[str, Any]]) -> None:
         """Continue from ``position`` at the next pass (see :meth:`position`); it is validated
         first, and nothing changes when it is refused."""

@@ -35,13 +35,6 @@ def current_loader(engine: Engine) -> PreparedDataLoader:
     return loader
 
 
-def _length(loader: PreparedDataLoader) -> Optional[int]:
-    try:
-        return len(loader)
-    except TypeError:
-        return None
-
-
 class EpochSync:
     """Sets the loader's epoch at the engine's epoch events, and resumes it from a checkpoint.
 
@@ -77,7 +70,7 @@ class EpochSync:
     def _on_started(self, engine: Engine) -> None:
         loader = current_loader(engine)
         self.loader = loader
-        full = _length(loader)  # a whole epoch on this layout (before a position shortens the pass)
+        full = loader.epoch_length  # a whole epoch on this layout (a position shortens only the pass)
         pending, self._pending = self._pending, None
         self._resumed_epoch = pending is not None
         if pending is not None:
@@ -97,7 +90,7 @@ class EpochSync:
         if full is None:
             return  # a stream without len(): Ignite finds the epoch's end itself
         position = loader.current_position()
-        done = full - len(loader)
+        done = loader.resumed_batches
         state = engine.state
         iteration = position.epoch * full + done
         if (state.epoch_length, state.iteration) != (full, iteration):

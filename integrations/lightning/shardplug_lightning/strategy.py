@@ -14,7 +14,12 @@ Private Lightning attributes relied on (checked at run time; a change makes the 
 * ``trainer.fit_loop._combined_loader`` / ``_combined_loader_states_to_load`` and
   ``CombinedLoader._load_state_dicts`` (resume when ``estimated_stepping_batches`` built the
   loaders before the checkpoint was restored, Lightning issue #20550: no public way to apply a
-  loader state late).
+  loader state late);
+* ``trainer.fit_loop.epoch_loop.batch_progress`` (``current`` / ``total``: ``ready``, ``started``,
+  ``processed``, ``completed``), ``fit_loop.max_batches`` and ``fit_loop._data_fetcher.length``:
+  after a resume Lightning takes the epoch's length from the loader (which then reports the resumed
+  pass's batches) and the batches done from the checkpoint (on its layout); both are set to the
+  loader's view on this layout.
 
 Public equivalents are used everywhere else (``lightning_module.trainer``,
 ``trainer.train_dataloader``).
@@ -280,6 +285,47 @@ class ShardplugStrategyMixin:
             _private(combined, "_load_state_dicts", "CombinedLoader state loading")(states)
             fit_loop._combined_loader_states_to_load = []
             logger.debug("rank %d: applied %d training loader state(s) after restore", self.global_rank, len(states))  # type: ignore[attr-defined]
+        self._align_batch_progress(fit_loop)
+
+    def _align_batch_progress(self, fit_loop: Any) -> None:
+        """After a resume, count the epoch's batches as the loader does on this layout.
+
+        Lightning takes the epoch's length from the loader after its state was loaded (the resumed
+        pass's batches: every later epoch would be cut to it) and the batches done from the
+        checkpoint (on the checkpoint's layout: with another number of devices the epoch would end
+        too early or too late). The loader knows both on this layout (``epoch_length``,
+        ``resumed_batches``): the epoch's length is set back and the progress counters shifted,
+        keeping their relations.
+        """
+        loaders = [dl for dl in _loaders_in(self._get_trainer().train_dataloader) if isinstance(dl, PreparedDataLoader)]
+        if len(loaders) != 1 or loaders[0].epoch_length is None:
+            return
+        loader = loaders[0]
+        progress = _private(fit_loop, "epoch_loop", "the training epoch loop").batch_progress
+        resumed = loader.resumed_batches
+        if not resumed and not progress.current.ready:
+            return  # a pass from the epoch's start: nothing to align
+        combined = _private(fit_loop, "_combined_loader", "the training CombinedLoader")
+        limit = min([loader.epoch_length] + [int(x) for x in getattr(combined, "limits", None) or [] if x != float("inf")])
+        if fit_loop.max_batches != limit:
+            fit_loop.max_batches = limit
+            trainer = self._get_trainer()
+            if isinstance(trainer.val_check_interval, float) and getattr(trainer, "_val_check_time_interval", None) is None:
+                trainer.val_check_batch = max(1, int(limit * trainer.val_check_interval))
+        fetcher = _private(fit_loop, "_data_fetcher", "the training data fetcher")
+        if getattr(fetcher, "length", None) is not None:
+            fetcher.length = limit  # it adds the batches done to what it fetched: they count against the epoch
+        delta = resumed - progress.current.ready
+        for tracker in (progress.current, progress.total):
+            for name in ("ready", "started", "processed", "completed"):
+                # the same shift for all: a checkpoint of on_train_batch_end has completed = ready - 1,
+                # and Lightning adds the 1 when it restarts (completed may be -1 until then)
+                setattr(tracker, name, getattr(tracker, name) + delta)
+        if delta:
+            logger.info(
+                "rank %d: resumed on another layout: %d of %d batches of this epoch done (the checkpoint counted %d)",
+                self.global_rank, resumed, limit, resumed - delta,  # type: ignore[attr-defined]
+            )
 
     def on_train_batch_start(self, batch: Any, batch_idx: int, *args: Any, **kwargs: Any) -> None:
         """Keep each training loader's epoch equal to Lightning's (passes cut short by limits/max_steps)."""
