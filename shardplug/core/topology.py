@@ -24,7 +24,7 @@ import torch.distributed as dist
 
 __all__ = ["ProcessTopology", "resolve_data_topology", "distributed_is_active"]
 
-_DATA_DIMS = ("dp_replicate", "dp_shard", "dp")
+_DATA_DIMS = ("dp_replicate", "dp_shard", "dp", "data_parallel")  # torchtitan's names, and Lightning's
 
 
 def distributed_is_active() -> bool:

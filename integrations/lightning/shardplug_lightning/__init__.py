@@ -2,7 +2,8 @@
 
 Importing this package registers the strategy names ``"shardplug_ddp"`` and
 ``"shardplug_ddp_spawn"`` in the ``lightning.pytorch`` Trainer registry, in the ``pytorch_lightning``
-one when that package is installed, and in Fabric's registry.
+one when that package is installed, and in Fabric's registry; and ``"shardplug_fsdp"`` and
+``"shardplug_model_parallel"`` in the ``lightning.pytorch`` registry.
 
 Example::
 
@@ -19,9 +20,12 @@ import logging
 from typing import Any
 
 from .fabric import ShardplugFabricDDPStrategy
-from .strategy import ShardplugDDPStrategy, ShardplugStrategyMixin
+from .strategy import ShardplugDDPStrategy, ShardplugFSDPStrategy, ShardplugModelParallelStrategy, ShardplugStrategyMixin
 
-__all__ = ["ShardplugDDPStrategy", "ShardplugFabricDDPStrategy", "ShardplugStrategyMixin", "STRATEGY_NAMES", "register"]
+__all__ = [
+    "ShardplugDDPStrategy", "ShardplugFSDPStrategy", "ShardplugModelParallelStrategy", "ShardplugFabricDDPStrategy",
+    "ShardplugStrategyMixin", "STRATEGY_NAMES", "OTHER_STRATEGIES", "register",
+]
 
 __version__ = "0.1.0"
 
@@ -29,6 +33,11 @@ logger = logging.getLogger(__name__)
 
 #: Registered strategy names and their process start methods.
 STRATEGY_NAMES: dict[str, str] = {"shardplug_ddp": "popen", "shardplug_ddp_spawn": "spawn"}
+#: The other registered names (``lightning.pytorch`` only) and their strategy classes.
+OTHER_STRATEGIES: dict[str, type] = {
+    "shardplug_fsdp": ShardplugFSDPStrategy,
+    "shardplug_model_parallel": ShardplugModelParallelStrategy,
+}
 
 
 def _register_in(registry: Any, cls: type) -> None:
@@ -45,6 +54,8 @@ def register() -> None:
     from lightning.pytorch.strategies import StrategyRegistry
 
     _register_in(StrategyRegistry, ShardplugDDPStrategy)
+    for name, cls in OTHER_STRATEGIES.items():
+        StrategyRegistry.register(name, cls, description=f"shardplug {cls.__bases__[-1].__name__}", override=True)
     ShardplugFabricDDPStrategy.register_strategies(STRATEGY_REGISTRY)
     if importlib.util.find_spec("pytorch_lightning") is not None:
         from pytorch_lightning.strategies import StrategyRegistry as PLStrategyRegistry

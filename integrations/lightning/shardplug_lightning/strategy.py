@@ -43,7 +43,10 @@ from shardplug.core.scheduler import PreparedScheduler
 
 from ._options import data_loader_kwargs, refuse_distributed_sampler, refuse_prepared, resolve_config
 
-__all__ = ["ShardplugDDPStrategy", "ShardplugStrategyMixin", "make_strategy_class"]
+__all__ = [
+    "ShardplugDDPStrategy", "ShardplugFSDPStrategy", "ShardplugModelParallelStrategy", "ShardplugStrategyMixin",
+    "make_strategy_class",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -184,14 +187,24 @@ class ShardplugStrategyMixin:
         connector.use_distributed_sampler = False
         super().setup_environment()  # type: ignore[misc]
 
+    def _data_topology(self) -> tuple[int, int]:
+        """(processes sharing the data, this one's index): the strategy's own data-parallel view
+        (``distributed_sampler_kwargs``: the ``data_parallel`` dimension of a model-parallel device
+        mesh; ranks that differ only in tensor parallelism get identical data), else every rank."""
+        kwargs = super().distributed_sampler_kwargs  # type: ignore[misc]
+        if isinstance(kwargs, dict) and "num_replicas" in kwargs and "rank" in kwargs:
+            return int(kwargs["num_replicas"]), int(kwargs["rank"])
+        return self.world_size, self.global_rank  # type: ignore[attr-defined]
+
     def _data_kwargs(self, training: bool) -> dict[str, Any]:
         config = self.shardplug_config
         if not training and config.dispatch_batches:
             config = config.replace(dispatch_batches=False)  # evaluation loaders never dispatch
+        num_processes, process_index = self._data_topology()
         return data_loader_kwargs(
             config,
-            num_processes=self.world_size,  # type: ignore[attr-defined]
-            process_index=self.global_rank,  # type: ignore[attr-defined]
+            num_processes=num_processes,
+            process_index=process_index,
             device=self.root_device,  # type: ignore[attr-defined]
             even_batches=None if training else self.eval_even_batches,
         )
@@ -357,12 +370,13 @@ def _with_batch_sampler(dataloader: DataLoader, batch_sampler: Any) -> DataLoade
     return clone
 
 
-def make_strategy_class(namespace: str, name: str) -> type:
-    """``ShardplugStrategyMixin`` over the ``DDPStrategy`` of ``namespace`` (``lightning.pytorch`` / ``pytorch_lightning``)."""
-    base = importlib.import_module(f"{namespace}.strategies").DDPStrategy
-    cls = type(name, (ShardplugStrategyMixin, base), {"_pl_namespace": namespace, "__module__": __name__})
+def make_strategy_class(namespace: str, name: str, base: str = "DDPStrategy") -> type:
+    """``ShardplugStrategyMixin`` over the strategy ``base`` of ``namespace`` (``lightning.pytorch`` /
+    ``pytorch_lightning``): the same data, stepping and resume on DDP, FSDP or model parallelism."""
+    base_cls = getattr(importlib.import_module(f"{namespace}.strategies"), base)
+    cls = type(name, (ShardplugStrategyMixin, base_cls), {"_pl_namespace": namespace, "__module__": __name__})
     cls.__doc__ = (
-        f"``{namespace}.strategies.DDPStrategy`` with shardplug's data loading and stepping.\n\n"
+        f"``{namespace}.strategies.{base}`` with shardplug's data loading and stepping.\n\n"
         + (ShardplugStrategyMixin.__doc__ or "")
     )
     return cls
@@ -370,3 +384,10 @@ def make_strategy_class(namespace: str, name: str) -> type:
 
 #: The strategy for ``lightning.pytorch.Trainer`` (``strategy="shardplug_ddp"``).
 ShardplugDDPStrategy: type = make_strategy_class("lightning.pytorch", "ShardplugDDPStrategy")
+#: ``FSDPStrategy`` with shardplug (``strategy="shardplug_fsdp"``; Lightning runs FSDP on GPUs only).
+ShardplugFSDPStrategy: type = make_strategy_class("lightning.pytorch", "ShardplugFSDPStrategy", "FSDPStrategy")
+#: ``ModelParallelStrategy`` with shardplug (``strategy="shardplug_model_parallel"``): the data is
+#: sharded over the mesh's ``data_parallel`` dimension only.
+ShardplugModelParallelStrategy: type = make_strategy_class(
+    "lightning.pytorch", "ShardplugModelParallelStrategy", "ModelParallelStrategy"
+)

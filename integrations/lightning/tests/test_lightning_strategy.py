@@ -313,3 +313,32 @@ def test_fit_resumes_mid_epoch_with_another_number_of_devices(elastic: dict[str,
         assert [row[:4] for row in rows if row[0] == 1] == [row[:4] for row in rank["fresh"] if row[0] == 1]
         assert [row[4] for row in rows] == list(range(ELASTIC_STOP, ELASTIC_STOP + len(rows)))  # global_step
         assert rank["resumed"][index]["global_step"] == ELASTIC_STOP + len(rows)
+
+
+# -- FSDP and model parallelism --------------------------------------------------------------------
+def test_model_parallel_shards_over_the_data_parallel_dimension_only(tmp_path: Path) -> None:
+    _run("lightning_model_parallel.py", tmp_path)
+    ranks = [json.loads((tmp_path / f"model_parallel_rank{r}.json").read_text()) for r in range(WORLD)]
+    assert all(r["tensor_parallel"]["strategy"] == "ShardplugModelParallelStrategy" for r in ranks)
+    # tensor parallel over both ranks: one data-parallel group, the same batches on both
+    assert ranks[0]["tensor_parallel"]["batches"] == ranks[1]["tensor_parallel"]["batches"]
+    assert sorted(i for b in ranks[0]["tensor_parallel"]["batches"] for i in b) == list(range(16))
+    # data parallel over both ranks: disjoint halves
+    halves = [sorted(i for b in r["data_parallel"]["batches"] for i in b) for r in ranks]
+    assert not set(halves[0]) & set(halves[1]) and sorted(halves[0] + halves[1]) == list(range(16))
+
+
+def test_fsdp_and_model_parallel_names_build_shardplug_strategies() -> None:
+    import lightning.pytorch as pl
+    from lightning.pytorch.strategies import FSDPStrategy, ModelParallelStrategy, StrategyRegistry
+
+    from shardplug_lightning import ShardplugFSDPStrategy, ShardplugModelParallelStrategy
+
+    assert issubclass(ShardplugFSDPStrategy, FSDPStrategy) and issubclass(ShardplugModelParallelStrategy, ModelParallelStrategy)
+    assert StrategyRegistry["shardplug_fsdp"]["strategy"] is ShardplugFSDPStrategy
+    trainer = pl.Trainer(strategy="shardplug_model_parallel", accelerator="cpu", devices=2, logger=False)
+    assert isinstance(trainer.strategy, ShardplugModelParallelStrategy)
+    strategy = ShardplugFSDPStrategy(split_batches=True, sharding_strategy="SHARD_GRAD_OP")
+    assert strategy.shardplug_config.split_batches  # shardplug's options, FSDP's keywords passed through
+    trainer = pl.Trainer(strategy=strategy, accelerator="cpu", devices=2, logger=False)  # runs on GPUs only
+    assert trainer.strategy is strategy
