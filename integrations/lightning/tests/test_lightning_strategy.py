@@ -28,15 +28,8 @@ SCRIPTS = Path(__file__).parent / "scripts"
 N_TRAIN, N_VAL, BATCH, WORLD = 42, 21, 4, 2
 
 
-def _run(script: str, out: Path, timeout: int = 120) -> None:
-    env = dict(os.environ, PYTHONWARNINGS="ignore", OMP_NUM_THREADS="1")
-    for key in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "NODE_RANK", "MASTER_ADDR", "MASTER_PORT"):
-        env.pop(key, None)
-    result = subprocess.run(
-        [sys.executable, str(SCRIPTS / script), str(out)],
-        cwd=out, env=env, capture_output=True, text=True, timeout=timeout,
-    )
-    assert result.returncode == 0, f"{script} failed:\n{result.stdout[-3000:]}\n{result.stderr[-6000:]}"
+def _run(script: str, out: Path) -> None:
+    _run_script(script, out)
 
 
 STREAM_SHARDS = (10, 10, 10, 13)  # rows per parquet shard: parts of 20 and 23 rows on 2 processes
@@ -286,14 +279,7 @@ def elastic(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
 
 
 def _run_elastic(out: Path, devices: int, *args: str) -> None:
-    env = dict(os.environ, PYTHONWARNINGS="ignore", OMP_NUM_THREADS="1")
-    for key in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "NODE_RANK", "MASTER_ADDR", "MASTER_PORT"):
-        env.pop(key, None)
-    result = subprocess.run(
-        [sys.executable, str(SCRIPTS / "lightning_elastic.py"), str(out), str(devices), *args],
-        cwd=out, env=env, capture_output=True, text=True, timeout=240,
-    )
-    assert result.returncode == 0, f"lightning_elastic.py failed:\n{result.stdout[-3000:]}\n{result.stderr[-6000:]}"
+    _run_script("lightning_elastic.py", out, str(devices), *args)
 
 
 @pytest.mark.parametrize("before, after, index", [(2, 3, 0), (3, 2, 0), (2, 2, 1)], ids=["2to3", "3to2", "2to2"])
@@ -342,3 +328,36 @@ def test_fsdp_and_model_parallel_names_build_shardplug_strategies() -> None:
     assert strategy.shardplug_config.split_batches  # shardplug's options, FSDP's keywords passed through
     trainer = pl.Trainer(strategy=strategy, accelerator="cpu", devices=2, logger=False)  # runs on GPUs only
     assert trainer.strategy is strategy
+
+
+def test_fabric_load_resumes_mid_epoch_with_another_number_of_devices(tmp_path: Path) -> None:
+    first, resumed = tmp_path / "first", tmp_path / "resumed"
+    first.mkdir()
+    resumed.mkdir()
+    _run_script("lightning_fabric_elastic.py", first, "2", "first")
+    _run_script("lightning_fabric_elastic.py", resumed, "3", "resume", str(first / "fabric.ckpt"))
+    before = [i for r in range(2) for e, b in _json(first / f"fabric_first_rank{r}.json")["rows"] if e == 0 for i in b]
+    runs = [_json(resumed / f"fabric_resume_rank{r}.json") for r in range(3)]
+    after = [i for run in runs for e, b in run["rows"] if e == 0 for i in b]
+    assert len(before) == 2 * 2 * 4
+    rest, step = 36 - len(before), 3 * 2
+    padding = -(-rest // step) * step - rest
+    assert len(after) == rest + padding and sorted(set(before + after)) == list(range(36))  # every sample, padding only repeats
+    for run in runs:
+        assert [b for e, b in run["rows"] if e == 1] == [b for e, b in run["fresh"] if e == 1]  # next epoch = a fresh run
+
+
+def _json(path: Path) -> Any:
+    return json.loads(path.read_text())
+
+
+def _run_script(script: str, out: Path, *args: str) -> None:
+    """Run ``scripts/<script> OUT ARGS...`` (it launches its own processes); fail with its output."""
+    env = dict(os.environ, PYTHONWARNINGS="ignore", OMP_NUM_THREADS="1")
+    for key in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "NODE_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(key, None)
+    result = subprocess.run(
+        [sys.executable, str(SCRIPTS / script), str(out), *args], cwd=out, env=env, capture_output=True, text=True,
+        timeout=240,
+    )
+    assert result.returncode == 0, f"{script} failed:\n{result.stdout[-3000:]}\n{result.stderr[-6000:]}"
