@@ -388,7 +388,7 @@ class DataLoaderDispatcher(DataLoaderShard):
                 return
             while upcoming is not None:
                 if not isinstance(upcoming, Exception):
-                    upcoming = self._await_receipts(upcoming, control, pass_number)
+                    upcoming = self._await_receipts(upcoming)
                 if isinstance(upcoming, Exception):
                     ended = True
                     if not isinstance(upcoming, DispatchError):
@@ -530,7 +530,7 @@ class DataLoaderDispatcher(DataLoaderShard):
             receipt = torch.zeros(1, dtype=torch.int64, device=device)
             self._acks.setdefault(j, []).append(dist.irecv(receipt, src=j, group=self._group, tag=_ACK_TAG))
 
-    def _await_receipts(self, upcoming: Any, control: torch.Tensor, pass_number: int) -> Any:
+    def _await_receipts(self, upcoming: Any) -> Any:
         """Process 0: hold step ``t`` until every process received step ``t - _RECEIPT_LAG``.
 
         It keeps process 0 at most that many steps ahead, and a process that died (or hangs) is

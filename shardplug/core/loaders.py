@@ -464,11 +464,6 @@ class PreparedDataLoader(DataLoader):
         return self._same_layout_length()
 
     @property
-    def resuming(self) -> bool:
-        """Whether a loaded position waits for the next pass (``load_state_dict`` since the last ``iter()``)."""
-        return self._pending is not None
-
-    @property
     def resumed_batches(self) -> int:
         """Batches of the epoch that a resumed pass does not yield, counted on this layout: after
         ``load_state_dict`` (also of a position saved with another number of processes),

@@ -284,11 +284,12 @@ class ShardplugStrategyMixin:
 
     # -- resume -------------------------------------------------------------------------
     def on_train_start(self) -> None:
-        """Apply the checkpoint's loader positions if Lightning built the loaders before restoring.
+        """After the restore, before the epoch loop starts: make a resumed epoch continue exactly.
 
         ``trainer.estimated_stepping_batches`` in ``configure_optimizers`` sets the training data up
         before the checkpoint is restored, and Lightning then never applies the saved loader state
-        (Lightning issue #20550). Called after the restore, before the first batch is fetched.
+        (Lightning issue #20550): it is applied here. Then Lightning's epoch length and batch
+        progress are set to the loader's view (:meth:`_align_batch_progress`).
         """
         super().on_train_start()  # type: ignore[misc]
         fit_loop = self._get_trainer().fit_loop
