@@ -82,3 +82,11 @@ def test_shared_memory_rings_leave_nothing_behind(tmp_path, monkeypatch):
     run_gloo(_dispatch_then_die, world_size=2, timeout=90, allow_deaths=True)
     run_gloo(_dispatch_while_another_dies, world_size=3, timeout=90, allow_deaths=True)
     assert sorted(os.listdir(tmp_path)) == []
+
+
+def test_shared_memory_can_be_switched_off_by_the_environment(tmp_path, monkeypatch):
+    monkeypatch.setenv("SHARDPLUG_SHM_DIR", str(tmp_path))
+    monkeypatch.setenv("SHARDPLUG_DISPATCH_SHM", "0")
+    results = run_gloo(_dispatch_then_stop, world_size=2, timeout=90)
+    assert results[0]["shared"] == 0  # every row through the process group
+    assert results[1]["rows"] == 8 + 2

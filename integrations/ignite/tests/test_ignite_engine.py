@@ -101,18 +101,6 @@ def _evaluate(config: ShardplugConfig, n: int, batch_size: int) -> dict[str, Any
     return {"metrics": dict(evaluator.state.metrics), "iterations": evaluator.state.iteration, "labels": counted}
 
 
-STREAM_SHARDS = (10, 10, 10, 13)  # rows per parquet shard: parts of 20 and 23 rows on 2 ranks
-
-
-def _write_parquet_shards(root: Path) -> None:
-    datasets = pytest.importorskip("datasets")
-    root.mkdir()
-    start = 0
-    for s, rows in enumerate(STREAM_SHARDS):
-        datasets.Dataset.from_dict({"x": list(range(start, start + rows))}).to_parquet(str(root / f"part-{s}.parquet"))
-        start += rows
-
-
 def _record_stream(out_dir: str, epochs: int) -> dict[str, Any]:
     """A Hugging Face stream of the parquet shards, 2 DataLoader workers, through the handler."""
     import datasets
@@ -182,8 +170,8 @@ def _reference_eval(n: int) -> dict[str, float]:
     }
 
 
-def test_ignite_sharding_length_check_and_evaluation(tmp_path: Path) -> None:
-    _write_parquet_shards(tmp_path / "hf")
+def test_ignite_sharding_length_check_and_evaluation(tmp_path: Path, parquet_shards: Any) -> None:
+    shards = parquet_shards(tmp_path / "hf")
     ranks = _launch(_worker_data, tmp_path)
 
     # a Hugging Face stream: sharded natively (each rank reads its own shards), equal steps, every row
@@ -192,7 +180,7 @@ def test_ignite_sharding_length_check_and_evaluation(tmp_path: Path) -> None:
         batches = [ranks[r]["stream"]["batches"][epoch] for r in range(WORLD)]
         assert len(batches[0]) == len(batches[1]), "equal steps (the shorter part pads)"
         seen = [x for rank in batches for batch in rank for x in batch]
-        assert set(seen) == set(range(sum(STREAM_SHARDS))), f"epoch {epoch}: every row"
+        assert set(seen) == set(range(sum(shards))), f"epoch {epoch}: every row"
 
     for name, n, b, split in (("default", 21, 3, False), ("split", 22, 4, True)):
         expected = _reference_shards(list(range(n)), b, split)

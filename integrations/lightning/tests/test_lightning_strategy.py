@@ -32,26 +32,15 @@ def _run(script: str, out: Path) -> None:
     _run_script(script, out)
 
 
-STREAM_SHARDS = (10, 10, 10, 13)  # rows per parquet shard: parts of 20 and 23 rows on 2 processes
-
-
-def _write_parquet_shards(root: Path) -> None:
-    datasets = pytest.importorskip("datasets")
-    root.mkdir()
-    start = 0
-    for s, rows in enumerate(STREAM_SHARDS):
-        datasets.Dataset.from_dict({"x": list(range(start, start + rows))}).to_parquet(str(root / f"part-{s}.parquet"))
-        start += rows
-
-
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[dict[str, Any]]]:
+def runs(tmp_path_factory: pytest.TempPathFactory, parquet_shards: Any) -> dict[str, Any]:
     out = tmp_path_factory.mktemp("lightning_scenarios")
-    _write_parquet_shards(out / "hf")
+    shards = parquet_shards(out / "hf")
     _run("lightning_scenarios.py", out)
-    data: dict[str, list[dict[str, Any]]] = {}
+    data: dict[str, Any] = {}
     for name in ("default", "split", "predict", "amp", "resume", "limited", "errors", "stream"):
         data[name] = [json.loads((out / f"{name}_rank{r}.json").read_text()) for r in range(WORLD)]
+    data["stream_rows"] = sum(shards)
     return data
 
 
@@ -246,7 +235,7 @@ def test_a_hugging_face_stream_trains_exactly_once_per_epoch_with_equal_steps(ru
     """Sharded natively under Lightning (each rank reads its own shards; 2 workers), padded to equal steps."""
     ranks = runs["stream"]
     assert all(r["dataset"].startswith("datasets") for r in ranks), "each rank reads only its own shards"
-    total = sum(STREAM_SHARDS)
+    total = runs["stream_rows"]
     for epoch in range(2):
         batches = [[b for e, b in r["train"] if e == epoch] for r in ranks]
         # each of the 2 workers batches its own shard: parts of 6 and 7 batches, the first padded once
