@@ -21,6 +21,7 @@ import lightning.pytorch as pl
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 from shardplug_lightning import ShardplugDDPStrategy
+from _exit import leave  # noqa: E402  (this directory: how a scenario process ends)
 
 OUT, DEVICES, MODE, SOURCES = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4:]
 N, BATCH, STOP = 36, 2, 4
@@ -90,3 +91,4 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+    leave()

@@ -18,6 +18,7 @@ from lightning.fabric import Fabric
 from torch.utils.data import DataLoader
 
 from shardplug_lightning import ShardplugFabricDDPStrategy
+from _exit import leave  # noqa: E402  (this directory: how a scenario process ends)
 
 OUT, DEVICES, MODE, CKPT = sys.argv[1], int(sys.argv[2]), sys.argv[3], (sys.argv[4:] or [None])[0]
 N, BATCH, STOP, EPOCHS = 36, 2, 4, 2
@@ -53,9 +54,8 @@ def main() -> None:
         out = {"rows": run(fabric, load=CKPT), "fresh": run(fabric)}
     with open(os.path.join(OUT, f"fabric_{MODE}_rank{fabric.global_rank}.json"), "w") as f:
         json.dump(out, f)
-    fabric.barrier()
-    torch.distributed.destroy_process_group()
 
 
 if __name__ == "__main__":
     main()
+    leave()

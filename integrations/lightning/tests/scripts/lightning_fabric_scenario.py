@@ -15,6 +15,7 @@ from torch.utils.data import DataLoader
 from torch.utils.data.distributed import DistributedSampler
 
 import shardplug_lightning  # noqa: F401  (registers "shardplug_ddp" for Fabric)
+from _exit import leave  # noqa: E402  (this directory: how a scenario process ends)
 
 
 def main() -> None:
@@ -50,9 +51,8 @@ def main() -> None:
     }
     with open(os.path.join(sys.argv[1], f"fabric_rank{fabric.global_rank}.json"), "w") as f:
         json.dump(record, f)
-    fabric.barrier()
-    torch.distributed.destroy_process_group()
 
 
 if __name__ == "__main__":
     main()
+    leave()

@@ -18,6 +18,7 @@ from torch.utils.data import DataLoader
 import lightning.pytorch as pl
 
 from shardplug_lightning import ShardplugModelParallelStrategy
+from _exit import leave  # noqa: E402  (this directory: how a scenario process ends)
 
 
 class Recorder(pl.LightningModule):
@@ -59,3 +60,4 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+    leave()

@@ -22,6 +22,7 @@ from lightning.pytorch.plugins import MixedPrecision
 
 import shardplug_lightning
 from shardplug_lightning import ShardplugDDPStrategy
+from _exit import leave  # noqa: E402  (this directory: how a scenario process ends)
 
 OUT = sys.argv[1]
 N_TRAIN, N_VAL, BATCH = 42, 21, 4
@@ -262,3 +263,4 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+    leave()
