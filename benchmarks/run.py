@@ -305,7 +305,7 @@ def _p4_worker(rank: int, world: int, n: int, width: int, per_process: int, repe
         "overlapped": dispatcher(True, False),  # process group, process 0 reads step t+1 while t is sent
         "shards": prepare_data_loader(DataLoader(dataset, batch_size=per_process), dispatch_batches=False),
     }
-    dispatch = loaders["process_group"]
+    dispatch, shared = loaders["process_group"], loaders["dispatch"]
 
     def epoch(loader) -> float:
         dist.barrier()
@@ -318,11 +318,11 @@ def _p4_worker(rank: int, world: int, n: int, width: int, per_process: int, repe
     for loader in loaders.values():  # warm-up (first header, allocator)
         epoch(loader)
     times: dict[str, list[float]] = {name: [] for name in loaders}
-    before = dispatch.dispatch_stats.snapshot()
+    before, shared_before = dispatch.dispatch_stats.snapshot(), shared.dispatch_stats.snapshot()
     for _ in range(repeats):
         for name, loader in loaders.items():
             times[name].append(epoch(loader))
-    stats = dispatch.dispatch_stats.since(before)
+    stats, shared_stats = dispatch.dispatch_stats.since(before), shared.dispatch_stats.since(shared_before)
     # calibration: a bare scatter of one global batch (each process's rows from process 0)
     parts = [torch.randn(per_process, width) for _ in range(world)] if rank == 0 else None
     out = torch.empty(per_process, width)
@@ -332,7 +332,7 @@ def _p4_worker(rank: int, world: int, n: int, width: int, per_process: int, repe
             dist.scatter(out, parts, src=0)
 
     scatter = best_of(lambda: (dist.barrier(), scatter_steps(), dist.barrier()), repeats)
-    return {**{name: min(t) for name, t in times.items()}, "stats": stats, "scatter": scatter}
+    return {**{name: min(t) for name, t in times.items()}, "stats": stats, "shared_stats": shared_stats, "scatter": scatter}
 
 
 def _rank_entry(rank: int, world: int, port: int, out_dir: str, target: Callable[..., dict], args: tuple) -> None:
@@ -400,8 +400,9 @@ def p4_dispatch(global_batch_bytes: int, steps: int, repeats: int, timeout: floa
     mib = global_bytes / 2**20
     # without overlap process 0 reads N shards' worth, then scatters: (N * read + scatter) / read
     floor = (world * zero["shards"] + zero["scatter"]) / zero["shards"]
+    in_place = zero["shared_stats"]["bytes_collated_in_place"] / max(zero["shared_stats"]["bytes_shared"], 1)
     shared = (f"P4 dispatch, N=2 gloo, {mib:g} MiB batches, shared memory (vs own shards; floor {world}x: "
-              f"process 0 reads {world} shards)")
+              f"process 0 reads {world} shards; {in_place:.2f} of the shared rows collated in place)")
     group = (f"P4 dispatch, N=2 gloo, {mib:g} MiB batches, process group (vs own shards; sent "
              f"{sent_per_step / global_bytes:.2f} batch/step, {headers} header/{stats['steps']} steps; read + scatter "
              f"floor {floor:.1f}x, reads overlapped with sends {zero['overlapped'] / zero['shards']:.1f}x)")

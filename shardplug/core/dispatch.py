@@ -8,19 +8,19 @@ import socket
 import weakref
 from dataclasses import asdict, dataclass
 from datetime import timedelta
-from typing import Any, Callable, Iterable, Iterator, Optional, Union
+from typing import Any, Callable, Iterable, Iterator, NamedTuple, Optional, Union
 
 import torch
 import torch.distributed as dist
-from torch.utils.data import IterableDataset
+from torch.utils.data import DataLoader, IterableDataset, default_collate
 
 from .collectives import broadcast_object, communication_device, global_rank, world_size
 from .config import renamed_option
 from .layout import ShardLayout
-from .loaders import DataLoaderShard
+from .loaders import DataLoaderShard, PreparedDataLoader, stateful_dataloader_class
 from .plan import DispatchPlan, ShardPlan
 from .rows import OBJECT, batch_rows, concatenate_rows, describe_path, flatten, leaf_spec, slice_rows, take_rows, unflatten
-from .shm import RingReader, SharedRing, ring_bytes, shared_memory_dir
+from .shm import CollateIntoRing, RingReader, SharedRing, ring_bytes, shared_memory_dir
 from .topology import resolve_data_topology
 
 __all__ = ["DataLoaderDispatcher", "DispatchError", "DispatchOptions", "DispatchStats", "slice_rows", "concatenate_rows"]
@@ -43,7 +43,8 @@ class DispatchStats:
     ``bytes_sent``: bytes of the other processes' rows process 0 passed to scatter;
     ``bytes_received``: bytes of rows this process received through the process group (not on
     process 0); ``bytes_shared``: bytes of rows process 0 wrote into shared memory for the
-    processes of its host (not counted in ``bytes_sent``).
+    processes of its host (not counted in ``bytes_sent``); ``bytes_collated_in_place``: those of
+    ``bytes_shared`` that were collated straight into shared memory (no copy).
     """
 
     steps: int = 0
@@ -51,6 +52,7 @@ class DispatchStats:
     bytes_sent: int = 0
     bytes_received: int = 0
     bytes_shared: int = 0
+    bytes_collated_in_place: int = 0
 
     def snapshot(self) -> dict[str, int]:
         """The counters now, as a plain dict."""
@@ -201,9 +203,29 @@ class DataLoaderDispatcher(DataLoaderShard):
         self._ack_sends: list[Any] = []  # the other processes: receipts in flight
         self._shm_targets = self._same_host_processes()
         self._rings: dict[int, SharedRing] = {}  # process 0: a ring per process of its host
-        self._ring_writes: dict[int, int] = {}
+        self._steps_sent = 0  # process 0: steps announced by this loader (all passes)
+        self._receipts: dict[int, int] = {}  # process 0: per process, receipts waited for
+        self._slot_steps = [-1] * _RING_SLOTS  # process 0: the step last announced in each ring slot
+        self._slots_taken = 0  # process 0: steps read, each given the next slot in turn
         self._reader: Optional[RingReader] = None  # the others: process 0's ring for this process
-        self._ring_reads = 0
+        self._collate = self._collate_into_rings()
+
+    def _collate_into_rings(self) -> Optional[CollateIntoRing]:
+        """Process 0: a ``default_collate`` that stacks the other processes' batches straight into
+        their ring slots (one copy less per step), where the batches are process ``j``'s rows as
+        collated: ``default_collate``, no workers (collation happens in this process, one batch per
+        fetch), whole batches per process (neither ``split_batches`` nor a ``slice_fn``), and the
+        DataLoader's own iterator (no look-ahead that could hand back another batch)."""
+        usable = (
+            global_rank() == 0 and bool(self._shm_targets) and self.num_workers == 0
+            and self.collate_fn is default_collate and not self.split_batches and self.slice_fn is slice_rows
+            and _plain_iteration(type(self), self.use_stateful_dataloader)
+        )
+        if not usable:
+            return None
+        collate = CollateIntoRing()
+        object.__setattr__(self, "collate_fn", collate)  # without a target it is default_collate
+        return collate
 
     shared_memory: Optional[bool] = None
     """Processes on process 0's host receive their rows through shared memory (a ring in
@@ -229,8 +251,10 @@ class DataLoaderDispatcher(DataLoaderShard):
     def __reduce_ex__(self, protocol: Any) -> Any:
         rebuild, args, state = super().__reduce_ex__(protocol)
         # the process group and the open pass belong to this process (a copy cannot dispatch)
-        state.update(_group=None, _sending=None, _closing=[], _acks={}, _ack_sends=[], _rings={}, _ring_writes={},
-                     _reader=None, _shm_targets=frozenset())
+        state.update(_group=None, _sending=None, _closing=[], _acks={}, _ack_sends=[], _rings={}, _receipts={},
+                     _reader=None, _shm_targets=frozenset(), _collate=None)
+        if isinstance(state.get("collate_fn"), CollateIntoRing):
+            state["collate_fn"] = default_collate
         return rebuild, args, state
 
     overlap_reads: Optional[bool] = None
@@ -245,35 +269,58 @@ class DataLoaderDispatcher(DataLoaderShard):
         return self._receive(discard)
 
     # -- process 0 --------------------------------------------------------------------------
-    def _read_steps(self, discard: int) -> Iterator[Any]:
+    def _read_steps(self, discard: int) -> Iterator[tuple[Any, int]]:
         """Process 0: the global batch of each step (padded to a multiple of N rows), after
-        ``discard`` global batches read and dropped.
+        ``discard`` global batches read and dropped, with the ring slot the step's rows will take.
 
         ``N`` full batches of equal rows are not concatenated: with the default ``slice_fn``
-        batch ``j`` is exactly process ``j``'s rows, so the step is handed on already cut.
+        batch ``j`` is exactly process ``j``'s rows, so the step is handed on already cut (and,
+        with :meth:`_collate_into_rings`, batch ``j`` is collated straight into ``j``'s ring slot).
         """
         batches = super()._inner_batches(discard)
         per_step = self._batches_per_step
         uncut = not self.split_batches and self.slice_fn is slice_rows
         head: Optional[Any] = None  # a copy of the first rows: process 0 may change its own rows in place
         while True:
-            group = []
-            for batch in batches:
-                group.append(batch)
-                if len(group) == per_step:
-                    break
+            slot = self._slots_taken % _RING_SLOTS
+            group = self._read_group(batches, per_step, slot)
             if not group:
                 return
+            self._slots_taken += 1
             if self.drop_last and len(group) < per_step:
                 return
             rows = set(_check_step(group))  # shapes may change from one step to the next
             if head is None:
                 head = self._epoch_head_rows(group)
             if uncut and len(group) == per_step and len(rows) == 1:
-                yield _Parts(group)
+                yield _Parts(group), slot
                 continue
             step = group[0] if len(group) == 1 else concatenate_rows(group)
-            yield self._pad_rows(step, head) if self.plan.layout.even_batches else step
+            yield (self._pad_rows(step, head) if self.plan.layout.even_batches else step), slot
+
+    def _read_group(self, batches: Iterator[Any], count: int, slot: int) -> list[Any]:
+        """Up to ``count`` batches: one step's, batch ``j`` collated into ``j``'s ring ``slot``
+        where that is possible and the slot is free."""
+        collate, group = self._collate, []
+        try:
+            for j in range(count):
+                if collate is not None:
+                    ring = self._rings.get(j)
+                    collate.target = (ring, slot) if ring is not None and self._slot_free(slot) else None
+                batch = next(batches, _NO_BATCH)
+                if batch is _NO_BATCH:
+                    break
+                group.append(batch)
+        finally:
+            if collate is not None:
+                collate.target = None
+        return group
+
+    def _slot_free(self, slot: int) -> bool:
+        """Process 0: whether every process of its host received the step last announced in ``slot``
+        (by the receipts waited for so far: none is waited for here)."""
+        step = self._slot_steps[slot]
+        return all(self._receipts.get(j, 0) > step for j in self._shm_targets)
 
     def _epoch_head_rows(self, group: list[Any]) -> Any:
         """A copy of the epoch's first N-1 rows, which padding cycles through.
@@ -337,7 +384,7 @@ class DataLoaderDispatcher(DataLoaderShard):
     def _local_steps(self, skip: int) -> Iterator[tuple[Any, bool]]:
         """Without a process group: process 0's own part of every step."""
         stats = self.dispatch_stats
-        for step, last in _flag_last(self._read_steps(skip)):
+        for (step, _), last in _flag_last(self._read_steps(skip)):
             parts = self._cut(step)
             stats.steps += 1
             yield parts[0], last
@@ -398,13 +445,15 @@ class DataLoaderDispatcher(DataLoaderShard):
                     raise upcoming
                 following = read_next()
                 last = following is None
-                own, parts, header, part_rows = upcoming
+                own, parts, header, part_rows, slot = upcoming
                 header = header + (self._ring_table(parts),)
                 uneven = len(set(part_rows)) > 1  # even_batches=False: the last step's leftovers
                 kind, rows = (_UNEVEN, 0) if uneven else _control_for(header, sent)
                 for j in self._shm_targets:  # this host: through shared memory, written before it is announced
-                    self._write_ring(j, [leaf for leaf in parts[j] if leaf_spec(leaf)[0] != OBJECT])
-                pending.append(_announce(control, kind, pass_number, rows, last, group=group, async_op=on_cpu))
+                    self._write_ring(j, [leaf for leaf in parts[j] if leaf_spec(leaf)[0] != OBJECT], slot)
+                self._slot_steps[slot] = self._steps_sent
+                self._steps_sent += 1
+                pending.append(_announce(control, kind, pass_number, rows, last, slot, group=group, async_op=on_cpu))
                 ended = last
                 if kind == _HEADER:
                     broadcast_object(header, group=group)
@@ -469,23 +518,21 @@ class DataLoaderDispatcher(DataLoaderShard):
                 if ring is not None:
                     ring.close(remove=False)  # the others may still map it: they remove it
                 size = max(need, 2 * ring.slot_bytes if ring is not None else 0, _MIN_SLOT_BYTES)
-                ring = self._rings[j] = SharedRing(_RECEIPT_LAG + 1, size)
-                self._ring_writes[j] = 0
+                ring = self._rings[j] = SharedRing(_RING_SLOTS, size)
             table.append((j, ring.path, ring.slots, ring.slot_bytes))
         return tuple(table)
 
-    def _write_ring(self, j: int, tensors: list[torch.Tensor]) -> None:
-        """Process 0: this step's rows for process ``j`` into its next slot (free: receipts are at
-        most ``_RECEIPT_LAG`` steps behind, and the ring has one slot more)."""
-        ring = self._rings[j]
-        count = self._ring_writes[j]
-        ring.write(count % ring.slots, tensors)
-        self._ring_writes[j] = count + 1
-        self.dispatch_stats.bytes_shared += sum(t.numel() * t.element_size() for t in tensors)
+    def _write_ring(self, j: int, tensors: list[torch.Tensor], slot: int) -> None:
+        """Process 0: this step's rows for process ``j`` into ``slot`` of its ring (free: see
+        :meth:`_await_receipts`); rows collated there already stay where they are."""
+        total = sum(t.numel() * t.element_size() for t in tensors)
+        copied = self._rings[j].write(slot, tensors)
+        self.dispatch_stats.bytes_shared += total
+        self.dispatch_stats.bytes_collated_in_place += total - copied
 
-    def _read_ring(self, rings: tuple[Any, ...], specs: list[tuple[Any, Any]]) -> Optional[list[torch.Tensor]]:
-        """The other processes: this step's tensors from process 0's ring for this process, or
-        ``None`` when they come through the process group."""
+    def _read_ring(self, rings: tuple[Any, ...], specs: list[tuple[Any, Any]], slot: int) -> Optional[list[torch.Tensor]]:
+        """The other processes: this step's tensors from ``slot`` of process 0's ring for this
+        process, or ``None`` when they come through the process group."""
         entry = next((e for e in rings if e[0] == self.process_index), None)
         if entry is None:
             return None
@@ -494,10 +541,7 @@ class DataLoaderDispatcher(DataLoaderShard):
             if self._reader is not None:
                 self._reader.close()
             self._reader = RingReader(path, slots, slot_bytes)
-            self._ring_reads = 0
-        tensors = self._reader.read(self._ring_reads % slots, [spec for spec in specs if spec[0] != OBJECT])
-        self._ring_reads += 1
-        return tensors
+        return self._reader.read(slot, [spec for spec in specs if spec[0] != OBJECT])
 
     def close(self) -> None:
         """Release the shared-memory rings of this loader (also done when it is garbage collected).
@@ -510,6 +554,7 @@ class DataLoaderDispatcher(DataLoaderShard):
             try:
                 while works:
                     works.pop(0).wait(timedelta(seconds=_CLOSE_WAIT_S))
+                    self._receipts[j] = self._receipts.get(j, 0) + 1
             except RuntimeError as exc:  # gone, or not reading any more: the file goes anyway
                 logger.debug("closing the dispatch ring of process %d without its receipts: %s", j, exc)
             ring.close()
@@ -530,19 +575,24 @@ class DataLoaderDispatcher(DataLoaderShard):
             receipt = torch.zeros(1, dtype=torch.int64, device=device)
             self._acks.setdefault(j, []).append(dist.irecv(receipt, src=j, group=self._group, tag=_ACK_TAG))
 
-    def _await_receipts(self, upcoming: Any) -> Any:
-        """Process 0: hold step ``t`` until every process received step ``t - _RECEIPT_LAG``.
+    def _await_receipts(self, upcoming: "_Step") -> Union["_Step", DispatchError]:
+        """Process 0: hold step ``t`` until every process received step ``t - _RECEIPT_LAG``, and
+        the processes of its host the step last announced in the slot ``t`` takes.
 
         It keeps process 0 at most that many steps ahead, and a process that died (or hangs) is
-        noticed within a few steps: the others then get an error message instead of waiting.
+        noticed within a few steps: the others then get an error message instead of waiting. (The
+        ring has ``_RECEIPT_LAG + 2`` slots, and process 0 reads one step ahead: the slot is free by
+        then, and so it is when the step was read into it.)
         Returns ``upcoming``, or the ``DispatchError`` to raise everywhere.
         """
+        in_slot = self._slot_steps[upcoming.slot]
         for j, works in self._acks.items():
-            while len(works) > _RECEIPT_LAG:
+            while works and (len(works) > _RECEIPT_LAG or (j in self._shm_targets and self._receipts.get(j, 0) <= in_slot)):
                 try:
                     works.pop(0).wait()
                 except RuntimeError as exc:
                     return DispatchError(f"process {j} stopped receiving dispatched batches: {exc}")
+                self._receipts[j] = self._receipts.get(j, 0) + 1
         return upcoming
 
     def _send_receipt(self, device: torch.device) -> None:
@@ -598,7 +648,7 @@ class DataLoaderDispatcher(DataLoaderShard):
         group = self._group
         while True:
             dist.broadcast(control, src=0, group=group)
-            kind, number, rows, last = control.tolist()
+            kind, number, rows, last, slot = control.tolist()
             if number > pass_number:
                 raise DispatchError(
                     f"process 0 is in pass {number} over the data and this process in pass {pass_number}: in dispatch "
@@ -631,7 +681,7 @@ class DataLoaderDispatcher(DataLoaderShard):
                 box: list[Any] = [None]
                 dist.scatter_object_list(box, None, src=0, group=group)
                 objects = box[0]
-            shared = self._read_ring(rings, specs)
+            shared = self._read_ring(rings, specs, slot)
             if shared is not None:  # process 0's host: the rows are in shared memory
                 tensors_in = iter(shared)
                 received = [None if dtype == OBJECT else next(tensors_in) for dtype, _ in specs]
@@ -660,16 +710,21 @@ class DataLoaderDispatcher(DataLoaderShard):
             leaves = [next(values) if out is None else out for out in received]
             return kind, bool(last), header_after, unflatten(iter(leaves), skeleton)
 
-    def _read_steps_cut(self, skip: int) -> Iterator[tuple[Any, list[list[torch.Tensor]], _Header, list[int]]]:
-        """Process 0: each step as (own part, every part's contiguous leaves, part 0's header, every
-        part's rows)."""
+    def _read_steps_cut(self, skip: int) -> Iterator["_Step"]:
+        """Process 0: each step cut into the parts of every process."""
         comm_device = _communication_device()
-        for step in self._read_steps(skip):
+        for step, slot in self._read_steps(skip):
             parts = self._cut(step)
             leaves, skeleton = flatten(parts[0])
+            if self._rings and any(self._in_a_ring(leaf) for leaf in leaves):  # never its own rows: the ring is reused
+                leaves = [leaf.clone() if self._in_a_ring(leaf) else leaf for leaf in leaves]
+                parts[0] = unflatten(iter(leaves), skeleton)
             flat = [[_transportable(leaf, comm_device) for leaf in flatten(part)[0]] for part in parts]
             rows = [batch_rows(part_leaves) or 0 for part_leaves in flat]
-            yield parts[0], flat, (skeleton, [leaf_spec(leaf) for leaf in leaves]), rows
+            yield _Step(parts[0], flat, (skeleton, [leaf_spec(leaf) for leaf in leaves]), rows, slot)
+
+    def _in_a_ring(self, leaf: Any) -> bool:
+        return isinstance(leaf, torch.Tensor) and any(ring.holds(leaf) for ring in self._rings.values())
 
     def _cut(self, step: Any) -> list[Any]:
         if isinstance(step, _Parts):  # already one batch per process, nothing to cut
@@ -692,6 +747,19 @@ _Header = tuple[Any, list[tuple[Any, Any]], tuple[tuple[int, str, int, int], ...
 """(skeleton of the nested batch, (dtype, shape) of every leaf of one process's part, the
 shared-memory ring of every process on process 0's host: (process, path, slots, slot bytes))."""
 
+
+class _Step(NamedTuple):
+    """Process 0: one step read and cut, ready to send."""
+
+    own: Any  # process 0's part, as handed out
+    parts: list[list[Any]]  # every process's part as leaves (tensors contiguous, on the group's device)
+    header: tuple[Any, list[tuple[Any, Any]]]  # part 0's skeleton and leaf specs
+    rows: list[int]  # every part's rows
+    slot: int  # the ring slot the step's rows take (processes of process 0's host)
+
+
+_NO_BATCH = object()
+
 _CLOSE_WAIT_S = 10.0
 """How long closing a dispatcher waits for the receipts still due before it removes its rings."""
 
@@ -707,6 +775,10 @@ _ACK_TAG = 0x5351
 _RECEIPT_LAG = 2
 """Steps process 0 may run ahead of the slowest receipt."""
 
+_RING_SLOTS = _RECEIPT_LAG + 2
+"""Slots of a shared-memory ring: the steps receipts may lag, the step being announced, and the
+one process 0 reads (and collates into its slot) meanwhile."""
+
 _SAME, _ROWS, _HEADER, _END, _ERROR, _CLOSE, _UNEVEN = range(7)
 """Kinds of the message process 0 broadcasts before every step: the part has the header sent
 last / that header with dim 0 = ``rows`` on every leaf / a new header follows (pickled) / the
@@ -714,15 +786,17 @@ pass had no step / an error message follows (pickled) / process 0 left the pass 
 parts have different rows (``even_batches=False``): part 0's header and every part's rows follow
 (pickled)."""
 
-_CONTROL_SIZE = 4
-"""The message: (kind, process 0's pass number, rows, whether this step is the pass's last)."""
+_CONTROL_SIZE = 5
+"""The message: (kind, process 0's pass number, rows, whether this step is the pass's last, the
+ring slot its rows are in)."""
 
 
 def _announce(
-    control: torch.Tensor, kind: int, pass_number: int, rows: int = 0, last: bool = False, *, group: Any, async_op: bool = False
+    control: torch.Tensor, kind: int, pass_number: int, rows: int = 0, last: bool = False, slot: int = 0, *,
+    group: Any, async_op: bool = False,
 ) -> Any:
     """Process 0: broadcast the message of the coming step (its work when ``async_op``)."""
-    control[0], control[1], control[2], control[3] = kind, pass_number, rows, int(last)
+    control[0], control[1], control[2], control[3], control[4] = kind, pass_number, rows, int(last), slot
     work = dist.broadcast(control, src=0, group=group, async_op=async_op)
     return work if async_op else _Done()
 
@@ -819,3 +893,15 @@ def _available_cores() -> int:
 
 
 _communication_device = communication_device
+
+
+def _plain_iteration(cls: type, stateful: bool) -> bool:
+    """Whether a prepared loader class reads its batches through the iteration of ``DataLoader`` (or
+    ``StatefulDataLoader``) itself: one collation per batch handed back, in order, no look-ahead
+    (``__iter__`` and ``_get_iterator`` not overridden by a subclass)."""
+    after = super(PreparedDataLoader, cls)
+    known = [stateful_dataloader_class()] if stateful else [DataLoader]
+    return any(
+        getattr(after, "__iter__", None) is getattr(base, "__iter__") and getattr(after, "_get_iterator", None)
+        is getattr(base, "_get_iterator", None) for base in known
+    )

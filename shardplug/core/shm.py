@@ -11,7 +11,8 @@ Example::
 
     >>> ring = SharedRing(slots=2, slot_bytes=64)
     >>> reader = RingReader(ring.path, ring.slots, ring.slot_bytes)  # in the other process
-    >>> ring.write(0, [torch.arange(4)])
+    >>> ring.write(0, [torch.arange(4)])  # the bytes copied
+    32
     >>> reader.read(0, [(torch.int64, (4,))])[0].tolist()
     [0, 1, 2, 3]
     >>> ring.close(); reader.close()
@@ -27,8 +28,10 @@ import uuid
 from typing import Any, Optional
 
 import torch
+from torch.utils.data import default_collate
+from torch.utils.data._utils import collate as _torch_collate
 
-__all__ = ["SharedRing", "RingReader", "ring_bytes", "shared_memory_dir"]
+__all__ = ["SharedRing", "RingReader", "CollateIntoRing", "COLLATE_PRIVATES", "ring_bytes", "shared_memory_dir"]
 
 logger = logging.getLogger(__name__)
 
@@ -46,6 +49,15 @@ def _nbytes(dtype: torch.dtype, shape: tuple[int, ...]) -> int:
     for size in shape:
         count *= size
     return count * torch.empty((), dtype=dtype).element_size()
+
+
+_ALIGNMENT = 64
+"""Every tensor in a slot starts at a multiple of this many bytes (aligned for any dtype)."""
+
+
+def _padded(nbytes: int) -> int:
+    """The bytes a tensor of ``nbytes`` takes in a slot: the next one starts aligned."""
+    return -(-nbytes // _ALIGNMENT) * _ALIGNMENT
 
 
 def _unlink(path: str) -> None:
@@ -69,7 +81,8 @@ class SharedRing:
         directory = directory or shared_memory_dir()
         if directory is None:
             raise OSError("no shared-memory directory (/dev/shm) to put a dispatch ring in")
-        self.slots, self.slot_bytes = slots, slot_bytes
+        self.slots, self.slot_bytes = slots, _padded(slot_bytes)  # every slot starts aligned
+        slot_bytes = self.slot_bytes
         self.path = os.path.join(directory, f"shardplug-{os.getpid()}-{uuid.uuid4().hex[:12]}")
         fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
         _OPEN.add(self.path)
@@ -86,13 +99,38 @@ class SharedRing:
     def fits(self, nbytes: int) -> bool:
         return nbytes <= self.slot_bytes
 
-    def write(self, slot: int, tensors: list[torch.Tensor]) -> None:
-        """Copy ``tensors`` (one after the other) into ``slot``."""
-        offset = slot * self.slot_bytes
+    def slot_view(self, slot: int, offset: int, dtype: torch.dtype, shape: tuple[int, ...]) -> Optional[torch.Tensor]:
+        """The ``dtype`` / ``shape`` tensor at byte ``offset`` of ``slot`` (a view: writing it writes
+        the ring), or ``None`` where it would not fit or not be aligned for ``dtype``."""
+        nbytes = _nbytes(dtype, shape)
+        start = slot * self.slot_bytes + offset
+        if start % torch.empty((), dtype=dtype).element_size() or offset + nbytes > self.slot_bytes:
+            return None
+        return self._bytes[start : start + nbytes].view(dtype).view(shape)
+
+    def holds(self, tensor: torch.Tensor) -> bool:
+        """Whether ``tensor``'s memory lies in this ring."""
+        base = self._bytes.data_ptr()
+        return tensor.device.type == "cpu" and base <= tensor.data_ptr() < base + self.slots * self.slot_bytes
+
+    def write(self, slot: int, tensors: list[torch.Tensor]) -> int:
+        """Put ``tensors`` (one after the other, each aligned) into ``slot``; the bytes copied.
+
+        A tensor already in its place (collated there by :class:`CollateIntoRing`) is not copied;
+        one that lies elsewhere in the ring is copied out first, so no write overwrites a source.
+        """
+        offset, placed = slot * self.slot_bytes, []
         for tensor in tensors:
             flat = tensor.contiguous().reshape(-1).view(torch.uint8)
-            self._bytes[offset : offset + flat.numel()].copy_(flat)
-            offset += flat.numel()
+            in_place = flat.data_ptr() == self._bytes.data_ptr() + offset
+            placed.append((offset, None if in_place else flat.clone() if self.holds(flat) else flat))
+            offset += _padded(flat.numel())
+        copied = 0
+        for start, flat in placed:
+            if flat is not None:
+                self._bytes[start : start + flat.numel()].copy_(flat)
+                copied += flat.numel()
+        return copied
 
     def close(self, remove: bool = True) -> None:
         """Unmap; remove the file if no reader did (``remove=False``: a reader may still map it,
@@ -129,7 +167,7 @@ class RingReader:
         for dtype, shape in specs:
             n = _nbytes(dtype, shape)
             out.append(self._bytes[offset : offset + n].clone().view(dtype).reshape(shape))
-            offset += n
+            offset += _padded(n)
         return out
 
     def close(self) -> None:
@@ -141,5 +179,106 @@ class RingReader:
 
 
 def ring_bytes(specs: list[tuple[Any, Any]]) -> int:
-    """Bytes one part of the tensor ``specs`` takes in a slot."""
-    return sum(_nbytes(dtype, shape) for dtype, shape in specs)
+    """Bytes one part of the tensor ``specs`` takes in a slot (each tensor's start aligned)."""
+    return sum(_padded(_nbytes(dtype, shape)) for dtype, shape in specs)
+
+
+COLLATE_PRIVATES: dict[str, str] = {
+    "torch.utils.data._utils.collate.collate": "default_collate's recursion over dicts, sequences and "
+    "namedtuples, with a table of per-type functions (the documented way to extend default_collate)",
+    "torch.utils.data._utils.collate.default_collate_fn_map": "that table as default_collate uses it",
+    "torch.utils.data._utils.collate.collate_tensor_fn": "default_collate's function for tensors",
+    "torch.utils.data._utils.collate.collate_float_fn": "its function for Python floats (placed in the slot after it)",
+    "torch.utils.data._utils.collate.collate_int_fn": "its function for Python ints (likewise)",
+    "torch.utils.data._utils.collate.collate_numpy_scalar_fn": "its function for numpy scalars (likewise)",
+}
+"""Every private part of torch :class:`CollateIntoRing` uses (no public API reaches
+``default_collate``'s per-type table); tests/test_shm.py fails when torch drops one."""
+
+
+class CollateIntoRing:
+    """``default_collate`` that can stack a batch's tensors straight into a slot of a ring.
+
+    While :attr:`target` is ``(ring, slot)``, the next batch collated puts its tensors one after
+    the other into that slot, in the order :meth:`SharedRing.write` lays them out (the batch's
+    leaves in order), so writing the batch there copies nothing. Numbers become their tensor as
+    ``default_collate`` makes it and are put in place too. A tensor that ``torch.stack(out=)``
+    cannot make as ``default_collate`` does (autograd, mixed dtypes or shapes, not strided CPU
+    memory), or that does not fit, is collated as usual, and the rest of the batch with it. The
+    target is used for one batch only; without one this is ``default_collate`` exactly.
+
+    Example::
+
+        >>> ring = SharedRing(slots=2, slot_bytes=64)
+        >>> collate = CollateIntoRing()
+        >>> collate.target = (ring, 1)
+        >>> batch = collate([torch.arange(2), torch.arange(2)])
+        >>> ring.holds(batch), ring.write(1, [batch])  # already in place: no byte copied
+        (True, 0)
+        >>> del batch; ring.close()
+    """
+
+    def __init__(self) -> None:
+        self.target: Optional[tuple[SharedRing, int]] = None
+        self._offset = 0
+        table = dict(_torch_collate.default_collate_fn_map)
+        for kind, function in table.items():  # the entries that make a tensor without recursing
+            if function in _NUMBER_FUNCTIONS:
+                table[kind] = self._placed(function)
+        table[torch.Tensor] = self._stack_into_slot
+        self._table = table
+
+    def __call__(self, batch: Any) -> Any:
+        if self.target is None:
+            return default_collate(batch)
+        self._offset = 0
+        try:
+            return _torch_collate.collate(batch, collate_fn_map=self._table)
+        finally:
+            self.target = None
+
+    def _slot(self, dtype: torch.dtype, shape: tuple[int, ...]) -> Optional[torch.Tensor]:
+        """The next place in the target slot for a ``dtype`` / ``shape`` tensor, or ``None``
+        (and no target any more: the tensors after this one would not be in their place)."""
+        if self.target is not None:
+            ring, slot = self.target
+            out = ring.slot_view(slot, self._offset, dtype, shape)
+            if out is not None:
+                self._offset += _padded(out.numel() * out.element_size())
+                return out
+        self.target = None
+        return None
+
+    def _stack_into_slot(self, batch: Any, *, collate_fn_map: Any = None) -> torch.Tensor:
+        elem = batch[0]
+        out = self._slot(elem.dtype, (len(batch), *elem.shape)) if _stackable(batch) else None
+        if out is None:
+            self.target = None
+            return _torch_collate.collate_tensor_fn(batch, collate_fn_map=collate_fn_map)
+        return torch.stack(batch, 0, out=out)
+
+    def _placed(self, function: Any) -> Any:
+        def collate_and_place(batch: Any, *, collate_fn_map: Any = None) -> Any:
+            made = function(batch, collate_fn_map=collate_fn_map)
+            if not isinstance(made, torch.Tensor) or made.dim() == 0:
+                return made
+            out = self._slot(made.dtype, tuple(made.shape))
+            return made if out is None else out.copy_(made)
+
+        return collate_and_place
+
+    def __reduce__(self) -> Any:
+        return CollateIntoRing, ()  # a copy holds no ring
+
+
+_NUMBER_FUNCTIONS = (
+    _torch_collate.collate_float_fn, _torch_collate.collate_int_fn, _torch_collate.collate_numpy_scalar_fn,
+)
+
+
+def _stackable(batch: list[Any]) -> bool:
+    """Whether ``torch.stack(batch, out=)`` gives what ``default_collate`` gives."""
+    elem = batch[0]
+    if elem.layout != torch.strided or elem.is_nested or elem.device.type != "cpu":
+        return False
+    return not any(t.requires_grad or t.dtype != elem.dtype or t.shape != elem.shape for t in batch)
