@@ -5,9 +5,9 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import time
 import weakref
 from dataclasses import asdict, dataclass
-from datetime import timedelta
 from typing import Any, Callable, Iterable, Iterator, NamedTuple, Optional, Union
 
 import torch
@@ -20,7 +20,7 @@ from .layout import ShardLayout
 from .loaders import DataLoaderShard, PreparedDataLoader, stateful_dataloader_class
 from .plan import DispatchPlan, ShardPlan
 from .rows import OBJECT, batch_rows, concatenate_rows, describe_path, flatten, leaf_spec, slice_rows, take_rows, unflatten
-from .shm import CollateIntoRing, RingReader, SharedRing, ring_bytes, shared_memory_dir
+from .shm import CollateIntoRing, ReceiptCounter, RingReader, SharedRing, ring_bytes, shared_memory_dir
 from .topology import resolve_data_topology
 
 __all__ = ["DataLoaderDispatcher", "DispatchError", "DispatchOptions", "DispatchStats", "slice_rows", "concatenate_rows"]
@@ -119,14 +119,16 @@ class DataLoaderDispatcher(DataLoaderShard):
     kept).  A batch that cannot be dispatched is a :class:`DispatchError` raised on every process,
     never a hang.
 
-    Per step process 0 broadcasts a four-integer message on the loader's own process group
+    Per step process 0 broadcasts a five-integer message on the loader's own process group
     (same shapes as before / new row count / new structure / no step / error / pass closed early,
-    with its pass number and whether the step is the pass's last); the pickled structure is sent
-    only when it changes (once per pass for constant shapes).  Process 0 reads one step ahead, so
-    the end of a pass is its own on every process; a pass it leaves early (``break``, an
-    exception, garbage collection, a new ``iter()``) is closed with a message, so the others stop
-    after the same step.  Process 0 hands out its own rows while the others' are still being sent.
-    ``dispatch_stats`` counts steps, headers and bytes sent / received.
+    with its pass number, whether the step is the pass's last and its ring slot); the pickled
+    structure is sent only when it changes (once per pass for constant shapes).  Process 0 reads
+    one step ahead, so the end of a pass is its own on every process; a pass it leaves early
+    (``break``, an exception, garbage collection, a new ``iter()``) is closed with a message, so
+    the others stop after the same step.  Process 0 hands out its own rows while the others' are
+    still being sent.  Processes on process 0's host get their rows through shared memory
+    (:mod:`shardplug.core.shm`) and count their receipts there; the others get them, and send
+    receipts, through the process group.  ``dispatch_stats`` counts steps, headers and bytes.
 
     Example (2 processes)::
 
@@ -199,12 +201,15 @@ class DataLoaderDispatcher(DataLoaderShard):
         self._passes_started = 0  # passes begun on this process; every message names process 0's
         self._sending: Optional["weakref.ref[Any]"] = None  # process 0: the pass whose steps are being sent
         self._closing: list[Any] = []  # process 0: close messages not yet read by every process
-        self._acks: dict[int, list[Any]] = {}  # process 0: per process, receipts of steps not yet seen
+        self._acks: dict[int, list[Any]] = {}  # process 0: per process elsewhere, receipts of steps not yet seen
         self._ack_sends: list[Any] = []  # the other processes: receipts in flight
+        self._steps_received = 0  # the other processes: step messages received (all passes)
+        self._counters: dict[int, ReceiptCounter] = {}  # process 0: per process of its host, its receipts
+        self._counter: Optional[ReceiptCounter] = None  # a process on process 0's host: where it counts
+        self._pids: dict[int, int] = {}  # process 0: the process id of every process of its host
         self._shm_targets = self._same_host_processes()
         self._rings: dict[int, SharedRing] = {}  # process 0: a ring per process of its host
         self._steps_sent = 0  # process 0: steps announced by this loader (all passes)
-        self._receipts: dict[int, int] = {}  # process 0: per process, receipts waited for
         self._slot_steps = [-1] * _RING_SLOTS  # process 0: the step last announced in each ring slot
         self._slots_taken = 0  # process 0: steps read, each given the next slot in turn
         self._reader: Optional[RingReader] = None  # the others: process 0's ring for this process
@@ -234,25 +239,34 @@ class DataLoaderDispatcher(DataLoaderShard):
     ``False``: always through the process group. Read when the loader is built."""
 
     def _same_host_processes(self) -> frozenset[int]:
-        """The processes other than 0 that share process 0's host and will read its rings."""
+        """The processes other than 0 that share process 0's host: they read its rings and count
+        their receipts in shared memory (process 0 sees their process ids, to notice a death)."""
         if self._group is None or _communication_device().type != "cpu":
             return frozenset()
         wanted = self.shared_memory
         if wanted is None:
             wanted = os.environ.get("SHARDPLUG_DISPATCH_SHM", "1") != "0"
-        mine = (socket.gethostname(), bool(wanted) and shared_memory_dir() is not None)
+        mine = (socket.gethostname(), bool(wanted) and shared_memory_dir() is not None, os.getpid())
         everyone: list[Any] = [None] * world_size()
         dist.all_gather_object(everyone, mine, group=self._group)
-        host, usable = everyone[0]
-        if not usable:
-            return frozenset()
-        return frozenset(j for j in range(1, len(everyone)) if everyone[j] == (host, True))
+        table: Optional[dict[int, str]] = None
+        if global_rank() == 0:
+            host, usable, _ = everyone[0]
+            chosen = [j for j, (h, u, pid) in enumerate(everyone) if j and usable and (h, u) == (host, True)
+                      and _process_alive(pid)]
+            self._pids = {j: everyone[j][2] for j in chosen}
+            self._counters = {j: ReceiptCounter() for j in chosen}
+            table = {j: counter.path for j, counter in self._counters.items()}
+        table = broadcast_object(table, group=self._group)
+        if self.process_index in table:
+            self._counter = ReceiptCounter(table[self.process_index])
+        return frozenset(table)
 
     def __reduce_ex__(self, protocol: Any) -> Any:
         rebuild, args, state = super().__reduce_ex__(protocol)
         # the process group and the open pass belong to this process (a copy cannot dispatch)
-        state.update(_group=None, _sending=None, _closing=[], _acks={}, _ack_sends=[], _rings={}, _receipts={},
-                     _reader=None, _shm_targets=frozenset(), _collate=None)
+        state.update(_group=None, _sending=None, _closing=[], _acks={}, _ack_sends=[], _rings={},
+                     _reader=None, _shm_targets=frozenset(), _collate=None, _counters={}, _counter=None, _pids={})
         if isinstance(state.get("collate_fn"), CollateIntoRing):
             state["collate_fn"] = default_collate
         return rebuild, args, state
@@ -318,9 +332,9 @@ class DataLoaderDispatcher(DataLoaderShard):
 
     def _slot_free(self, slot: int) -> bool:
         """Process 0: whether every process of its host received the step last announced in ``slot``
-        (by the receipts waited for so far: none is waited for here)."""
+        (nothing is waited for)."""
         step = self._slot_steps[slot]
-        return all(self._receipts.get(j, 0) > step for j in self._shm_targets)
+        return all(counter.count > step for counter in self._counters.values())
 
     def _epoch_head_rows(self, group: list[Any]) -> Any:
         """A copy of the epoch's first N-1 rows, which padding cycles through.
@@ -412,7 +426,8 @@ class DataLoaderDispatcher(DataLoaderShard):
         _wait(self._closing)  # every process has read the close of the previous pass by now, or is about to
         steps = self._read_steps_cut(skip)
         sent: Optional[_Header] = None
-        pending: list[Any] = []
+        pending: list[Any] = []  # the rows in flight to other hosts
+        announced: list[Any] = []  # the step messages in flight (not waited for before a read: nothing to copy)
         ended = False  # the others know where this pass ends (its last step, its end or an error)
 
         def read_next() -> Any:
@@ -453,7 +468,10 @@ class DataLoaderDispatcher(DataLoaderShard):
                     self._write_ring(j, [leaf for leaf in parts[j] if leaf_spec(leaf)[0] != OBJECT], slot)
                 self._slot_steps[slot] = self._steps_sent
                 self._steps_sent += 1
-                pending.append(_announce(control, kind, pass_number, rows, last, slot, group=group, async_op=on_cpu))
+                while len(announced) > _RECEIPT_LAG:  # (receipts keep it short anyway)
+                    announced.pop(0).wait()
+                message = torch.empty_like(control) if on_cpu else control  # each in flight has its own
+                announced.append(_announce(message, kind, pass_number, rows, last, slot, group=group, async_op=on_cpu))
                 ended = last
                 if kind == _HEADER:
                     broadcast_object(header, group=group)
@@ -499,6 +517,7 @@ class DataLoaderDispatcher(DataLoaderShard):
         finally:
             try:
                 _wait(pending)
+                _wait(announced)
                 if not ended and dist.is_initialized():
                     # left early: the others stop after this step. Not waited for here: a process that
                     # left the pass early too reads it only when its next pass starts.
@@ -550,15 +569,17 @@ class DataLoaderDispatcher(DataLoaderShard):
         last steps yet may not have mapped its ring, and removing the file would leave it nothing to map.
         """
         for j, ring in list(self._rings.items()):
-            works = self._acks.get(j, [])
-            try:
-                while works:
-                    works.pop(0).wait(timedelta(seconds=_CLOSE_WAIT_S))
-                    self._receipts[j] = self._receipts.get(j, 0) + 1
-            except RuntimeError as exc:  # gone, or not reading any more: the file goes anyway
-                logger.debug("closing the dispatch ring of process %d without its receipts: %s", j, exc)
+            failure = self._await_shared_receipts(j, self._steps_sent, _CLOSE_WAIT_S)
+            if failure is not None:  # gone, or not reading any more: the file goes anyway
+                logger.debug("closing the dispatch ring of process %d without its receipts: %s", j, failure)
             ring.close()
         self._rings.clear()
+        for counter in self._counters.values():
+            counter.close()
+        self._counters.clear()
+        if self._counter is not None:
+            self._counter.close()
+            self._counter = None
         if self._reader is not None:
             self._reader.close()
             self._reader = None
@@ -570,8 +591,11 @@ class DataLoaderDispatcher(DataLoaderShard):
             pass
 
     def _expect_receipts(self, device: torch.device) -> None:
-        """Process 0: after a step went out, wait (later) for every other process's receipt of it."""
+        """Process 0: after a step went out, wait (later) for the receipt of it of every process on
+        another host (those of its host count theirs in shared memory)."""
         for j in range(1, self.num_processes):
+            if j in self._counters:
+                continue
             receipt = torch.zeros(1, dtype=torch.int64, device=device)
             self._acks.setdefault(j, []).append(dist.irecv(receipt, src=j, group=self._group, tag=_ACK_TAG))
 
@@ -585,18 +609,49 @@ class DataLoaderDispatcher(DataLoaderShard):
         then, and so it is when the step was read into it.)
         Returns ``upcoming``, or the ``DispatchError`` to raise everywhere.
         """
-        in_slot = self._slot_steps[upcoming.slot]
         for j, works in self._acks.items():
-            while works and (len(works) > _RECEIPT_LAG or (j in self._shm_targets and self._receipts.get(j, 0) <= in_slot)):
+            while len(works) > _RECEIPT_LAG:
                 try:
                     works.pop(0).wait()
                 except RuntimeError as exc:
                     return DispatchError(f"process {j} stopped receiving dispatched batches: {exc}")
-                self._receipts[j] = self._receipts.get(j, 0) + 1
+        needed = max(self._steps_sent - _RECEIPT_LAG, self._slot_steps[upcoming.slot] + 1)
+        for j in self._counters:
+            failure = self._await_shared_receipts(j, needed)
+            if failure is not None:
+                return failure
         return upcoming
 
+    def _await_shared_receipts(self, j: int, count: int, timeout_s: Optional[float] = None) -> Optional[DispatchError]:
+        """Process 0: wait until process ``j`` of its host counted ``count`` steps received; the
+        ``DispatchError`` to raise when it died or did not get there within ``timeout_s`` (the
+        process group's default timeout)."""
+        counter = self._counters.get(j)
+        if counter is None or counter.count >= count:
+            return None
+        limit = timeout_s if timeout_s is not None else _default_timeout_s()
+        start = time.monotonic()
+        pause = 0.0  # yield the core only, at first: a receipt is usually a few microseconds away
+        while counter.count < count:
+            time.sleep(pause)
+            now = time.monotonic()
+            if now - start < _SPIN_S:
+                continue
+            pause = min(2 * pause or 5e-5, 1e-3)
+            if pause >= 1e-3 and not _process_alive(self._pids[j]):
+                return DispatchError(f"process {j} died: it stopped receiving dispatched batches")
+            if now - start > limit:
+                return DispatchError(
+                    f"process {j} received no dispatched batch for {limit:g} s: every process must iterate the loader"
+                )
+        return None
+
     def _send_receipt(self, device: torch.device) -> None:
-        """The other processes: tell process 0 that a step arrived."""
+        """The other processes: tell process 0 that a step arrived (counted in shared memory on its host)."""
+        self._steps_received += 1
+        if self._counter is not None:
+            self._counter.count = self._steps_received  # after the step's rows were copied out
+            return
         while len(self._ack_sends) > _RECEIPT_LAG:
             self._ack_sends.pop(0).wait()
         receipt = torch.ones(1, dtype=torch.int64, device=device)
@@ -775,6 +830,9 @@ _ACK_TAG = 0x5351
 _RECEIPT_LAG = 2
 """Steps process 0 may run ahead of the slowest receipt."""
 
+_SPIN_S = 2e-4
+"""How long process 0 waits for a receipt in shared memory by yielding its core, before it sleeps."""
+
 _RING_SLOTS = _RECEIPT_LAG + 2
 """Slots of a shared-memory ring: the steps receipts may lag, the step being announced, and the
 one process 0 reads (and collates into its slot) meanwhile."""
@@ -905,3 +963,25 @@ def _plain_iteration(cls: type, stateful: bool) -> bool:
         getattr(after, "__iter__", None) is getattr(base, "__iter__") and getattr(after, "_get_iterator", None)
         is getattr(base, "_get_iterator", None) for base in known
     )
+
+
+def _process_alive(pid: int) -> bool:
+    """Whether process ``pid`` of this host runs: on Linux by ``/proc`` (a zombie does not run)."""
+    if not os.path.isdir("/proc"):
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:  # another user's: it exists
+            pass
+        return True
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            return stat.read().rsplit(b")", 1)[1].split()[0] not in (b"Z", b"X")
+    except FileNotFoundError:
+        return False
+
+
+def _default_timeout_s() -> float:
+    """The process group's default timeout, in seconds (how long a receipt may take)."""
+    return dist.constants.default_pg_timeout.total_seconds()

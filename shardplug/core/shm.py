@@ -2,8 +2,9 @@
 
 Process 0 writes each step's rows for process ``j`` into one slot of a ring it made for ``j``
 (a file in ``/dev/shm``, memory-mapped); process ``j`` maps the same file, copies its rows out
-and sends process 0 a receipt, after which the slot may be written again. The process group
-carries only the control messages. The file is removed as soon as process ``j`` has mapped it
+and counts the step in its :class:`ReceiptCounter` (shared memory too), after which the slot may
+be written again. The process group carries only the control messages. With the loader's
+``default_collate``, :class:`CollateIntoRing` makes the rows in the slot in the first place. The file is removed as soon as process ``j`` has mapped it
 (the mapping stays valid), so nothing is left in ``/dev/shm`` when a process exits, fails or is
 killed; a ring nobody mapped is removed by its owner when it is closed or at exit.
 
@@ -24,6 +25,7 @@ import atexit
 import logging
 import mmap
 import os
+import struct
 import uuid
 from typing import Any, Optional
 
@@ -31,7 +33,9 @@ import torch
 from torch.utils.data import default_collate
 from torch.utils.data._utils import collate as _torch_collate
 
-__all__ = ["SharedRing", "RingReader", "CollateIntoRing", "COLLATE_PRIVATES", "ring_bytes", "shared_memory_dir"]
+__all__ = [
+    "SharedRing", "RingReader", "ReceiptCounter", "CollateIntoRing", "COLLATE_PRIVATES", "ring_bytes", "shared_memory_dir",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -74,26 +78,45 @@ def _remove_unmapped_rings() -> None:
         _unlink(path)
 
 
+def _create_mapped(nbytes: int, directory: Optional[str]) -> tuple[str, mmap.mmap]:
+    """A new file of ``nbytes`` in the shared-memory directory, mapped; removed at exit unless a
+    reader removed it first."""
+    directory = directory or shared_memory_dir()
+    if directory is None:
+        raise OSError("no shared-memory directory (/dev/shm) to put a dispatch ring in")
+    path = os.path.join(directory, f"shardplug-{os.getpid()}-{uuid.uuid4().hex[:12]}")
+    fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
+    _OPEN.add(path)
+    try:
+        os.ftruncate(fd, nbytes)
+        return path, mmap.mmap(fd, nbytes)
+    except BaseException:
+        _unlink(path)
+        raise
+    finally:
+        os.close(fd)
+
+
+def _attach_mapped(path: str, nbytes: int) -> mmap.mmap:
+    """Map another process's file, and remove it: both hold the mapping now, nothing can be left behind."""
+    fd = os.open(path, os.O_RDWR)
+    try:
+        mapped = mmap.mmap(fd, nbytes)
+    finally:
+        os.close(fd)
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+    return mapped
+
+
 class SharedRing:
     """Process 0's side: ``slots`` slots of ``slot_bytes`` bytes in one memory-mapped file."""
 
     def __init__(self, slots: int, slot_bytes: int, directory: Optional[str] = None) -> None:
-        directory = directory or shared_memory_dir()
-        if directory is None:
-            raise OSError("no shared-memory directory (/dev/shm) to put a dispatch ring in")
         self.slots, self.slot_bytes = slots, _padded(slot_bytes)  # every slot starts aligned
-        slot_bytes = self.slot_bytes
-        self.path = os.path.join(directory, f"shardplug-{os.getpid()}-{uuid.uuid4().hex[:12]}")
-        fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
-        _OPEN.add(self.path)
-        try:
-            os.ftruncate(fd, slots * slot_bytes)
-            self._map = mmap.mmap(fd, slots * slot_bytes)
-        except BaseException:
-            _unlink(self.path)
-            raise
-        finally:
-            os.close(fd)
+        self.path, self._map = _create_mapped(slots * self.slot_bytes, directory)
         self._bytes = torch.frombuffer(self._map, dtype=torch.uint8)
 
     def fits(self, nbytes: int) -> bool:
@@ -149,15 +172,7 @@ class RingReader:
 
     def __init__(self, path: str, slots: int, slot_bytes: int) -> None:
         self.path, self.slots, self.slot_bytes = path, slots, slot_bytes
-        fd = os.open(path, os.O_RDWR)
-        try:
-            self._map = mmap.mmap(fd, slots * slot_bytes)
-        finally:
-            os.close(fd)
-        try:
-            os.unlink(path)  # both processes hold the mapping now: nothing can be left behind
-        except FileNotFoundError:
-            pass
+        self._map = _attach_mapped(path, slots * slot_bytes)
         self._bytes = torch.frombuffer(self._map, dtype=torch.uint8)
 
     def read(self, slot: int, specs: list[tuple[torch.dtype, tuple[int, ...]]]) -> list[torch.Tensor]:
@@ -176,6 +191,46 @@ class RingReader:
             self._map.close()
         except BufferError:
             pass
+
+
+class ReceiptCounter:
+    """How many steps process ``j`` has received, in shared memory: ``j`` counts, process 0 reads.
+
+    The receipt a process sends for every step, without the process group: on one host a gloo
+    send and receive cost more than the rows of a step cost to copy. Process 0 makes it
+    (``ReceiptCounter()``), process ``j`` maps it (``ReceiptCounter(path)``, which removes the file).
+
+    Example::
+
+        >>> mine = ReceiptCounter()
+        >>> theirs = ReceiptCounter(mine.path)  # in process j
+        >>> theirs.count = 3
+        >>> mine.count
+        3
+        >>> theirs.close(); mine.close()
+    """
+
+    _FORMAT = "q"
+
+    def __init__(self, path: Optional[str] = None, directory: Optional[str] = None) -> None:
+        if path is None:
+            self.path, self._map = _create_mapped(_ALIGNMENT, directory)
+        else:
+            self.path, self._map = path, _attach_mapped(path, _ALIGNMENT)
+
+    @property
+    def count(self) -> int:
+        return struct.unpack_from(self._FORMAT, self._map, 0)[0]
+
+    @count.setter
+    def count(self, value: int) -> None:
+        struct.pack_into(self._FORMAT, self._map, 0, value)  # one aligned 8-byte store
+
+    def close(self, remove: bool = True) -> None:
+        """Unmap (and remove the file if the other process never mapped it)."""
+        if remove:
+            _unlink(self.path)
+        self._map.close()
 
 
 def ring_bytes(specs: list[tuple[Any, Any]]) -> int:
