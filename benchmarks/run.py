@@ -211,6 +211,8 @@ class HeavyFiles(IterableDataset):
     among DataLoader workers, so every record is decoded once in all.
     """
 
+    splits_by_worker = True  # its __iter__ reads only its DataLoader worker's files
+
     def __init__(self, files: list[int], per_file: int, work: int) -> None:
         self.files, self.per_file, self.work = list(files), per_file, work
 

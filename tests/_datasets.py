@@ -22,6 +22,8 @@ class Stream(IterableDataset):
 class Files(IterableDataset):
     """A stream that shards itself: `n_shards` files of `size` records, split by DataLoader worker too."""
 
+    splits_by_worker = True  # its __iter__ reads only its DataLoader worker's files
+
     def __init__(self, files, size=5):
         self.files, self.size, self.reads = list(files), size, 0
 
@@ -30,7 +32,7 @@ class Files(IterableDataset):
         return len(self.files)
 
     def shard(self, num_shards, index):
-        return Files(self.files[index::num_shards], self.size)
+        return type(self)(self.files[index::num_shards], self.size)
 
     def __len__(self):
         return len(self.files) * self.size
@@ -39,6 +41,18 @@ class Files(IterableDataset):
         info = torch.utils.data.get_worker_info()
         mine = self.files if info is None else self.files[info.id::info.num_workers]
         for f in mine:
+            for k in range(self.size):
+                yield f * 100 + k
+
+
+class PlainShards(Files):
+    """A stream that shards itself by process (`n_shards` files of `size` records) but not by
+    DataLoader worker: every worker reads all of it unless someone splits it."""
+
+    splits_by_worker = False  # shardplug gives each DataLoader worker its own shards
+
+    def __iter__(self):
+        for f in self.files:
             for k in range(self.size):
                 yield f * 100 + k
 

@@ -10,7 +10,7 @@ from torch.utils.data import BatchSampler, DataLoader, Dataset, IterableDataset,
 from torch.utils.data.distributed import DistributedSampler
 
 import shardplug
-from _datasets import Files, Stream, rows
+from _datasets import Files, PlainShards, Stream, rows
 from shardplug import DataLoaderShard, IterableDatasetShard, prepare_data_loader, skip_first_batches
 
 
@@ -361,8 +361,32 @@ def test_a_natively_sharded_stream_refuses_to_resize():
         resized.load_state_dict(position)  # refused on loading, before anything changes
 
 
-def test_a_stream_whose_shards_do_not_divide_warns_that_every_process_reads_it(caplog):
+def test_a_stream_that_splits_itself_by_worker_and_whose_shards_do_not_divide_warns_that_every_process_reads_it(caplog):
     with caplog.at_level("WARNING", logger="shardplug.core.prepare"):
         prepare_data_loader(DataLoader(Files(range(3)), batch_size=2), num_processes=2, process_index=0)
     assert any("n_shards=3" in r.getMessage() and "every process reads the whole stream" in r.getMessage()
                for r in caplog.records)
+
+
+class _Undeclared(PlainShards):
+    splits_by_worker = None  # says nothing: does its __iter__ read only its worker's part?
+
+
+def test_a_stream_that_shards_itself_with_workers_must_say_whether_it_splits_by_worker():
+    with pytest.raises(ValueError, match="declare splits_by_worker = True .* or splits_by_worker = False"):
+        prepare_data_loader(DataLoader(_Undeclared(range(4)), batch_size=2, num_workers=2), num_processes=2,
+                            process_index=0)
+    prepare_data_loader(DataLoader(_Undeclared(range(4)), batch_size=2), num_processes=2, process_index=0)  # no workers
+
+
+def test_shards_that_do_not_divide_are_read_once_and_balanced_by_rows():
+    """3 shards of 5 over 2 processes: one shard each by itself, the third's rows shared."""
+    loaders = [prepare_data_loader(DataLoader(PlainShards(range(3)), batch_size=2), num_processes=2, process_index=i)
+               for i in range(2)]
+    for loader in loaders:
+        loader.track_padding()
+    seen = [[(b.tolist(), l.batch_real_count) for b in l] for l in loaders]
+    real = [[x for batch, count in part for x in batch[:count]] for part in seen]
+    assert real == [[0, 1, 2, 3, 4, 200, 202, 204], [100, 101, 102, 103, 104, 201, 203]]
+    assert [len(part) for part in seen] == [len(l) for l in loaders] == [4, 4], "equal counts from the parts' lengths"
+    assert [batch for batch, _ in seen[1]] == [[100, 101], [102, 103], [104, 201], [203]]

@@ -8,11 +8,13 @@ import functools
 import os
 import random
 from pathlib import Path
+from typing import Optional
 
 import pytest
 import torch
 from torch.utils.data import DataLoader
 
+from _datasets import Files, PlainShards
 from _dist import run_gloo
 from shardplug import prepare_data_loader
 
@@ -36,6 +38,7 @@ def files(tmp_path_factory) -> Path:
         with wds.TarWriter(str(root / f"shard-{s}.tar")) as writer:
             for v in values:
                 writer.write({"__key__": f"{v:05d}", "cls": str(v)})
+    datasets.Dataset.from_dict({"x": list(range(SHARDS * PER_SHARD))}).to_parquet(str(root / "whole.parquet"))
     return root
 
 
@@ -119,6 +122,8 @@ def _everything(rank, world, root):
         "split": {kind: _prepare_split(rank, world, kind, root) for kind, _ in SPLIT_KINDS},
         "resume": {case: _resume(rank, world, root, *case) for case in RESUMES},
         "native": {case: _native(rank, world, root, *case) for case in NATIVE},
+        "balanced": {case: _balanced(rank, world, root, *case) for case in BALANCED},
+        "own_shards": {case: _own_shards(rank, world, *case) for case in OWN_SHARDS},
     }
 
 
@@ -167,10 +172,16 @@ def _prepare_split(rank, world, kind, root):
     return None
 
 
-def three_shards(root: Path):
-    """Three of the shards: 3 does not divide by 2 processes, so every process reads the stream."""
-    return datasets.load_dataset("parquet", data_files=sorted(str(p) for p in root.glob("part-*.parquet"))[:3],
-                                 split="train", streaming=True)
+def three_shards(root: Path, shuffle: bool = False):
+    """Three of the shards (elements 0..29): 3 does not divide by 2 processes."""
+    stream = datasets.load_dataset("parquet", data_files=sorted(str(p) for p in root.glob("part-*.parquet"))[:3],
+                                   split="train", streaming=True)
+    return stream.shuffle(seed=5, buffer_size=4) if shuffle else stream
+
+
+def one_shard(root: Path):
+    """The elements 0..39 in one file: fewer shards than processes, so every process reads the stream."""
+    return datasets.load_dataset("parquet", data_files=[str(root / "whole.parquet")], split="train", streaming=True)
 
 
 def _resume(rank, world, root, workers, shuffle, read_all=False, kind="hf"):
@@ -178,7 +189,7 @@ def _resume(rank, world, root, workers, shuffle, read_all=False, kind="hf"):
         if kind == "wds":
             stream = wds_stream(root, nodesplitter=None)
         else:
-            stream = three_shards(root) if read_all else hf_stream(root, shuffle)
+            stream = one_shard(root) if read_all else hf_stream(root, shuffle)
         return prepare_data_loader(DataLoader(stream, batch_size=2, num_workers=workers,
                                               multiprocessing_context=_workers_context(workers)))
 
@@ -226,6 +237,74 @@ def test_a_stream_that_shards_itself_is_sharded_natively_with_equal_steps(runs, 
         assert counts == [10, 12] and real == UNEVEN
 
 
+def _real(loader) -> list[tuple[list[int], Optional[int]]]:
+    """The pass's batches and how many of each one's rows are real (not padding; ``None``: every
+    row, where padding is not tracked: a stream read by every process, without len())."""
+    try:
+        loader.track_padding()
+    except ValueError:
+        return [(_ids(batch), None) for batch in loader]
+    return [(_ids(batch), loader.batch_real_count) for batch in loader]
+
+
+def _balanced(rank, world, root, workers, shuffle, mode):
+    options = {"even": {}, "drop_last": {}, "uneven": {"even_batches": False}}[mode]
+    loader = prepare_data_loader(DataLoader(three_shards(root, shuffle), batch_size=2, num_workers=workers,
+                                            drop_last=mode == "drop_last",
+                                            multiprocessing_context=_workers_context(workers)), **options)
+    return {"part": type(loader.dataset).__name__, "epochs": [_real(loader) for _ in range(2)]}
+
+
+BALANCED = [(workers, shuffle, mode) for workers in (0, 2) for shuffle in (False, True) for mode in ("even",)]
+BALANCED += [(2, False, "drop_last"), (2, False, "uneven")]
+
+
+@pytest.mark.parametrize("workers, shuffle, mode", BALANCED)
+def test_shards_that_do_not_divide_are_balanced_by_rows_and_read_once(runs, workers, shuffle, mode):
+    """3 shards of 10 over 2 processes: one shard each, and half the rows of the third."""
+    results = [runs[rank]["balanced"][workers, shuffle, mode] for rank in range(2)]
+    assert all(r["part"] == "ProcessPart" for r in results), "sharded natively, not read by every process"
+    for epoch in range(2):
+        batches = [r["epochs"][epoch] for r in results]
+        real = [[x for batch, count in part for x in batch[:count]] for part in batches]
+        together = sorted(real[0] + real[1])
+        assert len(together) == len(set(together)), "no element twice"
+        if mode == "drop_last":
+            assert len(batches[0]) == len(batches[1]) and set(together) <= set(range(30))
+            continue
+        assert together == list(range(30)), "every element of the stream once"
+        assert abs(len(real[0]) - len(real[1])) <= 2 * max(workers, 1), f"balanced by rows: {len(real[0])}, {len(real[1])}"
+        if mode == "even":
+            assert len(batches[0]) == len(batches[1]), "equal step counts"
+
+
+OWN_SHARDS = [(kind, shards, workers) for kind in ("splits_by_worker", "plain") for shards in (4, 5) for workers in (0, 2)]
+
+
+def _own_shards(rank, world, kind, shards, workers):
+    dataset = (Files if kind == "splits_by_worker" else PlainShards)(range(shards))
+    loader = prepare_data_loader(DataLoader(dataset, batch_size=2, num_workers=workers,
+                                            multiprocessing_context=_workers_context(workers)))
+    return {"part": type(loader.dataset).__name__, "batches": _real(loader)}
+
+
+@pytest.mark.parametrize("kind, shards, workers", OWN_SHARDS)
+def test_a_dataset_of_your_own_that_shards_itself_is_read_once_with_workers(runs, kind, shards, workers):
+    """Sized parts counted without workers, agreed on with them (a worker's last batch may be short);
+    a dataset that does not split itself by worker is split by shardplug."""
+    results = [runs[rank]["own_shards"][kind, shards, workers] for rank in range(2)]
+    counts = [len(r["batches"]) for r in results]
+    real = sorted(x for r in results for batch, count in r["batches"] for x in batch[:count])
+    everything = sorted(f * 100 + k for f in range(shards) for k in range(5))
+    assert counts[0] == counts[1], "equal step counts"
+    if kind == "splits_by_worker" and shards == 5:
+        assert all(r["part"] == "IterableDatasetShard" for r in results), "read by all: its parts cannot be joined"
+        assert sorted(set(real)) == everything and len(real) - len(everything) < 2 * 2, "once, and the last step's padding"
+    else:
+        assert all(r["part"] != "IterableDatasetShard" for r in results), "sharded natively"
+        assert real == everything, "every element once"
+
+
 SPLIT_KINDS = [("hf", "split_dataset_by_node"), ("wds", "split_by_node"), ("wds_default", "nodesplitter=None"),
                ("hf_unseeded", "shuffle(seed=...)")]
 RESUMES = [(0, False), (0, True), (2, False), (2, True), (0, False, True), (2, False, True),  # workers, shuffle, read_all
@@ -245,7 +324,7 @@ def test_streams_already_split_by_node_or_shuffled_unseeded_are_refused_with_the
 
 @pytest.mark.parametrize("case", [c for c in RESUMES if c != (2, False, True)], ids=str)
 def test_an_hf_stream_resumes_exactly(others, case):
-    """HF sharded natively (4 shards), shuffled or not, with and without workers; HF (3 shards) and
+    """HF sharded natively (4 shards), shuffled or not, with and without workers; HF (1 shard) and
     webdataset read by all, without workers."""
     for rank in range(2):
         result = others[rank]["resume"][case]
@@ -256,7 +335,7 @@ def test_an_hf_stream_resumes_exactly(others, case):
 
 
 def test_resuming_a_stream_split_by_its_workers_mid_epoch_is_refused_with_the_fix(others):
-    """Read by every process (3 shards over 2) and split by HF across 2 workers: no exact skip exists."""
+    """Read by every process (1 shard over 2) and split by HF across workers: no exact skip exists."""
     assert all("use_stateful_dataloader=True" in others[rank]["resume"][2, False, True]["refused"] for rank in range(2))
 
 

@@ -16,10 +16,11 @@ from .iterable import IterableDatasetShard
 from .layout import ShardLayout
 from .loaders import DataLoaderShard, PreparedDataLoader, combined_class, stateful_dataloader_class
 from .collectives import all_reduce_int_async, world_size
+from .native import can_shard, process_part
 from .plan import NativeStreamPlan, ShardPlan, sized_length
 from .rng import check_rng_types
 from .samplers import BatchSamplerShard, IndexSamplerShard
-from .streams import node_split, shuffle_fingerprint, single_node_only
+from .streams import declared_worker_split, node_split, shuffle_fingerprint, single_node_only
 from .shuffle import BijectiveRandomSampler, SeedableRandomSampler, check_seed, check_shuffle_algorithm, draw_seed
 from .topology import ProcessTopology, resolve_data_topology
 
@@ -272,13 +273,15 @@ def _shard_stream(dataset: Any, dataloader: DataLoader, layout: ShardLayout) -> 
     """(this process's dataset, its plan, the per-process DataLoader batch size) for a stream."""
     _check_stream(dataset, layout.num_processes)
     loader_batch = dataloader.batch_size
-    if _shards_natively(dataset, layout.num_processes):
+    _check_worker_split(dataset, dataloader.num_workers)
+    own = _native_part(dataset, layout)
+    if own is not None:
         if layout.splits and loader_batch is not None:
             loader_batch //= layout.num_processes
-        own = dataset.shard(num_shards=layout.num_processes, index=layout.process_index)
         counts: Optional[list[Optional[int]]] = None
-        if _length_of_loader(own, loader_batch, dataloader.drop_last) is not None:  # the parts have len(): count them
-            parts = (dataset.shard(num_shards=layout.num_processes, index=j) for j in range(layout.num_processes))
+        # the parts' batch counts, when they have len() and no workers (each worker makes its own last batch)
+        if dataloader.num_workers == 0 and _length_of_loader(own, loader_batch, dataloader.drop_last) is not None:
+            parts = (process_part(dataset, layout.num_processes, j) for j in range(layout.num_processes))
             counts = [_length_of_loader(part, loader_batch, dataloader.drop_last) for part in parts]
         known = None if counts is None or any(count is None for count in counts) else counts
         plan = NativeStreamPlan(layout, known, agree=all_reduce_int_async)
@@ -305,23 +308,42 @@ def _length_of_loader(dataset: Any, batch_size: Optional[int], drop_last: bool) 
     return n // batch_size if drop_last else -(-n // batch_size)
 
 
-def _shards_natively(dataset: Any, num_processes: int) -> bool:
-    """Whether ``dataset`` can shard itself by process: it has ``n_shards`` (a multiple of the
-    number of processes) and ``shard(num_shards, index)``.  Such a dataset is read once in all
-    (each process, and each DataLoader worker if the dataset splits by worker, reads only its own
-    shards) instead of by every process; equal step counts come from its parts' lengths or from
-    an agreement between the processes (:class:`~shardplug.core.plan.NativeStreamPlan`)."""
-    n_shards = getattr(dataset, "n_shards", None)
-    if not callable(getattr(dataset, "shard", None)) or not isinstance(n_shards, int):
-        return False
-    if n_shards < num_processes or n_shards % num_processes:
-        logger.warning(
-            "the stream has n_shards=%s, not a multiple of num_processes=%d: every process reads the whole stream "
-            "(%dx the I/O of its part); give it a number of shards that %d divides to shard it natively",
-            n_shards, num_processes, num_processes, num_processes,
+def _check_worker_split(dataset: Any, num_workers: int) -> None:
+    """Refuse to guess whether a dataset of your own that shards itself also splits itself across
+    DataLoader workers: guessing wrong reads everything twice, or half of it."""
+    if num_workers > 0 and can_shard(dataset) and declared_worker_split(dataset) is None:
+        raise ValueError(
+            f"{type(dataset).__name__} shards itself (n_shards, shard()), and with num_workers={num_workers} shardplug "
+            "must know whether it also splits itself across DataLoader workers: declare splits_by_worker = True on the "
+            "class if its __iter__ reads only its worker's part (torch.utils.data.get_worker_info()), or "
+            "splits_by_worker = False to have shardplug give each worker its own shards"
         )
-        return False
-    return True
+
+
+def _native_part(dataset: Any, layout: ShardLayout) -> Optional[Any]:
+    """This process's part of a stream that shards itself (:func:`~shardplug.core.native.process_part`),
+    or ``None`` when every process must read the whole stream.  A part is read once in all (the
+    rows of shards that do not divide among the processes by every process) instead of by every
+    process; equal step counts come from the parts' lengths or from an agreement between the
+    processes (:class:`~shardplug.core.plan.NativeStreamPlan`)."""
+    if not can_shard(dataset):
+        return None
+    n_shards, n = dataset.n_shards, layout.num_processes
+    own = process_part(dataset, n, layout.process_index)
+    if own is None:
+        why = (f"fewer than num_processes={n}" if n_shards < n else
+               f"not a multiple of num_processes={n}, and its parts cannot be joined keeping its own split across "
+               "DataLoader workers")
+        logger.warning(
+            "the stream has n_shards=%s, %s: every process reads the whole stream (%dx the I/O of its part); give it "
+            "a number of shards that %d divides to shard it natively", n_shards, why, n, n,
+        )
+    elif n_shards % n:
+        logger.info(
+            "the stream has n_shards=%d over %d processes: each process reads %d shards by itself, and its rows of the "
+            "last %d (read by every process)", n_shards, n, n_shards // n, n_shards % n,
+        )
+    return own
 
 
 def _index_sampler(loader: DataLoader) -> Any:

@@ -29,11 +29,15 @@ Example::
 
 from __future__ import annotations
 
+import sys
 from typing import Any, Optional
 
 import torch  # noqa: F401  (the docstring example)
 
-__all__ = ["splits_by_worker", "node_split", "single_node_only", "is_hf_iterable", "hf_shuffles", "shuffle_fingerprint"]
+__all__ = [
+    "splits_by_worker", "declared_worker_split", "node_split", "single_node_only", "is_hf_iterable", "hf_concatenate", "hf_shuffles",
+    "shuffle_fingerprint",
+]
 
 
 def is_hf_iterable(dataset: Any) -> bool:
@@ -41,6 +45,13 @@ def is_hf_iterable(dataset: Any) -> bool:
     return type(dataset).__module__.startswith("datasets.") and hasattr(dataset, "n_shards") and hasattr(
         dataset, "_ex_iterable"
     )
+
+
+def hf_concatenate(parts: list[Any]) -> Any:
+    """Hugging Face streams joined one after the other (``datasets.concatenate_datasets``: the
+    result keeps every part's shards, and so the split across DataLoader workers)."""
+    package = sys.modules[type(parts[0]).__module__.split(".")[0]]  # imported: its objects exist
+    return parts[0] if len(parts) == 1 else package.concatenate_datasets(parts)
 
 
 def _wds_stages(dataset: Any) -> list[Any]:
@@ -57,12 +68,22 @@ def _stage_named(stages: list[Any], name: str) -> bool:
 
 def splits_by_worker(dataset: Any) -> bool:
     """Whether ``dataset`` reads only its DataLoader worker's part of the stream by itself."""
+    return bool(declared_worker_split(dataset))
+
+
+def declared_worker_split(dataset: Any) -> Optional[bool]:
+    """Whether ``dataset`` is known to split itself across DataLoader workers (``True``), known not
+    to (``False``: a webdataset pipeline without a worker splitter, ``splits_by_worker = False``), or
+    not known (``None``: a dataset of your own that declares nothing)."""
     declared = getattr(dataset, "splits_by_worker", None)
     if isinstance(declared, bool):
         return declared
     if is_hf_iterable(dataset):
         return True
-    return _stage_named(_wds_stages(dataset), "split_by_worker")
+    stages = _wds_stages(dataset)
+    if stages:
+        return _stage_named(stages, "split_by_worker")
+    return None
 
 
 def node_split(dataset: Any) -> Optional[str]:

@@ -1,0 +1,108 @@
+"""This process's part of a stream that shards itself (``n_shards``, ``shard(num_shards, index)``).
+
+``N`` processes and ``S`` shards, ``S = q*N + r``: process ``i`` reads ``q`` whole shards
+(``i, i+N, ...``) by itself, and when ``r > 0`` its rows of the last ``r`` shards: every process
+reads those, and keeps the elements at positions ``i, i+N, ...`` of each worker's part of them.
+So processes hold nearly equal row counts (shards of equal size: at most one element apart per
+worker) and each element is read by one process, except the last ``r/S`` of the stream, read by
+all. A divisible stream (``r = 0``) is the plain case: ``dataset.shard(N, i)``.
+
+DataLoader workers: a dataset that splits itself across workers (Hugging Face, webdataset,
+``splits_by_worker = True``) does, within each part (Hugging Face parts are joined with
+``datasets.concatenate_datasets``, which keeps that). Any other dataset is split by shardplug:
+worker ``w`` of ``W`` reads shards ``w, w+W, ...`` of its process's shards.
+
+Example (5 shards of 2 elements over 2 processes, the last shard's rows shared)::
+
+    >>> class Shards(torch.utils.data.IterableDataset):
+    ...     def __init__(self, shards):
+    ...         self.shards = list(shards)
+    ...     n_shards = property(lambda self: len(self.shards))
+    ...     def shard(self, num_shards, index):
+    ...         return Shards(self.shards[index::num_shards])
+    ...     def __iter__(self):
+    ...         return (10 * s + k for s in self.shards for k in range(2))
+    >>> [list(process_part(Shards(range(5)), 2, i)) for i in range(2)]
+    [[0, 1, 20, 21, 40], [10, 11, 30, 31, 41]]
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterator, Optional
+
+import torch  # noqa: F401  (the docstring example)
+from torch.utils.data import IterableDataset, get_worker_info
+
+from .plan import sized_length
+from .streams import hf_concatenate, is_hf_iterable, splits_by_worker
+
+__all__ = ["can_shard", "process_part", "ProcessPart"]
+
+
+def can_shard(dataset: Any) -> bool:
+    """Whether ``dataset`` shards itself: an integer ``n_shards`` and a ``shard(num_shards, index)``."""
+    return callable(getattr(dataset, "shard", None)) and isinstance(getattr(dataset, "n_shards", None), int)
+
+
+def process_part(dataset: Any, num_processes: int, process_index: int) -> Optional[Any]:
+    """Process ``process_index``'s part of a stream that shards itself, or ``None`` when it has
+    fewer shards than processes (then every process reads it), or shards that do not divide and
+    that split themselves across workers without being a Hugging Face stream (their parts cannot
+    be joined with the worker split kept)."""
+    shards, n = dataset.n_shards, num_processes
+    whole = shards // n
+    if whole == 0:
+        return None
+    self_splitting = splits_by_worker(dataset)
+    if shards % n == 0 and self_splitting:
+        return dataset.shard(num_shards=n, index=process_index)  # the dataset splits its part across workers
+    if not self_splitting or is_hf_iterable(dataset):
+        own = [dataset.shard(num_shards=shards, index=k) for k in range(process_index, whole * n, n)]
+        rest = [dataset.shard(num_shards=shards, index=k) for k in range(whole * n, shards)]
+        return ProcessPart(own, rest, n, process_index, join=hf_concatenate if self_splitting else None)
+    return None
+
+
+class ProcessPart(IterableDataset):
+    """Whole shards ``own``, then every ``num_processes``-th element (from ``process_index``) of
+    the shards ``rest`` (see the module).  ``join`` makes one dataset of several (and keeps their
+    own split across workers); without it shardplug splits the shards across workers."""
+
+    def __init__(self, own: list[Any], rest: list[Any], num_processes: int, process_index: int, join: Any = None) -> None:
+        self.num_processes, self.process_index = num_processes, process_index
+        self.splits_by_worker = join is not None
+        self.own = [join(own)] if join is not None and own else own
+        self.rest = [join(rest)] if join is not None and rest else rest
+
+    def _parts(self) -> tuple[list[Any], list[Any]]:
+        """The shards this DataLoader worker reads (all of them in the main process)."""
+        info = get_worker_info()
+        if info is None or self.splits_by_worker:
+            return self.own, self.rest
+        return self.own[info.id :: info.num_workers], self.rest[info.id :: info.num_workers]
+
+    def __iter__(self) -> Iterator[Any]:
+        own, rest = self._parts()
+        for part in own:
+            yield from part
+        position = 0
+        for part in rest:
+            for element in part:
+                if position % self.num_processes == self.process_index:
+                    yield element
+                position += 1
+
+    def __len__(self) -> int:
+        """Elements of this part in the main process (a ``TypeError`` when a shard has no length)."""
+        lengths = [sized_length(part) for part in self.own + self.rest]
+        if any(length is None for length in lengths):
+            raise TypeError("a shard of this stream has no len()")
+        rest = sum(lengths[len(self.own):])
+        mine = max(rest - self.process_index + self.num_processes - 1, 0) // self.num_processes
+        return sum(lengths[: len(self.own)]) + mine
+
+    def set_epoch(self, epoch: int) -> None:
+        for part in self.own + self.rest:
+            if hasattr(part, "set_epoch"):
+                part.set_epoch(epoch)
+
