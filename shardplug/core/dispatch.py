@@ -573,13 +573,7 @@ class DataLoaderDispatcher(DataLoaderShard):
             if failure is not None:  # gone, or not reading any more: the file goes anyway
                 logger.debug("closing the dispatch ring of process %d without its receipts: %s", j, failure)
             ring.close()
-        self._rings.clear()
-        for counter in self._counters.values():
-            counter.close()
-        self._counters.clear()
-        if self._counter is not None:
-            self._counter.close()
-            self._counter = None
+        self._rings.clear()  # (the receipt counters stay: their files are gone already, and passes may follow)
         if self._reader is not None:
             self._reader.close()
             self._reader = None
