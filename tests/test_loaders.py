@@ -379,6 +379,29 @@ def test_a_stream_that_shards_itself_with_workers_must_say_whether_it_splits_by_
     prepare_data_loader(DataLoader(_Undeclared(range(4)), batch_size=2), num_processes=2, process_index=0)  # no workers
 
 
+class _SplitsQuietly(torch.utils.data.IterableDataset):
+    """Reads only its worker's elements, as torch's documentation shows, and declares nothing."""
+
+    def __iter__(self):
+        info = torch.utils.data.get_worker_info()
+        return iter(range(0 if info is None else info.id, 16, 1 if info is None else info.num_workers))
+
+
+class _SplitsAndSaysSo(_SplitsQuietly):
+    splits_by_worker = True
+
+
+def test_a_stream_that_asks_for_its_worker_must_say_whether_it_splits_by_worker():
+    with pytest.raises(ValueError, match="get_worker_info.*declare splits_by_worker = True"):
+        prepare_data_loader(DataLoader(_SplitsQuietly(), batch_size=2, num_workers=2), num_processes=2, process_index=0)
+    got = []
+    for i in range(2):
+        loader = prepare_data_loader(DataLoader(_SplitsAndSaysSo(), batch_size=2, num_workers=2), num_processes=2,
+                                     process_index=i)
+        got += [x for batch in loader for x in batch.tolist()]
+    assert sorted(got) == list(range(16)), "declared: each worker's part shared by process, every element once"
+
+
 def test_shards_that_do_not_divide_are_read_once_and_balanced_by_rows():
     """3 shards of 5 over 2 processes: one shard each by itself, the third's rows shared."""
     loaders = [prepare_data_loader(DataLoader(PlainShards(range(3)), batch_size=2), num_processes=2, process_index=i)

@@ -20,7 +20,7 @@ from .native import can_shard, process_part
 from .plan import NativeStreamPlan, ShardPlan, sized_length
 from .rng import check_rng_types
 from .samplers import BatchSamplerShard, IndexSamplerShard
-from .streams import declared_worker_split, node_split, shuffle_fingerprint, single_node_only
+from .streams import asks_for_its_worker, declared_worker_split, node_split, shuffle_fingerprint, single_node_only
 from .shuffle import BijectiveRandomSampler, SeedableRandomSampler, check_seed, check_shuffle_algorithm, draw_seed
 from .topology import ProcessTopology, resolve_data_topology
 
@@ -309,15 +309,22 @@ def _length_of_loader(dataset: Any, batch_size: Optional[int], drop_last: bool) 
 
 
 def _check_worker_split(dataset: Any, num_workers: int) -> None:
-    """Refuse to guess whether a dataset of your own that shards itself also splits itself across
-    DataLoader workers: guessing wrong reads everything twice, or half of it."""
-    if num_workers > 0 and can_shard(dataset) and declared_worker_split(dataset) is None:
-        raise ValueError(
-            f"{type(dataset).__name__} shards itself (n_shards, shard()), and with num_workers={num_workers} shardplug "
-            "must know whether it also splits itself across DataLoader workers: declare splits_by_worker = True on the "
-            "class if its __iter__ reads only its worker's part (torch.utils.data.get_worker_info()), or "
-            "splits_by_worker = False to have shardplug give each worker its own shards"
-        )
+    """Refuse to guess whether a stream of your own splits itself across DataLoader workers where
+    the answer matters and is in doubt: it shards itself, or its ``__iter__`` asks for its worker.
+    Guessing wrong reads everything twice, or half of it."""
+    if num_workers == 0 or declared_worker_split(dataset) is not None:
+        return
+    if can_shard(dataset):
+        why = "shards itself (n_shards, shard())"
+    elif asks_for_its_worker(dataset):
+        why = "calls torch.utils.data.get_worker_info() in its __iter__"
+    else:
+        return  # a plain stream: every worker reads all of it, shardplug splits it
+    raise ValueError(
+        f"{type(dataset).__name__} {why}, and with num_workers={num_workers} shardplug must know whether it splits "
+        "itself across DataLoader workers: declare splits_by_worker = True on the class if its __iter__ reads only its "
+        "worker's part, or splits_by_worker = False if every worker reads all of it (shardplug then splits it)"
+    )
 
 
 def _native_part(dataset: Any, layout: ShardLayout) -> Optional[Any]:

@@ -29,13 +29,14 @@ Example::
 
 from __future__ import annotations
 
+import inspect
 import sys
 from typing import Any, Optional
 
 import torch  # noqa: F401  (the docstring example)
 
 __all__ = [
-    "splits_by_worker", "declared_worker_split", "node_split", "single_node_only", "is_hf_iterable", "hf_concatenate", "hf_shuffles",
+    "splits_by_worker", "declared_worker_split", "asks_for_its_worker", "node_split", "single_node_only", "is_hf_iterable", "hf_concatenate", "hf_shuffles",
     "shuffle_fingerprint",
 ]
 
@@ -101,6 +102,16 @@ def node_split(dataset: Any) -> Optional[str]:
 def single_node_only(dataset: Any) -> bool:
     """A webdataset pipeline with webdataset's default node splitter, which refuses several processes."""
     return _stage_named(_wds_stages(dataset), "single_node_only")
+
+
+def asks_for_its_worker(dataset: Any) -> bool:
+    """Whether the dataset's ``__iter__`` calls ``get_worker_info()`` (as torch's documentation
+    shows for a dataset that splits itself across workers): a hint, never a decision."""
+    try:
+        source = inspect.getsource(type(dataset).__iter__)
+    except (OSError, TypeError):  # built in, or no source at hand
+        return False
+    return "get_worker_info" in source
 
 
 def _hf_chain(dataset: Any) -> list[Any]:
