@@ -229,6 +229,65 @@ def test_skip_keeps_epoch_counter_and_drop_last():
     assert skipped.epoch == 4 and skipped.drop_last is True and len(skipped) == 3
 
 
+class _Twenty(torch.utils.data.IterableDataset):
+    def __iter__(self):
+        return iter(range(20))
+
+
+@pytest.mark.parametrize("stateful", [False, True])
+@pytest.mark.parametrize("kind", ["map", "shuffled", "stream"])
+def test_a_skip_after_loading_a_position_skips_from_that_position_once(stateful, kind):
+    """load_state_dict(after 3 batches), then skip_first_batches(2): batch 5 comes next, and a
+    position saved later resumes there again (a StatefulDataLoader that loads its own state
+    went on from it after the skip had already been placed after it: 3 batches lost)."""
+
+    def make():
+        data = _Twenty() if kind == "stream" else list(range(20))
+        return prepare_data_loader(DataLoader(data, batch_size=2, shuffle=kind == "shuffled"), data_seed=7,
+                                   use_stateful_dataloader=stateful)
+
+    whole = rows(make())
+    first = make()
+    iterator = iter(first)
+    for _ in range(3):
+        next(iterator)
+    state = first.state_dict()
+    del iterator
+    resumed = make()
+    resumed.load_state_dict(state)
+    skipped = skip_first_batches(resumed, 2)
+    iterator = iter(skipped)
+    got = [next(iterator).tolist() for _ in range(2)]
+    later = skipped.state_dict()
+    del iterator
+    again = make()
+    again.load_state_dict(later)
+    assert got + rows(again) == whole[5:]
+
+
+@pytest.mark.parametrize("kind", ["map", "stream"])
+def test_a_stateful_loader_resumed_twice_in_one_epoch_continues_exactly(kind):
+    """torchdata 0.11 counts the batches it fast-forwards a stream without state_dict() by twice,
+    so its state after a resume pointed 3 batches too far."""
+
+    def make():
+        data = _Twenty() if kind == "stream" else list(range(20))
+        return prepare_data_loader(DataLoader(data, batch_size=2), use_stateful_dataloader=True)
+
+    whole, state, got = rows(make()), None, []
+    for taken in (3, 2):
+        loader = make()
+        if state is not None:
+            loader.load_state_dict(state)
+        iterator = iter(loader)
+        got += [next(iterator).tolist() for _ in range(taken)]
+        state = loader.state_dict()
+        del iterator
+    last = make()
+    last.load_state_dict(state)
+    assert got + rows(last) == whole
+
+
 # -- resume -----------------------------------------------------------------------------------------
 @pytest.mark.parametrize("stateful", [False, True])
 @pytest.mark.parametrize("shuffle", [False, True])

@@ -314,7 +314,10 @@ class PreparedDataLoader(DataLoader):
         if skip:  # skip_first_batches: this pass starts that many batches later still
             current.consumed_at_start += skip * self.plan.consumed_per_batch
             current.resumed += skip
-            discard = self.plan.start_after(current.consumed_at_start)
+            if self.use_stateful_dataloader:  # read through it, so that its own state counts them
+                discard += skip
+            else:
+                discard = self.plan.start_after(current.consumed_at_start)
         current.batches_yielded = current.resumed
         current.record.started_at = current.consumed_at_start
         current.total = self._pass_total(current)
@@ -622,9 +625,20 @@ class PreparedDataLoader(DataLoader):
             )
         position = Position.from_dict(state.pop(_POSITION_KEY))
         self._check_loadable(position, stateful=True)
+        if self._inner_state_only_counts():
+            # its state would only fast-forward the stream by a count, which torchdata (0.11) counts twice after a
+            # resume (a second resume would skip batches): shardplug's own skip is exact, and used instead
+            self.load_position(position)
+            return
         super(PreparedDataLoader, self).load_state_dict(state)  # type: ignore[misc]
         self.load_position(position)
         self._inner_repositions = True
+
+    def _inner_state_only_counts(self) -> bool:
+        """A stream without ``state_dict()`` read in this process: the StatefulDataLoader's state
+        holds nothing but how many batches it yielded."""
+        return (self.num_workers == 0 and isinstance(self.dataset, IterableDataset)
+                and not callable(getattr(self.dataset, "state_dict", None)))
 
 
 class DataLoaderShard(PreparedDataLoader):

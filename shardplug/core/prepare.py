@@ -364,7 +364,8 @@ def skip_first_batches(dataloader: DataLoader, num_batches: int = 0) -> Prepared
     """A loader of the same kind and settings that starts after its first ``num_batches`` batches.
 
     The skip applies to the next pass only and keeps the epoch counter; skipped map-style batches
-    are never loaded (only their indices are computed).
+    are never loaded (only their indices are computed), except with ``use_stateful_dataloader=True``:
+    they are read through the ``StatefulDataLoader``, so that its own saved state counts them.
     """
     if not isinstance(num_batches, int) or num_batches < 0:
         raise ValueError(f"num_batches={num_batches!r} must be an integer >= 0")
