@@ -25,9 +25,18 @@ from .samplers import BatchSamplerShard, IndexSamplerShard
 from .shuffle import SeedableRandomSampler, sampler_kind
 from .transfer import send_to_device
 
-__all__ = ["PreparedDataLoader", "DataLoaderShard", "stateful_dataloader_class", "stateful_variant"]
+__all__ = ["PreparedDataLoader", "DataLoaderShard", "stateful_dataloader_class", "stateful_variant", "DATALOADER_PRIVATES"]
 
 logger = logging.getLogger(__name__)
+
+DATALOADER_PRIVATES: dict[str, str] = {
+    "torch.utils.data.DataLoader._iterator": "the iterator a DataLoader with persistent workers keeps between "
+    "passes: set to None where a pass needs new workers, and never pickled (also by the Lightning strategy)",
+    "torch.utils.data.DataLoader._get_iterator": "compared by identity only: a subclass that overrides it may look "
+    "ahead, so dispatch does not collate into shared memory for it",
+}
+"""Every private part of ``torch.utils.data.DataLoader`` shardplug touches (no public API resets a
+persistent iterator); tests/test_loaders.py fails when torch drops one."""
 
 _POSITION_KEY = "_shardplug_position"
 
