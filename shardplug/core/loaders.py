@@ -25,7 +25,9 @@ from .samplers import BatchSamplerShard, IndexSamplerShard
 from .shuffle import SeedableRandomSampler, sampler_kind
 from .transfer import send_to_device
 
-__all__ = ["PreparedDataLoader", "DataLoaderShard", "stateful_dataloader_class", "stateful_variant", "DATALOADER_PRIVATES"]
+__all__ = [
+    "PreparedDataLoader", "DataLoaderShard", "stateful_dataloader_class", "stateful_variant", "DATALOADER_PRIVATES",
+]
 
 logger = logging.getLogger(__name__)
 

@@ -36,8 +36,8 @@ from typing import Any, Optional
 import torch  # noqa: F401  (the docstring example)
 
 __all__ = [
-    "splits_by_worker", "declared_worker_split", "asks_for_its_worker", "node_split", "single_node_only", "is_hf_iterable", "hf_concatenate", "hf_shuffles",
-    "shuffle_fingerprint",
+    "splits_by_worker", "declared_worker_split", "asks_for_its_worker", "node_split", "single_node_only",
+    "is_hf_iterable", "hf_concatenate", "hf_shuffles", "shuffle_fingerprint",
 ]
 
 
