@@ -275,7 +275,7 @@ def test_shards_that_do_not_divide_are_balanced_by_rows_and_read_once(runs, work
             assert len(batches[0]) == len(batches[1]) and set(together) <= set(range(30))
             continue
         assert together == list(range(30)), "every element of the stream once"
-        assert abs(len(real[0]) - len(real[1])) <= 2 * max(workers, 1), f"balanced by rows: {len(real[0])}, {len(real[1])}"
+        assert len(real[0]) == len(real[1]) == 15, f"balanced by rows: {len(real[0])}, {len(real[1])}"
         if mode == "even":
             assert len(batches[0]) == len(batches[1]), "equal step counts"
 

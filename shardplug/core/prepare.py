@@ -281,7 +281,8 @@ def _shard_stream(dataset: Any, dataloader: DataLoader, layout: ShardLayout) -> 
         counts: Optional[list[Optional[int]]] = None
         # the parts' batch counts, when they have len() and no workers (each worker makes its own last batch)
         if dataloader.num_workers == 0 and _length_of_loader(own, loader_batch, dataloader.drop_last) is not None:
-            parts = (process_part(dataset, layout.num_processes, j) for j in range(layout.num_processes))
+            parts = (own if j == layout.process_index else process_part(dataset, layout.num_processes, j)
+                     for j in range(layout.num_processes))
             counts = [_length_of_loader(part, loader_batch, dataloader.drop_last) for part in parts]
         known = None if counts is None or any(count is None for count in counts) else counts
         plan = NativeStreamPlan(layout, known, agree=all_reduce_int_async)
