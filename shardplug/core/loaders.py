@@ -90,9 +90,10 @@ class _Pass:
     """
 
     __slots__ = ("batches_yielded", "end_of_dataloader", "complete", "resumed", "consumed_at_start", "total",
-                 "record", "batch_indices", "batch_real", "unlogged", "generator_state")
+                 "record", "batch_indices", "batch_real", "unlogged", "generator_state", "open")
 
     def __init__(self, record: Optional[PassRecord] = None) -> None:
+        self.open = False  # begun and not yet ended: len() is this pass's
         self.batches_yielded = 0
         self.end_of_dataloader = False
         self.complete = False
@@ -276,7 +277,11 @@ class PreparedDataLoader(DataLoader):
         return length
 
     def __len__(self) -> int:
-        """Batches the next pass yields (exact also after ``load_state_dict`` and ``skip_first_batches``)."""
+        """Batches the pass yields: the pass in progress while one is open, else the next one
+        (exact also after ``load_state_dict`` and ``skip_first_batches``)."""
+        current = self._pass
+        if current.open:
+            return max(self._plan_length(current.consumed_at_start), 0)
         consumed = self._pending.consumed if self._pending is not None else 0
         return max(self._plan_length(consumed) - self._skip_pending, 0)
 
@@ -330,6 +335,7 @@ class PreparedDataLoader(DataLoader):
             else:
                 discard = self.plan.start_after(current.consumed_at_start)
         current.batches_yielded = current.resumed
+        current.open = True
         current.record.started_at = current.consumed_at_start
         current.total = self._pass_total(current)
         shard = self._batch_shard
@@ -361,6 +367,7 @@ class PreparedDataLoader(DataLoader):
             yield from self._deliver(batches, current)
             current.complete = True
         finally:
+            current.open = False
             self._stateful_snapshot = None
             if state is not None:
                 state._loader_stopped(self)

@@ -1,0 +1,495 @@
+"""One oracle for resume across every combination of options (test helper).
+
+A :class:`Case` is a set of options (data kind, shuffle, split / even / drop_last, dispatch,
+stateful, workers) and a :class:`Resume` a way to stop and continue (N processes, a point in the
+epoch, M processes, loaded once or twice, resumed once or twice, or ``skip_first_batches``).
+:func:`check` runs the N processes to the point, saves their positions, continues with M, then
+runs the next epoch, and asserts from one oracle:
+
+* every real sample of the epoch exactly once (``drop_last``: at most once, and no more than a
+  step short), padding only where the mode pads, and always marked (``batch_real_count``);
+* ``len()`` equal to what the pass yields, asked before the pass, at its first batch and at its last;
+* equal batch counts on every process where the mode promises them;
+* identical positions on every process;
+* the next epoch equal to an uninterrupted run's of M processes.
+
+Without a process group the processes are simulated in one process (explicit ``num_processes`` /
+``process_index``, iterated in lockstep); :func:`check_rank` runs the same on a real gloo group,
+one process per rank, exchanging what each rank saw through ``all_gather_object``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any, Callable, Optional
+
+import torch
+import torch.distributed as dist
+from torch.utils.data import DataLoader, Dataset, IterableDataset
+
+import shardplug
+
+POINTS = ("start", "one", "half", "all_but_one", "all_open", "ended", "mid_next")
+
+
+class Indices(Dataset):
+    """Map-style: sample ``i`` is ``i``."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> int:
+        return i
+
+
+class Stream(IterableDataset):
+    """A stream of ``0 .. n-1`` that every DataLoader worker reads whole (shardplug splits it)."""
+
+    splits_by_worker = False
+
+    def __init__(self, n: int, sized: bool = True) -> None:
+        self.n, self.sized = n, sized
+
+    def __iter__(self):
+        return iter(range(self.n))
+
+    def __len__(self) -> int:
+        if not self.sized:
+            raise TypeError("unsized")
+        return self.n
+
+
+class WorkerSplitStream(Stream):
+    """A stream of ``0 .. n-1`` that splits itself across DataLoader workers (element ``k`` to worker ``k % W``)."""
+
+    splits_by_worker = True
+
+    def __iter__(self):
+        info = torch.utils.data.get_worker_info()
+        if info is None:
+            return iter(range(self.n))
+        return iter(range(info.id, self.n, info.num_workers))
+
+
+class ShardedStream(IterableDataset):
+    """A stream that shards itself: ``shards`` files; element ids are ``0 .. n-1`` overall."""
+
+    splits_by_worker = False
+
+    def __init__(self, n: int, shards: int = 6, files: Optional[tuple[int, ...]] = None, sized: bool = True) -> None:
+        self.n, self.shards, self.sized = n, shards, sized
+        self.files = files if files is not None else tuple(range(shards))
+
+    @property
+    def n_shards(self) -> int:
+        return len(self.files)
+
+    def shard(self, num_shards: int, index: int) -> "ShardedStream":
+        return ShardedStream(self.n, self.shards, self.files[index::num_shards], self.sized)
+
+    def _elements(self):
+        for f in self.files:
+            yield from range(f, self.n, self.shards)
+
+    def __iter__(self):
+        return self._elements()
+
+    def __len__(self) -> int:
+        if not self.sized:
+            raise TypeError("unsized")
+        return sum(len(range(f, self.n, self.shards)) for f in self.files)
+
+
+@dataclass(frozen=True)
+class Case:
+    """The options of one combination."""
+
+    data: str = "map"  # map | stream | stream_unsized | worker_split | sharded | hf
+    n: int = 21
+    batch_size: int = 3
+    shuffle: str = "off"  # off | shuffle | generator | seedable | bijective
+    split_batches: bool = False
+    even_batches: bool = True
+    drop_last: bool = False
+    dispatch: bool = False
+    stateful: bool = False
+    workers: int = 0
+    hf_path: Optional[str] = None  # data="hf": a parquet file of ids 0 .. n-1
+
+    @property
+    def iterable(self) -> bool:
+        return self.data != "map"
+
+
+@dataclass(frozen=True)
+class Resume:
+    """How a run stops and continues."""
+
+    n_before: int = 1
+    n_after: int = 1
+    point: str = "half"
+    load_twice: bool = False
+    resume_twice: bool = False
+    skip: bool = False  # skip_first_batches instead of a position (same N)
+
+
+def dataset_for(case: Case) -> Any:
+    if case.data == "map":
+        return Indices(case.n)
+    if case.data in ("stream", "stream_unsized"):
+        return Stream(case.n, sized=case.data == "stream")
+    if case.data == "worker_split":
+        return WorkerSplitStream(case.n)
+    if case.data == "sharded":
+        return ShardedStream(case.n)
+    if case.data == "hf":
+        import datasets
+
+        return datasets.load_dataset("parquet", data_files=case.hf_path, split="train", streaming=True).map(
+            lambda row: row)
+    raise ValueError(case.data)
+
+
+def build(case: Case, processes: int, index: int, explicit: bool = True) -> Any:
+    """The prepared loader of process ``index`` of ``processes`` for ``case``."""
+    kwargs: dict[str, Any] = {}
+    prepare: dict[str, Any] = {}
+    if case.shuffle == "shuffle":
+        kwargs["shuffle"] = True
+        if explicit:  # simulated processes cannot agree a seed from process 0
+            prepare["data_seed"] = 11
+    elif case.shuffle == "generator":
+        kwargs.update(shuffle=True, generator=torch.Generator().manual_seed(5))
+    elif case.shuffle == "seedable":
+        kwargs["shuffle"] = True
+        prepare.update(use_seedable_sampler=True, data_seed=3)
+    elif case.shuffle == "bijective":
+        kwargs["shuffle"] = True
+        prepare.update(shuffle_algorithm="bijective", data_seed=3)
+    if case.workers:
+        kwargs.update(num_workers=case.workers, multiprocessing_context="fork")
+    loader = DataLoader(dataset_for(case), batch_size=case.batch_size, drop_last=case.drop_last, **kwargs)
+    if explicit:
+        prepare.update(num_processes=processes, process_index=index)
+    if case.dispatch:
+        prepare.update(put_on_device=True, dispatch_batches=True)
+    else:
+        prepare["dispatch_batches"] = False
+    prepared = shardplug.prepare_data_loader(
+        loader, split_batches=case.split_batches, even_batches=case.even_batches,
+        use_stateful_dataloader=case.stateful, **prepare,
+    )
+    try:
+        prepared.track_padding()
+    except ValueError:
+        pass  # this mode cannot tell padding apart: then it must not pad (checked by the oracle)
+    return prepared
+
+
+def _values(batch: Any) -> list[int]:
+    if isinstance(batch, dict):
+        batch = batch["id"]
+    return [int(v) for v in batch]
+
+
+class Pass:
+    """One process's view of one pass: batches (values, real count) and ``len()`` as asked."""
+
+    def __init__(self, loader: Any) -> None:
+        self.loader = loader
+        self.len_before = _length(loader)
+        self.len_first: Optional[int] = None
+        self.len_last: Optional[int] = None
+        self.batches: list[tuple[list[int], int]] = []
+        self.iterator = iter(loader)
+        self.done = False
+
+    def take(self, count: Optional[int] = None) -> None:
+        """Up to ``count`` more batches (all when ``None``, exhausting the pass)."""
+        while count is None or count > 0:
+            try:
+                batch = next(self.iterator)
+            except StopIteration:
+                self.done = True
+                return
+            values = _values(batch)
+            real = self.loader.batch_real_count
+            if real is None:
+                real = _dispatch_real(self.loader, len(values))
+            self.batches.append((values, len(values) if real is None else real))
+            length = _length(self.loader)
+            if len(self.batches) == 1:
+                self.len_first = length
+            self.len_last = length
+            if count is not None:
+                count -= 1
+
+    def close(self) -> None:
+        self.iterator = None  # type: ignore[assignment]
+
+
+def _dispatch_real(loader: Any, rows: int) -> Optional[int]:
+    """Dispatch marks the last step's padding by ``remainder`` (its real rows over all processes):
+    process ``i`` of ``N`` holds rows ``[i*k, (i+1)*k)`` of the step (``k = rows``)."""
+    if getattr(loader, "dispatch_stats", None) is None or not loader.end_of_dataloader:
+        return None
+    remainder = loader.remainder
+    if remainder <= 0:
+        return None
+    return min(max(remainder - loader.process_index * rows, 0), rows)
+
+
+def _length(loader: Any) -> Optional[int]:
+    try:
+        return len(loader)
+    except TypeError:
+        return None
+
+
+def _position(loader: Any, stateful: bool) -> dict[str, Any]:
+    state = loader.state_dict()
+    return state["_shardplug_position"] if stateful else state
+
+
+def same_position(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    if set(a) != set(b):
+        return False
+    for key in a:
+        x, y = a[key], b[key]
+        if isinstance(x, torch.Tensor) or isinstance(y, torch.Tensor):
+            if not (isinstance(x, torch.Tensor) and isinstance(y, torch.Tensor) and torch.equal(x, y)):
+                return False
+        elif x != y:
+            return False
+    return True
+
+
+def steps_of(case: Case, processes: int) -> int:
+    return case.batch_size if case.split_batches else case.batch_size * processes
+
+
+class Group:
+    """N processes of one run: simulated in this process, or this rank of a real process group."""
+
+    def __init__(self, case: Case, processes: int) -> None:
+        self.case, self.processes = case, processes
+        self.distributed = dist.is_initialized()
+        if self.distributed:
+            assert dist.get_world_size() == processes
+            self.ranks = [dist.get_rank()]
+        else:
+            self.ranks = list(range(processes))
+
+    def build(self) -> list[Any]:
+        loaders = [build(self.case, self.processes, r, explicit=not self.distributed) for r in self.ranks]
+        if self.distributed:  # every rank seeded differently; process 0's draws the same in every run
+            torch.manual_seed(1234 + self.ranks[0])
+        return loaders
+
+    def gather(self, values: list[Any]) -> list[Any]:
+        """Every process's value (by rank), from this process's ``values``."""
+        if not self.distributed:
+            return values
+        out: list[Any] = [None] * self.processes
+        dist.all_gather_object(out, values[0])
+        return out
+
+
+def _take_to(passes: list[Pass], point: str, epoch_batches: list[Optional[int]]) -> None:
+    """Advance every process's pass to ``point`` of the epoch."""
+    for p, total in zip(passes, epoch_batches):
+        if point == "start":
+            continue
+        if point in ("all_open", "ended") or total is None:
+            if point == "all_open" and total is not None:
+                p.take(total)
+            else:
+                p.take(None if point == "ended" else (1 if point == "one" else 2))
+            continue
+        k = {"one": 1, "half": total // 2, "all_but_one": total - 1}[point]
+        p.take(max(min(k, total), 0))
+
+
+def reference(case: Case, processes: int, epochs: int = 2) -> list[list[list[tuple[list[int], int]]]]:
+    """An uninterrupted run: per epoch, per process (rank order), its batches."""
+    group = Group(case, processes)
+    loaders = group.build()
+    out = []
+    for _ in range(epochs):
+        mine = []
+        for loader in loaders:
+            p = Pass(loader)
+            p.take()
+            mine.append(p.batches)
+        out.append(group.gather(mine) if group.distributed else mine)
+    return out
+
+
+def _flatten(per_process: list[list[tuple[list[int], int]]]) -> list[int]:
+    return [v for batches in per_process for values, real in batches for v in values[:real]]
+
+
+def _check_padding(case: Case, batches: list[tuple[list[int], int]], where: str) -> None:
+    pads = not case.drop_last and case.even_batches
+    for values, real in batches:
+        assert 0 <= real <= len(values), f"{where}: real count {real} for the batch {values}"
+        if real < len(values):
+            assert pads, f"{where}: padding {values[real:]} in a mode that does not pad"
+
+
+def _check_exactly_once(case: Case, seen: list[int], steps: list[int], where: str) -> None:
+    counts = Counter(seen)
+    repeated = sorted(v for v, c in counts.items() if c > 1)
+    assert not repeated, f"{where}: samples seen twice: {repeated[:20]} ({case})"
+    missing = sorted(set(range(case.n)) - set(counts))
+    if case.drop_last:
+        assert len(missing) < max(steps), f"{where}: {len(missing)} samples lost: {missing[:20]} ({case})"
+    else:
+        assert not missing, f"{where}: samples lost: {missing[:20]} ({case})"
+    assert set(counts) <= set(range(case.n)), f"{where}: unknown samples {sorted(set(counts) - set(range(case.n)))}"
+
+
+def _check_counts(case: Case, counts: list[int], where: str) -> None:
+    if case.even_batches or case.drop_last:
+        assert len(set(counts)) == 1, f"{where}: unequal batch counts {counts} ({case})"
+
+
+@dataclass
+class Saved:
+    """What the first run leaves: the batches it took of the epoch it stopped in, the states it saved."""
+
+    target_epoch: int
+    first_part: list[Any]
+    states: list[Any]
+    taken: list[int]
+
+
+def run_before(case: Case, resume: Resume) -> Saved:
+    """The first run (N processes): up to the point, then every process's state (or batch count)."""
+    before = Group(case, resume.n_before)
+    ref_before = reference(case, resume.n_before, epochs=2)
+    loaders = before.build()
+    point, target_epoch = resume.point, 0
+    if point == "mid_next":
+        for loader in loaders:
+            Pass(loader).take()
+        target_epoch, point = 1, "half"
+    epoch_batches = [len(b) for b in ref_before[target_epoch]]
+    passes = [Pass(loader) for loader in loaders]
+    _take_to(passes, point, [epoch_batches[r] for r in before.ranks])
+    first_part = before.gather([p.batches for p in passes])
+    taken = before.gather([len(p.batches) for p in passes])
+    if point == "ended" or not resume.skip and _position(loaders[0], case.stateful)["epoch"] > target_epoch:
+        # the epoch is over (also while its last pass is still open): the position is the next epoch's start
+        target_epoch += 1
+        first_part, taken = [], [0] * resume.n_before
+    states: list[Any] = []
+    if not resume.skip:
+        positions = before.gather([_position(loader, case.stateful) for loader in loaders])
+        for rank, position in enumerate(positions[1:], 1):
+            assert same_position(positions[0], position), (
+                f"positions differ: process 0 {positions[0]} process {rank} {position} ({case}, {resume})")
+        states = before.gather([loader.state_dict() for loader in loaders]) if case.stateful else positions[:1]
+    for p in passes:
+        p.close()
+    return Saved(target_epoch, first_part, states, taken)
+
+
+def run_after(case: Case, resume: Resume, saved: Saved) -> dict[str, Any]:
+    """The second run (M processes): load, finish the epoch (resuming once more when asked), run the next."""
+    after_n = resume.n_before if resume.skip else resume.n_after
+    after = Group(case, after_n)
+    target_epoch, first_part = saved.target_epoch, list(saved.first_part)
+
+    def state_for(rank: int, states: list[Any]) -> Any:
+        return states[rank] if case.stateful else states[0]
+
+    if resume.skip:
+        fresh = after.build()
+        for loader in fresh:  # the skip starts in the loader's current epoch
+            for _ in range(target_epoch):
+                Pass(loader).take()
+        originals = fresh
+        resumed = [shardplug.skip_first_batches(loader, saved.taken[r]) for loader, r in zip(fresh, after.ranks)]
+    else:
+        resumed = originals = after.build()
+        for rank, loader in zip(after.ranks, resumed):
+            loader.load_state_dict(state_for(rank, saved.states))
+            if resume.load_twice:
+                loader.load_state_dict(state_for(rank, saved.states))
+    rest = [Pass(loader) for loader in resumed]
+    if resume.resume_twice and not resume.skip:
+        for p in rest:
+            p.take(1)
+        first_part = first_part + after.gather([p.batches for p in rest])
+        if _position(resumed[0], case.stateful)["epoch"] > target_epoch:  # that batch ended the epoch
+            target_epoch, first_part = target_epoch + 1, []
+        positions = after.gather([_position(loader, case.stateful) for loader in resumed])
+        states = after.gather([loader.state_dict() for loader in resumed]) if case.stateful else positions
+        for p in rest:
+            p.close()
+        resumed = originals = after.build()
+        for rank, loader in zip(after.ranks, resumed):
+            loader.load_state_dict(state_for(rank, states))
+        rest = [Pass(loader) for loader in resumed]
+    for p in rest:
+        p.take()
+    following = [Pass(loader) for loader in originals]
+    for p in following:
+        p.take()
+    return {
+        "target_epoch": target_epoch, "first_part": first_part,
+        "rest": after.gather([p.batches for p in rest]),
+        "rest_lengths": after.gather([(p.len_before, p.len_first, p.len_last, len(p.batches)) for p in rest]),
+        "next": after.gather([p.batches for p in following]),
+        "next_lengths": after.gather([(p.len_before, p.len_first, p.len_last, len(p.batches)) for p in following]),
+        "reference": reference(case, after_n, epochs=target_epoch + 2)[target_epoch + 1],
+        "tracked": resumed[0].batch_real_count is not None,
+    }
+
+
+def verify(case: Case, resume: Resume, result: dict[str, Any]) -> None:
+    """The oracle, on what :func:`run_after` returned."""
+    where = f"{case}, {resume}"
+    after_n = resume.n_before if resume.skip else resume.n_after
+    for name in ("rest", "next"):
+        for rank, (before, first, last, got) in enumerate(result[f"{name}_lengths"]):
+            for asked, value in (("before", before), ("at the first batch of", first), ("at the last batch of", last)):
+                if value is not None:
+                    assert value == got, f"{where}: process {rank} len() {asked} the {name} pass is {value}, it yields {got}"
+    for batches in result["rest"]:
+        _check_padding(case, batches, where)
+    _check_counts(case, [len(b) for b in result["rest"]], where)
+    steps = [steps_of(case, resume.n_before), steps_of(case, after_n)]
+    _check_exactly_once(case, _flatten(result["first_part"]) + _flatten(result["rest"]), steps, where)
+    assert result["next"] == result["reference"], (
+        f"{where}: the next epoch differs from an uninterrupted run's:\n{result['next']}\n!=\n{result['reference']}")
+
+
+def check(case: Case, resume: Resume) -> None:
+    """Run ``case`` stopped and continued as ``resume`` describes (processes simulated), and assert the oracle."""
+    verify(case, resume, run_after(case, resume, run_before(case, resume)))
+
+
+def check_distributed(case: Case, resume: Resume, timeout: float = 120.0) -> None:
+    """:func:`check` on real gloo process groups: N processes, then M."""
+    from _dist import run_gloo
+
+    saved = run_gloo(_before_rank, case, resume, world_size=resume.n_before, timeout=timeout)[0]
+    after_n = resume.n_before if resume.skip else resume.n_after
+    result = run_gloo(_after_rank, case, resume, saved, world_size=after_n, timeout=timeout)[0]
+    verify(case, resume, result)
+
+
+def _before_rank(rank: int, world: int, case: Case, resume: Resume) -> Saved:
+    return run_before(case, resume)
+
+
+def _after_rank(rank: int, world: int, case: Case, resume: Resume, saved: Saved) -> dict[str, Any]:
+    return run_after(case, resume, saved)
