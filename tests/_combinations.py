@@ -302,18 +302,19 @@ class Group:
 
 
 def _take_to(passes: list[Pass], point: str, epoch_batches: list[Optional[int]]) -> None:
-    """Advance every process's pass to ``point`` of the epoch."""
-    for p, total in zip(passes, epoch_batches):
-        if point == "start":
-            continue
-        if point in ("all_open", "ended") or total is None:
-            if point == "all_open" and total is not None:
-                p.take(total)
-            else:
-                p.take(None if point == "ended" else (1 if point == "one" else 2))
-            continue
-        k = {"one": 1, "half": total // 2, "all_but_one": total - 1}[point]
-        p.take(max(min(k, total), 0))
+    """Advance every process's pass to ``point`` of the epoch, in steps (the same number of
+    batches on every process: one with fewer batches, ``even_batches=False``, ends its pass)."""
+    known = [t for t in epoch_batches if t is not None]
+    total = max(known) if len(known) == len(epoch_batches) and known else None
+    if point == "ended":
+        count: Optional[int] = None
+    elif total is None:
+        count = {"start": 0, "one": 1}.get(point, 2)
+    else:
+        count = {"start": 0, "one": 1, "half": total // 2, "all_but_one": total - 1, "all_open": total}[point]
+    for p in passes:
+        if count is None or count > 0:
+            p.take(count)
 
 
 def reference(case: Case, processes: int, epochs: int = 2) -> list[list[list[tuple[list[int], int]]]]:
@@ -382,7 +383,7 @@ def run_before(case: Case, resume: Resume) -> Saved:
         target_epoch, point = 1, "half"
     epoch_batches = [len(b) for b in ref_before[target_epoch]]
     passes = [Pass(loader) for loader in loaders]
-    _take_to(passes, point, [epoch_batches[r] for r in before.ranks])
+    _take_to(passes, point, epoch_batches)
     first_part = before.gather([p.batches for p in passes])
     taken = before.gather([len(p.batches) for p in passes])
     if point == "ended" or not resume.skip and _position(loaders[0], case.stateful)["epoch"] > target_epoch:

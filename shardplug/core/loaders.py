@@ -8,6 +8,7 @@ sampler or dataset is already sharded.  The dispatcher lives in ``dispatch.py``.
 
 from __future__ import annotations
 
+import copy
 import logging
 from typing import Any, Iterable, Iterator, Optional, Union
 
@@ -148,9 +149,24 @@ class PreparedDataLoader(DataLoader):
             cls = stateful_variant(cls)
         return super().__new__(cls)
 
+    def skipping(self, num_batches: int) -> "PreparedDataLoader":
+        """A copy of this loader whose next pass starts ``num_batches`` batches later (see
+        :func:`~shardplug.skip_first_batches`); this loader follows the copy's passes (the epoch
+        and the position), so it continues with the next epoch once the copy's pass is over."""
+        if not isinstance(num_batches, int) or isinstance(num_batches, bool) or num_batches < 0:
+            raise ValueError(f"num_batches={num_batches!r} must be an integer >= 0")
+        new = copy.copy(self)
+        new.__dict__["_iterator"] = None
+        new._pass = copy.copy(self._pass)
+        new._pass.open = False
+        new._skip_pending = num_batches
+        new._skipped_from = self
+        return new
+
     def __reduce_ex__(self, protocol: Any) -> Any:
         state = dict(self.__dict__)
         state["_iterator"] = None  # an open iterator (and its workers) does not travel
+        state["_skipped_from"] = None  # a copy travels alone
         cls = type(self)
         if _VARIANTS.get(cls.__bases__) is cls:  # a class made by combined_class: rebuilt by its bases
             return _variant_instance, (cls.__bases__,), state
@@ -177,6 +193,7 @@ class PreparedDataLoader(DataLoader):
         self.plan = plan if plan is not None else self._default_plan()
         self._pass = _Pass()
         self._skip_pending = skip_batches  # shortens the next pass (skip_first_batches)
+        self._skipped_from: Optional[PreparedDataLoader] = None  # the loader this one is a skip_first_batches copy of
         self._pending: Optional[Position] = None  # loaded, applied when the next pass starts
         self._inner_repositions = False  # a loaded StatefulDataLoader state does the resume skip itself
         self._stateful_snapshot: Optional[dict[str, Any]] = None
@@ -332,6 +349,8 @@ class PreparedDataLoader(DataLoader):
             current.resumed += skip
             if self.use_stateful_dataloader:  # read through it, so that its own state counts them
                 discard += skip
+                if current.record.batches is not None:
+                    current.unlogged += skip  # their records are not the batches handed out
             else:
                 discard = self.plan.start_after(current.consumed_at_start)
         current.batches_yielded = current.resumed
@@ -342,6 +361,10 @@ class PreparedDataLoader(DataLoader):
         if shard is not None:
             shard.record_next_pass(current.record)
         self._pass = current
+        origin = self._skipped_from
+        while origin is not None:  # the loader it was skipped from follows this pass (its epoch, its position)
+            origin.epoch, origin._pass, origin._pending, origin._skip_pending = self.epoch, current, None, 0
+            origin = origin._skipped_from
         return current, discard
 
     def _pass_total(self, current: _Pass) -> Optional[int]:
@@ -448,14 +471,19 @@ class PreparedDataLoader(DataLoader):
         """
         if self._pending is not None:  # loaded but not iterated yet: still that position
             return self._pending
+        return self._pass_position()
+
+    def _pass_position(self) -> Position:
+        """Where the last pass stands, in this loader's own layout (a loaded position aside)."""
         current, layout = self._pass, self.plan.layout
         generator = self._shuffle_generator()
         epoch, done, dataset_state = self.epoch, current.batches_yielded, None
         consumed = current.consumed_at_start + (done - current.resumed) * self.plan.consumed_per_batch
         generator_state = current.generator_state
-        # A pass is over for every process once none has a batch left: until then (a process
-        # with fewer batches, even_batches=False) this process reports the same place as the others.
-        if current.complete and self.plan.finished(consumed) is not False:
+        # A pass is over for every process once none has a batch left. A process with fewer batches
+        # (even_batches=False) reports the same place as the others while it holds its last batch,
+        # and the epoch's end once it has left its pass (the others then finish theirs).
+        if current.complete and (not current.open or self.plan.finished(consumed) is not False):
             epoch, done, consumed = epoch + 1, 0, 0
             generator_state = generator.get_state() if generator is not None else None
         elif isinstance(self.dataset, IterableDatasetShard) and self.dataset.repositions_itself:
@@ -526,7 +554,7 @@ class PreparedDataLoader(DataLoader):
 
     def _check_loadable(self, position: Position, stateful: bool) -> None:
         """Everything that refuses ``position`` for this loader, before anything changes."""
-        current, processes = self.current_position(), self.plan.layout.num_processes
+        current, processes = self._pass_position(), self.plan.layout.num_processes
         if position.num_processes != processes and position.unit == current.unit:
             self._refuse_resize(position, stateful)
         dataset = self.dataset
@@ -624,11 +652,16 @@ class PreparedDataLoader(DataLoader):
 
     def state_dict(self) -> dict[str, Any]:
         """Resume state: after ``load_state_dict`` iteration continues after the last batch handed out."""
+        position = self.position()
         if not self.use_stateful_dataloader:
-            return self.position()
+            return position
+        if (position["consumed"], position["batches_yielded"]) == (0, 0):
+            # an epoch's start: the position alone resumes it (asking the StatefulDataLoader would start an
+            # iterator, which draws from the shuffle's generator)
+            return {_POSITION_KEY: position}
         snapshot = self._stateful_snapshot
         inner = dict(snapshot) if snapshot is not None else self._inner_state_dict()
-        inner[_POSITION_KEY] = self.position()
+        inner[_POSITION_KEY] = position
         return inner
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
@@ -643,9 +676,11 @@ class PreparedDataLoader(DataLoader):
             )
         position = Position.from_dict(state.pop(_POSITION_KEY))
         self._check_loadable(position, stateful=True)
-        if self._inner_state_only_counts():
-            # its state would only fast-forward the stream by a count, which torchdata (0.11) counts twice after a
-            # resume (a second resume would skip batches): shardplug's own skip is exact, and used instead
+        if self._inner_state_only_counts() or (position.consumed, position.batches_yielded) == (0, 0):
+            # At an epoch's start the position alone is exact (its state may still describe the end of the previous
+            # pass, whose last batch was handed out). A stream without state_dict(): its state would only
+            # fast-forward the stream by a count, which torchdata (0.11) counts twice after a resume (a second
+            # resume would skip batches): shardplug's own skip is exact, and used instead.
             self.load_position(position)
             return
         super(PreparedDataLoader, self).load_state_dict(state)  # type: ignore[misc]

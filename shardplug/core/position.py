@@ -135,6 +135,11 @@ class Position:
         for key, (check, meaning) in _CHECKS.items():
             if not check(state[key]):
                 raise ValueError(f"the position's {key}={state[key]!r} is invalid: it must be {meaning}; {_FIX}")
+        if (state["consumed"] or state["batches_yielded"]) and None in state["seeds"]:
+            raise ValueError(
+                f"the position's seeds={list(state['seeds'])} has an unset seed although the epoch is under way "
+                f"(consumed={state['consumed']}): the order of the rest of the epoch cannot be known; {_FIX}"
+            )
         values = dict(state)
         values["seeds"] = tuple(values["seeds"])
         return cls(**values)
