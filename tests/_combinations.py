@@ -409,7 +409,8 @@ def run_after(case: Case, resume: Resume, saved: Saved) -> dict[str, Any]:
     target_epoch, first_part = saved.target_epoch, list(saved.first_part)
 
     def state_for(rank: int, states: list[Any]) -> Any:
-        return states[rank] if case.stateful else states[0]
+        # a StatefulDataLoader's state is each process's own (a process the first run did not have loads process 0's)
+        return states[rank] if case.stateful and rank < len(states) else states[0]
 
     if resume.skip:
         fresh = after.build()

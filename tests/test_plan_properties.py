@@ -189,6 +189,6 @@ def test_a_natively_sharded_stream_keeps_the_contract_and_resumes_with_the_same_
         expected = got[rank][k:] if k < len(got[rank]) else got[rank]  # a position after the last batch is the next epoch
         assert len(resumed) == len(expected)
         assert rows(resumed) == expected
-    if world > 1:
-        with pytest.raises(ValueError, match="cannot move from|unit='batches' differs"):  # natively, or read by all
+    if world > 1 and positions[0]["consumed"]:  # inside the epoch (an epoch's start loads into any size)
+        with pytest.raises(ValueError, match="cannot move"):  # natively, or read by all
             make(world + 1, 0).load_state_dict(positions[0])

@@ -6,7 +6,7 @@ from .layout import ShardLayout
 from .config import ShardplugConfig
 from .dispatch import DataLoaderDispatcher, DispatchError
 from .iterable import IterableDatasetShard
-from .loaders import DataLoaderShard, PreparedDataLoader
+from .loaders import DataLoaderShard, LengthMismatchWarning, PreparedDataLoader
 from .metrics import drop_padding, gather_for_metrics
 from .optimizer import PreparedOptimizer
 from .position import Position
@@ -32,6 +32,7 @@ __all__ = [
     "GradientState",
     "IterableDatasetShard",
     "KeyedPermutation",
+    "LengthMismatchWarning",
     "Position",
     "PreparedDataLoader",
     "PreparedOptimizer",

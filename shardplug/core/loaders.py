@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import logging
+import warnings
 from typing import Any, Iterable, Iterator, Optional, Union
 
 import torch
@@ -27,7 +28,7 @@ from .shuffle import SeedableRandomSampler, sampler_kind
 from .transfer import send_to_device
 
 __all__ = [
-    "PreparedDataLoader", "DataLoaderShard", "stateful_dataloader_class", "stateful_variant", "DATALOADER_PRIVATES",
+    "PreparedDataLoader", "DataLoaderShard", "LengthMismatchWarning", "stateful_dataloader_class", "stateful_variant", "DATALOADER_PRIVATES",
 ]
 
 logger = logging.getLogger(__name__)
@@ -91,10 +92,12 @@ class _Pass:
     """
 
     __slots__ = ("batches_yielded", "end_of_dataloader", "complete", "resumed", "consumed_at_start", "total",
-                 "record", "batch_indices", "batch_real", "unlogged", "generator_state", "open")
+                 "record", "batch_indices", "batch_real", "unlogged", "generator_state", "open", "length", "exhausted")
 
     def __init__(self, record: Optional[PassRecord] = None) -> None:
         self.open = False  # begun and not yet ended: len() is this pass's
+        self.length: Optional[int] = None  # len() when the pass began (None: unknown), checked at its end
+        self.exhausted = False  # the loop over it ended by itself (StopIteration)
         self.batches_yielded = 0
         self.end_of_dataloader = False
         self.complete = False
@@ -106,6 +109,22 @@ class _Pass:
         self.batch_real: Optional[int] = None
         self.unlogged = 0  # records of batches a StatefulDataLoader fast-forwarded past
         self.generator_state: Optional[torch.Tensor] = None  # the shuffle generator's state at the pass start
+
+
+class LengthMismatchWarning(UserWarning):
+    """A pass yielded another number of batches than ``len()`` said when it began (as torch's
+    ``DataLoader`` warns for an iterable dataset whose ``len()`` is wrong)."""
+
+
+def _check_length(current: _Pass) -> None:
+    """Compare what the pass ``current`` yielded with its ``len()``: a wrong length never passes silently."""
+    yielded = current.batches_yielded - current.resumed
+    if current.length is not None and yielded != current.length:
+        warnings.warn(
+            f"this pass of the prepared loader yielded {yielded} batches, but len() said {current.length} when it "
+            "began; if the dataset's __len__ is right, please report this to shardplug (with the options used)",
+            LengthMismatchWarning, stacklevel=3,
+        )
 
 
 def _is_stateful(loader: DataLoader) -> bool:
@@ -365,6 +384,10 @@ class PreparedDataLoader(DataLoader):
         while origin is not None:  # the loader it was skipped from follows this pass (its epoch, its position)
             origin.epoch, origin._pass, origin._pending, origin._skip_pending = self.epoch, current, None, 0
             origin = origin._skipped_from
+        try:
+            current.length = len(self)
+        except TypeError:
+            current.length = None
         return current, discard
 
     def _pass_total(self, current: _Pass) -> Optional[int]:
@@ -388,7 +411,8 @@ class PreparedDataLoader(DataLoader):
             if isinstance(self.dataset, IterableDatasetShard) and self.dataset.num_processes > 1 and world_size() > 1:
                 batches = _checked_first_batch(batches, self.dataset)
             yield from self._deliver(batches, current)
-            current.complete = True
+            current.complete = current.exhausted = True
+            _check_length(current)
         finally:
             current.open = False
             self._stateful_snapshot = None
@@ -481,9 +505,9 @@ class PreparedDataLoader(DataLoader):
         consumed = current.consumed_at_start + (done - current.resumed) * self.plan.consumed_per_batch
         generator_state = current.generator_state
         # A pass is over for every process once none has a batch left. A process with fewer batches
-        # (even_batches=False) reports the same place as the others while it holds its last batch,
-        # and the epoch's end once it has left its pass (the others then finish theirs).
-        if current.complete and (not current.open or self.plan.finished(consumed) is not False):
+        # (even_batches=False) reports the same place as the others until its loop has ended by itself,
+        # then the epoch's end (the others finish theirs before they meet it again).
+        if current.complete and (current.exhausted or self.plan.finished(consumed) is not False):
             epoch, done, consumed = epoch + 1, 0, 0
             generator_state = generator.get_state() if generator is not None else None
         elif isinstance(self.dataset, IterableDatasetShard) and self.dataset.repositions_itself:
@@ -555,7 +579,8 @@ class PreparedDataLoader(DataLoader):
     def _check_loadable(self, position: Position, stateful: bool) -> None:
         """Everything that refuses ``position`` for this loader, before anything changes."""
         current, processes = self._pass_position(), self.plan.layout.num_processes
-        if position.num_processes != processes and position.unit == current.unit:
+        at_start = (position.consumed, position.batches_yielded) == (0, 0)  # nothing to share out anew
+        if position.num_processes != processes and position.unit == current.unit and not at_start:
             self._refuse_resize(position, stateful)
         dataset = self.dataset
         if isinstance(dataset, IterableDatasetShard) and dataset.splits_by_worker and self.num_workers > 0:
@@ -569,19 +594,19 @@ class PreparedDataLoader(DataLoader):
         position.check_resumable(current, self.plan.epoch_size(), self._same_layout_length())
 
     def _refuse_resize(self, position: Position, stateful: bool) -> None:
-        """Refuse a position of another number of processes where this loader cannot resize."""
-        processes = self.plan.layout.num_processes
+        """Refuse a position inside an epoch, of another number of processes, where this loader cannot resize."""
+        moves = f"cannot move from {position.num_processes} to {self.plan.layout.num_processes} processes"
+        anew = ("resume with the same number of processes, or from a position saved at an epoch's end (it loads "
+                "into any number of processes)")
         if stateful:
             raise ValueError(
-                "use_stateful_dataloader=True resumes each process from its own saved state, which cannot be "
-                f"resized from {position.num_processes} to {processes} processes; resume "
-                "without use_stateful_dataloader (the position resizes), or with the same number of processes"
+                "use_stateful_dataloader=True resumes this stream from each process's own saved state (its "
+                f"DataLoader workers' places), which {moves}; {anew}"
             )
         if self.plan.unit == "batches":
             raise ValueError(
-                f"this loader's data is not sharded by shardplug (unit 'batches'), so its position cannot move from "
-                f"{position.num_processes} to {processes} processes; resume with the same number of "
-                "processes, or prepare the data with prepare_data_loader on more than one process"
+                "this stream is not shared out by shardplug element by element (each process reads its own shards, "
+                f"or it is read by one process), so a position inside an epoch {moves}; {anew}"
             )
 
     def _start_after(self, position: Position, current: _Pass) -> int:
@@ -665,8 +690,8 @@ class PreparedDataLoader(DataLoader):
         return inner
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        if not self.use_stateful_dataloader:
-            self.load_position(state_dict)
+        if not self.use_stateful_dataloader:  # a StatefulDataLoader's state too: its position
+            self.load_position(state_dict.get(_POSITION_KEY, state_dict) if isinstance(state_dict, dict) else state_dict)
             return
         state = dict(state_dict)
         if _POSITION_KEY not in state:
@@ -675,17 +700,27 @@ class PreparedDataLoader(DataLoader):
                 "pass what its state_dict() returned"
             )
         position = Position.from_dict(state.pop(_POSITION_KEY))
-        self._check_loadable(position, stateful=True)
-        if self._inner_state_only_counts() or (position.consumed, position.batches_yielded) == (0, 0):
-            # At an epoch's start the position alone is exact (its state may still describe the end of the previous
-            # pass, whose last batch was handed out). A stream without state_dict(): its state would only
-            # fast-forward the stream by a count, which torchdata (0.11) counts twice after a resume (a second
-            # resume would skip batches): shardplug's own skip is exact, and used instead.
+        if self._position_suffices(position):
             self.load_position(position)
             return
+        self._check_loadable(position, stateful=True)
         super(PreparedDataLoader, self).load_state_dict(state)  # type: ignore[misc]
         self.load_position(position)
         self._inner_repositions = True
+
+    def _position_suffices(self, position: Position) -> bool:
+        """Whether ``position`` alone resumes this StatefulDataLoader exactly (its own state is then not
+        loaded, and the position may come from another number of processes):
+
+        * at an epoch's start (the state may still describe the end of the previous pass);
+        * map-style data without a ``state_dict()`` of its own: the plan starts after any batch by index;
+        * a stream without ``state_dict()`` read in this process: the state would only fast-forward the
+          stream by a count, which torchdata (0.11) counts twice after a resume (a second resume would
+          skip batches), while shardplug's own skip is exact.
+        """
+        if (position.consumed, position.batches_yielded) == (0, 0) or self._inner_state_only_counts():
+            return True
+        return not isinstance(self.dataset, IterableDataset) and not callable(getattr(self.dataset, "state_dict", None))
 
     def _inner_state_only_counts(self) -> bool:
         """A stream without ``state_dict()`` read in this process: the StatefulDataLoader's state

@@ -150,6 +150,16 @@ class Position:
         epoch (``epoch_size`` in ``unit``; ``same_layout_batches``: this process's batches per epoch)."""
         for key in IDENTITY:
             saved, now = getattr(self, key), getattr(current, key)
+            if key == "unit" and saved != now:
+                if (self.consumed, self.batches_yielded) == (0, 0):
+                    continue  # an epoch's start is the same place whatever is counted
+                raise ValueError(
+                    f"the position counts {saved!r} (a stream on {self.num_processes} processes) and this loader "
+                    f"counts {now!r} (on {current.num_processes}): a stream is shared out differently on one process "
+                    "and on several, so a position inside an epoch cannot move between them; resume with "
+                    f"{self.num_processes} processes, or from a position saved at an epoch's end (it loads into any "
+                    "number of processes)"
+                )
             if saved != now:
                 raise ValueError(
                     f"the position's {key}={saved!r} differs from this loader's {key}={now!r}: it would resume at "

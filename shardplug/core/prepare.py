@@ -17,7 +17,7 @@ from .layout import ShardLayout
 from .loaders import DataLoaderShard, PreparedDataLoader, combined_class, stateful_dataloader_class
 from .collectives import all_reduce_int_async, world_size
 from .native import can_shard, process_part
-from .plan import NativeStreamPlan, ShardPlan, sized_length
+from .plan import LocalPlan, NativeStreamPlan, ShardPlan, sized_length
 from .rng import check_rng_types
 from .samplers import BatchSamplerShard, IndexSamplerShard
 from .streams import asks_for_its_worker, declared_worker_split, node_split, shuffle_fingerprint, single_node_only
@@ -212,6 +212,8 @@ def prepare_data_loader(
         kwargs.update(batch_size=dataloader.batch_size, drop_last=dataloader.drop_last)
         if not dispatch_batches and num_processes > 1:
             new_dataset, plan, kwargs["batch_size"] = _shard_stream(dataset, dataloader, layout)
+        elif not dispatch_batches:  # one process reads the stream as it is
+            plan = LocalPlan(layout, _length_of_loader(dataset, dataloader.batch_size, dataloader.drop_last))
     else:
         sampler = _index_sampler(dataloader)
         if shuffle_algorithm == "bijective":

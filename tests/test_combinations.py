@@ -1,0 +1,233 @@
+"""Resume across combinations of options, from one oracle (tests/_combinations.py), and the
+combinations that were found broken, one test each.
+
+The property tests draw a data kind, a shuffle, ``split_batches`` / ``even_batches`` /
+``drop_last``, a StatefulDataLoader or not, N and M processes (simulated in this process) and a
+point in the epoch; the oracle checks every real sample once, marked padding, ``len()`` before and
+during the pass, equal counts, identical positions and the next epoch.  Hypothesis runs a fixed,
+bounded set in CI (``derandomize``); ``SHARDPLUG_COMBINATIONS=2000`` runs more locally.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import warnings
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from torch.utils.data import DataLoader
+
+import shardplug
+from _combinations import POINTS, Case, Resume, Stream, build, check
+
+EXAMPLES = int(os.environ.get("SHARDPLUG_COMBINATIONS", "150"))
+SHUFFLES = ("off", "shuffle", "generator", "seedable", "bijective")
+PROPERTY = settings(
+    max_examples=EXAMPLES, derandomize=True, deadline=None, database=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+
+
+@st.composite
+def resumes(draw: st.DrawFn) -> Resume:
+    n_before, n_after = draw(st.integers(1, 3)), draw(st.integers(1, 3))
+    how = draw(st.sampled_from(("once", "load_twice", "resume_twice", "skip")))
+    return Resume(n_before, n_after, draw(st.sampled_from(POINTS)), load_twice=how == "load_twice",
+                  resume_twice=how == "resume_twice", skip=how == "skip")
+
+
+@st.composite
+def map_cases(draw: st.DrawFn) -> tuple[Case, Resume]:
+    resume = draw(resumes())
+    split = draw(st.booleans())
+    unit = math.lcm(resume.n_before, resume.n_after) if split else 1  # a split batch divides by every N
+    case = Case(
+        data="map", n=draw(st.integers(1, 30)), batch_size=unit * draw(st.integers(1, 3)),
+        shuffle=draw(st.sampled_from(SHUFFLES)), split_batches=split, even_batches=draw(st.booleans()),
+        drop_last=draw(st.booleans()), stateful=draw(st.booleans()),
+    )
+    return case, resume
+
+
+@PROPERTY
+@given(map_cases())
+def test_map_style_data_resumes_exactly_in_every_combination(drawn: tuple[Case, Resume]) -> None:
+    check(*drawn)
+
+
+@st.composite
+def stream_cases(draw: st.DrawFn) -> tuple[Case, Resume]:
+    """Sized streams read by every process (resizable), and streams that shard themselves (same N)."""
+    data = draw(st.sampled_from(("stream", "sharded")))
+    resume = draw(resumes())
+    inside = resume.point not in ("start", "ended")
+    if inside and (data == "sharded" or 1 in (resume.n_before, resume.n_after)):  # a position inside the epoch keeps N
+        resume = Resume(resume.n_before, resume.n_before, resume.point, resume.load_twice, resume.resume_twice,
+                        resume.skip)
+    split = draw(st.booleans())
+    unit = math.lcm(resume.n_before, resume.n_after) if split else 1
+    case = Case(
+        data=data, n=draw(st.integers(12 if data == "sharded" else 1, 30)), batch_size=unit * draw(st.integers(1, 3)), split_batches=split,
+        even_batches=draw(st.booleans()), drop_last=draw(st.booleans()), stateful=draw(st.booleans()),
+    )
+    return case, resume
+
+
+@PROPERTY
+@given(stream_cases())
+def test_streams_resume_exactly_in_every_combination(drawn: tuple[Case, Resume]) -> None:
+    check(*drawn)
+
+
+@pytest.mark.parametrize("stateful", [False, True])
+@pytest.mark.parametrize("shuffle", ["off", "generator"])
+@pytest.mark.parametrize("resume", [Resume(2, 3, "half"), Resume(2, 2, "all_open", resume_twice=True),
+                                    Resume(2, 2, "one", skip=True), Resume(1, 1, "start")])
+def test_with_dataloader_workers(stateful: bool, shuffle: str, resume: Resume) -> None:
+    check(Case(shuffle=shuffle, stateful=stateful, workers=2, even_batches=resume.n_after != 3), resume)
+
+
+# -- the combinations found broken, one test each ---------------------------------------------------------------
+
+
+def _loader(n: int = 10, batch_size: int = 2, processes: int = 1, index: int = 0, **options) -> shardplug.PreparedDataLoader:
+    loader_options = {k: options.pop(k) for k in ("shuffle", "generator", "num_workers") if k in options}
+    return shardplug.prepare_data_loader(
+        DataLoader(range(n), batch_size=batch_size, **loader_options), num_processes=processes, process_index=index,
+        **options,
+    )
+
+
+def _take(loader, count: int) -> list[list[int]]:
+    iterator = iter(loader)
+    return [next(iterator).tolist() for _ in range(count)]
+
+
+@pytest.mark.parametrize("stateful", [False, True])
+def test_len_inside_a_resumed_pass_is_what_that_pass_yields(stateful: bool) -> None:
+    saving = _loader(use_stateful_dataloader=stateful)
+    _take(saving, 2)
+    resumed = _loader(use_stateful_dataloader=stateful)
+    resumed.load_state_dict(saving.state_dict())
+    assert len(resumed) == 3
+    lengths = [len(resumed) for _ in resumed]
+    assert lengths == [3, 3, 3]
+    assert len(resumed) == 5  # the next pass is a whole epoch again
+    skipped = shardplug.skip_first_batches(_loader(use_stateful_dataloader=stateful), 2)
+    assert [len(skipped) for _ in skipped] == [3, 3, 3]
+
+
+def test_a_pass_that_yields_another_number_than_its_len_is_warned_about() -> None:
+    class Liar(Stream):
+        def __len__(self) -> int:
+            return self.n + 4
+
+    loader = shardplug.prepare_data_loader(DataLoader(Liar(6), batch_size=2), num_processes=1, process_index=0)
+    with pytest.warns(shardplug.LengthMismatchWarning, match="yielded 3 batches, but len\\(\\) said 5"):
+        list(loader)
+
+
+def test_a_stateful_position_saved_at_the_last_batch_resumes_with_the_next_epoch() -> None:
+    saving = _loader(use_stateful_dataloader=True)
+    iterator = iter(saving)
+    for _ in range(5):
+        next(iterator)  # the last batch: the pass is still open
+    state = saving.state_dict()
+    resumed = _loader(use_stateful_dataloader=True)
+    resumed.load_state_dict(state)
+    assert resumed.epoch == 1 and len(resumed) == 5
+    assert [b.tolist() for b in resumed] == [[0, 1], [2, 3], [4, 5], [6, 7], [8, 9]]
+    assert resumed.state_dict()["_shardplug_position"]["epoch"] == 2
+
+
+@pytest.mark.parametrize("where", ["before the first batch", "after the epoch"])
+def test_a_stateful_loader_with_a_generator_keeps_the_order(where: str) -> None:
+    def make():
+        return _loader(20, 4, shuffle=True, generator=torch.Generator().manual_seed(5), use_stateful_dataloader=True)
+
+    uninterrupted = make()
+    expected = [[b.tolist() for b in uninterrupted] for _ in range(2)]
+    saving = make()
+    if where == "after the epoch":
+        list(saving)
+    state = saving.state_dict()
+    if where == "before the first batch":  # the saving loader itself keeps its order too
+        assert [b.tolist() for b in saving] == expected[0]
+    resumed = make()
+    resumed.load_state_dict(state)
+    assert [b.tolist() for b in resumed] == expected[0 if where == "before the first batch" else 1]
+
+
+def test_skip_first_batches_on_a_stateful_loader_reports_the_batch_handed_out() -> None:
+    loader = shardplug.skip_first_batches(_loader(11, 2, processes=2, index=1, use_stateful_dataloader=True), 1)
+    loader.track_padding()
+    seen = [(b.tolist(), loader.batch_indices, loader.batch_real_count) for b in loader]
+    assert seen == [([6, 7], [6, 7], 2), ([10, 0], [10, 0], 1)]
+
+
+def test_even_batches_false_positions_agree_on_every_process() -> None:
+    loaders = [_loader(21, 3, processes=2, index=i, even_batches=False) for i in range(2)]
+    passes = [iter(loader) for loader in loaders]
+    for step in range(3):
+        for p in passes:
+            next(p)
+        assert loaders[0].state_dict() == loaders[1].state_dict(), step
+    next(passes[0])  # process 0's fourth and last batch; process 1 has none left and leaves its pass
+    assert next(passes[1], None) is None
+    assert loaders[0].state_dict() == loaders[1].state_dict()
+    assert loaders[0].state_dict()["epoch"] == 1
+
+
+def test_a_position_loads_twice_into_a_loader_of_another_size() -> None:
+    saving = [_loader(21, 3, processes=2, index=i, even_batches=False) for i in range(2)]
+    for loader in saving:
+        _take(loader, 3)
+    state = saving[0].state_dict()
+    resumed = _loader(21, 3, processes=3, index=0, even_batches=False)
+    resumed.load_state_dict(state)
+    resumed.load_state_dict(state)
+    assert [b.tolist() for b in resumed] == [[18, 19, 20]]
+
+
+def test_a_position_with_an_unset_seed_mid_epoch_is_refused() -> None:
+    saving = _loader(10, 2, shuffle=True)
+    _take(saving, 2)
+    state = {**saving.state_dict(), "seeds": [None]}
+    with pytest.raises(ValueError, match=r"seeds=\[None\] has an unset seed .*\(consumed=2\)"):
+        _loader(10, 2, shuffle=True).load_state_dict(state)
+
+
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_after_a_skip_first_batches_pass_the_loader_goes_on_with_the_next_epoch(shuffle: bool) -> None:
+    def make():
+        return _loader(10, 2, shuffle=shuffle, data_seed=4 if shuffle else None)
+
+    uninterrupted = make()
+    epochs = [[b.tolist() for b in uninterrupted] for _ in range(2)]
+    loader = make()
+    assert [b.tolist() for b in shardplug.skip_first_batches(loader, 2)] == epochs[0][2:]
+    assert loader.state_dict()["epoch"] == 1
+    assert [b.tolist() for b in loader] == epochs[1]
+
+
+def test_a_stateful_position_resizes_map_style_data() -> None:
+    saving = [_loader(21, 3, processes=2, index=i, use_stateful_dataloader=True) for i in range(2)]
+    seen = [v for loader in saving for b in _take(loader, 2) for v in b]
+    state = saving[0].state_dict()
+    rest = []
+    for i in range(3):
+        resumed = _loader(21, 3, processes=3, index=i, use_stateful_dataloader=True)
+        resumed.load_state_dict(state)
+        resumed.track_padding()
+        rest += [v for b in resumed for v in b.tolist()[: resumed.batch_real_count]]
+    assert sorted(seen + rest) == list(range(21))
+
+
+def test_no_len_warning_in_an_ordinary_epoch() -> None:
+    loader = build(Case(n=21, batch_size=3), 2, 1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        list(loader)
