@@ -604,6 +604,12 @@ class DispatchPlan(_Unchanged):
         self.length = length
         self.source = source
 
+    @property
+    def sampler(self) -> Any:
+        """The index sampler of process 0's global batches: its source's (``None`` for a stream).
+        The loader finds the shuffle to seed, save and restore through it, as for any plan."""
+        return getattr(self.source, "sampler", None)
+
     def start_after(self, consumed: int, dataset_state: Any = None) -> int:
         if self.source is not None:
             return self.source.start_after(consumed)
