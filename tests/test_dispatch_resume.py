@@ -57,3 +57,34 @@ def test_dispatch_generator_shuffle_one_process_every_sample_once_and_next_epoch
 
 def test_dispatch_generator_shuffle_two_processes_resume_in_the_next_epoch():
     check_distributed(Case(dispatch=True, shuffle="generator"), Resume(2, 2, "mid_next"))
+
+
+# -- 3. remainder describes the last step of the pass that runs -----------------------------------
+def test_remainder_after_a_resize_is_the_resumed_pass_last_step_real_samples():
+    case = Case(n=22)  # 8 global batches of 3 (the last holds 1)
+    before = [build(case, 2, i) for i in range(2)]
+    iterators = [iter(loader) for loader in before]
+    for it in iterators:
+        next(it)  # one step: 2 global batches, 6 samples
+    position = before[0].state_dict()
+    after = [build(case, 3, i) for i in range(3)]
+    for loader in after:
+        loader.load_state_dict(position)
+    assert [loader.remainder for loader in after] == [7] * 3  # 16 samples left in steps of 9 (22 % 9 would be 4)
+    assert [len(loader) for loader in after] == [2] * 3
+    iterators = [iter(loader) for loader in after]
+    last_real = 0
+    for step in range(2):
+        for loader, it in zip(after, iterators):
+            next(it)
+            if step == 1:
+                assert loader.end_of_dataloader and loader.remainder == 7
+                last_real += loader.batch_real_count
+    for it in iterators:
+        assert next(it, None) is None
+    assert last_real == 7
+    assert [loader.remainder for loader in after] == [22 % 9] * 3  # the next pass is a whole epoch
+
+
+def test_dispatch_resize_two_to_three_processes_every_sample_once():
+    check_distributed(Case(dispatch=True), Resume(2, 3, "half"))

@@ -297,11 +297,22 @@ class PreparedDataLoader(DataLoader):
 
     @property
     def remainder(self) -> int:
-        """Real samples in the last global batch (0 when it is full, -1 when unknown)."""
+        """Real samples in the last global batch (0 when it is full, -1 when unknown): the last step
+        of the pass in progress, else of the next pass. A pass that resumed a position of another
+        number of processes (or was shortened by a skip) starts at another place in the epoch's
+        steps, so its last step holds another number of samples than an uninterrupted epoch's."""
         length, total = self.total_dataset_length, self.total_batch_size
         if length is None or not total:
             return -1
-        return length % total
+        before = self.plan.samples_before(self._pass_start())
+        return max(length - (before or 0), 0) % total
+
+    def _pass_start(self) -> int:
+        """Where (in the plan's unit) the pass in progress started, or where the next one starts."""
+        if self._pass.open:
+            return self._pass.consumed_at_start
+        consumed = self._pending.consumed if self._pending is not None else 0
+        return consumed + self._skip_pending * self.plan.consumed_per_batch
 
     # -- iteration ------------------------------------------------------------------------
     def __iter__(self) -> Iterator[Any]:
