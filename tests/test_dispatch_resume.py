@@ -32,6 +32,48 @@ def _resumed(state: dict) -> shardplug.DataLoaderDispatcher:
     return loader
 
 
+# -- 1. dispatch with use_stateful_dataloader=True ------------------------------------------------
+def test_stateful_dispatch_resumes_after_the_last_batch_handed_out():
+    loader = _stateful_dispatcher()
+    it = iter(loader)
+    next(it), next(it)
+    resumed = _resumed(loader.state_dict())
+    assert len(resumed) == 2
+    assert _rows(resumed) == [[8, 9, 10, 11], [12, 13, 14, 15]]
+
+
+def test_stateful_dispatch_resumed_twice_loses_no_batch():
+    loader = _stateful_dispatcher()
+    it = iter(loader)
+    next(it)
+    once = _resumed(loader.state_dict())
+    it = iter(once)
+    assert _rows([next(it)]) == [[4, 5, 6, 7]]
+    twice = _resumed(once.state_dict())
+    assert len(twice) == 2
+    assert _rows(twice) == [[8, 9, 10, 11], [12, 13, 14, 15]]
+
+
+def test_stateful_dispatch_resumes_after_a_skipped_pass():
+    skipped = shardplug.skip_first_batches(_stateful_dispatcher(), 1)
+    it = iter(skipped)
+    assert _rows([next(it)]) == [[4, 5, 6, 7]]
+    resumed = _resumed(skipped.state_dict())
+    assert len(resumed) == 2
+    assert _rows(resumed) == [[8, 9, 10, 11], [12, 13, 14, 15]]
+
+
+@pytest.mark.parametrize("resume", [
+    Resume(1, 1, "one"), Resume(1, 1, "half", resume_twice=True), Resume(1, 1, "all_but_one"), Resume(1, 1, "mid_next"),
+], ids=lambda r: f"{r.point}{'-twice' if r.resume_twice else ''}")
+def test_stateful_dispatch_one_process_every_sample_once(resume):
+    check(Case(dispatch=True, stateful=True, shuffle="shuffle"), resume)
+
+
+def test_stateful_dispatch_two_processes_resumed_twice_every_sample_once():
+    check_distributed(Case(dispatch=True, stateful=True), Resume(2, 2, "half", resume_twice=True))
+
+
 # -- 2. dispatch with a shuffle drawn from a generator --------------------------------------------
 def _generator_dispatcher() -> shardplug.DataLoaderDispatcher:
     loader = DataLoader(range(12), batch_size=3, shuffle=True, generator=torch.Generator().manual_seed(5))

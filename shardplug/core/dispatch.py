@@ -271,6 +271,13 @@ class DataLoaderDispatcher(DataLoaderShard):
             state["collate_fn"] = default_collate
         return rebuild, args, state
 
+    def _inner_state_resumes(self) -> bool:
+        """Never: process 0 reads a step ahead (its announcement says whether a step is the pass's
+        last), so a ``StatefulDataLoader``'s own state is past the step handed out last (and the
+        other processes' states never moved). The position's skip is exact (by index for map-style
+        data, by reading past the global batches of a stream) and repositions the pass instead."""
+        return False
+
     overlap_reads: Optional[bool] = None
     """Process 0 reads the next step while the current one is sent: ``None`` decides by the cores
     available (see :meth:`_overlap_reads`); ``True`` / ``False`` force it."""

@@ -341,7 +341,7 @@ class PreparedDataLoader(DataLoader):
         if skip:  # skip_first_batches: this pass starts that many batches later still
             current.consumed_at_start += skip * self.plan.consumed_per_batch
             current.resumed += skip
-            if self.use_stateful_dataloader:  # read through it, so that its own state counts them
+            if self.use_stateful_dataloader and self._inner_state_resumes():  # read through it: its state counts them
                 discard += skip
             else:
                 discard = self.plan.start_after(current.consumed_at_start)
@@ -654,14 +654,21 @@ class PreparedDataLoader(DataLoader):
             )
         position = Position.from_dict(state.pop(_POSITION_KEY))
         self._check_loadable(position, stateful=True)
-        if self._inner_state_only_counts():
-            # its state would only fast-forward the stream by a count, which torchdata (0.11) counts twice after a
-            # resume (a second resume would skip batches): shardplug's own skip is exact, and used instead
-            self.load_position(position)
+        if not self._inner_state_resumes():
+            self.load_position(position)  # shardplug's own skip (exact) repositions the next pass
             return
         super(PreparedDataLoader, self).load_state_dict(state)  # type: ignore[misc]
         self.load_position(position)
         self._inner_repositions = True
+
+    def _inner_state_resumes(self) -> bool:
+        """Whether a loaded ``StatefulDataLoader`` state repositions the next pass (else it is not
+        loaded, and the position's own skip, which is exact, repositions it).
+
+        Not for a stream whose state would only fast-forward it by a count (see
+        :meth:`_inner_state_only_counts`): torchdata (0.11) counts those twice after a resume, so a
+        second resume would skip batches."""
+        return not self._inner_state_only_counts()
 
     def _inner_state_only_counts(self) -> bool:
         """A stream without ``state_dict()`` read in this process: the StatefulDataLoader's state
