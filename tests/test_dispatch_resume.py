@@ -130,3 +130,47 @@ def test_remainder_after_a_resize_is_the_resumed_pass_last_step_real_samples():
 
 def test_dispatch_resize_two_to_three_processes_every_sample_once():
     check_distributed(Case(dispatch=True), Resume(2, 3, "half"))
+
+
+# -- 4. skip_first_batches on a dispatcher of several processes -----------------------------------
+class Rows(Dataset):
+    def __len__(self) -> int:
+        return 16
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        return torch.tensor([float(i)])
+
+
+def _ids(batches) -> list[list[int]]:
+    return [[int(v) for v in batch.flatten().tolist()] for batch in batches]
+
+
+def _skip_scenarios(rank: int, world: int) -> dict:
+    loader = shardplug.prepare_data_loader(DataLoader(Rows(), batch_size=2), put_on_device=True, dispatch_batches=True)
+    out: dict = {}
+    skipped = shardplug.skip_first_batches(loader, 1)
+    out["len"] = len(skipped)
+    out["skipped"] = _ids(skipped)
+    out["original"] = _ids(loader)  # Accelerate's pattern: the skipped copy for one pass, the original after
+    early = []
+    for batch in shardplug.skip_first_batches(loader, 2):
+        early.append(_ids([batch])[0])
+        if rank == 0:
+            break  # process 0 leaves the copy's pass: every process stops after the same step
+    out["early"] = early
+    out["after_early"] = _ids(loader)
+    copy = pickle.loads(pickle.dumps(loader))
+    with pytest.raises(RuntimeError, match="is a copy"):
+        next(iter(copy))
+    return out
+
+
+def test_skip_first_batches_on_a_dispatcher_of_two_processes_shares_the_protocol_with_the_original():
+    results = run_gloo(_skip_scenarios, world_size=2)
+    whole = [[[4 * t + 2 * r, 4 * t + 2 * r + 1] for t in range(4)] for r in range(2)]
+    for rank, out in enumerate(results):
+        assert out["len"] == 3
+        assert out["skipped"] == whole[rank][1:]
+        assert out["original"] == whole[rank]
+        assert out["early"] == whole[rank][2:3]
+        assert out["after_early"] == whole[rank]

@@ -8,6 +8,7 @@ sampler or dataset is already sharded.  The dispatcher lives in ``dispatch.py``.
 
 from __future__ import annotations
 
+import copy
 import logging
 from typing import Any, Iterable, Iterator, Optional, Union
 
@@ -585,6 +586,23 @@ class PreparedDataLoader(DataLoader):
                 position.consumed // self.plan.consumed_per_batch
             )
         return self.plan.start_after(position.consumed, position.dataset_state)
+
+    def _skipped_copy(self, num_batches: int) -> "PreparedDataLoader":
+        """A copy of this loader whose next pass starts after its first ``num_batches`` batches
+        (what :func:`~shardplug.core.prepare.skip_first_batches` returns): the same settings,
+        plan, epoch and position; the passes of either leave the other's pass state alone.
+
+        Not a pickled copy (which drops what belongs to this process, e.g. a dispatcher's process
+        group): every attribute is shared as it is, so what a subclass keeps in one object (a
+        dispatcher's wire state) stays one for both, and using the copy for one pass and this loader
+        afterwards keeps them in step with the other processes.
+        """
+        new = object.__new__(type(self))
+        new.__dict__.update(self.__dict__)
+        new.__dict__["_iterator"] = None  # an open iterator (and its workers) stays this loader's
+        new._pass = copy.copy(self._pass)
+        new._skip_pending = num_batches
+        return new
 
     # -- padding and audit ----------------------------------------------------------------
     def track_padding(self) -> None:
