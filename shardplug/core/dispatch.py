@@ -482,14 +482,16 @@ class DataLoaderDispatcher(DataLoaderShard):
                     if on_cpu or uneven:  # point to point (scatter needs equal parts)
                         pending.extend(
                             dist.isend(source, dst=j, group=group, tag=_SEND_TAG)
-                            for j, source in enumerate(sources) if j != 0 and source.numel() and j not in self._wire.shm_targets
+                            for j, source in enumerate(sources)
+                            if j != 0 and source.numel() and j not in self._wire.shm_targets
                         )
                     else:
                         out = torch.empty(shape, dtype=dtype, device=comm_device)
                         dist.scatter(out, sources, src=0, group=group)
                         sources[0] = out
                     stats.bytes_sent += sum(
-                        t.numel() * t.element_size() for j, t in enumerate(sources) if j and j not in self._wire.shm_targets
+                        t.numel() * t.element_size() for j, t in enumerate(sources)
+                        if j and j not in self._wire.shm_targets
                     )
                     parts[0][k] = sources[0]
                 stats.steps += 1
@@ -513,7 +515,8 @@ class DataLoaderDispatcher(DataLoaderShard):
                 if not ended and dist.is_initialized():
                     # left early: the others stop after this step. Not waited for here: a process that
                     # left the pass early too reads it only when its next pass starts.
-                    self._wire.closing.append(_announce(control.clone(), _CLOSE, pass_number, group=group, async_op=True))
+                    message = _announce(control.clone(), _CLOSE, pass_number, group=group, async_op=True)
+                    self._wire.closing.append(message)
                     logger.debug("dispatch pass %d closed early by process 0", pass_number)
             except Exception:  # already failing or closing: the original error matters more
                 logger.exception("the dispatcher could not tell the other processes that the pass ended")
@@ -716,7 +719,8 @@ class DataLoaderDispatcher(DataLoaderShard):
         for step, slot in self._read_steps(skip):
             parts = self._cut(step)
             leaves, skeleton = flatten(parts[0])
-            if self._wire.rings and any(self._in_a_ring(leaf) for leaf in leaves):  # never its own rows: the ring is reused
+            # never its own rows: the ring is reused
+            if self._wire.rings and any(self._in_a_ring(leaf) for leaf in leaves):
                 leaves = [leaf.clone() if self._in_a_ring(leaf) else leaf for leaf in leaves]
                 parts[0] = unflatten(iter(leaves), skeleton)
             flat = [[_transportable(leaf, comm_device) for leaf in flatten(part)[0]] for part in parts]
@@ -746,10 +750,11 @@ class _Wire:
     """What a dispatcher keeps about its process group and the traffic on it: the group, the pass
     numbers, the steps sent and received, the receipts and the shared-memory rings.
 
-    One per loader built with :func:`prepare_data_loader` (on every process); the copy
-    :meth:`~shardplug.core.loaders.PreparedDataLoader._skipped_copy` makes (``skip_first_batches``) shares it, so that the copy and the original number
-    passes and steps alike on every process, whichever of them runs a pass. A pickled loader gets an
-    empty one: it cannot dispatch. The rings go when the last loader sharing them does.
+    One per loader built with :func:`prepare_data_loader` (on every process); the copy that
+    ``skip_first_batches`` makes (``PreparedDataLoader._skipped_copy``) shares it, so that the copy
+    and the original number passes and steps alike on every process, whichever of them runs a pass.
+    A pickled loader gets an empty one: it cannot dispatch. The rings go when the last loader
+    sharing them does.
     """
 
     def __init__(self, group: Any = None) -> None:
