@@ -194,25 +194,11 @@ class DataLoaderDispatcher(DataLoaderShard):
             length = None
         # All dispatch traffic goes through a process group of its own: a message a process has not
         # read yet (the close of a pass it left early) can never meet the user's own collectives.
-        self._group = dist.new_group() if world_size() > 1 else None
-        if self._group is not None:  # process 0 reads the data: its length is everybody's
-            length = broadcast_object(length if global_rank() == 0 else None, group=self._group)
+        self._wire = _Wire(dist.new_group() if world_size() > 1 else None)
+        if self._wire.group is not None:  # process 0 reads the data: its length is everybody's
+            length = broadcast_object(length if global_rank() == 0 else None, group=self._wire.group)
         self.plan = DispatchPlan(layout, length, source if source.unit == "global_batches" else None)
-        self._passes_started = 0  # passes begun on this process; every message names process 0's
-        self._sending: Optional["weakref.ref[Any]"] = None  # process 0: the pass whose steps are being sent
-        self._closing: list[Any] = []  # process 0: close messages not yet read by every process
-        self._acks: dict[int, list[Any]] = {}  # process 0: per process elsewhere, receipts of steps not yet seen
-        self._ack_sends: list[Any] = []  # the other processes: receipts in flight
-        self._steps_received = 0  # the other processes: step messages received (all passes)
-        self._counters: dict[int, ReceiptCounter] = {}  # process 0: per process of its host, its receipts
-        self._counter: Optional[ReceiptCounter] = None  # a process on process 0's host: where it counts
-        self._pids: dict[int, int] = {}  # process 0: the process id of every process of its host
-        self._shm_targets = self._same_host_processes()
-        self._rings: dict[int, SharedRing] = {}  # process 0: a ring per process of its host
-        self._steps_sent = 0  # process 0: steps announced by this loader (all passes)
-        self._slot_steps = [-1] * _RING_SLOTS  # process 0: the step last announced in each ring slot
-        self._slots_taken = 0  # process 0: steps read, each given the next slot in turn
-        self._reader: Optional[RingReader] = None  # the others: process 0's ring for this process
+        self._wire.shm_targets = self._same_host_processes()
         self._collate = self._collate_into_rings()
 
     def _collate_into_rings(self) -> Optional[CollateIntoRing]:
@@ -222,7 +208,7 @@ class DataLoaderDispatcher(DataLoaderShard):
         fetch), whole batches per process (neither ``split_batches`` nor a ``slice_fn``), and the
         DataLoader's own iterator (no look-ahead that could hand back another batch)."""
         usable = (
-            global_rank() == 0 and bool(self._shm_targets) and self.num_workers == 0
+            global_rank() == 0 and bool(self._wire.shm_targets) and self.num_workers == 0
             and self.collate_fn is default_collate and not self.split_batches and self.slice_fn is slice_rows
             and _plain_iteration(type(self), self.use_stateful_dataloader)
         )
@@ -241,35 +227,41 @@ class DataLoaderDispatcher(DataLoaderShard):
     def _same_host_processes(self) -> frozenset[int]:
         """The processes other than 0 that share process 0's host: they read its rings and count
         their receipts in shared memory (process 0 sees their process ids, to notice a death)."""
-        if self._group is None or _communication_device().type != "cpu":
+        if self._wire.group is None or _communication_device().type != "cpu":
             return frozenset()
         wanted = self.shared_memory
         if wanted is None:
             wanted = os.environ.get("SHARDPLUG_DISPATCH_SHM", "1") != "0"
         mine = (socket.gethostname(), bool(wanted) and shared_memory_dir() is not None, os.getpid())
         everyone: list[Any] = [None] * world_size()
-        dist.all_gather_object(everyone, mine, group=self._group)
+        dist.all_gather_object(everyone, mine, group=self._wire.group)
         table: Optional[dict[int, str]] = None
         if global_rank() == 0:
             host, usable, _ = everyone[0]
             chosen = [j for j, (h, u, pid) in enumerate(everyone) if j and usable and (h, u) == (host, True)
                       and _process_alive(pid)]
-            self._pids = {j: everyone[j][2] for j in chosen}
-            self._counters = {j: ReceiptCounter() for j in chosen}
-            table = {j: counter.path for j, counter in self._counters.items()}
-        table = broadcast_object(table, group=self._group)
+            self._wire.pids = {j: everyone[j][2] for j in chosen}
+            self._wire.counters = {j: ReceiptCounter() for j in chosen}
+            table = {j: counter.path for j, counter in self._wire.counters.items()}
+        table = broadcast_object(table, group=self._wire.group)
         if self.process_index in table:
-            self._counter = ReceiptCounter(table[self.process_index])
+            self._wire.counter = ReceiptCounter(table[self.process_index])
         return frozenset(table)
 
     def __reduce_ex__(self, protocol: Any) -> Any:
         rebuild, args, state = super().__reduce_ex__(protocol)
         # the process group and the open pass belong to this process (a copy cannot dispatch)
-        state.update(_group=None, _sending=None, _closing=[], _acks={}, _ack_sends=[], _rings={},
-                     _reader=None, _shm_targets=frozenset(), _collate=None, _counters={}, _counter=None, _pids={})
+        state.update(_wire=_Wire(), _collate=None)
         if isinstance(state.get("collate_fn"), CollateIntoRing):
             state["collate_fn"] = default_collate
         return rebuild, args, state
+
+    def _inner_state_resumes(self) -> bool:
+        """Never: process 0 reads a step ahead (its announcement says whether a step is the pass's
+        last), so a ``StatefulDataLoader``'s own state is past the step handed out last (and the
+        other processes' states never moved). The position's skip is exact (by index for map-style
+        data, by reading past the global batches of a stream) and repositions the pass instead."""
+        return False
 
     overlap_reads: Optional[bool] = None
     """Process 0 reads the next step while the current one is sent: ``None`` decides by the cores
@@ -296,11 +288,11 @@ class DataLoaderDispatcher(DataLoaderShard):
         uncut = not self.split_batches and self.slice_fn is slice_rows
         head: Optional[Any] = None  # a copy of the first rows: process 0 may change its own rows in place
         while True:
-            slot = self._slots_taken % _RING_SLOTS
+            slot = self._wire.slots_taken % _RING_SLOTS
             group = self._read_group(batches, per_step, slot)
             if not group:
                 return
-            self._slots_taken += 1
+            self._wire.slots_taken += 1
             if self.drop_last and len(group) < per_step:
                 return
             rows = set(_check_step(group))  # shapes may change from one step to the next
@@ -319,7 +311,7 @@ class DataLoaderDispatcher(DataLoaderShard):
         try:
             for j in range(count):
                 if collate is not None:
-                    ring = self._rings.get(j)
+                    ring = self._wire.rings.get(j)
                     collate.target = (ring, slot) if ring is not None and self._slot_free(slot) else None
                 batch = next(batches, _NO_BATCH)
                 if batch is _NO_BATCH:
@@ -333,8 +325,8 @@ class DataLoaderDispatcher(DataLoaderShard):
     def _slot_free(self, slot: int) -> bool:
         """Process 0: whether every process of its host received the step last announced in ``slot``
         (nothing is waited for)."""
-        step = self._slot_steps[slot]
-        return all(counter.count > step for counter in self._counters.values())
+        step = self._wire.slot_steps[slot]
+        return all(counter.count > step for counter in self._wire.counters.values())
 
     def _epoch_head_rows(self, group: list[Any]) -> Any:
         """A copy of the epoch's first N-1 rows, which padding cycles through.
@@ -367,22 +359,22 @@ class DataLoaderDispatcher(DataLoaderShard):
         others end that pass after the same step; a process that left a pass early itself drops the
         rest of that pass's messages when its next pass starts.
         """
-        self._passes_started += 1
+        self._wire.passes_started += 1
         if world_size() == 1:
             return self._local_steps(skip)
         if global_rank() == 0:
-            previous = self._sending() if self._sending is not None else None
+            previous = self._wire.sending() if self._wire.sending is not None else None
             if previous is not None:
                 previous.close()  # a pass still open: the others learn it ended here
             self._check_group()
-            steps = self._send_steps(skip, self._passes_started)
-            self._sending = weakref.ref(steps)  # weak: an abandoned pass is closed by the garbage collector
+            steps = self._send_steps(skip, self._wire.passes_started)
+            self._wire.sending = weakref.ref(steps)  # weak: an abandoned pass is closed by the garbage collector
             return steps
         self._check_group()
-        return self._receive_steps(self._passes_started)
+        return self._receive_steps(self._wire.passes_started)
 
     def _check_group(self) -> None:
-        if self._group is None:
+        if self._wire.group is None:
             raise RuntimeError(
                 "this DataLoaderDispatcher is a copy (pickled) or was built without a process group: it cannot "
                 "dispatch; build the loader in each process with prepare_data_loader"
@@ -422,8 +414,8 @@ class DataLoaderDispatcher(DataLoaderShard):
         overlap = on_cpu and self.slice_fn is slice_rows
         overlap_reads = overlap and self._overlap_reads()
         control = torch.zeros(_CONTROL_SIZE, dtype=torch.int64, device=comm_device)
-        group = self._group
-        _wait(self._closing)  # every process has read the close of the previous pass by now, or is about to
+        group = self._wire.group
+        _wait(self._wire.closing)  # every process has read the close of the previous pass by now, or is about to
         steps = self._read_steps_cut(skip)
         sent: Optional[_Header] = None
         pending: list[Any] = []  # the rows in flight to other hosts
@@ -464,10 +456,10 @@ class DataLoaderDispatcher(DataLoaderShard):
                 header = header + (self._ring_table(parts),)
                 uneven = len(set(part_rows)) > 1  # even_batches=False: the last step's leftovers
                 kind, rows = (_UNEVEN, 0) if uneven else _control_for(header, sent)
-                for j in self._shm_targets:  # this host: through shared memory, written before it is announced
+                for j in self._wire.shm_targets:  # this host: through shared memory, written before it is announced
                     self._write_ring(j, [leaf for leaf in parts[j] if leaf_spec(leaf)[0] != OBJECT], slot)
-                self._slot_steps[slot] = self._steps_sent
-                self._steps_sent += 1
+                self._wire.slot_steps[slot] = self._wire.steps_sent
+                self._wire.steps_sent += 1
                 while len(announced) > _RECEIPT_LAG:  # (receipts keep it short anyway)
                     announced.pop(0).wait()
                 message = torch.empty_like(control) if on_cpu else control  # each in flight has its own
@@ -490,14 +482,16 @@ class DataLoaderDispatcher(DataLoaderShard):
                     if on_cpu or uneven:  # point to point (scatter needs equal parts)
                         pending.extend(
                             dist.isend(source, dst=j, group=group, tag=_SEND_TAG)
-                            for j, source in enumerate(sources) if j != 0 and source.numel() and j not in self._shm_targets
+                            for j, source in enumerate(sources)
+                            if j != 0 and source.numel() and j not in self._wire.shm_targets
                         )
                     else:
                         out = torch.empty(shape, dtype=dtype, device=comm_device)
                         dist.scatter(out, sources, src=0, group=group)
                         sources[0] = out
                     stats.bytes_sent += sum(
-                        t.numel() * t.element_size() for j, t in enumerate(sources) if j and j not in self._shm_targets
+                        t.numel() * t.element_size() for j, t in enumerate(sources)
+                        if j and j not in self._wire.shm_targets
                     )
                     parts[0][k] = sources[0]
                 stats.steps += 1
@@ -521,7 +515,8 @@ class DataLoaderDispatcher(DataLoaderShard):
                 if not ended and dist.is_initialized():
                     # left early: the others stop after this step. Not waited for here: a process that
                     # left the pass early too reads it only when its next pass starts.
-                    self._closing.append(_announce(control.clone(), _CLOSE, pass_number, group=group, async_op=True))
+                    message = _announce(control.clone(), _CLOSE, pass_number, group=group, async_op=True)
+                    self._wire.closing.append(message)
                     logger.debug("dispatch pass %d closed early by process 0", pass_number)
             except Exception:  # already failing or closing: the original error matters more
                 logger.exception("the dispatcher could not tell the other processes that the pass ended")
@@ -530,14 +525,14 @@ class DataLoaderDispatcher(DataLoaderShard):
         """Process 0: the ring of every process of its host, each big enough for its part of this step
         (a ring outgrown is replaced; the table is part of the header, so a change is announced)."""
         table = []
-        for j in sorted(self._shm_targets):
+        for j in sorted(self._wire.shm_targets):
             need = ring_bytes([leaf_spec(leaf) for leaf in parts[j] if leaf_spec(leaf)[0] != OBJECT])
-            ring = self._rings.get(j)
+            ring = self._wire.rings.get(j)
             if ring is None or not ring.fits(need):
                 if ring is not None:
                     ring.close(remove=False)  # the others may still map it: they remove it
                 size = max(need, 2 * ring.slot_bytes if ring is not None else 0, _MIN_SLOT_BYTES)
-                ring = self._rings[j] = SharedRing(_RING_SLOTS, size)
+                ring = self._wire.rings[j] = SharedRing(_RING_SLOTS, size)
             table.append((j, ring.path, ring.slots, ring.slot_bytes))
         return tuple(table)
 
@@ -545,7 +540,7 @@ class DataLoaderDispatcher(DataLoaderShard):
         """Process 0: this step's rows for process ``j`` into ``slot`` of its ring (free: see
         :meth:`_await_receipts`); rows collated there already stay where they are."""
         total = sum(t.numel() * t.element_size() for t in tensors)
-        copied = self._rings[j].write(slot, tensors)
+        copied = self._wire.rings[j].write(slot, tensors)
         self.dispatch_stats.bytes_shared += total
         self.dispatch_stats.bytes_collated_in_place += total - copied
 
@@ -556,42 +551,25 @@ class DataLoaderDispatcher(DataLoaderShard):
         if entry is None:
             return None
         _, path, slots, slot_bytes = entry
-        if self._reader is None or self._reader.path != path:
-            if self._reader is not None:
-                self._reader.close()
-            self._reader = RingReader(path, slots, slot_bytes)
-        return self._reader.read(slot, [spec for spec in specs if spec[0] != OBJECT])
+        if self._wire.reader is None or self._wire.reader.path != path:
+            if self._wire.reader is not None:
+                self._wire.reader.close()
+            self._wire.reader = RingReader(path, slots, slot_bytes)
+        return self._wire.reader.read(slot, [spec for spec in specs if spec[0] != OBJECT])
 
     def close(self) -> None:
-        """Release the shared-memory rings of this loader (also done when it is garbage collected).
-
-        Process 0 first waits (briefly) for the receipts still due: a process that has not read its
-        last steps yet may not have mapped its ring, and removing the file would leave it nothing to map.
-        """
-        for j, ring in list(self._rings.items()):
-            failure = self._await_shared_receipts(j, self._steps_sent, _CLOSE_WAIT_S)
-            if failure is not None:  # gone, or not reading any more: the file goes anyway
-                logger.debug("closing the dispatch ring of process %d without its receipts: %s", j, failure)
-            ring.close()
-        self._rings.clear()  # (the receipt counters stay: their files are gone already, and passes may follow)
-        if self._reader is not None:
-            self._reader.close()
-            self._reader = None
-
-    def __del__(self) -> None:
-        try:
-            self.close()
-        except Exception:  # interpreter shutdown
-            pass
+        """Release the shared-memory rings of this loader (also done when it is garbage collected,
+        with the copies ``skip_first_batches`` made of it: they share the rings)."""
+        self._wire.close()
 
     def _expect_receipts(self, device: torch.device) -> None:
         """Process 0: after a step went out, wait (later) for the receipt of it of every process on
         another host (those of its host count theirs in shared memory)."""
         for j in range(1, self.num_processes):
-            if j in self._counters:
+            if j in self._wire.counters:
                 continue
             receipt = torch.zeros(1, dtype=torch.int64, device=device)
-            self._acks.setdefault(j, []).append(dist.irecv(receipt, src=j, group=self._group, tag=_ACK_TAG))
+            self._wire.acks.setdefault(j, []).append(dist.irecv(receipt, src=j, group=self._wire.group, tag=_ACK_TAG))
 
     def _await_receipts(self, upcoming: "_Step") -> Union["_Step", DispatchError]:
         """Process 0: hold step ``t`` until every process received step ``t - _RECEIPT_LAG``, and
@@ -603,53 +581,29 @@ class DataLoaderDispatcher(DataLoaderShard):
         then, and so it is when the step was read into it.)
         Returns ``upcoming``, or the ``DispatchError`` to raise everywhere.
         """
-        for j, works in self._acks.items():
+        for j, works in self._wire.acks.items():
             while len(works) > _RECEIPT_LAG:
                 try:
                     works.pop(0).wait()
                 except RuntimeError as exc:
                     return DispatchError(f"process {j} stopped receiving dispatched batches: {exc}")
-        needed = max(self._steps_sent - _RECEIPT_LAG, self._slot_steps[upcoming.slot] + 1)
-        for j in self._counters:
-            failure = self._await_shared_receipts(j, needed)
+        needed = max(self._wire.steps_sent - _RECEIPT_LAG, self._wire.slot_steps[upcoming.slot] + 1)
+        for j in self._wire.counters:
+            failure = self._wire.await_shared_receipts(j, needed)
             if failure is not None:
                 return failure
         return upcoming
 
-    def _await_shared_receipts(self, j: int, count: int, timeout_s: Optional[float] = None) -> Optional[DispatchError]:
-        """Process 0: wait until process ``j`` of its host counted ``count`` steps received; the
-        ``DispatchError`` to raise when it died or did not get there within ``timeout_s`` (the
-        process group's default timeout)."""
-        counter = self._counters.get(j)
-        if counter is None or counter.count >= count:
-            return None
-        limit = timeout_s if timeout_s is not None else _default_timeout_s()
-        start = time.monotonic()
-        pause = 0.0  # yield the core only, at first: a receipt is usually a few microseconds away
-        while counter.count < count:
-            time.sleep(pause)
-            now = time.monotonic()
-            if now - start < _SPIN_S:
-                continue
-            pause = min(2 * pause or 5e-5, 1e-3)
-            if pause >= 1e-3 and not _process_alive(self._pids[j]):
-                return DispatchError(f"process {j} died: it stopped receiving dispatched batches")
-            if now - start > limit:
-                return DispatchError(
-                    f"process {j} received no dispatched batch for {limit:g} s: every process must iterate the loader"
-                )
-        return None
-
     def _send_receipt(self, device: torch.device) -> None:
         """The other processes: tell process 0 that a step arrived (counted in shared memory on its host)."""
-        self._steps_received += 1
-        if self._counter is not None:
-            self._counter.count = self._steps_received  # after the step's rows were copied out
+        self._wire.steps_received += 1
+        if self._wire.counter is not None:
+            self._wire.counter.count = self._wire.steps_received  # after the step's rows were copied out
             return
-        while len(self._ack_sends) > _RECEIPT_LAG:
-            self._ack_sends.pop(0).wait()
+        while len(self._wire.ack_sends) > _RECEIPT_LAG:
+            self._wire.ack_sends.pop(0).wait()
         receipt = torch.ones(1, dtype=torch.int64, device=device)
-        self._ack_sends.append(dist.isend(receipt, dst=0, group=self._group, tag=_ACK_TAG))
+        self._wire.ack_sends.append(dist.isend(receipt, dst=0, group=self._wire.group, tag=_ACK_TAG))
 
     def _overlap_reads(self) -> bool:
         """Whether process 0 reads step ``t + 1`` while step ``t`` is still being sent.
@@ -694,7 +648,7 @@ class DataLoaderDispatcher(DataLoaderShard):
 
         Messages of an earlier pass (one this process left early) are received and dropped.
         """
-        group = self._group
+        group = self._wire.group
         while True:
             dist.broadcast(control, src=0, group=group)
             kind, number, rows, last, slot = control.tolist()
@@ -765,7 +719,8 @@ class DataLoaderDispatcher(DataLoaderShard):
         for step, slot in self._read_steps(skip):
             parts = self._cut(step)
             leaves, skeleton = flatten(parts[0])
-            if self._rings and any(self._in_a_ring(leaf) for leaf in leaves):  # never its own rows: the ring is reused
+            # never its own rows: the ring is reused
+            if self._wire.rings and any(self._in_a_ring(leaf) for leaf in leaves):
                 leaves = [leaf.clone() if self._in_a_ring(leaf) else leaf for leaf in leaves]
                 parts[0] = unflatten(iter(leaves), skeleton)
             flat = [[_transportable(leaf, comm_device) for leaf in flatten(part)[0]] for part in parts]
@@ -773,7 +728,7 @@ class DataLoaderDispatcher(DataLoaderShard):
             yield _Step(parts[0], flat, (skeleton, [leaf_spec(leaf) for leaf in leaves]), rows, slot)
 
     def _in_a_ring(self, leaf: Any) -> bool:
-        return isinstance(leaf, torch.Tensor) and any(ring.holds(leaf) for ring in self._rings.values())
+        return isinstance(leaf, torch.Tensor) and any(ring.holds(leaf) for ring in self._wire.rings.values())
 
     def _cut(self, step: Any) -> list[Any]:
         if isinstance(step, _Parts):  # already one batch per process, nothing to cut
@@ -789,6 +744,82 @@ class DataLoaderDispatcher(DataLoaderShard):
             if skeleton != first_skeleton or [_trailing(l) for l in leaves] != [_trailing(l) for l in first_leaves]:
                 raise DispatchError("slice_fn_for_dispatch returned parts of different structure or shape for different processes")
         return parts
+
+
+class _Wire:
+    """What a dispatcher keeps about its process group and the traffic on it: the group, the pass
+    numbers, the steps sent and received, the receipts and the shared-memory rings.
+
+    One per loader built with :func:`prepare_data_loader` (on every process); the copy that
+    ``skip_first_batches`` makes (``PreparedDataLoader._skipped_copy``) shares it, so that the copy
+    and the original number passes and steps alike on every process, whichever of them runs a pass.
+    A pickled loader gets an empty one: it cannot dispatch. The rings go when the last loader
+    sharing them does.
+    """
+
+    def __init__(self, group: Any = None) -> None:
+        self.group = group
+        self.passes_started = 0  # passes begun on this process; every message names process 0's
+        self.sending: Optional["weakref.ref[Any]"] = None  # process 0: the pass whose steps are being sent
+        self.closing: list[Any] = []  # process 0: close messages not yet read by every process
+        self.acks: dict[int, list[Any]] = {}  # process 0: per process elsewhere, receipts of steps not yet seen
+        self.ack_sends: list[Any] = []  # the other processes: receipts in flight
+        self.steps_received = 0  # the other processes: step messages received (all passes)
+        self.counters: dict[int, ReceiptCounter] = {}  # process 0: per process of its host, its receipts
+        self.counter: Optional[ReceiptCounter] = None  # a process on process 0's host: where it counts
+        self.pids: dict[int, int] = {}  # process 0: the process id of every process of its host
+        self.shm_targets: frozenset[int] = frozenset()  # the processes of process 0's host (shared memory)
+        self.rings: dict[int, SharedRing] = {}  # process 0: a ring per process of its host
+        self.steps_sent = 0  # process 0: steps announced (all passes)
+        self.slot_steps = [-1] * _RING_SLOTS  # process 0: the step last announced in each ring slot
+        self.slots_taken = 0  # process 0: steps read, each given the next slot in turn
+        self.reader: Optional[RingReader] = None  # the others: process 0's ring for this process
+
+    def close(self) -> None:
+        """Release the shared-memory rings.
+
+        Process 0 first waits (briefly) for the receipts still due: a process that has not read its
+        last steps yet may not have mapped its ring, and removing the file would leave it nothing to map.
+        """
+        for j, ring in list(self.rings.items()):
+            failure = self.await_shared_receipts(j, self.steps_sent, _CLOSE_WAIT_S)
+            if failure is not None:  # gone, or not reading any more: the file goes anyway
+                logger.debug("closing the dispatch ring of process %d without its receipts: %s", j, failure)
+            ring.close()
+        self.rings.clear()  # (the receipt counters stay: their files are gone already, and passes may follow)
+        if self.reader is not None:
+            self.reader.close()
+            self.reader = None
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:  # interpreter shutdown
+            pass
+
+    def await_shared_receipts(self, j: int, count: int, timeout_s: Optional[float] = None) -> Optional[DispatchError]:
+        """Process 0: wait until process ``j`` of its host counted ``count`` steps received; the
+        ``DispatchError`` to raise when it died or did not get there within ``timeout_s`` (the
+        process group's default timeout)."""
+        counter = self.counters.get(j)
+        if counter is None or counter.count >= count:
+            return None
+        limit = timeout_s if timeout_s is not None else _default_timeout_s()
+        start = time.monotonic()
+        pause = 0.0  # yield the core only, at first: a receipt is usually a few microseconds away
+        while counter.count < count:
+            time.sleep(pause)
+            now = time.monotonic()
+            if now - start < _SPIN_S:
+                continue
+            pause = min(2 * pause or 5e-5, 1e-3)
+            if pause >= 1e-3 and not _process_alive(self.pids[j]):
+                return DispatchError(f"process {j} died: it stopped receiving dispatched batches")
+            if now - start > limit:
+                return DispatchError(
+                    f"process {j} received no dispatched batch for {limit:g} s: every process must iterate the loader"
+                )
+        return None
 
 
 # -- the per-step messages ----------------------------------------------------------------------

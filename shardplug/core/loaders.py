@@ -168,20 +168,6 @@ class PreparedDataLoader(DataLoader):
             cls = stateful_variant(cls)
         return super().__new__(cls)
 
-    def skipping(self, num_batches: int) -> "PreparedDataLoader":
-        """A copy of this loader whose next pass starts ``num_batches`` batches later (see
-        :func:`~shardplug.skip_first_batches`); this loader follows the copy's passes (the epoch
-        and the position), so it continues with the next epoch once the copy's pass is over."""
-        if not isinstance(num_batches, int) or isinstance(num_batches, bool) or num_batches < 0:
-            raise ValueError(f"num_batches={num_batches!r} must be an integer >= 0")
-        new = copy.copy(self)
-        new.__dict__["_iterator"] = None
-        new._pass = copy.copy(self._pass)
-        new._pass.open = False
-        new._skip_pending = num_batches
-        new._skipped_from = self
-        return new
-
     def __reduce_ex__(self, protocol: Any) -> Any:
         state = dict(self.__dict__)
         state["_iterator"] = None  # an open iterator (and its workers) does not travel
@@ -333,11 +319,22 @@ class PreparedDataLoader(DataLoader):
 
     @property
     def remainder(self) -> int:
-        """Real samples in the last global batch (0 when it is full, -1 when unknown)."""
+        """Real samples in the last global batch (0 when it is full, -1 when unknown): the last step
+        of the pass in progress, else of the next pass. A pass that resumed a position of another
+        number of processes (or was shortened by a skip) starts at another place in the epoch's
+        steps, so its last step holds another number of samples than an uninterrupted epoch's."""
         length, total = self.total_dataset_length, self.total_batch_size
         if length is None or not total:
             return -1
-        return length % total
+        before = self.plan.samples_before(self._pass_start())
+        return max(length - (before or 0), 0) % total
+
+    def _pass_start(self) -> int:
+        """Where (in the plan's unit) the pass in progress started, or where the next one starts."""
+        if self._pass.open:
+            return self._pass.consumed_at_start
+        consumed = self._pending.consumed if self._pending is not None else 0
+        return consumed + self._skip_pending * self.plan.consumed_per_batch
 
     # -- iteration ------------------------------------------------------------------------
     def __iter__(self) -> Iterator[Any]:
@@ -366,7 +363,7 @@ class PreparedDataLoader(DataLoader):
         if skip:  # skip_first_batches: this pass starts that many batches later still
             current.consumed_at_start += skip * self.plan.consumed_per_batch
             current.resumed += skip
-            if self.use_stateful_dataloader:  # read through it, so that its own state counts them
+            if self.use_stateful_dataloader and self._inner_state_resumes():  # read through it: its state counts them
                 discard += skip
                 if current.record.batches is not None:
                     current.unlogged += skip  # their records are not the batches handed out
@@ -628,6 +625,28 @@ class PreparedDataLoader(DataLoader):
             )
         return self.plan.start_after(position.consumed, position.dataset_state)
 
+    def _skipped_copy(self, num_batches: int) -> "PreparedDataLoader":
+        """A copy of this loader whose next pass starts after its first ``num_batches`` batches
+        (what :func:`~shardplug.core.prepare.skip_first_batches` returns): the same settings,
+        plan, epoch and position. This loader follows the copy's passes (its epoch and position), so
+        it continues with the next epoch once the copy's pass is over.
+
+        Not a pickled copy (which drops what belongs to this process, e.g. a dispatcher's process
+        group): every attribute is shared as it is, so what a subclass keeps in one object (a
+        dispatcher's wire state) stays one for both, and using the copy for one pass and this loader
+        afterwards keeps them in step with the other processes.
+        """
+        if not isinstance(num_batches, int) or isinstance(num_batches, bool) or num_batches < 0:
+            raise ValueError(f"num_batches={num_batches!r} must be an integer >= 0")
+        new = object.__new__(type(self))
+        new.__dict__.update(self.__dict__)
+        new.__dict__["_iterator"] = None  # an open iterator (and its workers) stays this loader's
+        new._pass = copy.copy(self._pass)
+        new._pass.open = False
+        new._skip_pending = num_batches
+        new._skipped_from = self  # this loader follows the copy's passes (the next epoch comes after the copy's)
+        return new
+
     # -- padding and audit ----------------------------------------------------------------
     def track_padding(self) -> None:
         """Record, for every batch, its indices and how many of them are real (not padding):
@@ -701,7 +720,7 @@ class PreparedDataLoader(DataLoader):
             )
         position = Position.from_dict(state.pop(_POSITION_KEY))
         if self._position_suffices(position):
-            self.load_position(position)
+            self.load_position(position)  # shardplug's own skip (exact) repositions the next pass
             return
         self._check_loadable(position, stateful=True)
         super(PreparedDataLoader, self).load_state_dict(state)  # type: ignore[misc]
@@ -710,17 +729,22 @@ class PreparedDataLoader(DataLoader):
 
     def _position_suffices(self, position: Position) -> bool:
         """Whether ``position`` alone resumes this StatefulDataLoader exactly (its own state is then not
-        loaded, and the position may come from another number of processes):
+        loaded, and the position may come from another number of processes): at an epoch's start (the
+        state may still describe the end of the previous pass), and wherever the inner state does not
+        resume a pass (:meth:`_inner_state_resumes`)."""
+        return (position.consumed, position.batches_yielded) == (0, 0) or not self._inner_state_resumes()
 
-        * at an epoch's start (the state may still describe the end of the previous pass);
+    def _inner_state_resumes(self) -> bool:
+        """Whether a loaded ``StatefulDataLoader`` state is what repositions a pass inside an epoch (else
+        it is not loaded, and the position's own skip, which is exact, repositions it). Not for:
+
         * map-style data without a ``state_dict()`` of its own: the plan starts after any batch by index;
-        * a stream without ``state_dict()`` read in this process: the state would only fast-forward the
-          stream by a count, which torchdata (0.11) counts twice after a resume (a second resume would
-          skip batches), while shardplug's own skip is exact.
+        * a stream whose state would only fast-forward it by a count (:meth:`_inner_state_only_counts`):
+          torchdata (0.11) counts those twice after a resume, so a second resume would skip batches.
         """
-        if (position.consumed, position.batches_yielded) == (0, 0) or self._inner_state_only_counts():
-            return True
-        return not isinstance(self.dataset, IterableDataset) and not callable(getattr(self.dataset, "state_dict", None))
+        if not isinstance(self.dataset, IterableDataset) and not callable(getattr(self.dataset, "state_dict", None)):
+            return False
+        return not self._inner_state_only_counts()
 
     def _inner_state_only_counts(self) -> bool:
         """A stream without ``state_dict()`` read in this process: the StatefulDataLoader's state

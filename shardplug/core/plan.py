@@ -80,6 +80,10 @@ class ShardPlan(Protocol):
     def finished(self, consumed: int) -> Optional[bool]:
         """Whether no process has a batch left after ``consumed`` (``None`` when unknown)."""
 
+    def samples_before(self, consumed: int) -> Optional[int]:
+        """Samples of the epoch the whole job consumed before a pass that starts after ``consumed``
+        (``None`` when unknown): where the pass's global batches start, so also what its last one holds."""
+
     def start_after(self, consumed: int, dataset_state: Any = None) -> int:
         """Make the next pass begin after ``consumed`` (one-shot).  Returns how many of the
         loader's batches the loader itself must read and drop (0 when the plan skips them)."""
@@ -124,6 +128,11 @@ class PassRecord:
         if isinstance(head, EpochOrder):
             return head.lookup(torch.arange(min(count, head.n), dtype=torch.int64)).tolist()
         return head.first(count) if head is not None else []
+
+
+def _global_batch_samples(layout: ShardLayout, consumed: int) -> Optional[int]:
+    """Samples in ``consumed`` global batches (every global batch before a pass's start is full)."""
+    return None if layout.batch_size is None else _check_consumed(consumed) * layout.batch_size
 
 
 def _check_consumed(consumed: int) -> int:
@@ -190,6 +199,9 @@ class BatchSamplerPlan(_Unchanged):
         """Batches after ``consumed`` global batches (a ``TypeError`` for a batch sampler without ``len``)."""
         num, last = self._global_length()
         return shard_length(num - _check_consumed(consumed), last, self.layout.batch_size, self.layout)
+
+    def samples_before(self, consumed: int) -> Optional[int]:
+        return _global_batch_samples(self.layout, consumed)
 
     def finished(self, consumed: int) -> Optional[bool]:
         # Process 0 has the most batches (leftovers go to the first processes).
@@ -315,6 +327,9 @@ class StreamPlan(_Unchanged):
         elements = self.num_elements(consumed)
         return None if elements is None else -(-elements // self.width)
 
+    def samples_before(self, consumed: int) -> Optional[int]:
+        return _check_consumed(consumed)
+
     def finished(self, consumed: int) -> Optional[bool]:
         # Process 0 has the most elements (leftovers go to the first processes).
         first = StreamPlan(dataclasses.replace(self.layout, process_index=0), self.length)
@@ -413,6 +428,9 @@ class LocalPlan(_Unchanged):
     def num_batches(self, consumed: int = 0) -> Optional[int]:
         return None if self.length is None else max(self.length - _check_consumed(consumed), 0)
 
+    def samples_before(self, consumed: int) -> Optional[int]:
+        return _global_batch_samples(self.layout, consumed)  # its batches are the global ones
+
     def finished(self, consumed: int) -> Optional[bool]:
         rest = self.num_batches(consumed)
         return None if rest is None else rest == 0
@@ -498,6 +516,9 @@ class NativeStreamPlan:
     def start_after(self, consumed: int, dataset_state: Any = None) -> int:
         self.pending_start = _check_consumed(consumed)
         return 0  # pass_batches reads past them (keeping the first one: padding reads it)
+
+    def samples_before(self, consumed: int) -> Optional[int]:
+        return None  # each process counts its own part's batches: no global batch boundary
 
     def batch_record(self, record: PassRecord, batch: int) -> tuple[Optional[list[int]], int]:
         return record.batches.popleft() if record.batches else (None, 0)  # type: ignore[return-value]
@@ -604,6 +625,12 @@ class DispatchPlan(_Unchanged):
         self.length = length
         self.source = source
 
+    @property
+    def sampler(self) -> Any:
+        """The index sampler of process 0's global batches: its source's (``None`` for a stream).
+        The loader finds the shuffle to seed, save and restore through it, as for any plan."""
+        return getattr(self.source, "sampler", None)
+
     def start_after(self, consumed: int, dataset_state: Any = None) -> int:
         if self.source is not None:
             return self.source.start_after(consumed)
@@ -625,6 +652,9 @@ class DispatchPlan(_Unchanged):
         rest = max(self.length - _check_consumed(consumed), 0)
         per_step = self.consumed_per_batch
         return rest // per_step if self.layout.drop_last else -(-rest // per_step)
+
+    def samples_before(self, consumed: int) -> Optional[int]:
+        return _global_batch_samples(self.layout, consumed)
 
     def finished(self, consumed: int) -> Optional[bool]:
         rest = self.num_batches(consumed)

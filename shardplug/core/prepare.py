@@ -373,7 +373,7 @@ def skip_first_batches(dataloader: DataLoader, num_batches: int = 0) -> Prepared
     if not isinstance(num_batches, int) or num_batches < 0:
         raise ValueError(f"num_batches={num_batches!r} must be an integer >= 0")
     if isinstance(dataloader, PreparedDataLoader):
-        return dataloader.skipping(num_batches)
+        return dataloader._skipped_copy(num_batches)
     if not isinstance(dataloader, DataLoader):
         raise TypeError(f"dataloader must be a torch.utils.data.DataLoader, got {type(dataloader).__name__}")
     new = prepare_data_loader(dataloader, num_processes=1, process_index=0)
