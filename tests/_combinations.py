@@ -110,7 +110,7 @@ class ShardedStream(IterableDataset):
 class Case:
     """The options of one combination."""
 
-    data: str = "map"  # map | stream | stream_unsized | worker_split | sharded | hf
+    data: str = "map"  # map | stream | stream_unsized | worker_split | sharded | hf | wds
     n: int = 21
     batch_size: int = 3
     shuffle: str = "off"  # off | shuffle | generator | seedable | bijective
@@ -120,7 +120,8 @@ class Case:
     dispatch: bool = False
     stateful: bool = False
     workers: int = 0
-    hf_path: Optional[str] = None  # data="hf": a parquet file of ids 0 .. n-1
+    hf_path: Optional[str] = None  # data="hf": a parquet file of ids 0 .. n-1; data="wds": a folder of write_wds's tars
+    shards: int = 0  # data="hf": an in-memory HF stream of that many shards instead of the parquet file
 
     @property
     def iterable(self) -> bool:
@@ -148,12 +149,40 @@ def dataset_for(case: Case) -> Any:
         return WorkerSplitStream(case.n)
     if case.data == "sharded":
         return ShardedStream(case.n)
+    if case.data == "hf" and case.shards:
+        import datasets
+
+        return datasets.Dataset.from_dict({"id": list(range(case.n))}).to_iterable_dataset(num_shards=case.shards)
+    if case.data == "wds":
+        import glob
+
+        import webdataset as wds
+
+        urls = sorted(glob.glob(f"{case.hf_path}/shard-*.tar"))
+        return wds.WebDataset(urls, shardshuffle=False, nodesplitter=None).map(_wds_id)
     if case.data == "hf":
         import datasets
 
         return datasets.load_dataset("parquet", data_files=case.hf_path, split="train", streaming=True).map(
             lambda row: row)
     raise ValueError(case.data)
+
+
+def _wds_id(sample: dict[str, Any]) -> int:
+    return int(sample["id"])
+
+
+def write_wds(folder: str, sizes: tuple[int, ...]) -> int:
+    """Tar shards of ``sizes`` samples in ``folder`` for ``Case(data="wds")``, ids ``0 .. sum(sizes)-1`` in order."""
+    import webdataset as wds
+
+    start = 0
+    for k, size in enumerate(sizes):
+        with wds.TarWriter(f"{folder}/shard-{k:03d}.tar") as writer:
+            for i in range(start, start + size):
+                writer.write({"__key__": f"{i:06d}", "id": str(i)})
+        start += size
+    return start
 
 
 def build(case: Case, processes: int, index: int, explicit: bool = True) -> Any:

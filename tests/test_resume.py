@@ -167,17 +167,20 @@ def test_audit_state_round_trips_with_weights_only(tmp_path):
     assert loaded.report(2).exact
 
 
-def test_stateful_stream_with_workers_refuses_to_resize():
-    # map-style data resizes with a StatefulDataLoader too (tests/test_combinations.py): the position alone is exact
+def test_stateful_stream_split_by_its_workers_refuses_to_resize():
+    from _combinations import WorkerSplitStream
+
+    # map-style data and streams split by shardplug resize with a StatefulDataLoader too (tests/test_combinations.py)
     def make(world, rank):
-        loader = DataLoader(Stream(20), batch_size=2, num_workers=2, multiprocessing_context="fork")
+        dataset = WorkerSplitStream(21)
+        loader = DataLoader(dataset, batch_size=2, num_workers=2, multiprocessing_context="fork")
         return prepare_data_loader(loader, num_processes=world, process_index=rank, use_stateful_dataloader=True)
 
     loader = make(2, 0)
     _take(loader, 2)
     state = loader.state_dict()
     resized = make(3, 0)
-    with pytest.raises(ValueError, match="workers' places.*cannot move from 2 to 3 processes; resume with the same"):
+    with pytest.raises(ValueError, match="its own part of this stream.*cannot move from 2 to 3 processes; resume with"):
         resized.load_state_dict(state)  # refused on loading, before anything changes
 
 

@@ -20,7 +20,7 @@ from .collectives import broadcast_object, global_rank, world_size
 from .audit import SampleAudit
 from .iterable import IterableDatasetShard
 from .layout import ShardLayout
-from .plan import LocalPlan, PassRecord, ShardPlan, sized_length
+from .plan import BatchSamplerPlan, LocalPlan, PassRecord, ShardPlan, TagCollate, sized_length
 from .position import Position
 from .rng import apply_rng_states, check_rng_types, rng_states
 from .samplers import BatchSamplerShard, IndexSamplerShard
@@ -295,6 +295,12 @@ class PreparedDataLoader(DataLoader):
         """Batches of a pass that starts after ``consumed`` (``TypeError`` when unknown)."""
         length = self.plan.num_batches(consumed)
         if length is None:
+            if getattr(self.plan, "reads_ahead", False):  # the DataLoader's count is not the agreed one
+                raise TypeError(
+                    "the number of batches of this natively sharded stream is agreed while it is read (its parts "
+                    "have no len(), or DataLoader workers split them in a way shardplug cannot count), so len() is "
+                    "unknown"
+                )
             return super().__len__()  # the DataLoader's own answer, or its TypeError
         return length
 
@@ -367,6 +373,8 @@ class PreparedDataLoader(DataLoader):
                 discard += skip
                 if current.record.batches is not None:
                     current.unlogged += skip  # their records are not the batches handed out
+            elif self._workers_split_stream():  # only whole batches tell where each worker is: read and drop them
+                discard += skip
             else:
                 discard = self.plan.start_after(current.consumed_at_start)
         current.batches_yielded = current.resumed
@@ -555,6 +563,10 @@ class PreparedDataLoader(DataLoader):
         if not isinstance(position, Position):
             position = Position.from_dict(position)
         self._check_loadable(position, stateful=False)
+        self._apply_position(position)
+
+    def _apply_position(self, position: Position) -> None:
+        """Continue from ``position`` (already checked) at the next pass."""
         for sampler, seed in zip(self._seedable_samplers(), position.seeds):
             sampler.seed = seed
         generator = self._shuffle_generator()
@@ -578,32 +590,45 @@ class PreparedDataLoader(DataLoader):
         current, processes = self._pass_position(), self.plan.layout.num_processes
         at_start = (position.consumed, position.batches_yielded) == (0, 0)  # nothing to share out anew
         if position.num_processes != processes and position.unit == current.unit and not at_start:
-            self._refuse_resize(position, stateful)
-        dataset = self.dataset
-        if isinstance(dataset, IterableDatasetShard) and dataset.splits_by_worker and self.num_workers > 0:
+            self._refuse_resize(position, stateful and self._inner_state_resumes())
+        if self._workers_split_stream():
             if position.consumed and not stateful:
                 raise ValueError(
-                    f"each of the {self.num_workers} DataLoader workers reads its own part of this stream, so the "
-                    f"place after {position.consumed} elements cannot be found by skipping elements; resume at an "
-                    "epoch's start (a position saved after a complete pass), with num_workers=0, or with "
-                    "use_stateful_dataloader=True (each worker's place is saved; same number of processes)"
+                    f"with num_workers={self.num_workers} each DataLoader worker reads its own part of this stream, so "
+                    f"the place after {position.consumed} elements cannot be found by skipping elements; resume at an "
+                    "epoch's start (a position saved after a complete pass), save and resume with num_workers=0, or "
+                    "build both loaders with use_stateful_dataloader=True (each worker's place is saved; same numbers "
+                    "of processes and workers)"
                 )
         position.check_resumable(current, self.plan.epoch_size(), self._same_layout_length())
 
-    def _refuse_resize(self, position: Position, stateful: bool) -> None:
-        """Refuse a position inside an epoch, of another number of processes, where this loader cannot resize."""
+    def _workers_split_stream(self) -> bool:
+        """A stream read by every process that splits itself across this loader's DataLoader workers:
+        where each worker is cannot be found by skipping stream elements."""
+        dataset = self.dataset
+        return isinstance(dataset, IterableDatasetShard) and dataset.splits_by_worker and self.num_workers > 0
+
+    def _refuse_resize(self, position: Position, inner_state: bool) -> None:
+        """Refuse a position inside an epoch, of another number of processes, where this loader cannot resize
+        (``inner_state``: a StatefulDataLoader's own state, each process's, is what resumes it)."""
         moves = f"cannot move from {position.num_processes} to {self.plan.layout.num_processes} processes"
-        anew = ("resume with the same number of processes, or from a position saved at an epoch's end (it loads "
-                "into any number of processes)")
-        if stateful:
+        anew = (f"resume with num_processes={position.num_processes}, or from a position saved at an epoch's end (it "
+                "loads into any number of processes)")
+        if getattr(self.plan, "reads_ahead", False) or self.plan.unit == "batches":
+            raise ValueError(
+                "this stream is sharded natively (each process reads its own shards) or read by one process, so its "
+                f"position counts this process's batches, and a position inside an epoch {moves}; {anew}"
+            )
+        if self._workers_split_stream():
+            raise ValueError(
+                f"with num_workers={self.num_workers} each DataLoader worker reads its own part of this stream (it splits "
+                "itself across workers), so its place is found by reading whole batches of the layout that saved it, "
+                f"and a position inside an epoch {moves}; {anew}"
+            )
+        if inner_state:
             raise ValueError(
                 "use_stateful_dataloader=True resumes this stream from each process's own saved state (its "
                 f"DataLoader workers' places), which {moves}; {anew}"
-            )
-        if self.plan.unit == "batches":
-            raise ValueError(
-                "this stream is not shared out by shardplug element by element (each process reads its own shards, "
-                f"or it is read by one process), so a position inside an epoch {moves}; {anew}"
             )
 
     def _start_after(self, position: Position, current: _Pass) -> int:
@@ -613,11 +638,13 @@ class PreparedDataLoader(DataLoader):
         current.consumed_at_start = position.consumed
         if self._inner_repositions:  # a StatefulDataLoader that loaded its own state
             current.resumed = position.batches_yielded
-            if current.record.batches is not None:
-                current.unlogged = current.resumed
+            if current.record.batches is not None and isinstance(self.plan, BatchSamplerPlan):
+                current.unlogged = current.resumed  # its batch sampler logged the batches it fast-forwarded past
             return 0
         if same_layout:
             current.resumed = position.batches_yielded
+            if self._workers_split_stream():  # only whole batches tell where each worker is: read and drop them
+                return position.batches_yielded
         else:
             full, rest = self.plan.num_batches(0), self.plan.num_batches(position.consumed)
             current.resumed = full - rest if full is not None and rest is not None else (
@@ -659,7 +686,18 @@ class PreparedDataLoader(DataLoader):
             raise ValueError("padding tracking needs batches in sampler order: build the DataLoader with in_order=True")
         if self.plan.untracked_reason is not None:
             raise ValueError(self.plan.untracked_reason)
+        self._tag_padding()
         self._tracking = True
+
+    def _tag_padding(self) -> None:
+        """Where the plan cannot compute the batches' places (a stream without ``len()``, or one that
+        splits itself across workers), its readers tag each element and the collation hands the tags on."""
+        plan = self.plan
+        if not getattr(plan, "needs_tags", False) or plan.tags:  # type: ignore[attr-defined]
+            return
+        plan.tags = True  # type: ignore[attr-defined]
+        self.collate_fn = TagCollate(self.collate_fn)
+        self._iterator = None  # persistent workers would keep their untagged copies
 
     def _batch_record(self, current: _Pass) -> tuple[list[int], int]:
         """(indices, real count) of the batch being handed out."""
@@ -686,9 +724,10 @@ class PreparedDataLoader(DataLoader):
         self.track_padding()
         if not self.plan.identifies_samples:
             raise ValueError(
-                "this loader's batches carry no sample ids shardplug knows (a stream that shards itself): padding is "
-                "marked in loader.batch_real_count, but an audit needs ids; audit a map-style dataset or a stream "
-                "read by every process"
+                "this loader's batches carry no sample ids shardplug knows (a stream that shards itself, one without "
+                "len(), or one that splits itself across DataLoader workers): padding is marked in "
+                "loader.batch_real_count, but an audit needs ids; audit a map-style dataset or a sized stream read by "
+                "every process"
             )
         if self.audit is None:
             self.audit = SampleAudit(self.total_dataset_length)
@@ -719,12 +758,13 @@ class PreparedDataLoader(DataLoader):
                 "pass what its state_dict() returned"
             )
         position = Position.from_dict(state.pop(_POSITION_KEY))
-        if self._position_suffices(position):
-            self.load_position(position)  # shardplug's own skip (exact) repositions the next pass
-            return
         self._check_loadable(position, stateful=True)
+        if self._position_suffices(position):
+            self._check_saved_workers(state, position)
+            self._apply_position(position)  # shardplug's own skip (exact) repositions the next pass
+            return
         super(PreparedDataLoader, self).load_state_dict(state)  # type: ignore[misc]
-        self.load_position(position)
+        self._apply_position(position)
         self._inner_repositions = True
 
     def _position_suffices(self, position: Position) -> bool:
@@ -735,22 +775,37 @@ class PreparedDataLoader(DataLoader):
         return (position.consumed, position.batches_yielded) == (0, 0) or not self._inner_state_resumes()
 
     def _inner_state_resumes(self) -> bool:
-        """Whether a loaded ``StatefulDataLoader`` state is what repositions a pass inside an epoch (else
-        it is not loaded, and the position's own skip, which is exact, repositions it). Not for:
+        """Whether the StatefulDataLoader's own state is where a resumed pass continues (else it is not
+        loaded, and the position's own skip, which is exact, repositions the pass).  Not for:
 
         * map-style data without a ``state_dict()`` of its own: the plan starts after any batch by index;
-        * a stream whose state would only fast-forward it by a count (:meth:`_inner_state_only_counts`):
-          torchdata (0.11) counts those twice after a resume, so a second resume would skip batches.
+        * a stream whose state only counts batches (:meth:`_inner_state_only_counts`): torchdata (0.11)
+          counts them twice after a resume, so a second resume would skip batches;
+        * a plan that reads batches ahead of those handed out (a natively sharded stream agrees its step
+          counts a few batches ahead: the inner state is past the place).
         """
         if not isinstance(self.dataset, IterableDataset) and not callable(getattr(self.dataset, "state_dict", None)):
             return False
-        return not self._inner_state_only_counts()
+        return not self._inner_state_only_counts() and not getattr(self.plan, "reads_ahead", False)
 
     def _inner_state_only_counts(self) -> bool:
-        """A stream without ``state_dict()`` read in this process: the StatefulDataLoader's state
-        holds nothing but how many batches it yielded."""
-        return (self.num_workers == 0 and isinstance(self.dataset, IterableDataset)
-                and not callable(getattr(self.dataset, "state_dict", None)))
+        """A stream without ``state_dict()`` (also each worker's copy): the StatefulDataLoader's state
+        holds nothing but how many batches it (each worker) yielded."""
+        return isinstance(self.dataset, IterableDataset) and not callable(getattr(self.dataset, "state_dict", None))
+
+    def _check_saved_workers(self, state: dict[str, Any], position: Position) -> None:
+        """Refuse a StatefulDataLoader state saved with another number of DataLoader workers where the
+        resume reads and drops whole batches (a stream that splits itself across workers)."""
+        if not self._workers_split_stream() or not position.batches_yielded:
+            return
+        snapshot = state.get("_snapshot")
+        saved = snapshot.get("_main_snapshot", {}).get("_num_workers") if isinstance(snapshot, dict) else 0
+        if saved != self.num_workers:
+            raise ValueError(
+                f"this state was saved with num_workers={saved}, and with num_workers={self.num_workers} each "
+                "DataLoader worker reads another part of this stream (it splits itself across workers), so its "
+                f"place cannot be found; resume with num_workers={saved}, or at an epoch's start"
+            )
 
 
 class DataLoaderShard(PreparedDataLoader):

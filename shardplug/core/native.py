@@ -101,6 +101,22 @@ class ProcessPart(IterableDataset):
         mine = max(rest - self.process_index + self.num_processes - 1, 0) // self.num_processes
         return sum(lengths[: len(self.own)]) + mine
 
+    def worker_lengths(self, num_workers: int) -> Optional[list[int]]:
+        """Elements each of ``num_workers`` DataLoader workers reads of this part, when every shard
+        has a length and shardplug splits the shards across workers (``None`` otherwise)."""
+        if self.splits_by_worker:
+            return None  # each part splits itself: what a worker reads is the dataset's
+        lengths = []
+        for worker in range(num_workers):
+            own = [sized_length(part) for part in self.own[worker::num_workers]]
+            rest = [sized_length(part) for part in self.rest[worker::num_workers]]
+            if any(length is None for length in own + rest):
+                return None
+            shared = sum(rest)  # type: ignore[arg-type]
+            mine = max(shared - self.process_index + self.num_processes - 1, 0) // self.num_processes
+            lengths.append(sum(own) + mine)  # type: ignore[arg-type]
+        return lengths
+
     def set_epoch(self, epoch: int) -> None:
         for part in self.own + self.rest:
             if hasattr(part, "set_epoch"):

@@ -31,7 +31,7 @@ import dataclasses
 import itertools
 import logging
 from collections import deque
-from typing import Any, Callable, Iterable, Iterator, Optional, Protocol, Sequence, Union, runtime_checkable
+from typing import Any, Callable, Iterable, Iterator, NamedTuple, Optional, Protocol, Sequence, Union, runtime_checkable
 
 import torch
 from torch.utils.data import BatchSampler, RandomSampler, SequentialSampler
@@ -42,7 +42,7 @@ from .shuffle import SeedableRandomSampler, epoch_order
 
 __all__ = [
     "ShardPlan", "PassRecord", "BatchSamplerPlan", "StreamPlan", "LocalPlan", "NativeStreamPlan", "DispatchPlan", "UNITS",
-    "sized_length",
+    "sized_length", "PaddingTag", "TaggedBatch", "TagCollate",
 ]
 
 UNITS = ("global_batches", "elements", "batches")
@@ -282,9 +282,14 @@ class StreamPlan(_Unchanged):
         self.length = length
         self.pending_start: tuple[int, Any] = (0, None)
         """(elements, dataset state) the next pass starts after (see :meth:`start_after`)."""
-        self.untracked_reason = None if length is not None else (
-            "the stream has no len(), so padding cannot be told apart; use loader.remainder or a sized dataset"
-        )
+        self.untracked_reason: Optional[str] = None
+        self.needs_tags = length is None
+        """Without the stream's length (no ``len()``, or a stream that splits itself across workers, each
+        worker padding its own part) the batches' places cannot be computed: tracking tags the elements."""
+        self.tags = False
+        """Each element leaves the reader as a :class:`PaddingTag` (set by ``track_padding`` where
+        :attr:`needs_tags`); :meth:`pass_batches` takes the tags off the collated batches."""
+        self.identifies_samples = length is not None  # tagged positions are the reader's, not sample ids
 
     def start_after(self, consumed: int, dataset_state: Any = None) -> int:
         """The next pass starts after ``consumed`` elements: by loading ``dataset_state`` into the
@@ -336,8 +341,15 @@ class StreamPlan(_Unchanged):
         elements = first.num_elements(consumed)
         return None if elements is None else elements == 0
 
+    def pass_batches(self, batches: Iterator[Any], record: PassRecord) -> Iterator[Any]:
+        """The loader's batches, their padding tags (when :attr:`tags`) taken off into ``record``."""
+        return _untagged(batches, record) if self.tags else batches
+
     def batch_record(self, record: PassRecord, batch: int) -> tuple[list[int], int]:
-        """(stream positions, real count) of this process's ``batch``-th batch of the pass."""
+        """(stream positions, real count) of this process's ``batch``-th batch of the pass
+        (tagged: positions in the part of the stream its reader read)."""
+        if self.tags:
+            return record.batches.popleft()  # type: ignore[union-attr]
         n, width = self.length, self.width
         first = record.started_at + batch * self.consumed_per_batch + self.layout.process_index * width
         if n is None:
@@ -365,6 +377,7 @@ class StreamPlan(_Unchanged):
         """
         size, width = self.consumed_per_batch, self.width
         own = slice(self.layout.process_index * width, (self.layout.process_index + 1) * width)
+        cut = self._tagged_slice(own, read) if self.tags else (lambda buffer, start, real: buffer[own])
         head: list[Any] = []
         for element in itertools.islice(stream, skip):
             if len(head) < size:
@@ -387,16 +400,69 @@ class StreamPlan(_Unchanged):
                 if on_first is not None:
                     on_first(buffer)
                     on_first = None
-                yield from buffer[own]
+                yield from cut(buffer, read - size, size)
             index += 1
             buffer = []
         if on_first is not None:
             on_first(buffer if index % workers == worker else [])  # no whole global batch reached this reader
         if not buffer or self.layout.drop_last or index % workers != worker:
             return
+        real = len(buffer)
         if self.layout.even_batches:
             buffer += list(itertools.islice(itertools.cycle(head), size - len(buffer)))
-        yield from buffer[own]
+        yield from cut(buffer, read, real)
+
+    @staticmethod
+    def _tagged_slice(own: slice, first: int) -> Callable[[list[Any], int, int], list[Any]]:
+        """``cut(buffer, start, real)``: the slice ``own`` of a global batch read from position ``start``
+        (its first ``real`` elements real, the rest cycled from the head, read from ``first``), tagged."""
+        def cut(buffer: list[Any], start: int, real: int) -> list[Any]:
+            places = [start + k if k < real else first + (k - real) for k in range(len(buffer))]
+            return [PaddingTag(e, p, k < real) for k, e, p in zip(range(own.start, own.stop), buffer[own], places[own])]
+        return cut
+
+
+class PaddingTag(NamedTuple):
+    """One element on its way from a reader to the collation, with its place and whether it is real."""
+
+    element: Any
+    position: int
+    real: bool
+
+
+class TaggedBatch(NamedTuple):
+    """A collated batch and its elements' tags (a named tuple: ``pin_memory`` keeps its type)."""
+
+    batch: Any
+    positions: tuple[int, ...]
+    real: int
+
+
+class TagCollate:
+    """A ``collate_fn`` that takes the :class:`PaddingTag` off each element, collates the elements with
+    ``collate_fn`` and hands the tags on beside the batch (a :class:`TaggedBatch`); anything else
+    passes to ``collate_fn`` unchanged."""
+
+    def __init__(self, collate_fn: Callable[[Any], Any]) -> None:
+        self.collate_fn = collate_fn
+
+    def __call__(self, data: Any) -> Any:
+        if isinstance(data, PaddingTag):  # no automatic batching: one element per batch
+            element, position, real = data
+            return TaggedBatch(self.collate_fn(element), (position,), int(real))
+        if isinstance(data, list) and data and isinstance(data[0], PaddingTag):
+            return TaggedBatch(self.collate_fn([t[0] for t in data]), tuple(t[1] for t in data), sum(t[2] for t in data))
+        return self.collate_fn(data)
+
+
+def _untagged(batches: Iterator[Any], record: PassRecord) -> Iterator[Any]:
+    """``batches`` without their tags, each batch's (positions, real count) appended to ``record``."""
+    for batch in batches:
+        if isinstance(batch, TaggedBatch):
+            batch, positions, real = batch
+            if record.batches is not None:
+                record.batches.append((list(positions), real))
+        yield batch
 
 
 class LocalPlan(_Unchanged):
@@ -480,6 +546,9 @@ class NativeStreamPlan:
     consumed_per_batch = 1
     untracked_reason = None
     identifies_samples = False  # the stream's elements have no index shardplug knows
+    reads_ahead = True
+    """Batches are read from the loader ahead of those handed out (the agreement's chunk), so a
+    ``StatefulDataLoader``'s own state is past the place: a resume skips by this plan's count instead."""
 
     def __init__(
         self,

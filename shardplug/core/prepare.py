@@ -16,7 +16,7 @@ from .iterable import IterableDatasetShard
 from .layout import ShardLayout
 from .loaders import DataLoaderShard, PreparedDataLoader, combined_class, stateful_dataloader_class
 from .collectives import all_reduce_int_async, world_size
-from .native import can_shard, process_part
+from .native import ProcessPart, can_shard, process_part
 from .plan import LocalPlan, NativeStreamPlan, ShardPlan, sized_length
 from .rng import check_rng_types
 from .samplers import BatchSamplerShard, IndexSamplerShard
@@ -281,11 +281,12 @@ def _shard_stream(dataset: Any, dataloader: DataLoader, layout: ShardLayout) -> 
         if layout.splits and loader_batch is not None:
             loader_batch //= layout.num_processes
         counts: Optional[list[Optional[int]]] = None
-        # the parts' batch counts, when they have len() and no workers (each worker makes its own last batch)
-        if dataloader.num_workers == 0 and _length_of_loader(own, loader_batch, dataloader.drop_last) is not None:
+        # the parts' batch counts, when they have len() and shardplug knows what each DataLoader worker reads
+        workers, drop_last = dataloader.num_workers, dataloader.drop_last
+        if _batches_of_part(own, loader_batch, drop_last, workers) is not None:
             parts = (own if j == layout.process_index else process_part(dataset, layout.num_processes, j)
                      for j in range(layout.num_processes))
-            counts = [_length_of_loader(part, loader_batch, dataloader.drop_last) for part in parts]
+            counts = [_batches_of_part(part, loader_batch, drop_last, workers) for part in parts]
         known = None if counts is None or any(count is None for count in counts) else counts
         plan = NativeStreamPlan(layout, known, agree=all_reduce_int_async)
         return own, plan, loader_batch
@@ -301,14 +302,30 @@ def _shard_stream(dataset: Any, dataloader: DataLoader, layout: ShardLayout) -> 
     return shard, shard.plan, (shard.process_slice_size if loader_batch is not None else None)
 
 
+def _batches_of_part(part: Any, batch_size: Optional[int], drop_last: bool, num_workers: int) -> Optional[int]:
+    """Batches a DataLoader with ``num_workers`` workers yields over a process's part, when known
+    without reading: each worker makes its own last batch, so the parts of the workers are counted
+    (known only where shardplug splits the shards across workers: a part that splits itself does not say)."""
+    if num_workers == 0:
+        return _length_of_loader(part, batch_size, drop_last)
+    lengths = part.worker_lengths(num_workers) if isinstance(part, ProcessPart) else None
+    if lengths is None:
+        return None
+    return sum(_count_batches(n, batch_size, drop_last) for n in lengths)
+
+
+def _count_batches(n: int, batch_size: Optional[int], drop_last: bool) -> int:
+    if batch_size is None:
+        return n
+    return n // batch_size if drop_last else -(-n // batch_size)
+
+
 def _length_of_loader(dataset: Any, batch_size: Optional[int], drop_last: bool) -> Optional[int]:
     """Batches a DataLoader over ``dataset`` yields, when the dataset is sized."""
     n = sized_length(dataset)
     if n is None:
         return None
-    if batch_size is None:
-        return n
-    return n // batch_size if drop_last else -(-n // batch_size)
+    return _count_batches(n, batch_size, drop_last)
 
 
 def _check_worker_split(dataset: Any, num_workers: int) -> None:

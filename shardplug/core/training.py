@@ -135,9 +135,9 @@ class TrainingRun:
         tied to the gradient state, and with every sample countable once.
 
         Padding is tracked wherever it can be told apart (``loader.batch_real_count``: map-style data,
-        sized streams, streams sharded natively); a stream whose padding could not be told apart
-        (no ``len()``) gets none (``even_batches=False``: processes may then run different numbers
-        of evaluation batches, so no per-batch collective in evaluation).
+        streams, streams sharded natively); a loader whose padding could not be told apart would get
+        none (``even_batches=False``: processes may then run different numbers of evaluation batches,
+        so no per-batch collective in evaluation).
         """
         kwargs = self._loader_kwargs(overrides, dispatch_batches=False)
         loader = prepare_data_loader(dataloader, **kwargs)
