@@ -28,7 +28,8 @@ from .shuffle import SeedableRandomSampler, sampler_kind
 from .transfer import send_to_device
 
 __all__ = [
-    "PreparedDataLoader", "DataLoaderShard", "LengthMismatchWarning", "stateful_dataloader_class", "stateful_variant", "DATALOADER_PRIVATES",
+    "PreparedDataLoader", "DataLoaderShard", "LengthMismatchWarning", "stateful_dataloader_class", "stateful_variant",
+    "DATALOADER_PRIVATES",
 ]
 
 logger = logging.getLogger(__name__)
