@@ -384,8 +384,9 @@ def _check_exactly_once(case: Case, seen: list[int], steps: list[int], where: st
     repeated = sorted(v for v, c in counts.items() if c > 1)
     assert not repeated, f"{where}: samples seen twice: {repeated[:20]} ({case})"
     missing = sorted(set(range(case.n)) - set(counts))
-    if case.drop_last:
-        assert len(missing) < max(steps), f"{where}: {len(missing)} samples lost: {missing[:20]} ({case})"
+    if case.drop_last:  # a step short at most (each DataLoader worker drops its own short batch of a stream it splits)
+        short = max(steps) * (max(case.workers, 1) if case.data in ("worker_split", "wds", "hf") else 1)
+        assert len(missing) < short, f"{where}: {len(missing)} samples lost: {missing[:20]} ({case})"
     else:
         assert not missing, f"{where}: samples lost: {missing[:20]} ({case})"
     assert set(counts) <= set(range(case.n)), f"{where}: unknown samples {sorted(set(counts) - set(range(case.n)))}"
@@ -432,7 +433,7 @@ def run_before(case: Case, resume: Resume) -> Saved:
             assert same_position(positions[0], position, ignore=_receivers_own(case)), (
                 f"positions differ: process 0 {positions[0]} process {rank} {position} ({case}, {resume})")
         states = before.gather([loader.state_dict() for loader in loaders]) if case.stateful else positions
-        if _receivers_own(case):  # each process loads its own copy: exact all the same
+        if _receivers_own(case) and not case.stateful:  # each process loads its own copy: exact all the same
             states = positions
     for p in passes:
         p.close()

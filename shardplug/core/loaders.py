@@ -326,13 +326,15 @@ class PreparedDataLoader(DataLoader):
 
     @property
     def remainder(self) -> int:
-        """Real samples in the last global batch (0 when it is full, -1 when unknown): the last step
-        of the pass in progress, else of the next pass. A pass that resumed a position of another
+        """Real samples in the last global batch (0 when it is full, as with ``drop_last``; -1 when
+        unknown): the last step of the pass in progress, else of the next pass. A pass that resumed a position of another
         number of processes (or was shortened by a skip) starts at another place in the epoch's
         steps, so its last step holds another number of samples than an uninterrupted epoch's."""
         length, total = self.total_dataset_length, self.total_batch_size
         if length is None or not total:
             return -1
+        if self.plan.layout.drop_last:
+            return 0  # a short last step is dropped: the last one is full
         before = self.plan.samples_before(self._pass_start())
         return max(length - (before or 0), 0) % total
 
@@ -513,7 +515,10 @@ class PreparedDataLoader(DataLoader):
         # A pass is over for every process once none has a batch left. A process with fewer batches
         # (even_batches=False) reports the same place as the others until its loop has ended by itself,
         # then the epoch's end (the others finish theirs before they meet it again).
-        if current.complete and (current.exhausted or self.plan.finished(consumed) is not False):
+        finished = self.plan.finished(consumed)
+        if finished is None:  # unknown lengths: where every process yields as many batches, all end together
+            finished = layout.pads or layout.drop_last
+        if current.complete and (current.exhausted or finished):
             epoch, done, consumed = epoch + 1, 0, 0
             generator_state = generator.get_state() if generator is not None else None
         elif isinstance(self.dataset, IterableDatasetShard) and self.dataset.repositions_itself:
