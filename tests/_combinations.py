@@ -385,7 +385,7 @@ def _check_exactly_once(case: Case, seen: list[int], steps: list[int], where: st
     assert not repeated, f"{where}: samples seen twice: {repeated[:20]} ({case})"
     missing = sorted(set(range(case.n)) - set(counts))
     if case.drop_last:  # a step short at most (each DataLoader worker drops its own short batch of a stream it splits)
-        short = max(steps) * (max(case.workers, 1) if case.data in ("worker_split", "wds", "hf") else 1)
+        short = max(steps) * (max(case.workers, 1) if case.data in ("worker_split", "wds", "hf", "sharded") else 1)
         assert len(missing) < short, f"{where}: {len(missing)} samples lost: {missing[:20]} ({case})"
     else:
         assert not missing, f"{where}: samples lost: {missing[:20]} ({case})"
@@ -457,7 +457,8 @@ def run_after(case: Case, resume: Resume, saved: Saved) -> dict[str, Any]:
             for _ in range(target_epoch):
                 Pass(loader).take()
         originals = fresh
-        resumed = [shardplug.skip_first_batches(loader, saved.taken[r]) for loader, r in zip(fresh, after.ranks)]
+        steps = max(saved.taken, default=0)  # the steps taken (a process with fewer batches took them all)
+        resumed = [shardplug.skip_first_batches(loader, steps) for loader in fresh]
     else:
         resumed = originals = after.build()
         for rank, loader in zip(after.ranks, resumed):
