@@ -10,7 +10,9 @@ Who talks to it:
 * the micro-batch context manager of the front door calls :meth:`GradientState.begin_micro_batch`
   once per micro-batch, which decides :attr:`GradientState.sync_gradients`;
 * :class:`~shardplug.core.optimizer.PreparedOptimizer` and
-  :class:`~shardplug.core.scheduler.PreparedScheduler` read :attr:`GradientState.sync_gradients`.
+  :class:`~shardplug.core.scheduler.PreparedScheduler` read :attr:`GradientState.sync_gradients`;
+  a prepared optimizer also registers a *drop hook* (:meth:`GradientState.register_drop_hook`) that
+  clears its gradients when a cut pass ends a cycle without an update (see "The end of a pass").
 
 Example::
 
@@ -38,6 +40,13 @@ def _check_num_steps(num_steps: Any) -> int:
             "an integer >= 1 (use 1 for no gradient accumulation)"
         )
     return num_steps
+
+
+def _method_reference(fn: Callable[[], Any]) -> Callable[[], Any]:
+    """A weak reference to a bound method, else a strong reference to the function."""
+    if hasattr(fn, "__self__") and hasattr(fn, "__func__"):
+        return weakref.WeakMethod(fn)  # type: ignore[arg-type]
+    return lambda: fn
 
 
 def _reference(obj: Any) -> Callable[[], Any]:
@@ -75,8 +84,18 @@ class GradientState:
     * The loader that "feeds" a micro-batch is the innermost running pass, together with passes
       that handed out a batch after it started (``zip(a, b)``). A nested loop that has already
       finished (an evaluation loop inside the training loop) is forgotten and never forces a sync.
-    * Leaving a training loop early (``break``, exception) starts a fresh cycle and sets
-      :attr:`sync_gradients` back to ``True``, so the next ``zero_grad()`` clears the partial sums.
+    * **The end of a pass ends the cycle**, also the end of a pass that was cut. A pass that is
+      exhausted syncs on its last batch: the loader's end steps with what was accumulated. A pass
+      that ends before that (``break``, an exception, Ignite's ``terminate_epoch()`` or
+      ``terminate()``, a new ``iter()``, a run ended by a step limit) in the middle of a cycle ends
+      the cycle *without* an update: the micro-batches accumulated in it are **dropped** (every
+      registered drop hook runs: the prepared optimizers clear their gradients and the scaler's
+      record of them), a fresh cycle starts with :attr:`sync_gradients` back to ``True``, and the
+      next update sums exactly ``num_steps`` micro-batches. They are dropped, not stepped: their
+      gradients were never all-reduced (``no_sync``), so an update from them would differ from
+      process to process; and they are what a resume from a checkpoint would not have either.
+      :meth:`reset` ends a cycle in progress the same way. (Lightning's own loop does the same: it
+      zeroes the gradients on the first micro-batch of every cycle, counted per epoch.)
 
     Outside any micro-batch :attr:`sync_gradients` is ``True``: an optimizer used without the
     micro-batch context steps every time.
@@ -103,6 +122,8 @@ class GradientState:
         self._passes: list[_Pass] = []
         self._ticks: Iterator[int] = itertools.count()
         self._micro_batch_begun = False
+        self._drop_hooks: dict[int, Callable[[], Any]] = {}
+        self._hook_ids: Iterator[int] = itertools.count()
 
     # -- public state ------------------------------------------------------------------------
     @property
@@ -170,9 +191,40 @@ class GradientState:
         self._sync = True
 
     def reset(self) -> None:
-        """Forget running passes and start a fresh accumulation cycle (``sync_gradients=True``)."""
+        """Forget running passes and start a fresh accumulation cycle (``sync_gradients=True``);
+        the micro-batches of a cycle in progress are dropped (:meth:`register_drop_hook`)."""
         self._passes.clear()
+        if self._step:
+            self._drop_cycle("the gradient state was reset")
         self.restart_cycle()
+
+    def register_drop_hook(self, hook: Callable[[], Any]) -> Callable[[], None]:
+        """Call ``hook()`` whenever a cycle ends without an update (a cut pass, :meth:`reset`): it
+        must forget the gradients accumulated in the cycle. Returns a function that removes it.
+
+        A bound method is held weakly (a prepared optimizer that is garbage collected is forgotten).
+        """
+        key = next(self._hook_ids)
+        self._drop_hooks[key] = _method_reference(hook)
+
+        def remove() -> None:
+            self._drop_hooks.pop(key, None)
+
+        return remove
+
+    def _drop_cycle(self, why: str) -> None:
+        """The cycle in progress ends without an update: run the drop hooks."""
+        logger.warning(
+            "%s %d micro-batch(es) into a gradient-accumulation cycle of %d: their gradients are dropped (the end "
+            "of a pass ends the cycle; the next optimizer step sums %d fresh micro-batches)",
+            why, self._step, self._num_steps, self._num_steps,
+        )
+        for key, reference in list(self._drop_hooks.items()):
+            hook = reference()
+            if hook is None:
+                self._drop_hooks.pop(key, None)
+            else:
+                hook()
 
     # -- checkpointing -----------------------------------------------------------------------
     def state_dict(self) -> dict[str, int]:
@@ -233,9 +285,9 @@ class GradientState:
         self._passes.remove(p)
         self._prune()
         if p.micro_batches and not any(q.micro_batches for q in self._passes):
-            # the training loop is over (exhausted or left early): start a fresh cycle
+            # the training loop is over (exhausted or cut): the end of a pass ends the cycle
             if self._step:
-                logger.debug("gradient state: loop left after %d accumulated micro-batches", self._step)
+                self._drop_cycle("a pass over the training loader ended")
             self._step = 0
             self._sync = True
 

@@ -21,6 +21,7 @@ from .audit import SampleAudit
 from .iterable import IterableDatasetShard
 from .layout import ShardLayout
 from .plan import BatchSamplerPlan, LocalPlan, PassRecord, ShardPlan, TagCollate, sized_length
+from .rows import batch_rows, flatten, slice_rows
 from .position import Position
 from .rng import apply_rng_states, check_rng_types, rng_states
 from .samplers import BatchSamplerShard, IndexSamplerShard
@@ -205,6 +206,7 @@ class PreparedDataLoader(DataLoader):
         self._stateful_snapshot: Optional[dict[str, Any]] = None
         self.audit: Optional[SampleAudit] = None
         self._tracking = False  # record indices and padding of every batch (track_padding)
+        self._dropping_padding = False  # hand out the real rows only (drop_padding_rows)
 
     def _default_plan(self) -> ShardPlan:
         """The plan of a loader built directly (``prepare_data_loader`` passes its own)."""
@@ -442,6 +444,8 @@ class PreparedDataLoader(DataLoader):
             current.batch_indices, current.batch_real = self._batch_record(current)
             if self.audit is not None:
                 self.audit.record(self.epoch, current.batch_indices, current.batch_real)
+            if self._dropping_padding:
+                batch = _leading_rows(batch, current.batch_real)
         if self.gradient_state is not None:
             self.gradient_state._batch_ready(self, last)
         return send_to_device(batch, self.device, self.non_blocking) if self.device is not None else batch
@@ -695,6 +699,23 @@ class PreparedDataLoader(DataLoader):
         self._tag_padding()
         self._tracking = True
 
+    def drop_padding_rows(self) -> None:
+        """Hand out only the real rows of every batch (:meth:`track_padding` first): the padding rows
+        that even out the last step are cut off before the batch leaves the loader, so a step whose
+        rows are all padding is a batch of 0 rows (the same structure). Every process still gets
+        the same number of batches. A loader of single samples (``batch_size=None``) has no rows to
+        cut: a ``ValueError``.
+        """
+        if isinstance(getattr(self, "sampler", None), IndexSamplerShard) or (
+            self.batch_size is None and self.batch_sampler is None
+        ):
+            raise ValueError(
+                "drop_padding_rows() needs batches with rows; this loader hands out single samples "
+                "(DataLoader(batch_size=None)): keep them and skip those with loader.batch_real_count == 0"
+            )
+        self.track_padding()
+        self._dropping_padding = True
+
     def _tag_padding(self) -> None:
         """Where the plan cannot compute the batches' places (a stream without ``len()``, or one that
         splits itself across workers), its readers tag each element and the collation hands the tags on."""
@@ -812,6 +833,16 @@ class PreparedDataLoader(DataLoader):
                 "DataLoader worker reads another part of this stream (it splits itself across workers), so its "
                 f"place cannot be found; resume with num_workers={saved}, or at an epoch's start"
             )
+
+
+def _leading_rows(batch: Any, real: Optional[int]) -> Any:
+    """The first ``real`` rows of ``batch`` (unchanged when it has no more)."""
+    if real is None:
+        return batch
+    rows = batch_rows(flatten(batch)[0])
+    if rows is None or rows <= real:
+        return batch
+    return slice_rows(batch, slice(0, real))
 
 
 class DataLoaderShard(PreparedDataLoader):

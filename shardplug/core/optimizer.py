@@ -44,7 +44,9 @@ class PreparedOptimizer(Optimizer):
             every call (no accumulation).
 
     Stepping: ``step()`` and ``zero_grad()`` act only when ``gradient_state.sync_gradients`` is
-    true and do nothing on the other micro-batches. Step hooks registered on this object run
+    true and do nothing on the other micro-batches. When a cut pass ends a cycle without an update
+    (:class:`GradientState`: the end of a pass ends the cycle), :meth:`abandon_step` runs by itself:
+    the cycle's gradients are cleared, so the next update sums exactly ``num_steps`` micro-batches. Step hooks registered on this object run
     around the steps that act (check :attr:`step_was_skipped` in a post-hook); global optimizer
     hooks run for the wrapped optimizer's own ``step``, as torch decides.
 
@@ -114,6 +116,7 @@ class PreparedOptimizer(Optimizer):
         self._step_was_skipped = False
         self._counter = amp.step_counter(optimizer)
         self._warned_no_micro_batch = False
+        self.gradient_state.register_drop_hook(self.abandon_step)  # a cut pass drops its partial cycle
         if self.device_placement:
             self._place_state()
 
@@ -333,6 +336,7 @@ class PreparedOptimizer(Optimizer):
             self.__dict__.setdefault(name, OrderedDict())
         self.__dict__["_counter"] = amp.step_counter(self.optimizer)
         self._patch_step_function()
+        self.gradient_state.register_drop_hook(self.abandon_step)
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.optimizer!r})"

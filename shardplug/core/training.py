@@ -31,8 +31,8 @@ from torch.optim import Optimizer
 from . import amp
 from .accumulation import GradientState
 from .config import FRONT_ENDS, ShardplugConfig
+from .evaluation import prepare_eval_loader
 from .optimizer import PreparedOptimizer
-from .plan import StreamPlan
 from .prepare import prepare_data_loader
 from .scheduler import PreparedScheduler
 from .topology import ProcessTopology, resolve_data_topology
@@ -130,25 +130,19 @@ class TrainingRun:
         kwargs.update(overrides)
         return kwargs
 
-    def prepare_eval_loader(self, dataloader: Any, **overrides: Any) -> Any:
-        """This process's evaluation loader: sharded like a training loader, but never dispatching, not
-        tied to the gradient state, and with every sample countable once.
+    def prepare_eval_loader(self, dataloader: Any, *, drop_padding: bool = False, **overrides: Any) -> Any:
+        """This process's evaluation loader: :func:`shardplug.core.evaluation.prepare_eval_loader` with
+        this run's options (``overrides`` win), never tied to the gradient state.
 
-        Padding is tracked wherever it can be told apart (``loader.batch_real_count``: map-style data,
-        streams, streams sharded natively); a loader whose padding could not be told apart would get
-        none (``even_batches=False``: processes may then run different numbers of evaluation batches,
-        so no per-batch collective in evaluation).
+        Every process gets the same number of batches whatever the configured ``even_batches`` (an
+        evaluation set smaller than one global batch included), and the padding is marked
+        (``loader.batch_real_count``; ``drop_padding=True`` also cuts it off the batches), so every
+        sample counts once after ``drop_padding`` / ``gather_for_metrics``.
         """
-        kwargs = self._loader_kwargs(overrides, dispatch_batches=False)
-        loader = prepare_data_loader(dataloader, **kwargs)
-        if loader.plan.untracked_reason is not None and loader.plan.layout.even_batches and "even_batches" not in overrides:
-            if isinstance(loader.plan, StreamPlan):  # padded, and the padding cannot be told apart
-                logger.info("evaluation stream without len(): prepared with even_batches=False (no padding)")
-                kwargs["even_batches"] = False
-                loader = prepare_data_loader(dataloader, **kwargs)
-        if loader.plan.untracked_reason is None:
-            loader.track_padding()
-        return loader
+        kwargs = self._loader_kwargs(overrides)
+        if "even_batches" not in overrides:
+            kwargs.pop("even_batches", None)  # the training value: evaluation loaders are always even
+        return prepare_eval_loader(dataloader, drop_padding=drop_padding, **kwargs)
 
     def prepare_optimizer(self, optimizer: Optimizer, device_placement: bool = True) -> PreparedOptimizer:
         """Wrap ``optimizer`` so that it steps at the end of each accumulation cycle, through the

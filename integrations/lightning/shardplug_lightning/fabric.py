@@ -29,6 +29,7 @@ from torch.utils.data import DataLoader
 from shardplug import prepare_data_loader
 from shardplug.core import amp
 from shardplug.core.config import ShardplugConfig
+from shardplug.core.evaluation import prepare_eval_loader
 from shardplug.core.scheduler import PreparedScheduler
 
 from ._options import data_loader_kwargs, refuse_distributed_sampler, refuse_prepared, resolve_config
@@ -122,6 +123,22 @@ class ShardplugFabricDDPStrategy(DDPStrategy):
             dataloader,
             **data_loader_kwargs(self.shardplug_config, self.world_size, self.global_rank, self.root_device),
         )
+
+    def prepare_eval_loader(self, dataloader: DataLoader, *, drop_padding: bool = False) -> DataLoader:
+        """This process's evaluation loader, by the core's rule (``shardplug.core.evaluation``): the same
+        number of batches on every process whatever ``even_batches`` says (a set smaller than one
+        global batch, or more processes than batches, leaves no process out of a collective), the
+        padding marked in ``loader.batch_real_count`` (``shardplug.gather_for_metrics(outputs, loader)``
+        counts each sample once) and, with ``drop_padding=True``, cut off the batches.
+
+        Use it instead of ``fabric.setup_dataloaders`` for evaluation loaders (Fabric cannot tell them
+        from training loaders); batches arrive on the device when ``put_on_device=True``.
+        """
+        refuse_prepared(dataloader, "fabric.strategy.prepare_eval_loader()")
+        refuse_distributed_sampler(dataloader, "fabric.strategy.prepare_eval_loader()")
+        kwargs = data_loader_kwargs(self.shardplug_config, self.world_size, self.global_rank, self.root_device)
+        kwargs.pop("even_batches", None)
+        return prepare_eval_loader(dataloader, drop_padding=drop_padding, **kwargs)
 
     def setup_module_and_optimizers(
         self, module: Module, optimizers: list[Optimizer], scheduler: Any = None

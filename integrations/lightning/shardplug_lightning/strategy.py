@@ -38,6 +38,7 @@ from torch.utils.data import DataLoader
 from shardplug import prepare_data_loader
 from shardplug.core import amp
 from shardplug.core.config import ShardplugConfig
+from shardplug.core.evaluation import prepare_eval_loader
 from shardplug.core.loaders import PreparedDataLoader
 from shardplug.core.scheduler import PreparedScheduler
 
@@ -82,10 +83,15 @@ class ShardplugStrategyMixin:
             shuffle_algorithm: the ``prepare_data_loader`` options used for training loaders.
             ``even_batches=False`` is refused: Lightning cannot join ranks that run out of batches
             at different steps.
-        eval_even_batches: the ``even_batches`` used for validation / test / predict loaders.
-            Default ``False``: every sample is seen exactly once (some ranks may get one batch
-            fewer; avoid per-step collectives such as ``self.log(..., on_step=True, sync_dist=True)``
-            in evaluation then). ``True`` pads like training (duplicated samples bias metrics).
+        eval_even_batches: what validation / test batches hold. Every rank always runs the same
+            number of evaluation steps (the core's rule, ``shardplug.core.evaluation``: an
+            evaluation set smaller than one global batch, or more ranks than batches, leaves no rank
+            out, so ``self.log(..., sync_dist=True)`` and other collectives never hang). Default
+            ``False``: the padding that evens out the last step is cut off before ``validation_step``
+            / ``test_step``, so every sample counts exactly once (a rank whose last step holds no
+            real sample gets a batch of 0 rows). ``True``: batches keep their padding rows,
+            marked in the loader's ``batch_real_count`` (``shardplug.drop_padding`` /
+            ``gather_for_metrics`` trim them). Predict loaders are never padded.
         step_scheduler_with_optimizer: ``interval="step"`` schedulers step only after a real
             optimizer update (not after one ``GradScaler`` skipped). ``False``: Lightning's behaviour.
         scale_scheduler_by_num_processes: step ``interval="step"`` schedulers ``world_size`` times
@@ -145,7 +151,7 @@ class ShardplugStrategyMixin:
                 "at different steps, and Lightning has no way to join uneven ranks (the DDP gradient all-reduce of "
                 "the longer ranks would hang). Keep even_batches=True (the default; the last batches are padded "
                 "with samples from the start of the epoch), or use drop_last=True in the DataLoader. Evaluation "
-                "loaders are uneven already by default (eval_even_batches=False)."
+                "loaders follow their own rule (the same number of steps on every rank, padding dropped)."
             )
         if not isinstance(eval_even_batches, bool):
             raise TypeError(f"eval_even_batches={eval_even_batches!r} is invalid: it must be True or False")
@@ -196,7 +202,7 @@ class ShardplugStrategyMixin:
             return int(kwargs["num_replicas"]), int(kwargs["rank"])
         return self.world_size, self.global_rank  # type: ignore[attr-defined]
 
-    def _data_kwargs(self, training: bool) -> dict[str, Any]:
+    def _data_kwargs(self, training: bool, even_batches: Optional[bool] = None) -> dict[str, Any]:
         config = self.shardplug_config
         if not training and config.dispatch_batches:
             config = config.replace(dispatch_batches=False)  # evaluation loaders never dispatch
@@ -206,14 +212,15 @@ class ShardplugStrategyMixin:
             num_processes=num_processes,
             process_index=process_index,
             device=self.root_device,  # type: ignore[attr-defined]
-            even_batches=None if training else self.eval_even_batches,
+            even_batches=even_batches,
         )
 
     def process_dataloader(self, dataloader: object) -> object:
         """Shard ``dataloader`` for this process with ``prepare_data_loader``.
 
         Training loaders use the strategy's options; validation / test loaders use
-        ``even_batches=eval_even_batches`` (default: each sample exactly once); predict loaders are
+        the core's evaluation rule (the same number of steps on every rank; padding dropped from the
+        batches unless ``eval_even_batches=True``: each sample exactly once); predict loaders are
         sharded inside Lightning's index-recording batch sampler so ``batch_indices`` are right.
         """
         dataloader = super().process_dataloader(dataloader)  # type: ignore[misc]
@@ -225,8 +232,12 @@ class ShardplugStrategyMixin:
         refuse_distributed_sampler(dataloader, hook)
         if stage == "predict":
             return self._prepare_predict(dataloader)
-        training = stage == "train"
-        prepared = prepare_data_loader(dataloader, **self._data_kwargs(training))
+        if stage == "train":
+            prepared = prepare_data_loader(dataloader, **self._data_kwargs(True))
+        else:  # the core's evaluation rule: equal steps on every rank, padding marked (and dropped)
+            kwargs = self._data_kwargs(False)
+            kwargs.pop("even_batches", None)
+            prepared = prepare_eval_loader(dataloader, drop_padding=not self.eval_even_batches, **kwargs)
         logger.debug("rank %d: %s loader prepared (%s)", self.global_rank, stage, type(prepared.plan).__name__)  # type: ignore[attr-defined]
         return prepared
 
@@ -234,10 +245,10 @@ class ShardplugStrategyMixin:
         wrapper_cls = self._pl("overrides.distributed")._IndexBatchSamplerWrapper
         wrapper = dataloader.batch_sampler
         if not isinstance(wrapper, wrapper_cls):
-            return prepare_data_loader(dataloader, **self._data_kwargs(False))
+            return prepare_data_loader(dataloader, **self._data_kwargs(False, even_batches=False))
         inner = _private(wrapper, "_batch_sampler", "the batch sampler inside Lightning's predict index wrapper")
         plain = _with_batch_sampler(dataloader, inner)
-        prepared = prepare_data_loader(plain, **self._data_kwargs(False))
+        prepared = prepare_data_loader(plain, **self._data_kwargs(False, even_batches=False))
         shard = prepared.batch_sampler
         wrapper._batch_sampler = shard
         wrapper.sampler = getattr(shard, "sampler", None)
