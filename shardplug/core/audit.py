@@ -166,19 +166,13 @@ class SampleAudit:
         }
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """Add a saved record to this one (also one saved by shardplug 0.1, with count vectors)."""
-        if int(state_dict["dataset_length"]) != self.dataset_length:
-            raise ValueError(
-                f"the saved audit is for a dataset of {state_dict['dataset_length']} samples, this one has "
-                f"{self.dataset_length}; load the audit saved for this dataset"
-            )
-        for epoch, saved in state_dict["epochs"].items():
-            if "counts" in saved:  # shardplug 0.1: a count per sample
-                counts = saved["counts"]
-                seen, twice = _pack(counts > 0), _pack(counts > 1)
-            else:
-                seen, twice = saved["seen"].to(torch.uint8), saved["twice"].to(torch.uint8)
-            self._epoch(int(epoch)).add(seen, twice, int(saved["padding"]))
+        """Add a saved record to this one (also one saved by shardplug 0.1, with count vectors).
+
+        The whole state is checked first (its length, every epoch's bitmaps or counts and padding):
+        a state that does not describe this dataset is a ``ValueError`` / ``TypeError`` naming the
+        key and the value, and nothing is added."""
+        for epoch, seen, twice, padding in _checked_epochs(state_dict, self.dataset_length):
+            self._epoch(epoch).add(seen, twice, padding)
 
     def gathered(self) -> "SampleAudit":
         """Every process's record combined (a collective: call it on every process).
@@ -227,6 +221,80 @@ class SampleAudit:
             epoch=epoch, dataset_length=n, seen=seen, missing=first_missing, duplicated=first_duplicated,
             padding=record.padding, missing_count=n - seen, duplicated_count=duplicated,
         )
+
+
+_LOAD_FIX = "load what SampleAudit.state_dict() saved for this dataset"
+
+
+def _checked_epochs(state: Any, length: int) -> list[tuple[int, torch.Tensor, torch.Tensor, int]]:
+    """Every epoch of a saved audit ``state`` as (epoch, seen, twice, padding), all checked before
+    any is used."""
+    if not isinstance(state, dict) or "dataset_length" not in state or "epochs" not in state:
+        raise TypeError(f"the audit state {_short(state)} is not a dict with 'dataset_length' and 'epochs'; {_LOAD_FIX}")
+    saved_length = state["dataset_length"]
+    if not _is_int(saved_length) or saved_length != length:
+        raise ValueError(
+            f"the saved audit is for a dataset of {saved_length!r} samples, this one has {length}; load the audit "
+            "saved for this dataset"
+        )
+    epochs = state["epochs"]
+    if not isinstance(epochs, dict):
+        raise TypeError(f"the audit state's epochs={_short(epochs)} is not a dict of epoch -> record; {_LOAD_FIX}")
+    return [_checked_epoch(epoch, saved, length) for epoch, saved in epochs.items()]
+
+
+def _checked_epoch(epoch: Any, saved: Any, length: int) -> tuple[int, torch.Tensor, torch.Tensor, int]:
+    if not _is_int(epoch) or epoch < 0:
+        raise ValueError(f"the audit state has a record for epoch {epoch!r}: epochs are integers >= 0; {_LOAD_FIX}")
+    where = f"the audit state's epoch {epoch}"
+    if not isinstance(saved, dict) or "padding" not in saved or not ("counts" in saved or {"seen", "twice"} <= saved.keys()):
+        raise TypeError(f"{where} is {_short(saved)}, not a dict with 'seen', 'twice' and 'padding'; {_LOAD_FIX}")
+    padding = saved["padding"]
+    if not _is_int(padding):
+        raise TypeError(f"{where} has padding={padding!r}: it must be an integer >= 0; {_LOAD_FIX}")
+    if padding < 0:
+        raise ValueError(f"{where} has padding={padding}: it must be an integer >= 0; {_LOAD_FIX}")
+    if "counts" in saved:  # shardplug 0.1: a count per sample
+        counts = _checked_tensor(where, "counts", saved["counts"], (length,), integer=True)
+        if counts.numel() and int(counts.min()) < 0:
+            raise ValueError(f"{where} has negative counts (the smallest is {int(counts.min())}); {_LOAD_FIX}")
+        return int(epoch), _pack(counts > 0), _pack(counts > 1), int(padding)
+    size = (length + 7) // 8
+    seen = _checked_bitmap(where, "seen", saved["seen"], size, length)
+    twice = _checked_bitmap(where, "twice", saved["twice"], size, length)
+    return int(epoch), seen, twice, int(padding)
+
+
+def _checked_tensor(where: str, key: str, value: Any, shape: tuple[int, ...], integer: bool) -> torch.Tensor:
+    if not isinstance(value, torch.Tensor):
+        raise TypeError(f"{where} has {key}={_short(value)}, which is not a tensor; {_LOAD_FIX}")
+    if integer and (value.is_floating_point() or value.is_complex()):
+        raise TypeError(f"{where} has {key} of dtype {value.dtype}: they must be integer (or bool) tensors; {_LOAD_FIX}")
+    if tuple(value.shape) != shape:
+        raise ValueError(
+            f"{where} has {key} of shape {tuple(value.shape)}, but this dataset needs {shape}; {_LOAD_FIX}"
+        )
+    return value
+
+
+def _checked_bitmap(where: str, key: str, value: Any, size: int, length: int) -> torch.Tensor:
+    bitmap = _checked_tensor(where, key, value, (size,), integer=True)
+    if bitmap.dtype != torch.uint8:
+        raise TypeError(f"{where} has {key} of dtype {bitmap.dtype}: bitmaps are uint8 tensors; {_LOAD_FIX}")
+    if length % 8 and size and int(bitmap[-1]) >> (length % 8):
+        raise ValueError(
+            f"{where} has {key} bits set beyond the dataset's {length} samples (last byte {int(bitmap[-1])}); {_LOAD_FIX}"
+        )
+    return bitmap
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
 
 
 def _pack(flags: torch.Tensor) -> torch.Tensor:
