@@ -154,7 +154,22 @@ def p2_index_sharding(n: int, repeats: int) -> list[Row]:
             measure_reference("P2", ref)),
         Row(f"P2 same, shuffle_algorithm='bijective' (vs randperm)", best_of(lambda: _drain(bijective), repeats), base,
             "<= 0.3x"),
+        *p2_direct_shards(n, repeats),
     ]
+
+
+def p2_direct_shards(n: int, repeats: int) -> list[Row]:
+    """A ``BatchSamplerShard`` built by hand over ``BatchSampler(RandomSampler(n), 32)`` (what users of the
+    reference do), without and with a generator, drained, against a ``randperm(n)`` in the same run
+    (the two interleaved)."""
+    rows = []
+    for label, generator in (("", None), (" with a generator", torch.Generator().manual_seed(0))):
+        shard = BatchSamplerShard(BatchSampler(RandomSampler(range(n), generator=generator), 32, False),
+                                  num_processes=8, process_index=3)
+        ours, base = best_of_interleaved(lambda: _drain(shard), lambda: torch.randperm(n), repeats)
+        rows.append(Row(f"P2 BatchSamplerShard built directly over BatchSampler(RandomSampler({n}){label}, 32), N=8 "
+                        "(vs randperm)", ours, base, "<= 1.3x"))
+    return rows
 
 
 def p3_stateful(n: int, repeats: int) -> Optional[Row]:
