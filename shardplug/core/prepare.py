@@ -253,6 +253,8 @@ def prepare_data_loader(
         )
     new = _rebuild(dataloader, cls, new_dataset, kwargs, use_stateful_dataloader)
     new._finish_init(batch_device, rng, synchronized_generator, 0, non_blocking, **finish)
+    sharded_map_data = not iterable and not dispatch_batches and num_processes > 1  # every process reads its part
+    new.agree_at_prepare((sized_length(dataset), batch_size) if sharded_map_data else None)
     logger.debug(
         "prepared %s for process %d of %d (split_batches=%s, even_batches=%s, dispatch=%s)",
         type(dataloader).__name__, process_index, num_processes, split_batches, even_batches, dispatch_batches,
