@@ -476,6 +476,49 @@ def _p7_child(what: str, n: int, world: int) -> dict:
     raise ValueError(what)
 
 
+def _peak_rss_mib() -> float:
+    """This process's peak resident memory since the last :func:`_reset_peak_rss`, in MiB (Linux)."""
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def _reset_peak_rss() -> None:
+    """Make the peak resident memory start again from the current one (Linux ``clear_refs``)."""
+    with open("/proc/self/clear_refs", "w") as refs:
+        refs.write("5")
+
+
+def _p7_gather_worker(rank: int, world: int, n: int, of: int) -> dict:
+    """One process of ``of`` over ``n`` samples (its ids spread over the whole epoch, as a shuffle's are):
+    the peak memory of ``audit.gathered().report()`` above the records it holds."""
+    audit = shardplug.SampleAudit(n)
+    step = 1 << 20
+    for first in range(rank, n, step * of):
+        ids = torch.arange(first, min(first + step * of, n), of)
+        audit.record(0, ids, ids.numel())
+    _release_freed_memory()
+    held = _rss_mib()
+    _reset_peak_rss()
+    report = audit.gathered().report(0)
+    peak = _peak_rss_mib() - held
+    assert report.seen == sum(len(range(r, n, of)) for r in range(world)) and report.duplicated_count == 0
+    return {"peak": peak, "records": audit.nbytes / 2**20}
+
+
+def p7_audit_report(n: int, sizes: tuple[int, int], timeout: float) -> Row:
+    """The peak memory of ``gathered().report()`` for one process of 1,024 (2 gloo processes, each with the
+    records of one process of 1,024), measured at two sizes and extrapolated linearly to ``n``."""
+    small, large = (_run_ranks(_p7_gather_worker, 2, (size, 1024), timeout, "P7 audit report")[0] for size in sizes)
+    slope = (large["peak"] - small["peak"]) / (sizes[1] - sizes[0])
+    peak = max(small["peak"] + slope * (n - sizes[0]), large["peak"])
+    return Row(f"P7 audit.gathered().report() peak above the records, one process of 1024, {n:.0e} samples (measured "
+               f"at {sizes[0]:.0e}: {small['peak']:.0f} MiB and {sizes[1]:.0e}: {large['peak']:.0f} MiB, extrapolated "
+               "linearly)", peak, 500.0, "<= 500 MB", unit="MiB")
+
+
 def _largest_randperm() -> int:
     """The largest randperm this machine allows comfortably (a third of its free memory, 8 bytes
     an index plus randperm's own working copy), at most a billion."""
@@ -636,6 +679,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     rows += p8_streams(40 if quick else 500, 100 if quick else 2000, 1.0, 1 if quick else 3, 120 if quick else 600)
     progress("P7 a billion samples: bijective shuffle and audit")
     rows += p7_billion(10**9, 1024, 10**6 if quick else _largest_randperm(), 10**6 if quick else 10**8)
+    rows.append(p7_audit_report(10**9, (10**5, 10**6) if quick else (10**7, 10**8), 120 if quick else 900))
     print(f"\nshardplug {shardplug.__version__}, torch {torch.__version__}, {os.cpu_count()} CPUs"
           f"{', reference: accelerate ' + getattr(sys.modules.get('accelerate'), '__version__', '?') if reference else ''}")
     print(f"{'figure':<100} {'shardplug':>10} {'baseline':>10} {'ratio':>7} {'reference':>9}  target")

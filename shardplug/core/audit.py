@@ -76,32 +76,61 @@ class _EpochRecord:
         self.twice[byte] |= masks
 
     def add(self, seen: torch.Tensor, twice: Optional[torch.Tensor], padding: int) -> None:
-        """Combine with another record: a sample seen in both is seen twice."""
-        both = self.seen & seen
-        if twice is not None or self.twice is not None or bool(both.any()):
-            if self.twice is None:
-                self.twice = torch.zeros_like(self.seen)
-            self.twice |= both if twice is None else both | twice
-        self.seen |= seen
+        """Combine with another record: a sample seen in both is seen twice (read in chunks: the
+        temporary memory stays O(_CHUNK); the seen-twice bitmap is allocated at the first such sample)."""
+        for start in range(0, self.seen.numel(), _CHUNK):
+            part = slice(start, start + _CHUNK)
+            mine = self.seen[part]
+            both = mine & seen[part]
+            if twice is not None:
+                both |= twice[part]
+            if self.twice is not None or bool(both.any()):
+                if self.twice is None:
+                    self.twice = torch.zeros_like(self.seen)
+                self.twice[part] |= both
+            mine |= seen[part]
         self.padding += padding
+
+    def copy(self) -> "_EpochRecord":
+        copied = _EpochRecord(0)
+        copied.seen = self.seen.clone()
+        copied.twice = self.twice.clone() if self.twice is not None else None
+        copied.padding = self.padding
+        return copied
 
     def twice_or_zeros(self) -> torch.Tensor:
         return self.twice if self.twice is not None else torch.zeros_like(self.seen)
 
 
-def _bits(bitmap: torch.Tensor, length: int) -> torch.Tensor:
-    """The bitmap as one bool per sample (for a slice of it: pass its own length)."""
-    return ((bitmap[:, None] & _BIT) != 0).flatten()[:length]
-
-
 _POPCOUNT = torch.tensor([bin(byte).count("1") for byte in range(256)], dtype=torch.int64)
-_CHUNK = 1 << 22
-"""Bytes of a bitmap that a report or a count reads at a time (bounds their temporary memory)."""
+_CHUNK = 1 << 20
+"""Bytes of a bitmap that a report, a count or a combination reads at a time (bounds their temporary
+memory: a few times 8 bytes a byte of chunk, tens of MB, whatever the dataset's length)."""
+_GATHER_CHUNK = 1 << 22
+"""Bytes of a bitmap that one collective of :meth:`SampleAudit.gathered` combines."""
 
 
 def _popcount(bitmap: torch.Tensor) -> int:
     """Set bits in ``bitmap``, read in chunks (temporary memory stays O(_CHUNK))."""
     return sum(int(_POPCOUNT[bitmap[start:start + _CHUNK].long()].sum()) for start in range(0, bitmap.numel(), _CHUNK))
+
+
+def _first_ids(bitmap: torch.Tensor, length: int, limit: int, set_bits: bool) -> list[int]:
+    """The first ``limit`` ids (below ``length``) whose bit is set (``set_bits``) or clear, read in chunks."""
+    found: list[int] = []
+    offsets = torch.arange(8, dtype=torch.int64)
+    for start in range(0, bitmap.numel(), _CHUNK):
+        if len(found) >= limit:
+            break
+        chunk = bitmap[start:start + _CHUNK]
+        # bytes holding one such bit at least (each gives an id, the last byte's bits past length aside)
+        where = torch.nonzero(chunk != 0 if set_bits else chunk != 255).flatten()[: limit - len(found)]
+        if not where.numel():
+            continue
+        bits = (chunk[where][:, None] & _BIT) != 0
+        ids = ((where[:, None] + start) * 8 + offsets)[bits if set_bits else ~bits]
+        found += ids[ids < length][: limit - len(found)].tolist()
+    return found
 
 
 class SampleAudit:
@@ -177,50 +206,61 @@ class SampleAudit:
     def gathered(self) -> "SampleAudit":
         """Every process's record combined (a collective: call it on every process).
 
-        One bitwise-or all-reduce of the bitmaps (and a sum of counts) per epoch; exact when no
-        sample was seen by two processes, which the counts tell.  Otherwise the records are merged
-        pairwise along a tree, also exactly."""
+        Per epoch, one sum of counts, then a bitwise-or all-reduce of the bitmaps in chunks of
+        ``_GATHER_CHUNK`` bytes (the memory above the records is the result's bitmaps and one chunk);
+        exact when no sample was seen by two processes, which the counts tell.  Otherwise the
+        records are merged pairwise along a tree, chunk by chunk, also exactly."""
         combined = SampleAudit(self.dataset_length)
-        combined.load_state_dict(self.state_dict())
         if not distributed_is_active() or dist.get_world_size() == 1:
+            combined.records = {epoch: record.copy() for epoch, record in self.records.items()}
             return combined
         epochs: list[Any] = [None] * dist.get_world_size()
-        dist.all_gather_object(epochs, sorted(combined.records))
+        dist.all_gather_object(epochs, sorted(self.records))
         for epoch in sorted({e for ranks in epochs for e in ranks}):
-            record = combined._epoch(epoch)
-            counts = torch.tensor([_popcount(record.seen), record.padding], dtype=torch.int64)
-            dist.all_reduce(counts)
-            planes = torch.cat([record.seen, record.twice_or_zeros()])
-            dist.all_reduce(planes, op=dist.ReduceOp.BOR)
-            half = record.seen.numel()
-            if _popcount(planes[:half]) == int(counts[0]):  # no sample in two processes' records
-                record.seen, record.twice = planes[:half].clone(), planes[half:].clone()
-            else:
-                _tree_merge(record)
-            record.padding = int(counts[1])
+            combined.records[epoch] = _gather_record(self.records.get(epoch), (self.dataset_length + 7) // 8)
         return combined
 
     def report(self, epoch: int) -> AuditReport:
-        """What ``epoch`` consumed according to this record (counts, and the first ids of each kind)."""
-        record = self.records.get(epoch) or _EpochRecord(self.dataset_length)
+        """What ``epoch`` consumed according to this record (counts, and the first ids of each kind;
+        read in chunks of ``_CHUNK`` bytes: its temporary memory does not grow with the dataset)."""
         n, limit = self.dataset_length, self.report_ids
+        record = self.records.get(epoch)
+        if record is None:  # nothing recorded: every sample missing
+            return AuditReport(epoch=epoch, dataset_length=n, seen=0, missing=list(range(min(n, limit))),
+                               missing_count=n)
         seen = _popcount(record.seen)
         duplicated = _popcount(record.twice) if record.twice is not None else 0
-        first_missing: list[int] = []
-        first_duplicated: list[int] = []
-        chunk = _CHUNK
-        for start in range(0, record.seen.numel(), chunk):
-            length = min(n - start * 8, chunk * 8)
-            if len(first_missing) < limit:
-                gaps = torch.nonzero(~_bits(record.seen[start:start + chunk], length)).flatten()[: limit - len(first_missing)]
-                first_missing += (gaps + start * 8).tolist()
-            if len(first_duplicated) < limit and duplicated:
-                twice = torch.nonzero(_bits(record.twice[start:start + chunk], length)).flatten()[: limit - len(first_duplicated)]  # type: ignore[index]
-                first_duplicated += (twice + start * 8).tolist()
+        first_missing = _first_ids(record.seen, n, limit, set_bits=False) if seen < n else []
+        first_duplicated = _first_ids(record.twice, n, limit, set_bits=True) if duplicated else []  # type: ignore[arg-type]
         return AuditReport(
             epoch=epoch, dataset_length=n, seen=seen, missing=first_missing, duplicated=first_duplicated,
             padding=record.padding, missing_count=n - seen, duplicated_count=duplicated,
         )
+
+
+def _gather_record(local: Optional[_EpochRecord], size: int) -> _EpochRecord:
+    """Every process's record of one epoch (``local``: this process's, if it has one) combined, in chunks."""
+    counts = torch.tensor([_popcount(local.seen) if local else 0, local.padding if local else 0,
+                           int(local is not None and local.twice is not None)], dtype=torch.int64)
+    dist.all_reduce(counts)
+    out = _EpochRecord(0)
+    out.seen, out.padding = torch.empty(size, dtype=torch.uint8), int(counts[1])
+    out.twice = torch.empty(size, dtype=torch.uint8) if int(counts[2]) else None
+    for start in range(0, size, _GATHER_CHUNK):
+        part = slice(start, min(start + _GATHER_CHUNK, size))
+        out.seen[part] = _or_reduced(local.seen[part] if local else None, part)
+        if out.twice is not None:
+            out.twice[part] = _or_reduced(local.twice[part] if local and local.twice is not None else None, part)
+    if _popcount(out.seen) != int(counts[0]):  # a sample in two processes' records: merge exactly
+        _tree_merge(out, local, size)
+    return out
+
+
+def _or_reduced(piece: Optional[torch.Tensor], part: slice) -> torch.Tensor:
+    """The bitwise or over every process of a chunk of a bitmap (``None``: this process has zeros)."""
+    buffer = piece.clone() if piece is not None else torch.zeros(part.stop - part.start, dtype=torch.uint8)
+    dist.all_reduce(buffer, op=dist.ReduceOp.BOR)
+    return buffer
 
 
 _LOAD_FIX = "load what SampleAudit.state_dict() saved for this dataset"
@@ -304,12 +344,24 @@ def _pack(flags: torch.Tensor) -> torch.Tensor:
     return (padded.view(-1, 8).to(torch.uint8) * _BIT).sum(dim=1, dtype=torch.uint8)
 
 
-def _tree_merge(record: _EpochRecord) -> None:
-    """Combine every process's ``record`` exactly (seen by two processes = seen twice): a binary
-    tree of point-to-point exchanges to process 0, then a broadcast of the result."""
+def _tree_merge(out: _EpochRecord, local: Optional[_EpochRecord], size: int) -> None:
+    """Combine every process's ``local`` record into ``out`` exactly (seen by two processes = seen
+    twice), chunk by chunk: a binary tree of point-to-point exchanges to process 0, then a broadcast."""
+    for start in range(0, size, _GATHER_CHUNK):
+        stop = min(start + _GATHER_CHUNK, size)
+        seen = local.seen[start:stop] if local else torch.zeros(stop - start, dtype=torch.uint8)
+        twice = local.twice[start:stop] if local and local.twice is not None else torch.zeros_like(seen)
+        planes = _merged_along_tree(torch.cat([seen, twice]), stop - start)
+        out.seen[start:stop] = planes[: stop - start]
+        if out.twice is None and bool(planes[stop - start:].any()):
+            out.twice = torch.zeros(size, dtype=torch.uint8)
+        if out.twice is not None:
+            out.twice[start:stop] = planes[stop - start:]
+
+
+def _merged_along_tree(planes: torch.Tensor, half: int) -> torch.Tensor:
+    """``planes`` (seen, then twice) of every process merged exactly, on every process."""
     rank, world = dist.get_rank(), dist.get_world_size()
-    planes = torch.cat([record.seen, record.twice_or_zeros()])
-    half = record.seen.numel()
     step = 1
     while step < world:
         if rank % (2 * step) == step:
@@ -318,10 +370,9 @@ def _tree_merge(record: _EpochRecord) -> None:
         if rank % (2 * step) == 0 and rank + step < world:
             other = torch.empty_like(planes)
             dist.recv(other, src=rank + step)
-            merged = _EpochRecord(0)
-            merged.seen, merged.twice = planes[:half].clone(), planes[half:].clone()
-            merged.add(other[:half], other[half:], 0)
-            planes = torch.cat([merged.seen, merged.twice])
+            seen, twice = planes[:half], planes[half:]
+            twice |= (seen & other[:half]) | other[half:]
+            seen |= other[:half]
         step *= 2
     dist.broadcast(planes, src=0)
-    record.seen, record.twice = planes[:half].clone(), planes[half:].clone()
+    return planes
