@@ -5,7 +5,7 @@ wrap-around padding apart).  A record keeps at most two bits per sample and epoc
 *seen more than once*, as two bitmaps, the second allocated at the first duplicate (an exact epoch
 holds ``n / 8`` bytes: 125 MB for a billion samples; at most ``n / 4``), so records add
 up across processes and across a resume: :meth:`SampleAudit.gathered` combines every process's
-(one bitwise-or collective, exact whenever no sample was seen by two processes; otherwise an exact
+(bitwise-or collectives of bounded chunks, exact whenever no sample was seen by two processes; otherwise an exact
 pairwise merge) and :meth:`SampleAudit.report` summarises an epoch: how many samples were seen,
 missed and duplicated, with the first few ids of each.
 
