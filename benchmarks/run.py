@@ -154,7 +154,22 @@ def p2_index_sharding(n: int, repeats: int) -> list[Row]:
             measure_reference("P2", ref)),
         Row(f"P2 same, shuffle_algorithm='bijective' (vs randperm)", best_of(lambda: _drain(bijective), repeats), base,
             "<= 0.3x"),
+        *p2_direct_shards(n, repeats),
     ]
+
+
+def p2_direct_shards(n: int, repeats: int) -> list[Row]:
+    """A ``BatchSamplerShard`` built by hand over ``BatchSampler(RandomSampler(n), 32)`` (what users of the
+    reference do), without and with a generator, drained, against a ``randperm(n)`` in the same run
+    (the two interleaved)."""
+    rows = []
+    for label, generator in (("", None), (" with a generator", torch.Generator().manual_seed(0))):
+        shard = BatchSamplerShard(BatchSampler(RandomSampler(range(n), generator=generator), 32, False),
+                                  num_processes=8, process_index=3)
+        ours, base = best_of_interleaved(lambda: _drain(shard), lambda: torch.randperm(n), repeats)
+        rows.append(Row(f"P2 BatchSamplerShard built directly over BatchSampler(RandomSampler({n}){label}, 32), N=8 "
+                        "(vs randperm)", ours, base, "<= 1.3x"))
+    return rows
 
 
 def p3_stateful(n: int, repeats: int) -> Optional[Row]:
@@ -461,6 +476,49 @@ def _p7_child(what: str, n: int, world: int) -> dict:
     raise ValueError(what)
 
 
+def _peak_rss_mib() -> float:
+    """This process's peak resident memory since the last :func:`_reset_peak_rss`, in MiB (Linux)."""
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def _reset_peak_rss() -> None:
+    """Make the peak resident memory start again from the current one (Linux ``clear_refs``)."""
+    with open("/proc/self/clear_refs", "w") as refs:
+        refs.write("5")
+
+
+def _p7_gather_worker(rank: int, world: int, n: int, of: int) -> dict:
+    """One process of ``of`` over ``n`` samples (its ids spread over the whole epoch, as a shuffle's are):
+    the peak memory of ``audit.gathered().report()`` above the records it holds."""
+    audit = shardplug.SampleAudit(n)
+    step = 1 << 20
+    for first in range(rank, n, step * of):
+        ids = torch.arange(first, min(first + step * of, n), of)
+        audit.record(0, ids, ids.numel())
+    _release_freed_memory()
+    held = _rss_mib()
+    _reset_peak_rss()
+    report = audit.gathered().report(0)
+    peak = _peak_rss_mib() - held
+    assert report.seen == sum(len(range(r, n, of)) for r in range(world)) and report.duplicated_count == 0
+    return {"peak": peak, "records": audit.nbytes / 2**20}
+
+
+def p7_audit_report(n: int, sizes: tuple[int, int], timeout: float) -> Row:
+    """The peak memory of ``gathered().report()`` for one process of 1,024 (2 gloo processes, each with the
+    records of one process of 1,024), measured at two sizes and extrapolated linearly to ``n``."""
+    small, large = (_run_ranks(_p7_gather_worker, 2, (size, 1024), timeout, "P7 audit report")[0] for size in sizes)
+    slope = (large["peak"] - small["peak"]) / (sizes[1] - sizes[0])
+    peak = max(small["peak"] + slope * (n - sizes[0]), large["peak"])
+    return Row(f"P7 audit.gathered().report() peak above the records, one process of 1024, {n:.0e} samples (measured "
+               f"at {sizes[0]:.0e}: {small['peak']:.0f} MiB and {sizes[1]:.0e}: {large['peak']:.0f} MiB, extrapolated "
+               "linearly)", peak, 500.0, "<= 500 MB", unit="MiB")
+
+
 def _largest_randperm() -> int:
     """The largest randperm this machine allows comfortably (a third of its free memory, 8 bytes
     an index plus randperm's own working copy), at most a billion."""
@@ -621,6 +679,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     rows += p8_streams(40 if quick else 500, 100 if quick else 2000, 1.0, 1 if quick else 3, 120 if quick else 600)
     progress("P7 a billion samples: bijective shuffle and audit")
     rows += p7_billion(10**9, 1024, 10**6 if quick else _largest_randperm(), 10**6 if quick else 10**8)
+    rows.append(p7_audit_report(10**9, (10**5, 10**6) if quick else (10**7, 10**8), 120 if quick else 900))
     print(f"\nshardplug {shardplug.__version__}, torch {torch.__version__}, {os.cpu_count()} CPUs"
           f"{', reference: accelerate ' + getattr(sys.modules.get('accelerate'), '__version__', '?') if reference else ''}")
     print(f"{'figure':<100} {'shardplug':>10} {'baseline':>10} {'ratio':>7} {'reference':>9}  target")

@@ -5,7 +5,7 @@ wrap-around padding apart).  A record keeps at most two bits per sample and epoc
 *seen more than once*, as two bitmaps, the second allocated at the first duplicate (an exact epoch
 holds ``n / 8`` bytes: 125 MB for a billion samples; at most ``n / 4``), so records add
 up across processes and across a resume: :meth:`SampleAudit.gathered` combines every process's
-(one bitwise-or collective, exact whenever no sample was seen by two processes; otherwise an exact
+(bitwise-or collectives of bounded chunks, exact whenever no sample was seen by two processes; otherwise an exact
 pairwise merge) and :meth:`SampleAudit.report` summarises an epoch: how many samples were seen,
 missed and duplicated, with the first few ids of each.
 
@@ -76,32 +76,61 @@ class _EpochRecord:
         self.twice[byte] |= masks
 
     def add(self, seen: torch.Tensor, twice: Optional[torch.Tensor], padding: int) -> None:
-        """Combine with another record: a sample seen in both is seen twice."""
-        both = self.seen & seen
-        if twice is not None or self.twice is not None or bool(both.any()):
-            if self.twice is None:
-                self.twice = torch.zeros_like(self.seen)
-            self.twice |= both if twice is None else both | twice
-        self.seen |= seen
+        """Combine with another record: a sample seen in both is seen twice (read in chunks: the
+        temporary memory stays O(_CHUNK); the seen-twice bitmap is allocated at the first such sample)."""
+        for start in range(0, self.seen.numel(), _CHUNK):
+            part = slice(start, start + _CHUNK)
+            mine = self.seen[part]
+            both = mine & seen[part]
+            if twice is not None:
+                both |= twice[part]
+            if self.twice is not None or bool(both.any()):
+                if self.twice is None:
+                    self.twice = torch.zeros_like(self.seen)
+                self.twice[part] |= both
+            mine |= seen[part]
         self.padding += padding
+
+    def copy(self) -> "_EpochRecord":
+        copied = _EpochRecord(0)
+        copied.seen = self.seen.clone()
+        copied.twice = self.twice.clone() if self.twice is not None else None
+        copied.padding = self.padding
+        return copied
 
     def twice_or_zeros(self) -> torch.Tensor:
         return self.twice if self.twice is not None else torch.zeros_like(self.seen)
 
 
-def _bits(bitmap: torch.Tensor, length: int) -> torch.Tensor:
-    """The bitmap as one bool per sample (for a slice of it: pass its own length)."""
-    return ((bitmap[:, None] & _BIT) != 0).flatten()[:length]
-
-
 _POPCOUNT = torch.tensor([bin(byte).count("1") for byte in range(256)], dtype=torch.int64)
-_CHUNK = 1 << 22
-"""Bytes of a bitmap that a report or a count reads at a time (bounds their temporary memory)."""
+_CHUNK = 1 << 20
+"""Bytes of a bitmap that a report, a count or a combination reads at a time (bounds their temporary
+memory: a few times 8 bytes a byte of chunk, tens of MB, whatever the dataset's length)."""
+_GATHER_CHUNK = 1 << 22
+"""Bytes of a bitmap that one collective of :meth:`SampleAudit.gathered` combines."""
 
 
 def _popcount(bitmap: torch.Tensor) -> int:
     """Set bits in ``bitmap``, read in chunks (temporary memory stays O(_CHUNK))."""
     return sum(int(_POPCOUNT[bitmap[start:start + _CHUNK].long()].sum()) for start in range(0, bitmap.numel(), _CHUNK))
+
+
+def _first_ids(bitmap: torch.Tensor, length: int, limit: int, set_bits: bool) -> list[int]:
+    """The first ``limit`` ids (below ``length``) whose bit is set (``set_bits``) or clear, read in chunks."""
+    found: list[int] = []
+    offsets = torch.arange(8, dtype=torch.int64)
+    for start in range(0, bitmap.numel(), _CHUNK):
+        if len(found) >= limit:
+            break
+        chunk = bitmap[start:start + _CHUNK]
+        # bytes holding one such bit at least (each gives an id, the last byte's bits past length aside)
+        where = torch.nonzero(chunk != 0 if set_bits else chunk != 255).flatten()[: limit - len(found)]
+        if not where.numel():
+            continue
+        bits = (chunk[where][:, None] & _BIT) != 0
+        ids = ((where[:, None] + start) * 8 + offsets)[bits if set_bits else ~bits]
+        found += ids[ids < length][: limit - len(found)].tolist()
+    return found
 
 
 class SampleAudit:
@@ -166,67 +195,146 @@ class SampleAudit:
         }
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """Add a saved record to this one (also one saved by shardplug 0.1, with count vectors)."""
-        if int(state_dict["dataset_length"]) != self.dataset_length:
-            raise ValueError(
-                f"the saved audit is for a dataset of {state_dict['dataset_length']} samples, this one has "
-                f"{self.dataset_length}; load the audit saved for this dataset"
-            )
-        for epoch, saved in state_dict["epochs"].items():
-            if "counts" in saved:  # shardplug 0.1: a count per sample
-                counts = saved["counts"]
-                seen, twice = _pack(counts > 0), _pack(counts > 1)
-            else:
-                seen, twice = saved["seen"].to(torch.uint8), saved["twice"].to(torch.uint8)
-            self._epoch(int(epoch)).add(seen, twice, int(saved["padding"]))
+        """Add a saved record to this one (also one saved by shardplug 0.1, with count vectors).
+
+        The whole state is checked first (its length, every epoch's bitmaps or counts and padding):
+        a state that does not describe this dataset is a ``ValueError`` / ``TypeError`` naming the
+        key and the value, and nothing is added."""
+        for epoch, seen, twice, padding in _checked_epochs(state_dict, self.dataset_length):
+            self._epoch(epoch).add(seen, twice, padding)
 
     def gathered(self) -> "SampleAudit":
         """Every process's record combined (a collective: call it on every process).
 
-        One bitwise-or all-reduce of the bitmaps (and a sum of counts) per epoch; exact when no
-        sample was seen by two processes, which the counts tell.  Otherwise the records are merged
-        pairwise along a tree, also exactly."""
+        Per epoch, one sum of counts, then a bitwise-or all-reduce of the bitmaps in chunks of
+        ``_GATHER_CHUNK`` bytes (the memory above the records is the result's bitmaps and one chunk);
+        exact when no sample was seen by two processes, which the counts tell.  Otherwise the
+        records are merged pairwise along a tree, chunk by chunk, also exactly."""
         combined = SampleAudit(self.dataset_length)
-        combined.load_state_dict(self.state_dict())
         if not distributed_is_active() or dist.get_world_size() == 1:
+            combined.records = {epoch: record.copy() for epoch, record in self.records.items()}
             return combined
         epochs: list[Any] = [None] * dist.get_world_size()
-        dist.all_gather_object(epochs, sorted(combined.records))
+        dist.all_gather_object(epochs, sorted(self.records))
         for epoch in sorted({e for ranks in epochs for e in ranks}):
-            record = combined._epoch(epoch)
-            counts = torch.tensor([_popcount(record.seen), record.padding], dtype=torch.int64)
-            dist.all_reduce(counts)
-            planes = torch.cat([record.seen, record.twice_or_zeros()])
-            dist.all_reduce(planes, op=dist.ReduceOp.BOR)
-            half = record.seen.numel()
-            if _popcount(planes[:half]) == int(counts[0]):  # no sample in two processes' records
-                record.seen, record.twice = planes[:half].clone(), planes[half:].clone()
-            else:
-                _tree_merge(record)
-            record.padding = int(counts[1])
+            combined.records[epoch] = _gather_record(self.records.get(epoch), (self.dataset_length + 7) // 8)
         return combined
 
     def report(self, epoch: int) -> AuditReport:
-        """What ``epoch`` consumed according to this record (counts, and the first ids of each kind)."""
-        record = self.records.get(epoch) or _EpochRecord(self.dataset_length)
+        """What ``epoch`` consumed according to this record (counts, and the first ids of each kind;
+        read in chunks of ``_CHUNK`` bytes: its temporary memory does not grow with the dataset)."""
         n, limit = self.dataset_length, self.report_ids
+        record = self.records.get(epoch)
+        if record is None:  # nothing recorded: every sample missing
+            return AuditReport(epoch=epoch, dataset_length=n, seen=0, missing=list(range(min(n, limit))),
+                               missing_count=n)
         seen = _popcount(record.seen)
         duplicated = _popcount(record.twice) if record.twice is not None else 0
-        first_missing: list[int] = []
-        first_duplicated: list[int] = []
-        chunk = _CHUNK
-        for start in range(0, record.seen.numel(), chunk):
-            length = min(n - start * 8, chunk * 8)
-            if len(first_missing) < limit:
-                gaps = torch.nonzero(~_bits(record.seen[start:start + chunk], length)).flatten()[: limit - len(first_missing)]
-                first_missing += (gaps + start * 8).tolist()
-            if len(first_duplicated) < limit and duplicated:
-                twice = torch.nonzero(_bits(record.twice[start:start + chunk], length)).flatten()[: limit - len(first_duplicated)]  # type: ignore[index]
-                first_duplicated += (twice + start * 8).tolist()
+        first_missing = _first_ids(record.seen, n, limit, set_bits=False) if seen < n else []
+        first_duplicated = _first_ids(record.twice, n, limit, set_bits=True) if duplicated else []  # type: ignore[arg-type]
         return AuditReport(
             epoch=epoch, dataset_length=n, seen=seen, missing=first_missing, duplicated=first_duplicated,
             padding=record.padding, missing_count=n - seen, duplicated_count=duplicated,
         )
+
+
+def _gather_record(local: Optional[_EpochRecord], size: int) -> _EpochRecord:
+    """Every process's record of one epoch (``local``: this process's, if it has one) combined, in chunks."""
+    counts = torch.tensor([_popcount(local.seen) if local else 0, local.padding if local else 0,
+                           int(local is not None and local.twice is not None)], dtype=torch.int64)
+    dist.all_reduce(counts)
+    out = _EpochRecord(0)
+    out.seen, out.padding = torch.empty(size, dtype=torch.uint8), int(counts[1])
+    out.twice = torch.empty(size, dtype=torch.uint8) if int(counts[2]) else None
+    for start in range(0, size, _GATHER_CHUNK):
+        part = slice(start, min(start + _GATHER_CHUNK, size))
+        out.seen[part] = _or_reduced(local.seen[part] if local else None, part)
+        if out.twice is not None:
+            out.twice[part] = _or_reduced(local.twice[part] if local and local.twice is not None else None, part)
+    if _popcount(out.seen) != int(counts[0]):  # a sample in two processes' records: merge exactly
+        _tree_merge(out, local, size)
+    return out
+
+
+def _or_reduced(piece: Optional[torch.Tensor], part: slice) -> torch.Tensor:
+    """The bitwise or over every process of a chunk of a bitmap (``None``: this process has zeros)."""
+    buffer = piece.clone() if piece is not None else torch.zeros(part.stop - part.start, dtype=torch.uint8)
+    dist.all_reduce(buffer, op=dist.ReduceOp.BOR)
+    return buffer
+
+
+_LOAD_FIX = "load what SampleAudit.state_dict() saved for this dataset"
+
+
+def _checked_epochs(state: Any, length: int) -> list[tuple[int, torch.Tensor, torch.Tensor, int]]:
+    """Every epoch of a saved audit ``state`` as (epoch, seen, twice, padding), all checked before
+    any is used."""
+    if not isinstance(state, dict) or "dataset_length" not in state or "epochs" not in state:
+        raise TypeError(f"the audit state {_short(state)} is not a dict with 'dataset_length' and 'epochs'; {_LOAD_FIX}")
+    saved_length = state["dataset_length"]
+    if not _is_int(saved_length) or saved_length != length:
+        raise ValueError(
+            f"the saved audit is for a dataset of {saved_length!r} samples, this one has {length}; load the audit "
+            "saved for this dataset"
+        )
+    epochs = state["epochs"]
+    if not isinstance(epochs, dict):
+        raise TypeError(f"the audit state's epochs={_short(epochs)} is not a dict of epoch -> record; {_LOAD_FIX}")
+    return [_checked_epoch(epoch, saved, length) for epoch, saved in epochs.items()]
+
+
+def _checked_epoch(epoch: Any, saved: Any, length: int) -> tuple[int, torch.Tensor, torch.Tensor, int]:
+    if not _is_int(epoch) or epoch < 0:
+        raise ValueError(f"the audit state has a record for epoch {epoch!r}: epochs are integers >= 0; {_LOAD_FIX}")
+    where = f"the audit state's epoch {epoch}"
+    if not isinstance(saved, dict) or "padding" not in saved or not ("counts" in saved or {"seen", "twice"} <= saved.keys()):
+        raise TypeError(f"{where} is {_short(saved)}, not a dict with 'seen', 'twice' and 'padding'; {_LOAD_FIX}")
+    padding = saved["padding"]
+    if not _is_int(padding):
+        raise TypeError(f"{where} has padding={padding!r}: it must be an integer >= 0; {_LOAD_FIX}")
+    if padding < 0:
+        raise ValueError(f"{where} has padding={padding}: it must be an integer >= 0; {_LOAD_FIX}")
+    if "counts" in saved:  # shardplug 0.1: a count per sample
+        counts = _checked_tensor(where, "counts", saved["counts"], (length,), integer=True)
+        if counts.numel() and int(counts.min()) < 0:
+            raise ValueError(f"{where} has negative counts (the smallest is {int(counts.min())}); {_LOAD_FIX}")
+        return int(epoch), _pack(counts > 0), _pack(counts > 1), int(padding)
+    size = (length + 7) // 8
+    seen = _checked_bitmap(where, "seen", saved["seen"], size, length)
+    twice = _checked_bitmap(where, "twice", saved["twice"], size, length)
+    return int(epoch), seen, twice, int(padding)
+
+
+def _checked_tensor(where: str, key: str, value: Any, shape: tuple[int, ...], integer: bool) -> torch.Tensor:
+    if not isinstance(value, torch.Tensor):
+        raise TypeError(f"{where} has {key}={_short(value)}, which is not a tensor; {_LOAD_FIX}")
+    if integer and (value.is_floating_point() or value.is_complex()):
+        raise TypeError(f"{where} has {key} of dtype {value.dtype}: they must be integer (or bool) tensors; {_LOAD_FIX}")
+    if tuple(value.shape) != shape:
+        raise ValueError(
+            f"{where} has {key} of shape {tuple(value.shape)}, but this dataset needs {shape}; {_LOAD_FIX}"
+        )
+    return value
+
+
+def _checked_bitmap(where: str, key: str, value: Any, size: int, length: int) -> torch.Tensor:
+    bitmap = _checked_tensor(where, key, value, (size,), integer=True)
+    if bitmap.dtype != torch.uint8:
+        raise TypeError(f"{where} has {key} of dtype {bitmap.dtype}: bitmaps are uint8 tensors; {_LOAD_FIX}")
+    if length % 8 and size and int(bitmap[-1]) >> (length % 8):
+        raise ValueError(
+            f"{where} has {key} bits set beyond the dataset's {length} samples (last byte {int(bitmap[-1])}); {_LOAD_FIX}"
+        )
+    return bitmap
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
 
 
 def _pack(flags: torch.Tensor) -> torch.Tensor:
@@ -236,12 +344,24 @@ def _pack(flags: torch.Tensor) -> torch.Tensor:
     return (padded.view(-1, 8).to(torch.uint8) * _BIT).sum(dim=1, dtype=torch.uint8)
 
 
-def _tree_merge(record: _EpochRecord) -> None:
-    """Combine every process's ``record`` exactly (seen by two processes = seen twice): a binary
-    tree of point-to-point exchanges to process 0, then a broadcast of the result."""
+def _tree_merge(out: _EpochRecord, local: Optional[_EpochRecord], size: int) -> None:
+    """Combine every process's ``local`` record into ``out`` exactly (seen by two processes = seen
+    twice), chunk by chunk: a binary tree of point-to-point exchanges to process 0, then a broadcast."""
+    for start in range(0, size, _GATHER_CHUNK):
+        stop = min(start + _GATHER_CHUNK, size)
+        seen = local.seen[start:stop] if local else torch.zeros(stop - start, dtype=torch.uint8)
+        twice = local.twice[start:stop] if local and local.twice is not None else torch.zeros_like(seen)
+        planes = _merged_along_tree(torch.cat([seen, twice]), stop - start)
+        out.seen[start:stop] = planes[: stop - start]
+        if out.twice is None and bool(planes[stop - start:].any()):
+            out.twice = torch.zeros(size, dtype=torch.uint8)
+        if out.twice is not None:
+            out.twice[start:stop] = planes[stop - start:]
+
+
+def _merged_along_tree(planes: torch.Tensor, half: int) -> torch.Tensor:
+    """``planes`` (seen, then twice) of every process merged exactly, on every process."""
     rank, world = dist.get_rank(), dist.get_world_size()
-    planes = torch.cat([record.seen, record.twice_or_zeros()])
-    half = record.seen.numel()
     step = 1
     while step < world:
         if rank % (2 * step) == step:
@@ -250,10 +370,9 @@ def _tree_merge(record: _EpochRecord) -> None:
         if rank % (2 * step) == 0 and rank + step < world:
             other = torch.empty_like(planes)
             dist.recv(other, src=rank + step)
-            merged = _EpochRecord(0)
-            merged.seen, merged.twice = planes[:half].clone(), planes[half:].clone()
-            merged.add(other[:half], other[half:], 0)
-            planes = torch.cat([merged.seen, merged.twice])
+            seen, twice = planes[:half], planes[half:]
+            twice |= (seen & other[:half]) | other[half:]
+            seen |= other[:half]
         step *= 2
     dist.broadcast(planes, src=0)
-    record.seen, record.twice = planes[:half].clone(), planes[half:].clone()
+    return planes

@@ -28,7 +28,14 @@ _FIRST_CHUNK = 4
 
 
 def _check_len(batch: Sequence[int], batch_size: Optional[int]) -> None:
-    if batch_size is not None and len(batch) > batch_size:
+    try:
+        size = len(batch)
+    except TypeError:
+        raise TypeError(
+            f"the batch sampler yielded {batch!r}, a single index rather than a batch of indices (it yields single "
+            "indices); wrap it: BatchSampler(your_sampler, batch_size=..., drop_last=False)"
+        ) from None
+    if batch_size is not None and size > batch_size:
         raise ValueError(
             f"the batch sampler yielded a batch of {len(batch)} indices but declares batch_size={batch_size}; "
             "fix the batch sampler, or set its batch_size to None for variable-size batches"

@@ -10,7 +10,7 @@ import torch.distributed as dist
 
 from .topology import distributed_is_active
 
-__all__ = ["broadcast_object", "world_size", "global_rank", "all_reduce_int_async", "communication_device"]
+__all__ = ["broadcast_object", "all_gather_objects", "world_size", "global_rank", "all_reduce_int_async", "communication_device"]
 
 
 def world_size() -> int:
@@ -28,6 +28,15 @@ def broadcast_object(obj: Any, src: int = 0, group: Optional[Any] = None) -> Any
     box = [obj]
     dist.broadcast_object_list(box, src=src, group=group)
     return box[0]
+
+
+def all_gather_objects(obj: Any, group: Optional[Any] = None) -> list[Any]:
+    """Every process's ``obj``, by rank (``[obj]`` without a process group)."""
+    if world_size() == 1:
+        return [obj]
+    gathered: list[Any] = [None] * dist.get_world_size(group)
+    dist.all_gather_object(gathered, obj, group=group)
+    return gathered
 
 
 def communication_device() -> torch.device:

@@ -107,6 +107,18 @@ class DispatchOptions:
     process_index: Optional[int] = None
     even_batches: bool = True
 
+    def __post_init__(self) -> None:
+        check_slice_fn(self.slice_fn)
+
+
+def check_slice_fn(slice_fn: Any) -> None:
+    """Refuse a ``slice_fn_for_dispatch`` that cannot be called (it is only called at the first batch)."""
+    if slice_fn is not None and not callable(slice_fn):
+        raise TypeError(
+            f"slice_fn_for_dispatch={slice_fn!r} is not callable; pass a function (batch, rows: slice, process_index, "
+            "num_processes) -> that process's part of the batch, or None to cut every tensor along dim 0"
+        )
+
 
 class DataLoaderDispatcher(DataLoaderShard):
     """Process 0 reads every batch; each process receives only its own rows (scatter).

@@ -46,6 +46,11 @@ class IterableDatasetShard(IterableDataset):
         split_batches: bool = False,
         even_batches: bool = True,
     ) -> None:
+        if not hasattr(dataset, "__iter__"):
+            raise TypeError(
+                f"dataset={dataset!r} is not iterable; pass an IterableDataset (or any iterable of samples) to "
+                "shard, and a map-style dataset to a DataLoader (prepare_data_loader shards its sampler)"
+            )
         if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
             raise ValueError(f"batch_size={batch_size!r} must be an integer >= 1")
         # A one-element batch cannot be cut: it is then read as N one-element slices.

@@ -16,7 +16,7 @@ from typing import Any, Iterable, Iterator, Optional, Union
 import torch
 from torch.utils.data import DataLoader, IterableDataset
 
-from .collectives import broadcast_object, global_rank, world_size
+from .collectives import all_gather_objects, broadcast_object, global_rank, world_size
 from .audit import SampleAudit
 from .iterable import IterableDatasetShard
 from .layout import ShardLayout
@@ -148,6 +148,25 @@ def _checked_first_batch(batches: Iterator[Any], shard: IterableDatasetShard) ->
     shard.check_first_batch()
     yield first
     yield from iterator
+
+
+def _check_same_data(data: list[Any], rank: int) -> None:
+    """Refuse processes whose (dataset length, batch size) differ (``data`` by rank): their passes would
+    yield different numbers of batches, and the first collective after the shorter one would block
+    until the process group's timeout."""
+    other = next((j for j, theirs in enumerate(data) if theirs != data[0]), None)
+    if other is None:
+        return
+    first, second = 0, other  # the same pair named on every process
+    (n1, b1), (n2, b2) = data[first], data[second]
+    what = (f"a dataset of {n1} samples on process {first} and of {n2} on process {second}" if n1 != n2 else
+            f"batch_size={b1} on process {first} and batch_size={b2} on process {second}")
+    raise ValueError(
+        f"prepare_data_loader was given {what} (this is process {rank}); the processes would yield different "
+        "numbers of batches and the first collective after the shorter pass (a DDP all-reduce) would block until "
+        "the process group's timeout. Give every process the same dataset and batch size: shardplug gives each "
+        "process its part"
+    )
 
 
 class PreparedDataLoader(DataLoader):
@@ -292,6 +311,23 @@ class PreparedDataLoader(DataLoader):
         for sampler, seed in zip(unseeded, seeds):
             sampler.seed = seed
         apply_rng_states(states, self.synchronized_generator)
+
+    def agree_at_prepare(self, data: Optional[tuple[Optional[int], Optional[int]]]) -> None:
+        """Agree unset shuffle seeds with process 0 now, in one all-gather that also compares every
+        process's ``data`` (dataset length, batch size): a mismatch is a ``ValueError`` on every process.
+
+        Only where a seed must be agreed (an unseeded shuffle and a process group): the collective then
+        replaces the one the first pass would make (:meth:`_synchronize`), so there is none extra; without
+        one nothing is compared (``data=None``: also where only process 0 reads, i.e. dispatch)."""
+        unseeded = [s for s in self._seedable_samplers() if s.seed is None]
+        if not unseeded or world_size() == 1:
+            return
+        seeds = [s.resolve_seed() for s in unseeded] if global_rank() == 0 else None
+        everyone = all_gather_objects((seeds, data))
+        for sampler, seed in zip(unseeded, everyone[0][0]):
+            sampler.seed = seed
+        if data is not None:
+            _check_same_data([theirs for _, theirs in everyone], global_rank())
 
     # -- lengths --------------------------------------------------------------------------
     def _plan_length(self, consumed: int) -> int:

@@ -38,7 +38,7 @@ from torch.utils.data import BatchSampler, RandomSampler, SequentialSampler
 
 from .batch_plan import ArithmeticShard, EpochHead, EpochOrder, shard_length, walk_shard_counted
 from .layout import ShardLayout
-from .shuffle import SeedableRandomSampler, epoch_order
+from .shuffle import SeedableRandomSampler, advance_past_randperm, epoch_order
 
 __all__ = [
     "ShardPlan", "PassRecord", "BatchSamplerPlan", "StreamPlan", "LocalPlan", "NativeStreamPlan", "DispatchPlan", "UNITS",
@@ -241,7 +241,7 @@ class BatchSamplerPlan(_Unchanged):
                     # RandomSampler draws a second permutation when it is exhausted: draw it now,
                     # so the generator is at the next epoch's state as soon as this pass began
                     # (a position saved at the end of the pass then records that state).
-                    torch.randperm(order.n, generator=generator)
+                    advance_past_randperm(generator, order.n)
                 record.head = order
                 shard = ArithmeticShard(order, self.layout.batch_size, self.layout.drop_last, self.layout, consumed)  # type: ignore[arg-type]
                 for chunk, reals in shard.chunks():

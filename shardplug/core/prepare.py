@@ -11,7 +11,7 @@ import torch.distributed as dist
 from torch.utils.data import BatchSampler, DataLoader, IterableDataset, RandomSampler
 from torch.utils.data.distributed import DistributedSampler
 
-from .dispatch import DataLoaderDispatcher, DispatchOptions
+from .dispatch import DataLoaderDispatcher, DispatchOptions, check_slice_fn
 from .iterable import IterableDatasetShard
 from .layout import ShardLayout
 from .loaders import DataLoaderShard, PreparedDataLoader, combined_class, stateful_dataloader_class
@@ -112,11 +112,27 @@ def _shuffle_sampler(sampler: Any, use_seedable_sampler: bool, data_seed: Option
     if not hasattr(sampler, "generator"):
         return sampler, None
     generator = sampler.generator
+    if generator is not None and data_seed is not None:
+        _refuse_ignored_seed(sampler, data_seed)
     if generator is None:  # it would draw from each process's global RNG: give it one all processes share
         sampler = copy.copy(sampler)
         sampler.generator = generator = torch.Generator()
         generator.manual_seed(data_seed if data_seed is not None else draw_seed())
     return sampler, generator if isinstance(generator, torch.Generator) else None
+
+
+def _refuse_ignored_seed(sampler: Any, data_seed: int) -> None:
+    """``data_seed`` would not reach ``sampler``: it draws its order from a generator of its own."""
+    if isinstance(sampler, RandomSampler):
+        fix = ("pass use_seedable_sampler=True to shuffle by data_seed (every epoch a pure function of the seed), or "
+               "data_seed=None to keep the generator's order")
+    else:
+        fix = ("seed that generator yourself (generator.manual_seed(...), the same on every process), or pass "
+               "data_seed=None (use_seedable_sampler=True only replaces a RandomSampler)")
+    raise ValueError(
+        f"data_seed={data_seed} would be ignored: the {type(sampler).__name__} draws its order from its own "
+        f"generator (the DataLoader's or the sampler's generator=), which is kept; {fix}"
+    )
 
 
 def _shard_batch_sampler(batch_sampler: Any, sampler: Any, layout: ShardLayout) -> BatchSamplerShard:
@@ -176,6 +192,7 @@ def prepare_data_loader(
         raise TypeError(f"dataloader must be a torch.utils.data.DataLoader, got {type(dataloader).__name__}")
     num_processes, process_index = resolve_data_topology(num_processes, process_index, torch_device_mesh)
     rng = check_rng_types(rng_types)
+    check_slice_fn(slice_fn_for_dispatch)
     check_seed("data_seed", data_seed)
     check_shuffle_algorithm(shuffle_algorithm)
     dataset = dataloader.dataset
@@ -236,6 +253,8 @@ def prepare_data_loader(
         )
     new = _rebuild(dataloader, cls, new_dataset, kwargs, use_stateful_dataloader)
     new._finish_init(batch_device, rng, synchronized_generator, 0, non_blocking, **finish)
+    sharded_map_data = not iterable and not dispatch_batches and num_processes > 1  # every process reads its part
+    new.agree_at_prepare((sized_length(dataset), batch_size) if sharded_map_data else None)
     logger.debug(
         "prepared %s for process %d of %d (split_batches=%s, even_batches=%s, dispatch=%s)",
         type(dataloader).__name__, process_index, num_processes, split_batches, even_batches, dispatch_batches,

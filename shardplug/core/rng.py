@@ -19,7 +19,13 @@ def check_rng_types(rng_types: Optional[Iterable[str]]) -> tuple[str, ...]:
         return ()
     if isinstance(rng_types, str):
         rng_types = [rng_types]
-    checked = tuple(rng_types)
+    try:
+        checked = tuple(rng_types)
+    except TypeError:
+        raise TypeError(
+            f"rng_types={rng_types!r} is not a list of RNG names; pass a list of names from {list(RNG_TYPES)} "
+            "(e.g. rng_types=['generator']), or None to synchronise none"
+        ) from None
     for name in checked:
         if name not in RNG_TYPES:
             raise ValueError(f"rng_types contains {name!r}, which is not one of {list(RNG_TYPES)}; remove it")

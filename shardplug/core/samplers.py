@@ -5,7 +5,8 @@ from __future__ import annotations
 import logging
 from typing import Any, Iterable, Iterator, Optional
 
-from torch.utils.data import BatchSampler, Sampler
+from torch.utils.data import BatchSampler, RandomSampler, Sampler, SequentialSampler, SubsetRandomSampler, WeightedRandomSampler
+from torch.utils.data.distributed import DistributedSampler
 
 from .layout import ShardLayout
 from .plan import BatchSamplerPlan, PassRecord
@@ -14,6 +15,23 @@ from .shuffle import SeedableRandomSampler, draw_seed
 __all__ = ["SeedableRandomSampler", "BatchSamplerShard", "IndexSamplerShard", "draw_seed"]
 
 logger = logging.getLogger(__name__)
+
+_INDEX_SAMPLERS = (SequentialSampler, RandomSampler, SubsetRandomSampler, WeightedRandomSampler, DistributedSampler, range)
+"""Samplers known to yield single indices (what a batch sampler wraps, never one itself)."""
+
+
+def check_batch_sampler(batch_sampler: Any) -> None:
+    """Refuse what cannot be a batch sampler: not iterable, or known to yield single indices."""
+    wrap = "wrap your index sampler: BatchSampler(sampler, batch_size=..., drop_last=False)"
+    if not hasattr(batch_sampler, "__iter__"):
+        raise TypeError(
+            f"batch_sampler={batch_sampler!r} is not an iterable of batches of indices; pass a batch sampler "
+            f"(e.g. a torch.utils.data.BatchSampler), or {wrap}"
+        )
+    if isinstance(batch_sampler, _INDEX_SAMPLERS) and not hasattr(batch_sampler, "batch_size"):
+        raise TypeError(
+            f"batch_sampler={type(batch_sampler).__name__}(...) yields single indices, not batches of them; {wrap}"
+        )
 
 
 class BatchSamplerShard(Sampler[list[int]]):
@@ -41,6 +59,7 @@ class BatchSamplerShard(Sampler[list[int]]):
         split_batches: bool = False,
         even_batches: bool = True,
     ) -> None:
+        check_batch_sampler(batch_sampler)
         batch_size = getattr(batch_sampler, "batch_size", None)
         drop_last = bool(getattr(batch_sampler, "drop_last", False))
         layout = ShardLayout.for_batches(batch_size, num_processes, process_index, split_batches, even_batches, drop_last)
