@@ -427,13 +427,18 @@ def p4_dispatch(global_batch_bytes: int, steps: int, repeats: int, timeout: floa
             Row(group, zero["process_group"], zero["shards"], "<= 4x")]
 
 
-def _rss_mib() -> float:
-    """This process's resident memory now, in MiB (Linux)."""
+def _status_mib(field: str) -> float:
+    """A memory figure of this process's ``/proc/self/status`` (``VmRSS``, ``VmHWM``), in MiB (Linux)."""
     with open("/proc/self/status") as status:
         for line in status:
-            if line.startswith("VmRSS:"):
+            if line.startswith(f"{field}:"):
                 return int(line.split()[1]) / 1024
     return float("nan")
+
+
+def _rss_mib() -> float:
+    """This process's resident memory now, in MiB (Linux)."""
+    return _status_mib("VmRSS")
 
 
 def _release_freed_memory() -> None:
@@ -478,11 +483,7 @@ def _p7_child(what: str, n: int, world: int) -> dict:
 
 def _peak_rss_mib() -> float:
     """This process's peak resident memory since the last :func:`_reset_peak_rss`, in MiB (Linux)."""
-    with open("/proc/self/status") as status:
-        for line in status:
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) / 1024
-    return float("nan")
+    return _status_mib("VmHWM")
 
 
 def _reset_peak_rss() -> None:

@@ -322,8 +322,10 @@ class Group:
             self.ranks = list(range(processes))
 
     def build(self) -> list[Any]:
-        loaders = [build(self.case, self.processes, r, explicit=not self.distributed) for r in self.ranks]
         if self.distributed:  # every rank seeded differently; process 0's draws the same in every run
+            torch.manual_seed(1234 + self.ranks[0])
+        loaders = [build(self.case, self.processes, r, explicit=not self.distributed) for r in self.ranks]
+        if self.distributed:  # (a seed is drawn when the loader is built, or at its first pass)
             torch.manual_seed(1234 + self.ranks[0])
         return loaders
 
