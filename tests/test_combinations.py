@@ -304,3 +304,22 @@ def test_combinations_on_real_process_groups(tmp_path) -> None:
     ]
     problems = check_many_distributed(scenarios)
     assert not problems, "\n".join(f"{scenarios[i]}: {text[:2000]}" for i, text in sorted(problems.items()))
+
+
+@pytest.mark.parametrize("data", ["worker_split", "sharded"])
+def test_a_position_inside_an_epoch_keeps_the_number_of_workers_it_was_saved_with(data: str) -> None:
+    """Where each worker makes its own batches, the place depends on the number of workers: another is refused."""
+    saving = [build(Case(data=data, n=24, workers=2), 2, i) for i in range(2)]
+    for loader in saving:
+        _take(loader, 2)
+    position = saving[0].state_dict()
+    assert position["num_workers"] == 2
+    with pytest.raises(ValueError, match="saved with num_workers=2 and this loader has num_workers=0.*resume with "
+                                         "num_workers=2, or from a position saved at an epoch's end"):
+        build(Case(data=data, n=24), 2, 0).load_state_dict(position)
+    old = {**position, "format": 2}
+    del old["num_workers"]
+    with pytest.raises(ValueError, match="did not record its DataLoader's num_workers"):
+        build(Case(data=data, n=24), 2, 0).load_state_dict(old)
+    at_start = {**old, "consumed": 0, "batches_yielded": 0, "epoch": 1}  # format 2 still loads
+    build(Case(data=data, n=24), 2, 0).load_state_dict(at_start)

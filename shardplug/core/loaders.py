@@ -571,8 +571,9 @@ class PreparedDataLoader(DataLoader):
             even_batches=layout.even_batches, drop_last=layout.drop_last,
             dataset_length=None if isinstance(self.dataset, IterableDataset) else self.total_dataset_length,
             batch_size=layout.batch_size, process_batch_size=layout.process_batch_size, step_batch_size=layout.step_batch_size,
-            sampler=self._sampler_kind(), seeds=tuple(s.seed for s in self._seedable_samplers()),
-            generator_state=generator_state, dataset_state=dataset_state,
+            sampler=self._sampler_kind(), num_workers=self.num_workers,
+            seeds=tuple(s.seed for s in self._seedable_samplers()), generator_state=generator_state,
+            dataset_state=dataset_state,
         )
 
     def _same_layout_length(self) -> Optional[int]:
@@ -637,6 +638,7 @@ class PreparedDataLoader(DataLoader):
         at_start = (position.consumed, position.batches_yielded) == (0, 0)  # nothing to share out anew
         if position.num_processes != processes and position.unit == current.unit and not at_start:
             self._refuse_resize(position, stateful and self._inner_state_resumes())
+        self._check_workers(position)
         if self._workers_split_stream():
             if position.consumed and not stateful:
                 raise ValueError(
@@ -647,6 +649,29 @@ class PreparedDataLoader(DataLoader):
                     "of processes and workers)"
                 )
         position.check_resumable(current, self.plan.epoch_size(), self._same_layout_length())
+
+    def _check_workers(self, position: Position) -> None:
+        """Refuse a position inside an epoch whose place depends on the number of DataLoader workers
+        (the loader's batches are read again and dropped, and the workers make them in their own
+        order: a natively sharded stream, a stream that splits itself across workers) when it was saved
+        with another number of workers than this loader's."""
+        inside = (position.consumed, position.batches_yielded) != (0, 0)
+        dataset = self.dataset
+        splits = isinstance(dataset, IterableDatasetShard) and dataset.splits_by_worker
+        if not inside or not (splits or position.unit == "batches") or position.num_workers == self.num_workers:
+            return
+        if position.num_workers is None:
+            raise ValueError(
+                "the position was saved by a shardplug that did not record its DataLoader's num_workers, and this "
+                "stream's place inside an epoch depends on it (each worker makes its own batches); resume from a "
+                "position saved at an epoch's end, or with a position saved by this shardplug"
+            )
+        raise ValueError(
+            f"the position was saved with num_workers={position.num_workers} and this loader has "
+            f"num_workers={self.num_workers}: each DataLoader worker makes its own batches of this stream, so its "
+            f"place inside an epoch depends on the number of workers; resume with num_workers={position.num_workers}, "
+            "or from a position saved at an epoch's end"
+        )
 
     def _workers_split_stream(self) -> bool:
         """A stream read by every process that splits itself across this loader's DataLoader workers:
@@ -823,7 +848,6 @@ class PreparedDataLoader(DataLoader):
         position = Position.from_dict(state.pop(_POSITION_KEY))
         self._check_loadable(position, stateful=True)
         if self._position_suffices(position):
-            self._check_saved_workers(state, position)
             self._apply_position(position)  # shardplug's own skip (exact) repositions the next pass
             return
         super(PreparedDataLoader, self).load_state_dict(state)  # type: ignore[misc]
@@ -855,20 +879,6 @@ class PreparedDataLoader(DataLoader):
         """A stream without ``state_dict()`` (also each worker's copy): the StatefulDataLoader's state
         holds nothing but how many batches it (each worker) yielded."""
         return isinstance(self.dataset, IterableDataset) and not callable(getattr(self.dataset, "state_dict", None))
-
-    def _check_saved_workers(self, state: dict[str, Any], position: Position) -> None:
-        """Refuse a StatefulDataLoader state saved with another number of DataLoader workers where the
-        resume reads and drops whole batches (a stream that splits itself across workers)."""
-        if not self._workers_split_stream() or not position.batches_yielded:
-            return
-        snapshot = state.get("_snapshot")
-        saved = snapshot.get("_main_snapshot", {}).get("_num_workers") if isinstance(snapshot, dict) else 0
-        if saved != self.num_workers:
-            raise ValueError(
-                f"this state was saved with num_workers={saved}, and with num_workers={self.num_workers} each "
-                "DataLoader worker reads another part of this stream (it splits itself across workers), so its "
-                f"place cannot be found; resume with num_workers={saved}, or at an epoch's start"
-            )
 
 
 def _leading_rows(batch: Any, real: Optional[int]) -> Any:

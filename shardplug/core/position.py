@@ -35,8 +35,9 @@ from .plan import UNITS
 
 __all__ = ["Position", "POSITION_FORMAT"]
 
-POSITION_FORMAT = 2
-"""Version of the dict :meth:`Position.to_dict` writes (1: shardplug 0.1, without identity)."""
+POSITION_FORMAT = 3
+"""Version of the dict :meth:`Position.to_dict` writes (1: shardplug 0.1, without identity; 2: without
+``num_workers``, still read)."""
 
 _FIX = "load the position saved by this loader, or prepare the loader as it was when the position was saved"
 
@@ -67,6 +68,7 @@ _CHECKS: dict[str, tuple[Any, str]] = {
     "process_batch_size": (_optional_size, "an integer >= 1 or None"),
     "step_batch_size": (_optional_size, "an integer >= 1 or None"),
     "sampler": (lambda v: isinstance(v, str), "a string"),
+    "num_workers": (_optional_count, "an integer >= 0 or None"),
     "seeds": (lambda v: isinstance(v, (list, tuple)) and all(s is None or _is_int(s) for s in v), "a list of integers or None"),
     "generator_state": (
         lambda v: v is None or (isinstance(v, torch.Tensor) and v.dtype == torch.uint8 and v.dim() == 1),
@@ -98,6 +100,8 @@ class Position:
     process_batch_size: Optional[int]
     step_batch_size: Optional[int]
     sampler: str
+    num_workers: Optional[int] = None
+    """DataLoader workers of the loader that saved it (``None``: not recorded, format 2)."""
     seeds: tuple[Optional[int], ...] = ()
     generator_state: Optional[torch.Tensor] = field(default=None, compare=False)
     dataset_state: Any = None
@@ -120,6 +124,8 @@ class Position:
                 "the dataset length nor the batch size, so it cannot be checked; save a new position with "
                 "loader.state_dict(), or use skip_first_batches(loader, n) to start after n batches"
             )
+        if state["format"] == 2 and "num_workers" not in state:  # format 2 is format 3 without num_workers
+            state = {**state, "num_workers": None, "format": POSITION_FORMAT}
         if state["format"] != POSITION_FORMAT:
             raise ValueError(
                 f"the position's format={state['format']!r} is unknown (this shardplug reads format "
