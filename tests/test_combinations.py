@@ -49,6 +49,8 @@ def map_cases(draw: st.DrawFn) -> tuple[Case, Resume]:
         data="map", n=draw(st.integers(1, 30)), batch_size=unit * draw(st.integers(1, 3)),
         shuffle=draw(st.sampled_from(SHUFFLES)), split_batches=split, even_batches=draw(st.booleans()),
         drop_last=draw(st.booleans()), stateful=draw(st.booleans()),
+        # dispatch needs a process group of N (the gloo test below); one process dispatches to itself
+        dispatch=draw(st.booleans()) if (resume.n_before, resume.n_after) == (1, 1) else False,
     )
     return case, resume
 
