@@ -117,6 +117,7 @@ class IterableDatasetShard(IterableDataset):
 
     def begin_pass(self) -> None:
         """The loader starts a pass (in its own process, before any worker reads it)."""
+        self.plan.observed = None
         self._fingerprint.begin_pass()
 
     def check_first_batch(self) -> None:

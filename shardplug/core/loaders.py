@@ -557,7 +557,7 @@ class PreparedDataLoader(DataLoader):
         # then the epoch's end (the others finish theirs before they meet it again).
         finished = self.plan.finished(consumed)
         if finished is None:  # unknown lengths: where every process yields as many batches, all end together
-            finished = layout.pads or layout.drop_last
+            finished = layout.pads or layout.drop_last or layout.num_processes == 1
         if current.complete and (current.exhausted or finished):
             epoch, done, consumed = epoch + 1, 0, 0
             generator_state = generator.get_state() if generator is not None else None

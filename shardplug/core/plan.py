@@ -286,6 +286,9 @@ class StreamPlan(_Unchanged):
         self.needs_tags = length is None
         """Without the stream's length (no ``len()``, or a stream that splits itself across workers, each
         worker padding its own part) the batches' places cannot be computed: tracking tags the elements."""
+        self.observed: Optional[int] = None
+        """Elements of the stream, counted when a pass read it to its end in this process (no DataLoader
+        workers; reset when a pass begins): where ``length`` is unknown, the end of the epoch is then known."""
         self.tags = False
         """Each element leaves the reader as a :class:`PaddingTag` (set by ``track_padding`` where
         :attr:`needs_tags`); :meth:`pass_batches` takes the tags off the collated batches."""
@@ -337,7 +340,8 @@ class StreamPlan(_Unchanged):
 
     def finished(self, consumed: int) -> Optional[bool]:
         # Process 0 has the most elements (leftovers go to the first processes).
-        first = StreamPlan(dataclasses.replace(self.layout, process_index=0), self.length)
+        length = self.length if self.length is not None else self.observed
+        first = StreamPlan(dataclasses.replace(self.layout, process_index=0), length)
         elements = first.num_elements(consumed)
         return None if elements is None else elements == 0
 
@@ -403,6 +407,7 @@ class StreamPlan(_Unchanged):
                 yield from cut(buffer, read - size, size)
             index += 1
             buffer = []
+        self.observed = read + len(buffer)  # the stream's end was reached (in a worker: that worker's copy)
         if on_first is not None:
             on_first(buffer if index % workers == worker else [])  # no whole global batch reached this reader
         if not buffer or self.layout.drop_last or index % workers != worker:
