@@ -325,3 +325,13 @@ def test_a_position_inside_an_epoch_keeps_the_number_of_workers_it_was_saved_wit
         build(Case(data=data, n=24), 2, 0).load_state_dict(old)
     at_start = {**old, "consumed": 0, "batches_yielded": 0, "epoch": 1}  # format 2 still loads
     build(Case(data=data, n=24), 2, 0).load_state_dict(at_start)
+
+
+@pytest.mark.parametrize("stateful", [False, True])
+@pytest.mark.parametrize("resume", [Resume(2, 2, "one", resume_twice=True), Resume(3, 2, "all_open"),
+                                    Resume(2, 2, "all_but_one", resume_twice=True), Resume(1, 2, "all_open")])
+def test_a_stream_without_len_and_uneven_batches_ends_its_epoch_on_every_process(stateful: bool, resume: Resume) -> None:
+    """Without len() and with even_batches=False a process holding its last batch knows whether the others have
+    more only by the stream's end, which it reads: the positions at the last step agree."""
+    check(Case(data="stream_unsized", n=3, batch_size=1, even_batches=False, stateful=stateful), resume)
+    check(Case(data="stream_unsized", n=7, batch_size=1, even_batches=False, stateful=stateful), resume)
