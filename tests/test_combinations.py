@@ -72,8 +72,7 @@ def refusal(case: Case, resume: Resume) -> str | None:
             return "save and resume with num_workers=0, or build both loaders with use_stateful_dataloader=True"
         return None
     if case.data == "sharded" or (case.iterable and 1 in (resume.n_before, resume.n_after)):
-        return f"resume with {'num_processes=' if case.data == 'sharded' else ''}{resume.n_before} processes|" \
-               f"num_processes={resume.n_before}"
+        return f"resume with {resume.n_before} process|num_processes={resume.n_before}"
     if case.data == "worker_split" and case.workers:
         return f"resume with num_processes={resume.n_before}"
     return None

@@ -334,7 +334,7 @@ class PreparedDataLoader(DataLoader):
         """Batches of a pass that starts after ``consumed`` (``TypeError`` when unknown)."""
         length = self.plan.num_batches(consumed)
         if length is None:
-            if getattr(self.plan, "reads_ahead", False):  # the DataLoader's count is not the agreed one
+            if self.plan.reads_ahead:  # the DataLoader's count is not the agreed one
                 raise TypeError(
                     "the number of batches of this natively sharded stream is agreed while it is read (its parts "
                     "have no len(), or DataLoader workers split them in a way shardplug cannot count), so len() is "
@@ -685,7 +685,7 @@ class PreparedDataLoader(DataLoader):
         moves = f"cannot move from {position.num_processes} to {self.plan.layout.num_processes} processes"
         anew = (f"resume with num_processes={position.num_processes}, or from a position saved at an epoch's end (it "
                 "loads into any number of processes)")
-        if getattr(self.plan, "reads_ahead", False) or self.plan.unit == "batches":
+        if self.plan.reads_ahead or self.plan.unit == "batches":
             raise ValueError(
                 "this stream is sharded natively (each process reads its own shards) or read by one process, so its "
                 f"position counts this process's batches, and a position inside an epoch {moves}; {anew}"
@@ -781,7 +781,7 @@ class PreparedDataLoader(DataLoader):
         """Where the plan cannot compute the batches' places (a stream without ``len()``, or one that
         splits itself across workers), its readers tag each element and the collation hands the tags on."""
         plan = self.plan
-        if not getattr(plan, "needs_tags", False) or plan.tags:  # type: ignore[attr-defined]
+        if not plan.needs_tags or plan.tags:  # type: ignore[attr-defined]
             return
         plan.tags = True  # type: ignore[attr-defined]
         self.collate_fn = TagCollate(self.collate_fn)
@@ -873,7 +873,7 @@ class PreparedDataLoader(DataLoader):
         """
         if not isinstance(self.dataset, IterableDataset) and not callable(getattr(self.dataset, "state_dict", None)):
             return False
-        return not self._inner_state_only_counts() and not getattr(self.plan, "reads_ahead", False)
+        return not self._inner_state_only_counts() and not self.plan.reads_ahead
 
     def _inner_state_only_counts(self) -> bool:
         """A stream without ``state_dict()`` (also each worker's copy): the StatefulDataLoader's state

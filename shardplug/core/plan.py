@@ -91,6 +91,13 @@ class ShardPlan(Protocol):
     untracked_reason: Optional[str]
     """Why batches cannot be told apart from padding (``None``: :meth:`batch_record` works)."""
 
+    reads_ahead: bool
+    """The plan reads batches ahead of those handed out (an agreement on when a process runs out): the
+    DataLoader's own count and a StatefulDataLoader's state are not the pass's."""
+
+    needs_tags: bool
+    """The batches' places cannot be computed: padding tracking tags each element where it is read."""
+
     def batch_record(self, record: "PassRecord", batch: int) -> tuple[list[int], int]:
         """(indices or stream positions, real count) of the pass's ``batch``-th batch."""
 
@@ -103,6 +110,8 @@ class _Unchanged:
 
     identifies_samples = True
     """Batch records name each sample (dataset indices or stream positions), so an audit can count them."""
+    reads_ahead = False
+    needs_tags = False
 
     def pass_batches(self, batches: Iterator[Any], record: "PassRecord") -> Iterator[Any]:
         return batches
@@ -552,6 +561,7 @@ class NativeStreamPlan:
     untracked_reason = None
     identifies_samples = False  # the stream's elements have no index shardplug knows
     reads_ahead = True
+    needs_tags = False
     """Batches are read from the loader ahead of those handed out (the agreement's chunk), so a
     ``StatefulDataLoader``'s own state is past the place: a resume skips by this plan's count instead."""
 

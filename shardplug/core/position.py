@@ -42,6 +42,10 @@ POSITION_FORMAT = 3
 _FIX = "load the position saved by this loader, or prepare the loader as it was when the position was saved"
 
 
+def _processes(count: int) -> str:
+    return f"{count} process" if count == 1 else f"{count} processes"
+
+
 def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
@@ -160,10 +164,10 @@ class Position:
                 if (self.consumed, self.batches_yielded) == (0, 0):
                     continue  # an epoch's start is the same place whatever is counted
                 raise ValueError(
-                    f"the position counts {saved!r} (a stream on {self.num_processes} processes) and this loader "
-                    f"counts {now!r} (on {current.num_processes}): a stream is shared out differently on one process "
-                    "and on several, so a position inside an epoch cannot move between them; resume with "
-                    f"{self.num_processes} processes, or from a position saved at an epoch's end (it loads into any "
+                    f"the position counts {saved!r} (a stream on {_processes(self.num_processes)}) and this loader "
+                    f"counts {now!r} (on {_processes(current.num_processes)}): a stream is shared out differently on "
+                    "one process and on several, so a position inside an epoch cannot move between them; resume with "
+                    f"{_processes(self.num_processes)}, or from a position saved at an epoch's end (it loads into any "
                     "number of processes)"
                 )
             if saved != now:
