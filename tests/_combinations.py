@@ -28,24 +28,11 @@ from typing import Any, Callable, Optional
 
 import torch
 import torch.distributed as dist
-from torch.utils.data import DataLoader, Dataset, IterableDataset
+from torch.utils.data import DataLoader, IterableDataset
 
 import shardplug
 
 POINTS = ("start", "one", "half", "all_but_one", "all_open", "ended", "mid_next")
-
-
-class Indices(Dataset):
-    """Map-style: sample ``i`` is ``i``."""
-
-    def __init__(self, n: int) -> None:
-        self.n = n
-
-    def __len__(self) -> int:
-        return self.n
-
-    def __getitem__(self, i: int) -> int:
-        return i
 
 
 class Stream(IterableDataset):
@@ -142,7 +129,7 @@ class Resume:
 
 def dataset_for(case: Case) -> Any:
     if case.data == "map":
-        return Indices(case.n)
+        return range(case.n)  # sample i is i
     if case.data in ("stream", "stream_unsized"):
         return Stream(case.n, sized=case.data == "stream")
     if case.data == "worker_split":
