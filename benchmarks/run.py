@@ -152,7 +152,7 @@ def p2_index_sharding(n: int, repeats: int) -> list[Row]:
     return [
         Row(f"P2 one process's indices, {n} shuffled, bs 32, N=8 (vs randperm)", best_of(ours, repeats), base, "<= 2x",
             measure_reference("P2", ref)),
-        Row(f"P2 same, shuffle_algorithm='bijective' (vs randperm)", best_of(lambda: _drain(bijective), repeats), base,
+        Row("P2 same, shuffle_algorithm='bijective' (vs randperm)", best_of(lambda: _drain(bijective), repeats), base,
             "<= 0.3x"),
         *p2_direct_shards(n, repeats),
     ]

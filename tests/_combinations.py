@@ -20,11 +20,9 @@ one process per rank, exchanging what each rank saw through ``all_gather_object`
 
 from __future__ import annotations
 
-import dataclasses
-import math
 from collections import Counter
 from dataclasses import dataclass
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
 import torch
 import torch.distributed as dist

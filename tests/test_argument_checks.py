@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from torch.utils.data import BatchSampler, DataLoader, RandomSampler, SequentialSampler, SubsetRandomSampler
+from torch.utils.data import DataLoader, RandomSampler, SequentialSampler, SubsetRandomSampler
 
 from shardplug import BatchSamplerShard, SampleAudit, prepare_data_loader
 from shardplug.core.dispatch import DataLoaderDispatcher

@@ -3,7 +3,6 @@ process, in the collective that agrees the shuffle seed (issue item 3; real gloo
 
 from __future__ import annotations
 
-import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader
 

@@ -10,7 +10,7 @@ import pickle
 
 import pytest
 import torch
-from torch.utils.data import BatchSampler, DataLoader, Dataset, RandomSampler, SubsetRandomSampler
+from torch.utils.data import BatchSampler, DataLoader, SubsetRandomSampler
 
 from _datasets import Stream, rows
 from _dist import run_gloo

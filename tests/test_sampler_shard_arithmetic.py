@@ -8,7 +8,7 @@ from hypothesis import given, settings, strategies as st
 from torch.utils.data import BatchSampler, RandomSampler, SequentialSampler
 
 from shardplug import BatchSamplerShard
-from shardplug.core.batch_plan import walk_shard
+from shardplug.core.plan.arithmetic import walk_shard
 from shardplug.core.layout import ShardLayout
 from shardplug.core.shuffle import advance_past_randperm
 

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 from torch.utils.data import BatchSampler, RandomSampler, SequentialSampler
 
 from shardplug import BatchSamplerShard, SeedableRandomSampler
-from shardplug.core.batch_plan import ArithmeticShard, EpochOrder, ShardLayout, walk_shard
+from shardplug.core.plan.arithmetic import ArithmeticShard, EpochOrder, ShardLayout, walk_shard
 
 
 def shards(n, b, num_processes, split=False, even=True, drop_last=False):

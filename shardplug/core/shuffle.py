@@ -13,9 +13,8 @@ from __future__ import annotations
 from typing import Any, Iterator, Optional, Sized
 
 import torch
-from torch.utils.data import RandomSampler, SequentialSampler
+from torch.utils.data import RandomSampler
 
-from .batch_plan import EpochOrder
 
 __all__ = [
     "SeedableRandomSampler",
@@ -26,7 +25,6 @@ __all__ = [
     "check_shuffle_algorithm",
     "draw_seed",
     "epoch_seed",
-    "epoch_order",
     "sampler_kind",
 ]
 
@@ -279,31 +277,3 @@ def advance_past_randperm(generator: torch.Generator, n: int) -> None:
         _cheap_advance(generator, n)
     else:
         torch.randperm(n, generator=generator)
-
-
-def epoch_order(sampler: Any) -> tuple[Optional[EpochOrder], Optional[torch.Generator]]:
-    """The epoch order of a standard sampler, drawn exactly as iterating it would draw it.
-
-    Returns ``(order, generator_to_advance)`` or ``(None, None)`` for other samplers.
-    ``RandomSampler`` draws a second permutation when it is exhausted; the returned generator
-    (the sampler's own ``generator``) must draw it too, so that later epochs stay identical to the
-    plain ``RandomSampler``'s.  Without a ``generator`` there is none to advance (``None``).
-    """
-    if type(sampler) is SequentialSampler:
-        return EpochOrder(len(sampler.data_source)), None
-    if isinstance(sampler, BijectiveRandomSampler):
-        return EpochOrder(len(sampler.data_source), bijection=sampler.permutation()), None
-    if isinstance(sampler, SeedableRandomSampler):
-        perm = sampler.index_order()
-        return (EpochOrder(perm.numel(), perm), None) if perm is not None else (None, None)
-    if type(sampler) is RandomSampler and not sampler.replacement:
-        n = len(sampler.data_source)
-        if sampler.num_samples != n or n == 0:
-            return None, None
-        if sampler.generator is None:
-            # RandomSampler seeds a generator of its own from the global RNG and throws it away after
-            # the pass: its second permutation changes nothing anyone sees, so it is never drawn
-            own = torch.Generator().manual_seed(draw_seed())
-            return EpochOrder(n, torch.randperm(n, generator=own)), None
-        return EpochOrder(n, torch.randperm(n, generator=sampler.generator)), sampler.generator
-    return None, None

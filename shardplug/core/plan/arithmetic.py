@@ -19,7 +19,7 @@ from typing import Callable, Iterable, Iterator, Optional, Sequence
 
 import torch
 
-from .layout import ShardLayout
+from ..layout import ShardLayout
 
 __all__ = ["ShardLayout", "walk_shard", "walk_shard_counted", "shard_length", "ArithmeticShard", "EpochOrder"]
 

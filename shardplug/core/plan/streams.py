@@ -1,0 +1,221 @@
+"""Streams shardplug splits: read whole by every process (:class:`StreamPlan`), or this process's own
+batches (:class:`LocalPlan`)."""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from typing import Any, Callable, Iterator, Optional
+
+from ..layout import ShardLayout
+from .padding import PaddingTag, untagged
+from .protocol import PassRecord, Unchanged, check_consumed, global_batch_samples
+
+__all__ = ["StreamPlan", "LocalPlan"]
+
+
+class StreamPlan(Unchanged):
+    """A stream every process reads whole, keeping its part of each global batch.
+
+    A global batch is ``step_batch_size`` consecutive elements; process ``i`` keeps the slice
+    ``[i*w, (i+1)*w)`` of it (``w`` = ``process_batch_size``).  A short final global batch is
+    dropped (``drop_last``), completed with the epoch's first elements, cycled (``even_batches``),
+    or left short (``even_batches=False``: the leftovers go to the first processes).  Inside
+    DataLoader workers, worker ``w`` of ``W`` keeps global batches ``w, w+W, ...``.
+
+    Example::
+
+        >>> plan = StreamPlan(ShardLayout(2, 1, batch_size=2), length=11)
+        >>> list(plan.elements(iter(range(11)))), plan.num_batches()
+        ([2, 3, 6, 7, 10, 0], 3)
+    """
+
+    unit = "elements"
+
+    def __init__(self, layout: ShardLayout, length: Optional[int] = None) -> None:
+        if layout.batch_size is None:
+            raise ValueError("a stream shard needs a batch size (elements per process batch); pass batch_size >= 1")
+        self.layout = layout
+        self.length = length
+        self.pending_start: tuple[int, Any] = (0, None)
+        """(elements, dataset state) the next pass starts after (see :meth:`start_after`)."""
+        self.untracked_reason: Optional[str] = None
+        self.needs_tags = length is None
+        """Without the stream's length (no ``len()``, or a stream that splits itself across workers, each
+        worker padding its own part) the batches' places cannot be computed: tracking tags the elements."""
+        self.observed: Optional[int] = None
+        """Elements of the stream, counted when a pass read it to its end in this process (no DataLoader
+        workers; reset when a pass begins): where ``length`` is unknown, the end of the epoch is then known."""
+        self.tags = False
+        """Each element leaves the reader as a :class:`PaddingTag` (set by ``track_padding`` where
+        :attr:`needs_tags`); :meth:`pass_batches` takes the tags off the collated batches."""
+        self.identifies_samples = length is not None  # tagged positions are the reader's, not sample ids
+
+    def start_after(self, consumed: int, dataset_state: Any = None) -> int:
+        """The next pass starts after ``consumed`` elements: by loading ``dataset_state`` into the
+        dataset when given (a dataset that repositions itself), else by reading past them."""
+        self.pending_start = (check_consumed(consumed), dataset_state)
+        return 0
+
+    def take_start(self) -> tuple[int, Any]:
+        start, self.pending_start = self.pending_start, (0, None)
+        return start
+
+    @property
+    def consumed_per_batch(self) -> int:
+        return self.layout.step_batch_size  # type: ignore[return-value]
+
+    @property
+    def width(self) -> int:
+        return self.layout.process_batch_size  # type: ignore[return-value]
+
+    def epoch_size(self) -> Optional[int]:
+        return self.length
+
+    def _own_count(self, leftover: int) -> int:
+        """Elements of this process's slice within a global batch of ``leftover`` elements."""
+        width = self.width
+        return min(max(leftover - self.layout.process_index * width, 0), width)
+
+    def num_elements(self, consumed: int = 0) -> Optional[int]:
+        """Elements this process yields after ``consumed`` elements of the stream."""
+        if self.length is None:
+            return None
+        rest = max(self.length - check_consumed(consumed), 0)
+        full, leftover = divmod(rest, self.consumed_per_batch)
+        count = full * self.width
+        if leftover and not self.layout.drop_last:
+            count += self.width if self.layout.even_batches else self._own_count(leftover)
+        return count
+
+    def num_batches(self, consumed: int = 0) -> Optional[int]:
+        elements = self.num_elements(consumed)
+        return None if elements is None else -(-elements // self.width)
+
+    def samples_before(self, consumed: int) -> Optional[int]:
+        return check_consumed(consumed)
+
+    def finished(self, consumed: int) -> Optional[bool]:
+        # Process 0 has the most elements (leftovers go to the first processes).
+        length = self.length if self.length is not None else self.observed
+        first = StreamPlan(dataclasses.replace(self.layout, process_index=0), length)
+        elements = first.num_elements(consumed)
+        return None if elements is None else elements == 0
+
+    def pass_batches(self, batches: Iterator[Any], record: PassRecord) -> Iterator[Any]:
+        """The loader's batches, their padding tags (when :attr:`tags`) taken off into ``record``."""
+        return untagged(batches, record) if self.tags else batches
+
+    def batch_record(self, record: PassRecord, batch: int) -> tuple[list[int], int]:
+        """(stream positions, real count) of this process's ``batch``-th batch of the pass
+        (tagged: positions in the part of the stream its reader read)."""
+        if self.tags:
+            return record.batches.popleft()  # type: ignore[union-attr]
+        n, width = self.length, self.width
+        first = record.started_at + batch * self.consumed_per_batch + self.layout.process_index * width
+        if n is None:
+            return list(range(first, first + width)), width
+        real = min(max(n - first, 0), width)
+        size = width if self.layout.even_batches else real
+        return ([(first + k) % n for k in range(size)] if n else []), real
+
+    def elements(
+        self,
+        stream: Iterator[Any],
+        worker: int = 0,
+        workers: int = 1,
+        skip: int = 0,
+        read: int = 0,
+        on_boundary: Optional[Callable[[int], None]] = None,
+        on_first: Optional[Callable[[list[Any]], None]] = None,
+    ) -> Iterator[Any]:
+        """This process's elements of ``stream`` (for DataLoader worker ``worker`` of ``workers``).
+
+        The first ``skip`` elements are read but not yielded (a resume); the epoch's first
+        global batch, which padding cycles through, is still taken from what is read first.
+        ``on_boundary(read)`` is called at each global batch boundary, ``read`` counting from ``read``;
+        ``on_first(elements)`` with the first whole (or final) global batch this call reads.
+        """
+        size, width = self.consumed_per_batch, self.width
+        own = slice(self.layout.process_index * width, (self.layout.process_index + 1) * width)
+        cut = self._tagged_slice(own, read) if self.tags else (lambda buffer, start, real: buffer[own])
+        head: list[Any] = []
+        for element in itertools.islice(stream, skip):
+            if len(head) < size:
+                head.append(element)
+        read += skip
+        if on_boundary is not None:
+            on_boundary(read)
+        buffer: list[Any] = []
+        index = 0
+        for element in stream:
+            if len(head) < size:
+                head.append(element)
+            buffer.append(element)
+            if len(buffer) < size:
+                continue
+            read += size
+            if on_boundary is not None:
+                on_boundary(read)
+            if index % workers == worker:
+                if on_first is not None:
+                    on_first(buffer)
+                    on_first = None
+                yield from cut(buffer, read - size, size)
+            index += 1
+            buffer = []
+        self.observed = read + len(buffer)  # the stream's end was reached (in a worker: that worker's copy)
+        if on_first is not None:
+            on_first(buffer if index % workers == worker else [])  # no whole global batch reached this reader
+        if not buffer or self.layout.drop_last or index % workers != worker:
+            return
+        real = len(buffer)
+        if self.layout.even_batches:
+            buffer += list(itertools.islice(itertools.cycle(head), size - len(buffer)))
+        yield from cut(buffer, read, real)
+
+    @staticmethod
+    def _tagged_slice(own: slice, first: int) -> Callable[[list[Any], int, int], list[Any]]:
+        """``cut(buffer, start, real)``: the slice ``own`` of a global batch read from position ``start``
+        (its first ``real`` elements real, the rest cycled from the head, read from ``first``), tagged."""
+        def cut(buffer: list[Any], start: int, real: int) -> list[Any]:
+            places = [start + k if k < real else first + (k - real) for k in range(len(buffer))]
+            return [PaddingTag(e, p, k < real) for k, e, p in zip(range(own.start, own.stop), buffer[own], places[own])]
+        return cut
+
+
+class LocalPlan(Unchanged):
+    """The loader's own batches are this process's part: a stream that sharded itself (each
+    process reads only its shards), or data read by this process alone.  A position counts this
+    loader's batches, so it resumes only with the same number of processes."""
+
+    unit = "batches"
+    consumed_per_batch = 1
+    identifies_samples = False
+    untracked_reason = (
+        "the data is not sharded by shardplug here (a stream that shards itself, or one process), so padding "
+        "cannot be told apart; use loader.remainder for the last global batch"
+    )
+
+    def __init__(self, layout: ShardLayout, length: Optional[int] = None) -> None:
+        self.layout = layout
+        self.length = length
+
+    def start_after(self, consumed: int, dataset_state: Any = None) -> int:
+        return check_consumed(consumed)  # the loader reads and drops them
+
+    def batch_record(self, record: PassRecord, batch: int) -> tuple[list[int], int]:
+        raise ValueError(self.untracked_reason)
+
+    def epoch_size(self) -> Optional[int]:
+        return self.length
+
+    def num_batches(self, consumed: int = 0) -> Optional[int]:
+        return None if self.length is None else max(self.length - check_consumed(consumed), 0)
+
+    def samples_before(self, consumed: int) -> Optional[int]:
+        return global_batch_samples(self.layout, consumed)  # its batches are the global ones
+
+    def finished(self, consumed: int) -> Optional[bool]:
+        rest = self.num_batches(consumed)
+        return None if rest is None else rest == 0
