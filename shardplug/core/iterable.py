@@ -92,16 +92,6 @@ class IterableDatasetShard(IterableDataset):
         if hasattr(self.dataset, "set_epoch"):
             self.dataset.set_epoch(epoch)
 
-    def skip_elements(self, count: int) -> None:
-        """Make the next iteration start after the stream's first ``count`` elements (one-shot).
-
-        They are read (the stream has no other way to advance) but never batched or yielded;
-        the first global batch, which padding cycles through, is still taken from the epoch's start.
-        """
-        if count < 0:
-            raise ValueError(f"count={count} must be >= 0")
-        self.plan.start_after(int(count))
-
     @property
     def repositions_itself(self) -> bool:
         """The dataset has ``state_dict()`` / ``load_state_dict()`` and is read in this process
@@ -129,11 +119,6 @@ class IterableDatasetShard(IterableDataset):
     def state_at(self, elements: int) -> Any:
         """The dataset's ``state_dict()`` after its first ``elements`` elements of this pass, if recorded."""
         return self._boundary_states.get(elements)
-
-    def resume_from(self, elements: int, dataset_state: Any = None) -> None:
-        """Make the next iteration start after the stream's first ``elements`` elements (one-shot):
-        by loading ``dataset_state`` into the dataset when given, else by reading past them."""
-        self.plan.start_after(int(elements), dataset_state)
 
     def __iter__(self) -> Iterator[Any]:
         if self._generator_seed is not None:

@@ -110,10 +110,6 @@ class BatchSamplerShard(Sampler[list[int]]):
         """Fill ``record`` with what the next iteration hands out (one-shot; see :class:`PassRecord`)."""
         self._record = record
 
-    def full_length(self) -> int:
-        """Batches per epoch for this process, ignoring a pending skip."""
-        return self.plan.num_batches()
-
     def __len__(self) -> int:
         return self.plan.num_batches(self.plan.pending_start)
 

@@ -272,11 +272,6 @@ class ArithmeticShard:
         for batches, _ in self.chunks(start):
             yield from batches
 
-    def rows_counted(self, start: int = 0) -> Iterator[tuple[list[int], int]]:
-        """This process's batches with their number of real (not padding) leading indices."""
-        for batches, real in self.chunks(start):
-            yield from zip(batches, real)
-
     def chunks(self, start: int = 0) -> Iterator[tuple[list[list[int]], Iterable[int]]]:
         """Batches in chunks of rows, with the real (not padding) count of each row."""
         total = len(self)
