@@ -110,6 +110,12 @@ class DispatchOptions:
     def __post_init__(self) -> None:
         check_slice_fn(self.slice_fn)
 
+    @classmethod
+    def from_layout(cls, layout: ShardLayout, slice_fn: Optional[SliceFn] = None, torch_device_mesh: Any = None) -> "DispatchOptions":
+        """The options of a dispatcher sharing its batches by ``layout`` (``prepare_data_loader``'s)."""
+        return cls(layout.split_batches, slice_fn, torch_device_mesh, layout.num_processes, layout.process_index,
+                   layout.even_batches)
+
 
 def check_slice_fn(slice_fn: Any) -> None:
     """Refuse a ``slice_fn_for_dispatch`` that cannot be called (it is only called at the first batch)."""

@@ -147,3 +147,10 @@ class IterableDatasetShard(IterableDataset):
         if self.plan.length is None:
             raise TypeError(f"{type(self.dataset).__name__} has no len(), so neither has its shard")
         return self.plan.num_elements()  # type: ignore[return-value]
+
+    @classmethod
+    def from_layout(cls, dataset: Any, layout: ShardLayout) -> "IterableDatasetShard":
+        """The shard of ``dataset`` under ``layout`` (``prepare_data_loader``'s; a layout without batch
+        size reads batches of one)."""
+        return cls(dataset, layout.batch_size or 1, layout.drop_last, layout.num_processes, layout.process_index,
+                   layout.split_batches, layout.even_batches)

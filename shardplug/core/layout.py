@@ -17,9 +17,11 @@ Example::
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Optional
 
+from .config import ShardplugConfig
 from .topology import _check_processes
 
 __all__ = ["ShardLayout"]
@@ -44,8 +46,8 @@ class ShardLayout:
 
     num_processes: int = 1
     process_index: int = 0
-    split_batches: bool = False
-    even_batches: bool = True
+    split_batches: bool = ShardplugConfig.split_batches
+    even_batches: bool = ShardplugConfig.even_batches
     drop_last: bool = False
     batch_size: Optional[int] = None
 
@@ -70,8 +72,8 @@ class ShardLayout:
         batch_size: Optional[int],
         num_processes: int = 1,
         process_index: int = 0,
-        split_batches: bool = False,
-        even_batches: bool = True,
+        split_batches: bool = ShardplugConfig.split_batches,
+        even_batches: bool = ShardplugConfig.even_batches,
         drop_last: bool = False,
     ) -> "ShardLayout":
         """The layout of a loader whose global batches hold ``batch_size`` samples (``None``:
@@ -83,6 +85,17 @@ class ShardLayout:
                 f"num_processes={num_processes}, or pass split_batches=False"
             )
         return cls(num_processes, process_index, split_batches, even_batches, drop_last, batch_size)
+
+    def reader(self) -> "ShardLayout":
+        """The layout of one process reading every global batch (a dispatcher's process 0):
+        the same batches, one process, nothing split or padded.
+
+        Example::
+
+            >>> ShardLayout.for_batches(8, 2, 1, split_batches=True).reader()
+            ShardLayout(num_processes=1, process_index=0, split_batches=False, even_batches=True, drop_last=False, batch_size=8)
+        """
+        return dataclasses.replace(self, num_processes=1, process_index=0, split_batches=False, even_batches=True)
 
     @property
     def splits(self) -> bool:

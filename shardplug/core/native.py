@@ -28,20 +28,20 @@ Example (5 shards of 2 elements over 2 processes, the last shard's rows shared):
 
 from __future__ import annotations
 
+import logging
 from typing import Any, Iterator, Optional
 
 import torch  # noqa: F401  (the docstring example)
 from torch.utils.data import IterableDataset, get_worker_info
 
-from .plan import sized_length
-from .streams import hf_concatenate, is_hf_iterable, splits_by_worker
+from .collectives import all_reduce_int_async
+from .layout import ShardLayout
+from .plan import NativeStreamPlan, sized_length
+from .streams import can_shard, hf_concatenate, is_hf_iterable, splits_by_worker
 
-__all__ = ["can_shard", "process_part", "ProcessPart"]
+__all__ = ["can_shard", "process_part", "ProcessPart", "native_shard", "loader_length"]
 
-
-def can_shard(dataset: Any) -> bool:
-    """Whether ``dataset`` shards itself: an integer ``n_shards`` and a ``shard(num_shards, index)``."""
-    return callable(getattr(dataset, "shard", None)) and isinstance(getattr(dataset, "n_shards", None), int)
+logger = logging.getLogger(__name__)
 
 
 def process_part(dataset: Any, num_processes: int, process_index: int) -> Optional[Any]:
@@ -122,3 +122,73 @@ class ProcessPart(IterableDataset):
             if hasattr(part, "set_epoch"):
                 part.set_epoch(epoch)
 
+
+
+def native_shard(
+    dataset: Any, layout: ShardLayout, num_workers: int, drop_last: bool
+) -> Optional[tuple[Any, NativeStreamPlan]]:
+    """This process's part of a stream that shards itself, and its plan, or ``None`` when every
+    process must read the whole stream.  A part is read once in all (the rows of shards that do not
+    divide among the processes by every process) instead of by every process; equal step counts come
+    from the parts' batch counts when they are known without reading (every part has ``len()``, and
+    shardplug knows what each DataLoader worker reads), else from an agreement between the processes
+    (:class:`~shardplug.core.plan.NativeStreamPlan`)."""
+    own = _own_part(dataset, layout)
+    if own is None:
+        return None
+    batch_size = layout.process_batch_size
+    counts: Optional[list[Optional[int]]] = None
+    if _batches_of_part(own, batch_size, drop_last, num_workers) is not None:
+        parts = (own if j == layout.process_index else process_part(dataset, layout.num_processes, j)
+                 for j in range(layout.num_processes))
+        counts = [_batches_of_part(part, batch_size, drop_last, num_workers) for part in parts]
+    known = None if counts is None or any(count is None for count in counts) else counts
+    return own, NativeStreamPlan(layout, known, agree=all_reduce_int_async)
+
+
+def _own_part(dataset: Any, layout: ShardLayout) -> Optional[Any]:
+    """:func:`process_part` for this process, saying why when the stream cannot be sharded natively."""
+    if not can_shard(dataset):
+        return None
+    n_shards, n = dataset.n_shards, layout.num_processes
+    own = process_part(dataset, n, layout.process_index)
+    if own is None:
+        why = (f"fewer than num_processes={n}" if n_shards < n else
+               f"not a multiple of num_processes={n}, and its parts cannot be joined keeping its own split across "
+               "DataLoader workers")
+        logger.warning(
+            "the stream has n_shards=%s, %s: every process reads the whole stream (%dx the I/O of its part); give it "
+            "a number of shards that %d divides to shard it natively", n_shards, why, n, n,
+        )
+    elif n_shards % n:
+        logger.info(
+            "the stream has n_shards=%d over %d processes: each process reads %d shards by itself, and its rows of the "
+            "last %d (read by every process)", n_shards, n, n_shards // n, n_shards % n,
+        )
+    return own
+
+
+def _batches_of_part(part: Any, batch_size: Optional[int], drop_last: bool, num_workers: int) -> Optional[int]:
+    """Batches a DataLoader with ``num_workers`` workers yields over a process's part, when known
+    without reading: each worker makes its own last batch, so the parts of the workers are counted
+    (known only where shardplug splits the shards across workers: a part that splits itself does not say)."""
+    if num_workers == 0:
+        return loader_length(part, batch_size, drop_last)
+    lengths = part.worker_lengths(num_workers) if isinstance(part, ProcessPart) else None
+    if lengths is None:
+        return None
+    return sum(_count_batches(n, batch_size, drop_last) for n in lengths)
+
+
+def _count_batches(n: int, batch_size: Optional[int], drop_last: bool) -> int:
+    if batch_size is None:
+        return n
+    return n // batch_size if drop_last else -(-n // batch_size)
+
+
+def loader_length(dataset: Any, batch_size: Optional[int], drop_last: bool) -> Optional[int]:
+    """Batches a DataLoader over ``dataset`` yields, when the dataset is sized (``None`` otherwise)."""
+    n = sized_length(dataset)
+    if n is None:
+        return None
+    return _count_batches(n, batch_size, drop_last)

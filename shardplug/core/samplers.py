@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from typing import Any, Iterable, Iterator, Optional
 
@@ -117,6 +118,15 @@ class BatchSamplerShard(Sampler[list[int]]):
         record, self._record = self._record, None
         yield from self.plan.next_pass(record)
 
+    @classmethod
+    def from_layout(cls, batch_sampler: Iterable[list[int]], layout: ShardLayout) -> "BatchSamplerShard":
+        """The shard of ``batch_sampler`` under a layout already built and validated
+        (``prepare_data_loader``'s: its batch size and ``drop_last`` are the batch sampler's)."""
+        check_batch_sampler(batch_sampler)
+        shard = cls.__new__(cls)
+        shard.batch_sampler, shard.plan, shard.epoch, shard._record = batch_sampler, BatchSamplerPlan(batch_sampler, layout), 0, None
+        return shard
+
 
 class IndexSamplerShard(Sampler[int]):
     """This process's indices of ``sampler`` for a loader without batches (``DataLoader(batch_size=None)``):
@@ -146,3 +156,12 @@ class IndexSamplerShard(Sampler[int]):
     def __iter__(self) -> Iterator[int]:
         for (index,) in self.shard:
             yield index
+
+    @classmethod
+    def from_layout(cls, sampler: Iterable[int], layout: ShardLayout) -> "IndexSamplerShard":
+        """The shard of ``sampler`` under the processes and ``even_batches`` of ``layout`` (built by
+        ``prepare_data_loader``; the indices go out as batches of one, never split)."""
+        shard = cls.__new__(cls)
+        ones = dataclasses.replace(layout, batch_size=1, split_batches=False, drop_last=False)
+        shard.shard = BatchSamplerShard.from_layout(BatchSampler(sampler, 1, False), ones)
+        return shard

@@ -34,11 +34,19 @@ import sys
 from typing import Any, Optional
 
 import torch  # noqa: F401  (the docstring example)
+import torch.distributed as dist
+
+from .collectives import world_size
 
 __all__ = [
-    "splits_by_worker", "declared_worker_split", "asks_for_its_worker", "node_split", "single_node_only",
+    "can_shard", "check_stream", "check_worker_split", "splits_by_worker", "declared_worker_split", "asks_for_its_worker", "node_split", "single_node_only",
     "is_hf_iterable", "hf_concatenate", "hf_shuffles", "shuffle_fingerprint",
 ]
+
+
+def can_shard(dataset: Any) -> bool:
+    """Whether ``dataset`` shards itself: an integer ``n_shards`` and a ``shard(num_shards, index)``."""
+    return callable(getattr(dataset, "shard", None)) and isinstance(getattr(dataset, "n_shards", None), int)
 
 
 def is_hf_iterable(dataset: Any) -> bool:
@@ -146,3 +154,51 @@ def shuffle_fingerprint(dataset: Any) -> Optional[str]:
         if bit_generator is not None:
             states.append(repr(bit_generator.state))
     return "|".join(states) if states else None
+
+
+def check_stream(dataset: Any, num_processes: int) -> None:
+    """Refuse a stream that is already split by node, that shuffles differently on each process,
+    or that cannot run on several processes (a collective when a process group runs)."""
+    how = node_split(dataset)
+    if how is not None:
+        raise ValueError(
+            f"this stream is already split by node ({how}), and prepare_data_loader would split it a second time "
+            f"over num_processes={num_processes} (losing data, and giving the processes unequal numbers of "
+            "batches); pass the stream before that split: shardplug gives each process its part (by shard when "
+            "the stream can shard itself), or prepare with num_processes=1"
+        )
+    fingerprint = shuffle_fingerprint(dataset)
+    if fingerprint is not None and world_size() == num_processes > 1:
+        fingerprints: list[Any] = [None] * num_processes
+        dist.all_gather_object(fingerprints, fingerprint)
+        if len(set(fingerprints)) > 1:
+            raise ValueError(
+                "the stream shuffles differently on each process (a Hugging Face shuffle() without seed draws its "
+                "own seed in every process), so the processes' parts would overlap and miss elements; pass "
+                "shuffle(seed=...) with the same seed on every process"
+            )
+    if single_node_only(dataset):
+        raise ValueError(
+            "this WebDataset keeps webdataset's default nodesplitter=single_node_only, which refuses to run on more "
+            "than one process; build it with WebDataset(urls, nodesplitter=None, ...): shardplug gives each "
+            "process its part"
+        )
+
+
+def check_worker_split(dataset: Any, num_workers: int) -> None:
+    """Refuse to guess whether a stream of your own splits itself across DataLoader workers where
+    the answer matters and is in doubt: it shards itself, or its ``__iter__`` asks for its worker.
+    Guessing wrong reads everything twice, or half of it."""
+    if num_workers == 0 or declared_worker_split(dataset) is not None:
+        return
+    if can_shard(dataset):
+        why = "shards itself (n_shards, shard())"
+    elif asks_for_its_worker(dataset):
+        why = "calls torch.utils.data.get_worker_info() in its __iter__"
+    else:
+        return  # a plain stream: every worker reads all of it, shardplug splits it
+    raise ValueError(
+        f"{type(dataset).__name__} {why}, and with num_workers={num_workers} shardplug must know whether it splits "
+        "itself across DataLoader workers: declare splits_by_worker = True on the class if its __iter__ reads only its "
+        "worker's part, or splits_by_worker = False if every worker reads all of it (shardplug then splits it)"
+    )

@@ -1,0 +1,151 @@
+"""Map-style data: one order on every process, and this process's shard of it.
+
+``prepare_data_loader`` calls :func:`shard_map_style` with the layout it built: the sampler
+under the user's loader is replaced where needed so that every process draws the same order
+(:func:`agreed_sampler`), then its batches are shared out by a :class:`BatchSamplerShard` (or,
+for a loader without batches, an :class:`IndexSamplerShard`) built on that layout.  The user's
+loader, batch sampler and sampler are never modified.
+
+Example::
+
+    >>> from torch.utils.data import DataLoader
+    >>> layout = ShardLayout.for_batches(2, num_processes=2, process_index=1)
+    >>> shard = shard_map_style(DataLoader(range(6), batch_size=2), layout, MapOptions())
+    >>> list(shard.loader_kwargs["batch_sampler"])
+    [[2, 3], [0, 1]]
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any, NamedTuple, Optional
+
+import torch
+from torch.utils.data import BatchSampler, DataLoader, RandomSampler
+from torch.utils.data.distributed import DistributedSampler
+
+from .config import ShardplugConfig
+from .layout import ShardLayout
+from .plan import ShardPlan
+from .samplers import BatchSamplerShard, IndexSamplerShard
+from .shuffle import BijectiveRandomSampler, SeedableRandomSampler, draw_seed
+
+__all__ = ["MapOptions", "MapShard", "shard_map_style", "agreed_sampler", "is_batch_sampler", "index_sampler"]
+
+
+class MapOptions(NamedTuple):
+    """The options that decide how map-style data is shuffled."""
+
+    shuffle_algorithm: str = ShardplugConfig.shuffle_algorithm
+    use_seedable_sampler: bool = ShardplugConfig.use_seedable_sampler
+    data_seed: Optional[int] = ShardplugConfig.data_seed
+
+
+class MapShard(NamedTuple):
+    """What :func:`shard_map_style` decided: the loader's (batch) sampler keywords, its plan, and
+    the generator to synchronise from process 0 at each pass (``None``: none)."""
+
+    loader_kwargs: dict[str, Any]
+    plan: ShardPlan
+    synchronized_generator: Optional[torch.Generator]
+
+
+def shard_map_style(dataloader: DataLoader, layout: ShardLayout, options: MapOptions) -> MapShard:
+    """This process's shard of ``dataloader``'s indices under ``layout`` (see the module)."""
+    sampler = index_sampler(dataloader)
+    if options.shuffle_algorithm == "bijective":
+        sampler = bijective_sampler(sampler, options.data_seed)
+    sampler, generator = agreed_sampler(sampler, options.use_seedable_sampler, options.data_seed)
+    if dataloader.batch_sampler is not None:
+        shard = _batch_sampler_shard(dataloader.batch_sampler, sampler, layout)
+        return MapShard({"batch_sampler": shard}, shard.plan, generator)
+    if is_batch_sampler(dataloader.sampler):  # a batch sampler passed as ``sampler=``
+        shard = _batch_sampler_shard(dataloader.sampler, sampler, layout)
+        return MapShard({"sampler": shard, "batch_size": None}, shard.plan, generator)
+    # DataLoader(batch_size=None): single samples, shared out as batches of one
+    single = IndexSamplerShard.from_layout(sampler, layout)
+    return MapShard({"sampler": single, "batch_size": None}, single.shard.plan, generator)
+
+
+def _batch_sampler_shard(batch_sampler: Any, sampler: Any, layout: ShardLayout) -> BatchSamplerShard:
+    """The shard of ``batch_sampler`` reading ``sampler`` (a copy when the sampler was replaced)."""
+    if type(batch_sampler) is BatchSampler:
+        batch_sampler = BatchSampler(sampler, batch_sampler.batch_size, batch_sampler.drop_last)
+    elif getattr(batch_sampler, "sampler", None) is not sampler and hasattr(batch_sampler, "sampler"):
+        batch_sampler = copy.copy(batch_sampler)  # never modify the user's batch sampler
+        batch_sampler.sampler = sampler
+    return BatchSamplerShard.from_layout(batch_sampler, layout)
+
+
+def is_batch_sampler(sampler: Any) -> bool:
+    """A sampler that yields batches of indices (passed as ``sampler=`` with ``batch_size=None``)."""
+    return isinstance(sampler, (BatchSampler, BatchSamplerShard)) or hasattr(sampler, "batch_size")
+
+
+def index_sampler(loader: DataLoader) -> Any:
+    """The sampler of single indices under the loader (under its batch sampler when there is one)."""
+    if loader.batch_sampler is not None:
+        return getattr(loader.batch_sampler, "sampler", loader.sampler)
+    return getattr(loader.sampler, "sampler", loader.sampler)
+
+
+def bijective_sampler(sampler: Any, data_seed: Optional[int]) -> BijectiveRandomSampler:
+    """The :class:`BijectiveRandomSampler` that replaces a shuffling ``RandomSampler``."""
+    if isinstance(sampler, BijectiveRandomSampler):
+        return sampler
+    if not isinstance(sampler, RandomSampler) or sampler.replacement or sampler._num_samples is not None:
+        raise ValueError(
+            f"shuffle_algorithm='bijective' needs a shuffled DataLoader (shuffle=True: a RandomSampler without "
+            f"replacement or num_samples), but its sampler is {type(sampler).__name__}; pass shuffle=True, or "
+            "shuffle_algorithm='randperm'"
+        )
+    if data_seed is None and isinstance(sampler, SeedableRandomSampler):
+        data_seed = sampler.seed
+    return BijectiveRandomSampler(sampler.data_source, data_seed=data_seed, generator=sampler.generator)
+
+
+def agreed_sampler(sampler: Any, use_seedable_sampler: bool, data_seed: Optional[int]) -> tuple[Any, Optional[torch.Generator]]:
+    """Replace a shuffling sampler so every process draws the same order.
+
+    Returns ``(sampler, generator to synchronise from process 0)``.  A ``RandomSampler`` without
+    generator becomes a :class:`SeedableRandomSampler`; any other sampler that draws its order from
+    a ``generator`` attribute (``SubsetRandomSampler``, ``WeightedRandomSampler``, ...) gets a
+    generator of its own (seeded with ``data_seed``), synchronised from process 0 at each pass.
+    The user's sampler is never modified.
+    """
+    if isinstance(sampler, DistributedSampler):
+        raise ValueError(
+            "the DataLoader already uses a DistributedSampler, and prepare_data_loader shards it again; "
+            "remove the DistributedSampler (pass shuffle=True or a plain sampler) and let shardplug shard the data"
+        )
+    if isinstance(sampler, SeedableRandomSampler):
+        return sampler, None
+    if isinstance(sampler, RandomSampler) and (sampler.generator is None or use_seedable_sampler):
+        seedable = SeedableRandomSampler(
+            sampler.data_source, replacement=sampler.replacement, num_samples=sampler._num_samples, data_seed=data_seed
+        )
+        return seedable, None
+    if not hasattr(sampler, "generator"):
+        return sampler, None
+    generator = sampler.generator
+    if generator is not None and data_seed is not None:
+        _refuse_ignored_seed(sampler, data_seed)
+    if generator is None:  # it would draw from each process's global RNG: give it one all processes share
+        sampler = copy.copy(sampler)
+        sampler.generator = generator = torch.Generator()
+        generator.manual_seed(data_seed if data_seed is not None else draw_seed())
+    return sampler, generator if isinstance(generator, torch.Generator) else None
+
+
+def _refuse_ignored_seed(sampler: Any, data_seed: int) -> None:
+    """``data_seed`` would not reach ``sampler``: it draws its order from a generator of its own."""
+    if isinstance(sampler, RandomSampler):
+        fix = ("pass use_seedable_sampler=True to shuffle by data_seed (every epoch a pure function of the seed), or "
+               "data_seed=None to keep the generator's order")
+    else:
+        fix = ("seed that generator yourself (generator.manual_seed(...), the same on every process), or pass "
+               "data_seed=None (use_seedable_sampler=True only replaces a RandomSampler)")
+    raise ValueError(
+        f"data_seed={data_seed} would be ignored: the {type(sampler).__name__} draws its order from its own "
+        f"generator (the DataLoader's or the sampler's generator=), which is kept; {fix}"
+    )
