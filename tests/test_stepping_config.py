@@ -7,7 +7,7 @@ import inspect
 
 import pytest
 
-from shardplug.core.config import ShardplugConfig
+from shardplug.core.config import DATA_OPTIONS, ShardplugConfig
 
 
 def test_defaults():
@@ -86,7 +86,10 @@ def test_data_loader_kwargs_are_prepare_data_loader_arguments():
     kwargs = config.data_loader_kwargs()
     parameters = inspect.signature(prepare.prepare_data_loader).parameters
     assert set(kwargs) <= set(parameters)
-    assert set(parameters) - set(kwargs) == {"dataloader", "device", "num_processes", "process_index", "torch_device_mesh"}
+    assert set(parameters) - set(kwargs) == {
+        "dataloader", "device", "num_processes", "process_index", "torch_device_mesh", "config"
+    }
+    assert set(kwargs) == set(DATA_OPTIONS)
     assert kwargs["slice_fn_for_dispatch"] is slicer and kwargs["data_seed"] == 7 and kwargs["split_batches"] is True
 
 

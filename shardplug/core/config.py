@@ -24,7 +24,7 @@ from typing import Any, Callable, Optional
 from .rng import check_rng_types
 from .shuffle import check_seed, check_shuffle_algorithm
 
-__all__ = ["ShardplugConfig", "FRONT_ENDS", "renamed_option"]
+__all__ = ["ShardplugConfig", "FRONT_ENDS", "DATA_OPTIONS", "renamed_option"]
 
 #: Whether each front end steps prepared schedulers ``num_processes`` times per optimizer step when
 #: ``scale_scheduler_by_num_processes`` is left ``None``: plain PyTorch loops size schedules on the
@@ -41,6 +41,21 @@ def renamed_option(where: str, old: str, old_value: Any, new: str, new_value: An
         return new_value
     warnings.warn(f"{where}: {old}= is deprecated, use {new}= (same meaning)", DeprecationWarning, stacklevel=3)
     return old_value
+
+#: The options ``prepare_data_loader`` reads (its keywords, or the fields of its ``config``).
+DATA_OPTIONS = (
+    "split_batches",
+    "put_on_device",
+    "rng_types",
+    "dispatch_batches",
+    "even_batches",
+    "slice_fn_for_dispatch",
+    "use_seedable_sampler",
+    "data_seed",
+    "non_blocking",
+    "use_stateful_dataloader",
+    "shuffle_algorithm",
+)
 
 _BOOL_OPTIONS = (
     "split_batches",
@@ -225,3 +240,26 @@ class ShardplugConfig:
     def replace(self, **changes: Any) -> "ShardplugConfig":
         """A copy with ``changes`` applied (and validated)."""
         return dataclasses.replace(self, **changes)
+
+    def for_loaders(self, **changes: Any) -> "ShardplugConfig":
+        """The ``config`` of a ``prepare_data_loader`` call: this configuration's data options with
+        ``changes`` (data options only) applied and validated; the stepping options, which loaders do
+        not read, at their defaults (so ``split_batches=True`` for one loader never meets a stepping rule).
+
+        Example::
+
+            >>> ShardplugConfig(gradient_accumulation_steps=4).for_loaders(split_batches=True).split_batches
+            True
+            >>> ShardplugConfig().for_loaders(gradient_accumulation_steps=2)
+            Traceback (most recent call last):
+            ...
+            TypeError: gradient_accumulation_steps is not a prepare_data_loader option; ...
+        """
+        for name in changes:
+            if name not in DATA_OPTIONS:
+                raise TypeError(
+                    f"{name} is not a prepare_data_loader option; pass one of {list(DATA_OPTIONS)} (stepping options "
+                    "belong to the run's ShardplugConfig)"
+                )
+        stepping = {f.name: f.default for f in dataclasses.fields(self) if f.name not in DATA_OPTIONS}
+        return self.replace(**stepping, **changes)

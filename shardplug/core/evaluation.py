@@ -44,8 +44,8 @@ def prepare_eval_loader(dataloader: Any, *, drop_padding: bool = False, **kwargs
         dataloader: the evaluation ``DataLoader``.
         drop_padding: hand out only the real rows of each batch (a pure-padding step is a batch of
             0 rows); ``False``: batches keep their padding rows, marked in ``loader.batch_real_count``.
-        **kwargs: ``prepare_data_loader`` keywords; ``dispatch_batches`` and ``even_batches`` are
-            decided here (``even_batches=False`` is refused: it would let processes run different
+        **kwargs: ``prepare_data_loader`` arguments (``config=`` included); ``dispatch_batches`` and
+            ``even_batches`` are decided here (``even_batches=False`` is refused: it would let processes run different
             numbers of evaluation steps).
     """
     if not isinstance(drop_padding, bool):
@@ -57,7 +57,13 @@ def prepare_eval_loader(dataloader: Any, *, drop_padding: bool = False, **kwargs
             "even_batches out: every process gets the same number of batches, the padding is marked "
             "(loader.batch_real_count) and trimmed by drop_padding=True or shardplug.gather_for_metrics"
         )
-    kwargs.update(even_batches=True, dispatch_batches=False)
+    config = kwargs.pop("config", None)
+    if config is not None:  # the decided options replace the config's; their keywords say nothing more
+        for name in ("even_batches", "dispatch_batches", "slice_fn_for_dispatch"):
+            kwargs.pop(name, None)
+        kwargs["config"] = config.replace(even_batches=True, dispatch_batches=False, slice_fn_for_dispatch=None)
+    else:
+        kwargs.update(even_batches=True, dispatch_batches=False)
     loader = prepare_data_loader(dataloader, **kwargs)
     reason = loader.plan.untracked_reason
     if reason is not None:

@@ -114,21 +114,23 @@ class TrainingRun:
     def prepare_data_loader(self, dataloader: Any, **overrides: Any) -> Any:
         """``prepare_data_loader`` with this run's options (``overrides`` win), connected to the
         run's gradient state so that its last batch of each pass ends an accumulation cycle."""
-        loader = prepare_data_loader(dataloader, **self._loader_kwargs(overrides))
+        loader = prepare_data_loader(dataloader, **self._loader_arguments(overrides))
         loader.gradient_state = self.gradient_state
         return loader
 
-    def _loader_kwargs(self, overrides: dict[str, Any], **defaults: Any) -> dict[str, Any]:
-        kwargs = self.config.data_loader_kwargs()
-        kwargs.update(
-            device=self.device,
-            num_processes=self.num_processes,
-            process_index=self.process_index,
-            torch_device_mesh=self.torch_device_mesh,
-            **defaults,
-        )
-        kwargs.update(overrides)
-        return kwargs
+    def _loader_arguments(self, overrides: dict[str, Any]) -> dict[str, Any]:
+        """``prepare_data_loader`` arguments: ``config`` (the run's, data ``overrides`` applied with
+        :meth:`ShardplugConfig.for_loaders`) and this run's topology and device (also overridable)."""
+        arguments: dict[str, Any] = {
+            "device": self.device,
+            "num_processes": self.num_processes,
+            "process_index": self.process_index,
+            "torch_device_mesh": self.torch_device_mesh,
+        }
+        options = {name: value for name, value in overrides.items() if name not in arguments}
+        arguments.update((name, value) for name, value in overrides.items() if name not in options)
+        arguments["config"] = self.config.for_loaders(**options)
+        return arguments
 
     def prepare_eval_loader(self, dataloader: Any, *, drop_padding: bool = False, **overrides: Any) -> Any:
         """This process's evaluation loader: :func:`shardplug.core.evaluation.prepare_eval_loader` with
@@ -139,10 +141,12 @@ class TrainingRun:
         (``loader.batch_real_count``; ``drop_padding=True`` also cuts it off the batches), so every
         sample counts once after ``drop_padding`` / ``gather_for_metrics``.
         """
-        kwargs = self._loader_kwargs(overrides)
-        if "even_batches" not in overrides:
-            kwargs.pop("even_batches", None)  # the training value: evaluation loaders are always even
-        return prepare_eval_loader(dataloader, drop_padding=drop_padding, **kwargs)
+        overrides = dict(overrides)
+        even_batches = overrides.pop("even_batches", None)  # evaluation's own rule decides (and refuses False)
+        arguments = self._loader_arguments(overrides)
+        if even_batches is not None:
+            arguments["even_batches"] = even_batches
+        return prepare_eval_loader(dataloader, drop_padding=drop_padding, **arguments)
 
     def prepare_optimizer(self, optimizer: Optimizer, device_placement: bool = True) -> PreparedOptimizer:
         """Wrap ``optimizer`` so that it steps at the end of each accumulation cycle, through the

@@ -1,15 +1,16 @@
-"""The shardplug configuration of a strategy, and the data-side checks the strategies share.
+"""The shardplug options of a strategy, and the data-side checks the strategies share.
 
-The strategies accept a ``ShardplugConfig`` and/or its fields as keywords (keywords win) and hold
-the merged :class:`~shardplug.core.config.ShardplugConfig` itself: every option is read from it,
-never re-stated here.
+The Lightning and Fabric strategies take their options through :class:`ShardplugOptions`: a
+``ShardplugConfig`` and/or its fields as keywords (keywords win), merged once into the
+:class:`~shardplug.core.config.ShardplugConfig` the strategy holds; every option is read from it,
+never re-stated here, and every loader is prepared with ``prepare_data_loader(config=...)``.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
-from typing import Any, Optional
+from typing import Any
 
 from torch.utils.data import DataLoader
 from torch.utils.data.distributed import DistributedSampler
@@ -17,7 +18,7 @@ from torch.utils.data.distributed import DistributedSampler
 from shardplug.core.config import ShardplugConfig
 from shardplug.core.loaders import PreparedDataLoader
 
-__all__ = ["resolve_config", "data_loader_kwargs", "refuse_distributed_sampler", "refuse_prepared"]
+__all__ = ["ShardplugOptions", "resolve_config", "refuse_distributed_sampler", "refuse_prepared"]
 
 logger = logging.getLogger(__name__)
 
@@ -39,18 +40,36 @@ def resolve_config(config: Any, overrides: dict[str, Any]) -> ShardplugConfig:
     return config.replace(**overrides) if overrides else config
 
 
-def data_loader_kwargs(
-    config: ShardplugConfig, num_processes: int, process_index: int, device: Any, even_batches: Optional[bool] = None
-) -> dict[str, Any]:
-    """``prepare_data_loader`` keywords for one loader of this process (``even_batches`` overrides the config's)."""
-    kwargs = config.data_loader_kwargs()
-    if even_batches is not None:
-        kwargs["even_batches"] = even_batches
-    if config.put_on_device:
-        kwargs["device"] = device
-    kwargs["num_processes"] = num_processes
-    kwargs["process_index"] = process_index
-    return kwargs
+class ShardplugOptions:
+    """The shardplug options of a strategy, mixed in before the strategy class it extends.
+
+    Keyword-only: ``config`` (a ``ShardplugConfig`` or ``None``) and every ``ShardplugConfig``
+    field (``None``: the config's value); any other keyword goes to the strategy class it is mixed
+    into. The merged value is ``strategy.shardplug_config``.
+
+    Example::
+
+        class MyStrategy(ShardplugOptions, DDPStrategy):
+            def _check_shardplug_config(self, config):
+                ...  # refuse what this front end cannot honour
+    """
+
+    def __init__(self, *, config: Any = None, **kwargs: Any) -> None:
+        options = {name: kwargs.pop(name) for name in list(kwargs) if name in _FIELDS}
+        merged = resolve_config(config, {name: value for name, value in options.items() if value is not None})
+        self._check_shardplug_config(merged)
+        self.shardplug_config: ShardplugConfig = merged
+        super().__init__(**kwargs)  # type: ignore[call-arg]
+
+    def _check_shardplug_config(self, config: ShardplugConfig) -> None:
+        """Refuse options this front end cannot honour (a ``ValueError`` naming the option and the fix)."""
+
+    def _loader_arguments(self, num_processes: int, process_index: int, **changes: Any) -> dict[str, Any]:
+        """``prepare_data_loader`` arguments for one loader of this process: the strategy's config with
+        the data option ``changes`` applied, the data topology, and the device when batches go on it."""
+        config = self.shardplug_config.for_loaders(**changes)
+        device = self.root_device if config.put_on_device else None  # type: ignore[attr-defined]
+        return {"config": config, "device": device, "num_processes": num_processes, "process_index": process_index}
 
 
 def _has_distributed_sampler(dataloader: DataLoader) -> bool:

@@ -19,12 +19,13 @@ Example::
 from __future__ import annotations
 
 import logging
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
 from lightning.fabric.strategies import DDPStrategy
 from torch.nn import Module
 from torch.optim import Optimizer
 from torch.utils.data import DataLoader
+from typing_extensions import override
 
 from shardplug import prepare_data_loader
 from shardplug.core import amp
@@ -32,14 +33,14 @@ from shardplug.core.config import ShardplugConfig
 from shardplug.core.evaluation import prepare_eval_loader
 from shardplug.core.scheduler import PreparedScheduler
 
-from ._options import data_loader_kwargs, refuse_distributed_sampler, refuse_prepared, resolve_config
+from ._options import ShardplugOptions, refuse_distributed_sampler, refuse_prepared
 
 __all__ = ["ShardplugFabricDDPStrategy"]
 
 logger = logging.getLogger(__name__)
 
 
-class ShardplugFabricDDPStrategy(DDPStrategy):
+class ShardplugFabricDDPStrategy(ShardplugOptions, DDPStrategy):
     """Fabric's DDP strategy whose ``setup_dataloaders`` shards with ``shardplug.prepare_data_loader``.
 
     Args:
@@ -57,50 +58,18 @@ class ShardplugFabricDDPStrategy(DDPStrategy):
     step (``fabric.no_backward_sync``), and the option would do nothing.
     """
 
-    def __init__(
-        self,
-        *,
-        config: Any = None,
-        split_batches: Optional[bool] = None,
-        even_batches: Optional[bool] = None,
-        dispatch_batches: Optional[bool] = None,
-        use_seedable_sampler: Optional[bool] = None,
-        data_seed: Optional[int] = None,
-        non_blocking: Optional[bool] = None,
-        use_stateful_dataloader: Optional[bool] = None,
-        put_on_device: Optional[bool] = None,
-        rng_types: Any = None,
-        slice_fn_for_dispatch: Optional[Callable[..., Any]] = None,
-        shuffle_algorithm: Optional[str] = None,
-        step_scheduler_with_optimizer: Optional[bool] = None,
-        scale_scheduler_by_num_processes: Optional[bool] = None,
-        **ddp_kwargs: Any,
-    ) -> None:
-        given = {
-            "split_batches": split_batches,
-            "even_batches": even_batches,
-            "dispatch_batches": dispatch_batches,
-            "use_seedable_sampler": use_seedable_sampler,
-            "data_seed": data_seed,
-            "non_blocking": non_blocking,
-            "use_stateful_dataloader": use_stateful_dataloader,
-            "put_on_device": put_on_device,
-            "rng_types": rng_types,
-            "slice_fn_for_dispatch": slice_fn_for_dispatch,
-            "shuffle_algorithm": shuffle_algorithm,
-            "step_scheduler_with_optimizer": step_scheduler_with_optimizer,
-            "scale_scheduler_by_num_processes": scale_scheduler_by_num_processes,
-        }
-        config = resolve_config(config, {k: v for k, v in given.items() if v is not None})
+    def __init__(self, **options: Any) -> None:
+        self._last_step: Optional[amp.StepAttempt] = None
+        super().__init__(**options)  # ShardplugOptions: the shardplug keywords, then DDPStrategy's
+
+    @override
+    def _check_shardplug_config(self, config: ShardplugConfig) -> None:
         if config.gradient_accumulation_steps != 1:
             raise ValueError(
                 f"gradient_accumulation_steps={config.gradient_accumulation_steps} has no effect with Fabric: your "
                 "loop decides when to step. Leave it 1, skip optimizer.step() on accumulating micro-batches and "
                 "wrap them in fabric.no_backward_sync(model)"
             )
-        self.shardplug_config: ShardplugConfig = config
-        self._last_step: Optional[amp.StepAttempt] = None
-        super().__init__(**ddp_kwargs)
 
     @property
     def distributed_sampler_kwargs(self) -> None:  # type: ignore[override]
@@ -119,10 +88,7 @@ class ShardplugFabricDDPStrategy(DDPStrategy):
             return dataloader
         refuse_prepared(dataloader, "fabric.setup_dataloaders()")
         refuse_distributed_sampler(dataloader, "fabric.setup_dataloaders()")
-        return prepare_data_loader(
-            dataloader,
-            **data_loader_kwargs(self.shardplug_config, self.world_size, self.global_rank, self.root_device),
-        )
+        return prepare_data_loader(dataloader, **self._loader_arguments(self.world_size, self.global_rank))
 
     def prepare_eval_loader(self, dataloader: DataLoader, *, drop_padding: bool = False) -> DataLoader:
         """This process's evaluation loader, by the core's rule (``shardplug.core.evaluation``): the same
@@ -136,9 +102,8 @@ class ShardplugFabricDDPStrategy(DDPStrategy):
         """
         refuse_prepared(dataloader, "fabric.strategy.prepare_eval_loader()")
         refuse_distributed_sampler(dataloader, "fabric.strategy.prepare_eval_loader()")
-        kwargs = data_loader_kwargs(self.shardplug_config, self.world_size, self.global_rank, self.root_device)
-        kwargs.pop("even_batches", None)
-        return prepare_eval_loader(dataloader, drop_padding=drop_padding, **kwargs)
+        arguments = self._loader_arguments(self.world_size, self.global_rank)
+        return prepare_eval_loader(dataloader, drop_padding=drop_padding, **arguments)
 
     def setup_module_and_optimizers(
         self, module: Module, optimizers: list[Optimizer], scheduler: Any = None

@@ -34,6 +34,7 @@ from typing import Any, Callable, Optional
 
 from torch.optim import Optimizer
 from torch.utils.data import DataLoader
+from typing_extensions import override
 
 from shardplug import prepare_data_loader
 from shardplug.core import amp
@@ -42,7 +43,7 @@ from shardplug.core.evaluation import prepare_eval_loader
 from shardplug.core.loaders import PreparedDataLoader
 from shardplug.core.scheduler import PreparedScheduler
 
-from ._options import data_loader_kwargs, refuse_distributed_sampler, refuse_prepared, resolve_config
+from ._options import ShardplugOptions, refuse_distributed_sampler, refuse_prepared
 
 __all__ = [
     "ShardplugDDPStrategy", "ShardplugFSDPStrategy", "ShardplugModelParallelStrategy", "ShardplugStrategyMixin",
@@ -70,7 +71,7 @@ def _private(obj: Any, name: str, what: str) -> Any:
     return getattr(obj, name)
 
 
-class ShardplugStrategyMixin:
+class ShardplugStrategyMixin(ShardplugOptions):
     """The shardplug behaviour, mixed into a ``DDPStrategy`` of one Lightning namespace.
 
     Keyword-only arguments (all DDP keywords pass through to ``DDPStrategy``):
@@ -107,44 +108,15 @@ class ShardplugStrategyMixin:
     #: ``lightning.pytorch`` or ``pytorch_lightning``: the namespace this class belongs to.
     _pl_namespace: str = "lightning.pytorch"
 
-    def __init__(
-        self,
-        *,
-        config: Any = None,
-        split_batches: Optional[bool] = None,
-        even_batches: Optional[bool] = None,
-        dispatch_batches: Optional[bool] = None,
-        use_seedable_sampler: Optional[bool] = None,
-        data_seed: Optional[int] = None,
-        non_blocking: Optional[bool] = None,
-        use_stateful_dataloader: Optional[bool] = None,
-        put_on_device: Optional[bool] = None,
-        rng_types: Any = None,
-        slice_fn_for_dispatch: Optional[Callable[..., Any]] = None,
-        shuffle_algorithm: Optional[str] = None,
-        gradient_accumulation_steps: Optional[int] = None,
-        step_scheduler_with_optimizer: Optional[bool] = None,
-        eval_even_batches: bool = False,
-        scale_scheduler_by_num_processes: Optional[bool] = None,
-        **ddp_kwargs: Any,
-    ) -> None:
-        given = {
-            "split_batches": split_batches,
-            "even_batches": even_batches,
-            "dispatch_batches": dispatch_batches,
-            "use_seedable_sampler": use_seedable_sampler,
-            "data_seed": data_seed,
-            "non_blocking": non_blocking,
-            "use_stateful_dataloader": use_stateful_dataloader,
-            "put_on_device": put_on_device,
-            "rng_types": rng_types,
-            "slice_fn_for_dispatch": slice_fn_for_dispatch,
-            "shuffle_algorithm": shuffle_algorithm,
-            "gradient_accumulation_steps": gradient_accumulation_steps,
-            "step_scheduler_with_optimizer": step_scheduler_with_optimizer,
-            "scale_scheduler_by_num_processes": scale_scheduler_by_num_processes,
-        }
-        config = resolve_config(config, {k: v for k, v in given.items() if v is not None})
+    def __init__(self, *, eval_even_batches: bool = False, **options: Any) -> None:
+        if not isinstance(eval_even_batches, bool):
+            raise TypeError(f"eval_even_batches={eval_even_batches!r} is invalid: it must be True or False")
+        self.eval_even_batches = eval_even_batches
+        self._last_step: Optional[amp.StepAttempt] = None
+        super().__init__(**options)  # ShardplugOptions: the shardplug keywords, then the strategy's
+
+    @override
+    def _check_shardplug_config(self, config: ShardplugConfig) -> None:
         if not config.even_batches:
             raise ValueError(
                 "even_batches=False is not supported for training with Lightning: ranks would run out of batches "
@@ -153,12 +125,6 @@ class ShardplugStrategyMixin:
                 "with samples from the start of the epoch), or use drop_last=True in the DataLoader. Evaluation "
                 "loaders follow their own rule (the same number of steps on every rank, padding dropped)."
             )
-        if not isinstance(eval_even_batches, bool):
-            raise TypeError(f"eval_even_batches={eval_even_batches!r} is invalid: it must be True or False")
-        self.shardplug_config: ShardplugConfig = config
-        self.eval_even_batches = eval_even_batches
-        self._last_step: Optional[amp.StepAttempt] = None
-        super().__init__(**ddp_kwargs)  # type: ignore[call-arg]
 
     # -- helpers ------------------------------------------------------------------------
     @classmethod
@@ -202,18 +168,9 @@ class ShardplugStrategyMixin:
             return int(kwargs["num_replicas"]), int(kwargs["rank"])
         return self.world_size, self.global_rank  # type: ignore[attr-defined]
 
-    def _data_kwargs(self, training: bool, even_batches: Optional[bool] = None) -> dict[str, Any]:
-        config = self.shardplug_config
-        if not training and config.dispatch_batches:
-            config = config.replace(dispatch_batches=False)  # evaluation loaders never dispatch
-        num_processes, process_index = self._data_topology()
-        return data_loader_kwargs(
-            config,
-            num_processes=num_processes,
-            process_index=process_index,
-            device=self.root_device,  # type: ignore[attr-defined]
-            even_batches=even_batches,
-        )
+    def _data_arguments(self, **changes: Any) -> dict[str, Any]:
+        """``prepare_data_loader`` arguments for a loader of this rank (``changes``: data options)."""
+        return self._loader_arguments(*self._data_topology(), **changes)
 
     def process_dataloader(self, dataloader: object) -> object:
         """Shard ``dataloader`` for this process with ``prepare_data_loader``.
@@ -233,22 +190,23 @@ class ShardplugStrategyMixin:
         if stage == "predict":
             return self._prepare_predict(dataloader)
         if stage == "train":
-            prepared = prepare_data_loader(dataloader, **self._data_kwargs(True))
+            prepared = prepare_data_loader(dataloader, **self._data_arguments())
         else:  # the core's evaluation rule: equal steps on every rank, padding marked (and dropped)
-            kwargs = self._data_kwargs(False)
-            kwargs.pop("even_batches", None)
-            prepared = prepare_eval_loader(dataloader, drop_padding=not self.eval_even_batches, **kwargs)
+            prepared = prepare_eval_loader(dataloader, drop_padding=not self.eval_even_batches, **self._data_arguments())
         logger.debug("rank %d: %s loader prepared (%s)", self.global_rank, stage, type(prepared.plan).__name__)  # type: ignore[attr-defined]
         return prepared
 
     def _prepare_predict(self, dataloader: DataLoader) -> DataLoader:
+        changes: dict[str, Any] = {"even_batches": False}  # predict loaders are never padded, never dispatch
+        if self.shardplug_config.dispatch_batches:
+            changes.update(dispatch_batches=False, slice_fn_for_dispatch=None)
         wrapper_cls = self._pl("overrides.distributed")._IndexBatchSamplerWrapper
         wrapper = dataloader.batch_sampler
         if not isinstance(wrapper, wrapper_cls):
-            return prepare_data_loader(dataloader, **self._data_kwargs(False, even_batches=False))
+            return prepare_data_loader(dataloader, **self._data_arguments(**changes))
         inner = _private(wrapper, "_batch_sampler", "the batch sampler inside Lightning's predict index wrapper")
         plain = _with_batch_sampler(dataloader, inner)
-        prepared = prepare_data_loader(plain, **self._data_kwargs(False, even_batches=False))
+        prepared = prepare_data_loader(plain, **self._data_arguments(**changes))
         shard = prepared.batch_sampler
         wrapper._batch_sampler = shard
         wrapper.sampler = getattr(shard, "sampler", None)
