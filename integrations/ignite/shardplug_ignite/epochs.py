@@ -15,6 +15,7 @@ from typing import Any, Mapping, Optional
 
 import ignite.distributed as idist
 import torch
+from ignite.base.mixins import Serializable
 from ignite.engine import Engine, Events
 
 from shardplug.core.loaders import PreparedDataLoader
@@ -35,7 +36,7 @@ def current_loader(engine: Engine) -> PreparedDataLoader:
     return loader
 
 
-class EpochSync:
+class EpochSync(Serializable):
     """Sets the loader's epoch at the engine's epoch events, and resumes it from a checkpoint.
 
     Ignite never calls ``set_epoch``; this does, at the events where the next pass is opened:
@@ -52,6 +53,8 @@ class EpochSync:
 
     Its state (:meth:`state_dict`) is the loader's full position (``loader.state_dict()``).
     """
+
+    _state_dict_all_req_keys = ("loader",)
 
     def __init__(self) -> None:
         self.loader: Optional[PreparedDataLoader] = None
@@ -149,6 +152,7 @@ class EpochSync:
 
     def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
         """Keep a :meth:`state_dict`; the loader loads (and validates) it when the next run starts."""
+        super().load_state_dict(state_dict)
         loader_state = state_dict["loader"]
         if loader_state is not None and not isinstance(loader_state, Mapping):
             raise ValueError(f"loader={loader_state!r} is not a loader state (loader.state_dict())")

@@ -2,8 +2,10 @@
 
 It composes small handlers, each with ``attach(engine)``: :class:`~shardplug_ignite.epochs.EpochSync`
 (epochs and resume), :class:`~shardplug_ignite.steps.StepEvents` (accumulation and real-step
-events) and the evaluation pieces of :mod:`shardplug_ignite.evaluation`; the sharding and stepping
-rules are the core's (``shardplug.core``).
+events), :class:`~shardplug_ignite.steps.SchedulerSteps` (the attached schedulers) and the
+evaluation pieces of :mod:`shardplug_ignite.evaluation`; the sharding and stepping rules are the
+core's (``shardplug.core``). The first three are ``Serializable``: the handler's state is theirs,
+gathered.
 
 Example::
 
@@ -37,7 +39,7 @@ from shardplug.core.training import TrainingRun
 
 from .epochs import EpochSync
 from .evaluation import RealSamplesOnly, _call_model, _identity, evaluation_step, real_samples, trim_padding
-from .steps import ShardplugEvents, StepEvents, register_step_events
+from .steps import SchedulerSteps, ShardplugEvents, StepEvents, register_step_events
 
 __all__ = ["ShardplugEvents", "ShardplugHandler", "RealSamplesOnly", "real_samples", "trim_padding"]
 
@@ -84,7 +86,9 @@ class ShardplugHandler(Serializable):
         trainer.run(loader, max_epochs=3)
     """
 
-    _state_dict_all_req_keys = ("loader", "gradient_state", "optimizer_step", "optimizer_step_skipped", "schedulers")
+    _state_dict_all_req_keys = (
+        EpochSync._state_dict_all_req_keys + StepEvents._state_dict_all_req_keys + SchedulerSteps._state_dict_all_req_keys
+    )  # ("loader", "gradient_state", "optimizer_step", "optimizer_step_skipped", "schedulers")
 
     def __init__(
         self,
@@ -108,8 +112,10 @@ class ShardplugHandler(Serializable):
         self.config: ShardplugConfig = self.run.config
         self.epochs = EpochSync()
         self.steps = StepEvents(self.run)
+        self.schedulers = SchedulerSteps(self.run)
+        #: the pieces whose states make the handler's (each saves and loads its own keys)
+        self._pieces: tuple[Serializable, ...] = (self.epochs, self.steps, self.schedulers)
         self._engine: Optional[Engine] = None
-        self._pending_schedulers: Optional[list[Any]] = None
 
     # -- properties --------------------------------------------------------------------------
     @property
@@ -237,7 +243,7 @@ class ShardplugHandler(Serializable):
             if self.config.step_scheduler_with_optimizer
             else Events.ITERATION_COMPLETED
         )
-        engine.add_event_handler(event, _SchedulerStep(prepared))
+        self.schedulers.step_at(engine, event, prepared)
         return prepared
 
     # -- attaching ---------------------------------------------------------------------------
@@ -255,21 +261,8 @@ class ShardplugHandler(Serializable):
         if self._engine is engine:
             return
         self._engine = engine
-        self.epochs.attach(engine)
-        self.steps.attach(engine)
-        engine.add_event_handler(Events.STARTED, self._load_pending_schedulers)
-
-    def _load_pending_schedulers(self, engine: Engine) -> None:
-        states, self._pending_schedulers = self._pending_schedulers, None
-        if states is None:
-            return
-        if len(states) != len(self.run.schedulers):
-            raise ValueError(
-                f"the checkpoint holds {len(states)} scheduler state(s) but {len(self.run.schedulers)} scheduler(s) are "
-                "attached: attach the same schedulers (handler.attach_scheduler) before resuming"
-            )
-        for scheduler, state in zip(self.run.schedulers, states):
-            scheduler.load_state_dict(state)
+        for piece in self._pieces:
+            piece.attach(engine)  # type: ignore[attr-defined]
 
     # -- micro-batch helpers -----------------------------------------------------------------
     @contextlib.contextmanager
@@ -386,38 +379,24 @@ class ShardplugHandler(Serializable):
     # -- Serializable ------------------------------------------------------------------------
     def state_dict(self) -> OrderedDict:
         """Rank-independent resume state (plain values and tensors; loads with ``weights_only=True``):
-        the loader's full position, the gradient state, the step counters, the attached schedulers."""
+        the pieces' states together (the loader's full position, the gradient state, the step
+        counters, the attached schedulers)."""
         state: OrderedDict = OrderedDict()
-        state.update(self.epochs.state_dict())
-        state.update(self.steps.state_dict())
-        state["schedulers"] = [scheduler.state_dict() for scheduler in self.run.schedulers]
+        for piece in self._pieces:
+            state.update(piece.state_dict())
         return state
 
     def load_state_dict(self, state_dict: Mapping) -> None:
-        """Load a :meth:`state_dict`; applied when the trainer's next ``run`` starts."""
+        """Load a :meth:`state_dict`: each piece gets its keys; applied when the trainer's next ``run`` starts."""
         if "batches_yielded" in state_dict and "loader" not in state_dict:
             raise ValueError(
                 "this ShardplugHandler state was written by an older shardplug-ignite (seeds/epoch/batches_yielded "
                 "only): it cannot resume exactly. Resume from a checkpoint written by this version, or from one "
                 "saved at an epoch end without the handler in to_save"
             )
-        super().load_state_dict(state_dict)
-        schedulers = state_dict["schedulers"]
-        if not isinstance(schedulers, (list, tuple)):
-            raise ValueError(f"schedulers={schedulers!r} is invalid: a list of scheduler states")
-        self.epochs.load_state_dict(state_dict)
-        self.steps.load_state_dict(state_dict)
-        self._pending_schedulers = list(schedulers)
+        super().load_state_dict(state_dict)  # every piece's keys are there
+        for piece in self._pieces:
+            piece.load_state_dict({key: state_dict[key] for key in piece._state_dict_all_req_keys})
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.config!r}, num_processes={self.run.num_processes})"
-
-
-class _SchedulerStep:
-    """Event handler stepping a prepared scheduler (a class, so ``has_event_handler`` sees it)."""
-
-    def __init__(self, scheduler: PreparedScheduler) -> None:
-        self.scheduler = scheduler
-
-    def __call__(self, engine: Engine) -> None:
-        self.scheduler.step()

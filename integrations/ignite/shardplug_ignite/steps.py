@@ -14,13 +14,15 @@ import logging
 from collections import OrderedDict
 from typing import Any, Mapping, Optional
 
+from ignite.base.mixins import Serializable
 from ignite.engine import Engine, EventEnum, Events
 
 from shardplug.core.loaders import PreparedDataLoader
 from shardplug.core.optimizer import PreparedOptimizer
+from shardplug.core.scheduler import PreparedScheduler
 from shardplug.core.training import TrainingRun
 
-__all__ = ["ShardplugEvents", "StepEvents"]
+__all__ = ["ShardplugEvents", "StepEvents", "SchedulerSteps"]
 
 logger = logging.getLogger(__name__)
 
@@ -58,7 +60,7 @@ def register_step_events(engine: Engine) -> None:
             setattr(engine.state, attr, 0)
 
 
-class StepEvents:
+class StepEvents(Serializable):
     """Gradient-accumulation and optimizer-step events of one trainer.
 
     Args:
@@ -76,6 +78,8 @@ class StepEvents:
 
     Its state (:meth:`state_dict`) is the gradient state and the two counters.
     """
+
+    _state_dict_all_req_keys = ("gradient_state", "optimizer_step", "optimizer_step_skipped")
 
     def __init__(self, run: TrainingRun) -> None:
         self.run = run
@@ -142,6 +146,7 @@ class StepEvents:
 
     def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
         """Validate a :meth:`state_dict`; it is applied when the trainer's next run starts."""
+        super().load_state_dict(state_dict)
         gradient = state_dict["gradient_state"]
         if not isinstance(gradient, Mapping) or set(gradient) != {"num_steps", "step"}:
             raise ValueError(f"gradient_state={gradient!r} is not a GradientState state (GradientState.state_dict())")
@@ -152,3 +157,63 @@ class StepEvents:
         self._pending = {key: state_dict[key] for key in ("gradient_state", "optimizer_step", "optimizer_step_skipped")}
         self.optimizer_step = state_dict["optimizer_step"]
         self.optimizer_step_skipped = state_dict["optimizer_step_skipped"]
+
+
+class SchedulerSteps(Serializable):
+    """The schedulers attached to a trainer (``ShardplugHandler.attach_scheduler``): each steps at
+    its event, and their states are saved and loaded together.
+
+    ================== ================================================================
+    ``STARTED``        the schedulers load the states of a loaded checkpoint (the same
+                       number of schedulers must be attached, else ``ValueError``)
+    ================== ================================================================
+
+    Its state (:meth:`state_dict`) is ``{"schedulers": [each scheduler's state_dict()]}``.
+    """
+
+    _state_dict_all_req_keys = ("schedulers",)
+
+    def __init__(self, run: TrainingRun) -> None:
+        self.run = run
+        self._pending: Optional[list[Any]] = None
+
+    def attach(self, engine: Engine) -> None:
+        engine.add_event_handler(Events.STARTED, self._on_started)
+
+    def step_at(self, engine: Engine, event: Any, scheduler: PreparedScheduler) -> None:
+        """Step ``scheduler`` at ``event`` of ``engine``."""
+        engine.add_event_handler(event, _SchedulerStep(scheduler))
+
+    def _on_started(self, engine: Engine) -> None:
+        states, self._pending = self._pending, None
+        if states is None:
+            return
+        if len(states) != len(self.run.schedulers):
+            raise ValueError(
+                f"the checkpoint holds {len(states)} scheduler state(s) but {len(self.run.schedulers)} scheduler(s) are "
+                "attached: attach the same schedulers (handler.attach_scheduler) before resuming"
+            )
+        for scheduler, state in zip(self.run.schedulers, states):
+            scheduler.load_state_dict(state)
+
+    def state_dict(self) -> "OrderedDict[str, Any]":
+        """``{"schedulers": [...]}``: the attached schedulers' states, in the order they were attached."""
+        return OrderedDict(schedulers=[scheduler.state_dict() for scheduler in self.run.schedulers])
+
+    def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
+        """Validate a :meth:`state_dict`; the schedulers load it when the trainer's next run starts."""
+        super().load_state_dict(state_dict)
+        schedulers = state_dict["schedulers"]
+        if not isinstance(schedulers, (list, tuple)):
+            raise ValueError(f"schedulers={schedulers!r} is invalid: a list of scheduler states")
+        self._pending = list(schedulers)
+
+
+class _SchedulerStep:
+    """Event handler stepping a prepared scheduler (a class, so ``has_event_handler`` sees it)."""
+
+    def __init__(self, scheduler: PreparedScheduler) -> None:
+        self.scheduler = scheduler
+
+    def __call__(self, engine: Engine) -> None:
+        self.scheduler.step()

@@ -169,3 +169,44 @@ def test_ignite_mid_epoch_resume_without_the_handler_state_is_refused() -> None:
     with pytest.raises(ValueError, match="older shardplug-ignite"):
         handler.load_state_dict({"seeds": [1], "epoch": 0, "batches_yielded": 2, "optimizer_step": 0,
                                  "optimizer_step_skipped": 0, "accumulation_step": 0})
+
+
+def _resumable_run(stop_at: int | None, state: dict[str, Any] | None = None) -> tuple[list[int], dict[str, Any], float]:
+    """(rows seen, the handler's and the trainer's states when it stopped, the learning rate) of a
+    2-epoch run that stops after iteration ``stop_at`` (``None``: never), resumed from ``state``."""
+    torch.manual_seed(0)
+    model = torch.nn.Linear(1, 1)
+    handler = ShardplugHandler(ShardplugConfig(use_seedable_sampler=True, data_seed=4, gradient_accumulation_steps=2))
+    loader = handler.prepare_data_loader(DataLoader(_data(12), batch_size=2, shuffle=True))
+    trainer = handler.create_trainer(model, torch.optim.SGD(model.parameters(), lr=1.0), lambda p, y: F.mse_loss(p.squeeze(1), y))
+    handler.attach_scheduler(trainer, torch.optim.lr_scheduler.StepLR(handler.optimizers[0].optimizer, 1, gamma=0.5))
+    seen: list[int] = []
+
+    @trainer.on(Events.ITERATION_COMPLETED)
+    def record(engine: Engine) -> None:
+        seen.extend(int(v) for v in engine.state.batch[0].flatten().tolist())
+        if engine.state.iteration == stop_at:
+            engine.terminate()
+
+    optimizer = handler.optimizers[0].optimizer
+    if state is not None:
+        handler.load_state_dict(state["shardplug"])
+        trainer.load_state_dict(state["trainer"])
+        optimizer.load_state_dict(state["optimizer"])
+    trainer.run(loader, max_epochs=2)
+    saved = {"shardplug": handler.state_dict(), "trainer": trainer.state_dict(), "optimizer": optimizer.state_dict()}
+    return seen, saved, handler.optimizers[0].param_groups[0]["lr"]
+
+
+def test_ignite_handler_state_is_its_pieces_states_and_resumes_each(tmp_path) -> None:
+    whole, _, lr = _resumable_run(None)
+    first, saved, _ = _resumable_run(4)  # inside epoch 1 (6 batches), after 2 optimizer steps
+    handler_state = saved["shardplug"]
+    assert list(handler_state) == ["loader", "gradient_state", "optimizer_step", "optimizer_step_skipped", "schedulers"]
+    assert handler_state["gradient_state"] == {"num_steps": 2, "step": 0} and handler_state["optimizer_step"] == 2
+    assert handler_state["schedulers"][0]["last_epoch"] == 2 and handler_state["loader"]["epoch"] == 0
+    torch.save(saved, tmp_path / "ckpt.pt")
+    rest, _, resumed_lr = _resumable_run(None, torch.load(tmp_path / "ckpt.pt", weights_only=True))
+    assert first + rest == whole and resumed_lr == lr
+    with pytest.raises(ValueError, match="'schedulers' is absent"):
+        ShardplugHandler().load_state_dict({key: value for key, value in handler_state.items() if key != "schedulers"})
