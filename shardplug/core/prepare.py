@@ -173,11 +173,12 @@ def prepare_data_loader(
     )
     rng = _check_arguments(dataloader, options)
     num_processes, process_index = resolve_data_topology(num_processes, process_index, torch_device_mesh)
-    dispatch = _dispatches(dataloader, options)
+    iterable = isinstance(dataloader.dataset, IterableDataset)  # the kind of sharding: decided here, once
+    dispatch = _dispatches(iterable, options)
     layout = _layout(dataloader, num_processes, process_index, options)
     kwargs = _loader_settings(dataloader)
     dataset, generator = dataloader.dataset, None
-    if isinstance(dataset, IterableDataset):
+    if iterable:
         dataset, plan = _plan_stream(dataloader, layout, dispatch, kwargs)
     else:  # map-style: a dispatcher's process 0 reads every batch
         shard = shard_map_style(dataloader, layout.reader() if dispatch else layout, MapOptions(
@@ -192,7 +193,7 @@ def prepare_data_loader(
     new = _rebuild(dataloader, DataLoaderDispatcher if dispatch else DataLoaderShard, dataset, kwargs,
                    options.use_stateful_dataloader)
     new._finish_init(_batch_device(device, options), rng, generator, 0, options.non_blocking, plan=plan, **finish)
-    sharded_map_data = not isinstance(dataset, IterableDataset) and not dispatch and num_processes > 1
+    sharded_map_data = not iterable and not dispatch and num_processes > 1  # every process reads its part
     new.agree_at_prepare((sized_length(dataset), layout.batch_size) if sharded_map_data else None)
     logger.debug(
         "prepared %s for process %d of %d (split_batches=%s, even_batches=%s, dispatch=%s)", type(dataloader).__name__,
@@ -219,11 +220,11 @@ def _check_arguments(dataloader: Any, options: _DataOptions) -> tuple[str, ...]:
     return rng
 
 
-def _dispatches(dataloader: DataLoader, options: _DataOptions) -> bool:
+def _dispatches(iterable: bool, options: _DataOptions) -> bool:
     """Whether process 0 reads and sends each process its rows (``None``: for streams put on device)."""
     dispatch = options.dispatch_batches
     if dispatch is None:
-        dispatch = isinstance(dataloader.dataset, IterableDataset) and options.put_on_device
+        dispatch = iterable and options.put_on_device
     if dispatch and not options.put_on_device:
         raise ValueError(
             "dispatch_batches=True sends each process its rows, which needs put_on_device=True; "
