@@ -195,6 +195,21 @@ def test_fabric_strategy_refuses_options_that_would_do_nothing() -> None:
     assert held.split_batches and held.shuffle_algorithm == "bijective"
 
 
+def test_lightning_and_fabric_strategies_read_their_options_in_one_place() -> None:
+    options = {"split_batches": True, "data_seed": 3, "rng_types": ["torch"], "use_seedable_sampler": True}
+    expected = ShardplugConfig(split_batches=True, data_seed=3, rng_types=("torch",), use_seedable_sampler=True)
+    for cls in (ShardplugDDPStrategy, ShardplugFabricDDPStrategy):
+        assert issubclass(cls, shardplug_lightning._options.ShardplugOptions)
+        strategy = cls(config=ShardplugConfig(data_seed=1), **options)
+        assert strategy.shardplug_config == expected
+        loader = strategy._loader_arguments(2, 1, even_batches=False)
+        assert loader == {"config": expected.replace(even_batches=False), "device": None, "num_processes": 2,
+                          "process_index": 1}
+    with pytest.raises(ValueError, match="even_batches=False is not supported for training with Lightning"):
+        ShardplugDDPStrategy(config=ShardplugConfig(even_batches=False))
+    assert ShardplugFabricDDPStrategy(even_batches=False).shardplug_config.even_batches is False
+
+
 def test_private_lightning_attributes_still_exist() -> None:
     """The private Lightning attributes the strategy relies on; this fails loudly on a Lightning change."""
     import lightning.pytorch as pl
