@@ -9,6 +9,7 @@ never re-stated here, and every loader is prepared with ``prepare_data_loader(co
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import logging
 from typing import Any
 
@@ -54,6 +55,10 @@ class ShardplugOptions:
                 ...  # refuse what this front end cannot honour
     """
 
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        cls.__signature__ = _signature(cls)  # type: ignore[attr-defined]
+
     def __init__(self, *, config: Any = None, **kwargs: Any) -> None:
         options = {name: kwargs.pop(name) for name in list(kwargs) if name in _FIELDS}
         merged = resolve_config(config, {name: value for name, value in options.items() if value is not None})
@@ -70,6 +75,22 @@ class ShardplugOptions:
         config = self.shardplug_config.for_loaders(**changes)
         device = self.root_device if config.put_on_device else None  # type: ignore[attr-defined]
         return {"config": config, "device": device, "num_processes": num_processes, "process_index": process_index}
+
+
+def _signature(cls: type) -> inspect.Signature:
+    """What ``help()``, IDEs and argument parsers show for a strategy: ``config``, every
+    ``ShardplugConfig`` field (``None``: the config's), the class's own keywords, ``**kwargs``."""
+    keyword = inspect.Parameter.KEYWORD_ONLY
+    shardplug = [inspect.Parameter("config", keyword, default=None, annotation="Optional[ShardplugConfig]")]
+    shardplug += [inspect.Parameter(f.name, keyword, default=None, annotation=_optional(str(f.type)))
+                  for f in dataclasses.fields(ShardplugConfig)]
+    own = [p for name, p in inspect.signature(cls.__init__).parameters.items()
+           if p.kind is keyword and name not in _FIELDS and name != "config"]
+    return inspect.Signature([*shardplug, *own, inspect.Parameter("kwargs", inspect.Parameter.VAR_KEYWORD)])
+
+
+def _optional(annotation: str) -> str:
+    return annotation if annotation.startswith("Optional[") else f"Optional[{annotation}]"
 
 
 def _has_distributed_sampler(dataloader: DataLoader) -> bool:

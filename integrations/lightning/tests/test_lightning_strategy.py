@@ -7,6 +7,7 @@ JSON that the tests below check against ``shardplug.prepare_data_loader`` and ex
 
 from __future__ import annotations
 
+import inspect
 import json
 import os
 import subprocess
@@ -205,6 +206,10 @@ def test_lightning_and_fabric_strategies_read_their_options_in_one_place() -> No
         loader = strategy._loader_arguments(2, 1, even_batches=False)
         assert loader == {"config": expected.replace(even_batches=False), "device": None, "num_processes": 2,
                           "process_index": 1}
+        parameters = inspect.signature(cls).parameters  # what help() and argument parsers show
+        assert {"config", *options, "gradient_accumulation_steps"} <= set(parameters)
+        assert all(parameters[name].default is None for name in options)
+    assert "eval_even_batches" in inspect.signature(ShardplugDDPStrategy).parameters
     with pytest.raises(ValueError, match="even_batches=False is not supported for training with Lightning"):
         ShardplugDDPStrategy(config=ShardplugConfig(even_batches=False))
     assert ShardplugFabricDDPStrategy(even_batches=False).shardplug_config.even_batches is False
