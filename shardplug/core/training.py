@@ -114,11 +114,11 @@ class TrainingRun:
     def prepare_data_loader(self, dataloader: Any, **overrides: Any) -> Any:
         """``prepare_data_loader`` with this run's options (``overrides`` win), connected to the
         run's gradient state so that its last batch of each pass ends an accumulation cycle."""
-        loader = prepare_data_loader(dataloader, **self._loader_arguments(overrides))
+        loader = prepare_data_loader(dataloader, **self._loader_kwargs(overrides))
         loader.gradient_state = self.gradient_state
         return loader
 
-    def _loader_arguments(self, overrides: dict[str, Any]) -> dict[str, Any]:
+    def _loader_kwargs(self, overrides: dict[str, Any]) -> dict[str, Any]:
         """``prepare_data_loader`` arguments: ``config`` (the run's, data ``overrides`` applied with
         :meth:`ShardplugConfig.for_loaders`) and this run's topology and device (also overridable)."""
         arguments: dict[str, Any] = {
@@ -143,7 +143,7 @@ class TrainingRun:
         """
         overrides = dict(overrides)
         even_batches = overrides.pop("even_batches", None)  # evaluation's own rule decides (and refuses False)
-        arguments = self._loader_arguments(overrides)
+        arguments = self._loader_kwargs(overrides)
         if even_batches is not None:
             arguments["even_batches"] = even_batches
         return prepare_eval_loader(dataloader, drop_padding=drop_padding, **arguments)
