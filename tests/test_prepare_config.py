@@ -121,3 +121,10 @@ def test_one_layout_is_handed_down_to_the_shard_and_the_loader():
     assert loader.batch_sampler.layout is loader.plan.layout
     single = prepare_data_loader(DataLoader(range(5), batch_size=None), num_processes=2, process_index=1)
     assert single.sampler.shard.plan is single.plan and list(single) == [1, 3, 0]
+
+
+def test_prepare_reads_exactly_the_data_options_of_the_config():
+    from shardplug.core import prepare
+
+    assert prepare._DataOptions._fields == DATA_OPTIONS
+    assert set(DATA_OPTIONS) == set(ShardplugConfig().data_loader_kwargs())
