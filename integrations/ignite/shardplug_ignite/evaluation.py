@@ -13,8 +13,9 @@ from typing import Any, Callable, Iterable, Mapping, Optional, Union
 
 import torch
 from ignite.engine import Engine, Events
-from ignite.engine import _prepare_batch as ignite_prepare_batch
 from ignite.metrics.metric import MetricUsage
+
+from .compat import ignite_prepare_batch
 
 __all__ = ["RealSamplesOnly", "evaluation_step", "real_samples", "trim_padding"]
 

@@ -24,7 +24,6 @@ import ignite.distributed as idist
 import torch
 from ignite.base.mixins import Serializable
 from ignite.engine import DeterministicEngine, Engine, Events
-from ignite.engine import _prepare_batch as ignite_prepare_batch
 from ignite.metrics import Metric
 from torch.optim import Optimizer
 from torch.utils.data import DataLoader
@@ -35,6 +34,7 @@ from shardplug.core.optimizer import PreparedOptimizer
 from shardplug.core.scheduler import PreparedScheduler
 from shardplug.core.training import TrainingRun
 
+from .compat import ignite_prepare_batch
 from .epochs import EpochSync
 from .evaluation import RealSamplesOnly, _call_model, _identity, evaluation_step, real_samples, trim_padding
 from .steps import ShardplugEvents, StepEvents, register_step_events

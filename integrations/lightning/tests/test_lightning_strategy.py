@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import torch
 from torch.utils.data import DataLoader
 
 import shardplug_lightning
@@ -193,28 +192,6 @@ def test_fabric_strategy_refuses_options_that_would_do_nothing() -> None:
         ShardplugFabricDDPStrategy(config=ShardplugConfig(gradient_accumulation_steps=2))
     held = ShardplugFabricDDPStrategy(split_batches=True, shuffle_algorithm="bijective").shardplug_config
     assert held.split_batches and held.shuffle_algorithm == "bijective"
-
-
-def test_private_lightning_attributes_still_exist() -> None:
-    """The private Lightning attributes the strategy relies on; this fails loudly on a Lightning change."""
-    import lightning.pytorch as pl
-    from lightning.pytorch.overrides.distributed import _IndexBatchSamplerWrapper
-    from lightning.pytorch.utilities.combined_loader import CombinedLoader
-
-    trainer = pl.Trainer(strategy="shardplug_ddp", accelerator="cpu", devices=2, logger=False)
-    assert hasattr(trainer._accelerator_connector, "use_distributed_sampler")
-    assert hasattr(trainer.fit_loop, "_combined_loader_states_to_load")
-    assert hasattr(trainer.fit_loop, "_combined_loader")
-    assert callable(getattr(CombinedLoader, "_load_state_dicts", None))
-    wrapper = _IndexBatchSamplerWrapper(torch.utils.data.BatchSampler(range(4), 2, False))
-    assert hasattr(wrapper, "_batch_sampler")
-    assert hasattr(trainer.fit_loop, "_data_fetcher") and hasattr(trainer.fit_loop, "max_batches")
-    from lightning.pytorch.loops.fetchers import _DataFetcher
-
-    assert "length" in vars(_DataFetcher())
-    progress = trainer.fit_loop.epoch_loop.batch_progress
-    for tracker in (progress.current, progress.total):
-        assert all(isinstance(getattr(tracker, name), int) for name in ("ready", "started", "processed", "completed"))
 
 
 # -- Fabric ----------------------------------------------------------------------------------------
