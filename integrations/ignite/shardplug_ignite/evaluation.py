@@ -9,11 +9,13 @@ Example::
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterable, Mapping, Optional, Union
+from typing import Any, Callable, Optional, Union
 
 import torch
 from ignite.engine import Engine, Events
 from ignite.metrics.metric import MetricUsage
+
+from shardplug.core.rows import iter_leaves, map_leaves
 
 from .compat import ignite_prepare_batch
 
@@ -62,26 +64,11 @@ def trim_padding(loader: Any, data: Any) -> Any:
 
 
 def _slice_rows(data: Any, rows: int) -> Any:
-    if isinstance(data, torch.Tensor):
-        return data[:rows] if data.dim() > 0 else data
-    if isinstance(data, Mapping):
-        return type(data)({k: _slice_rows(v, rows) for k, v in data.items()})  # type: ignore[call-arg]
-    if isinstance(data, tuple) and hasattr(data, "_fields"):
-        return type(data)(*(_slice_rows(v, rows) for v in data))
-    if isinstance(data, (list, tuple)):
-        return type(data)(_slice_rows(v, rows) for v in data)
-    return data
+    return map_leaves(data, lambda leaf: leaf[:rows] if isinstance(leaf, torch.Tensor) and leaf.dim() > 0 else leaf)
 
 
 def _first_tensor(data: Any) -> Optional[torch.Tensor]:
-    if isinstance(data, torch.Tensor):
-        return data
-    values: Iterable[Any] = data.values() if isinstance(data, Mapping) else data if isinstance(data, (list, tuple)) else ()
-    for value in values:
-        found = _first_tensor(value)
-        if found is not None:
-            return found
-    return None
+    return next((leaf for leaf in iter_leaves(data) if isinstance(leaf, torch.Tensor)), None)
 
 
 def _output_has_samples(engine: Engine, _event_count: int) -> bool:
