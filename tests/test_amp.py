@@ -75,7 +75,7 @@ def test_gradient_state_round_trips_and_validates():
     assert saved == {"num_steps": 3, "step": 1}
     other = GradientState(num_steps=3)
     other.load_state_dict(saved)
-    assert other.step == 1 and other.sync_gradients is False
+    assert other.micro_batches == 1 and other.sync_gradients is False
     assert [other.begin_micro_batch() for _ in range(3)] == [False, True, False]
     fresh = GradientState(num_steps=2)
     fresh.load_state_dict({"num_steps": 3, "step": 0})  # a cycle boundary: another k is fine
@@ -96,7 +96,7 @@ def test_changing_num_steps_starts_a_fresh_cycle():
     state = GradientState(num_steps=3)
     state.begin_micro_batch()
     state.num_steps = 2
-    assert state.sync_gradients and state.step == 0
+    assert state.sync_gradients and state.micro_batches == 0
 
 
 # -- exceptions in the middle of a step -------------------------------------------------------
