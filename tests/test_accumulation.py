@@ -200,7 +200,7 @@ def test_pickle_round_trip_keeps_counters_not_passes():
     next(it)
     state.begin_micro_batch()
     copy = pickle.loads(pickle.dumps(state))
-    assert (copy.num_steps, copy.step, copy.sync_gradients) == (3, 1, False)
+    assert (copy.num_steps, copy.micro_batches, copy.sync_gradients) == (3, 1, False)
     assert not copy.in_dataloader and state.in_dataloader
     it.close()
 
