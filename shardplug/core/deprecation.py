@@ -42,7 +42,7 @@ def renamed_function(old: str, function: Callable[..., Any], new: str = "") -> C
         warn_renamed(old, new)
         return function(*args, **kwargs)
 
-    deprecated.__name__ = deprecated.__qualname__ = old.rsplit(".", 1)[-1]
+    deprecated.__name__ = deprecated.__qualname__ = old.split("(")[0].rsplit(".", 1)[-1]
     deprecated.__doc__ = f"Deprecated name of :func:`{new}`."
     return deprecated
 

@@ -36,10 +36,14 @@ from shardplug.core.training import TrainingRun
 
 from .compat import ignite_prepare_batch
 from .epochs import EpochSync
-from .evaluation import RealSamplesOnly, _call_model, _identity, evaluation_step, real_samples, trim_padding
+from .evaluation import (
+    RealSamplesOnly, _call_model, _identity, drop_padding, evaluation_step, real_count, real_samples, trim_padding,
+)
 from .steps import ShardplugEvents, StepEvents, register_step_events
 
-__all__ = ["ShardplugEvents", "ShardplugHandler", "RealSamplesOnly", "real_samples", "trim_padding"]
+__all__ = [
+    "ShardplugEvents", "ShardplugHandler", "RealSamplesOnly", "drop_padding", "real_count", "real_samples", "trim_padding",
+]
 
 logger = logging.getLogger(__name__)
 
