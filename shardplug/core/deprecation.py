@@ -3,15 +3,15 @@
 Example::
 
     >>> import warnings
-    >>> def real_count(loader):
-    ...     return 3
-    >>> real_samples = renamed_function("real_samples", real_count)
+    >>> def new_name(x):
+    ...     return x + 1
+    >>> old_name = renamed_function("old_name", new_name)
     >>> with warnings.catch_warnings(record=True) as caught:
     ...     warnings.simplefilter("always")
-    ...     real_samples(None), real_samples(None)
-    (3, 3)
+    ...     old_name(1), old_name(2)
+    (2, 3)
     >>> [str(w.message) for w in caught]
-    ['real_samples is deprecated, use real_count (same meaning)']
+    ['old_name is deprecated, use new_name (same meaning)']
 """
 
 from __future__ import annotations
