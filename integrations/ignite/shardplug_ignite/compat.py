@@ -4,7 +4,7 @@
 * :data:`CHECKED_AGAINST`: the library versions the list was checked against.
 
 The rest of the package reaches them only through this module;
-``integrations/ignite/tests/test_compat.py`` fails on an Ignite release that drops or renames one.
+``integrations/ignite/tests/test_ignite_compat.py`` fails on an Ignite release that drops or renames one.
 
 Example::
 

@@ -4,7 +4,7 @@ No public Lightning API turns the ``DistributedSampler`` injection off for one s
 shard inside the predict loop's index-recording batch sampler, applies a loader state after the
 loaders were built, or sets the length of a resumed epoch. The strategy reaches those names only
 through the functions below: each checks that the name exists and raises a ``RuntimeError``
-naming it when a Lightning release lacks it, and ``integrations/lightning/tests/test_compat.py``
+naming it when a Lightning release lacks it, and ``integrations/lightning/tests/test_lightning_compat.py``
 fails on such a release. The same names exist in ``lightning.pytorch`` and ``pytorch_lightning``.
 
 * :data:`PRIVATES`: each name (dotted from the ``lightning.pytorch`` root), with its use;
@@ -64,7 +64,7 @@ PRIVATES: dict[str, str] = {
     "torch.utils.data.DataLoader._iterator": "dropped on the shallow copy of a predict loader made for "
     "prepare_data_loader (see shardplug.core.compat)",
 }
-"""Every private name above, with its use (``integrations/lightning/tests/test_compat.py`` guards each)."""
+"""Every private name above, with its use (``integrations/lightning/tests/test_lightning_compat.py`` guards each)."""
 
 
 def _required(obj: Any, name: str, what: str) -> Any:

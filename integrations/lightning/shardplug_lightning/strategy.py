@@ -7,7 +7,7 @@ checkpointing) is Lightning's ``DDPStrategy``.
 The private Lightning attributes it relies on (the ``DistributedSampler`` switch, the predict
 loop's index wrapper, late loader states, a resumed epoch's length and batch progress) are reached
 only through :mod:`shardplug_lightning.compat`, which lists them, checks each at run time (a
-missing one raises a ``RuntimeError`` naming it) and is guarded by ``tests/test_compat.py``.
+missing one raises a ``RuntimeError`` naming it) and is guarded by ``tests/test_lightning_compat.py``.
 Public equivalents are used everywhere else (``lightning_module.trainer``,
 ``trainer.train_dataloader``).
 """
