@@ -52,7 +52,7 @@ def test_without_loader_syncs_every_kth():
     assert state.sync_gradients  # nothing to accumulate yet
     flags = [state.begin_micro_batch() for _ in range(7)]
     assert flags == [False, False, True, False, False, True, False]
-    assert state.step == 1
+    assert state.micro_batches == 1
 
 
 def test_num_steps_one_always_syncs():
@@ -70,7 +70,7 @@ def test_force_sync():
     state = GradientState(num_steps=4)
     assert state.begin_micro_batch() is False
     assert state.begin_micro_batch(force_sync=True) is True
-    assert state.step == 0
+    assert state.micro_batches == 0
 
 
 @given(n=st.integers(1, 30), k=st.integers(1, 8), epochs=st.integers(1, 3))
@@ -80,7 +80,7 @@ def test_last_batch_of_each_epoch_syncs_and_starts_a_new_cycle(n, k, epochs):
     loader = FakeLoader(n, state)
     for _ in range(epochs):
         assert run_epoch(state, loader) == expected_pattern(n, k)
-        assert not state.in_dataloader and state.sync_gradients and state.step == 0
+        assert not state.in_dataloader and state.sync_gradients and state.micro_batches == 0
 
 
 def test_end_of_dataloader_and_in_dataloader_flags():
@@ -160,7 +160,7 @@ def test_leaving_a_loop_early_resets(leave):
             pass
         assert not state.in_dataloader
         assert state._passes == []
-        assert state.sync_gradients is True and state.step == 0
+        assert state.sync_gradients is True and state.micro_batches == 0
     # a fresh cycle starts on the next epoch
     assert run_epoch(state, loader) == expected_pattern(10, 4)
 
@@ -168,7 +168,7 @@ def test_leaving_a_loop_early_resets(leave):
 def test_two_states_are_independent():
     a, b = GradientState(num_steps=2), GradientState(num_steps=2)
     assert a.begin_micro_batch() is False
-    assert b.sync_gradients is True and b.step == 0
+    assert b.sync_gradients is True and b.micro_batches == 0
     la = FakeLoader(3, a)
     for _ in la:
         assert not b.in_dataloader
@@ -200,7 +200,7 @@ def test_pickle_round_trip_keeps_counters_not_passes():
     next(it)
     state.begin_micro_batch()
     copy = pickle.loads(pickle.dumps(state))
-    assert (copy.num_steps, copy.step, copy.sync_gradients) == (3, 1, False)
+    assert (copy.num_steps, copy.micro_batches, copy.sync_gradients) == (3, 1, False)
     assert not copy.in_dataloader and state.in_dataloader
     it.close()
 
@@ -219,4 +219,22 @@ def test_through_a_real_prepared_loader():
         state.begin_micro_batch()
         if i == 0:
             break
-    assert not state.in_dataloader and state.sync_gradients and state.step == 0
+    assert not state.in_dataloader and state.sync_gradients and state.micro_batches == 0
+
+
+def test_step_is_a_deprecated_name_of_micro_batches_that_warns_once():
+    import warnings
+
+    from shardplug.core import deprecation
+
+    deprecation._warned.discard("GradientState.step")
+    state = GradientState(num_steps=3)
+    state.begin_micro_batch()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert state.step == 1 and state.step == state.micro_batches
+    assert [str(w.message) for w in caught] == [
+        "GradientState.step is deprecated, use GradientState.micro_batches (same meaning)"
+    ]
+    assert caught[0].category is DeprecationWarning and caught[0].filename == __file__
+    assert "micro_batches=1" in repr(state) and state.state_dict() == {"num_steps": 3, "step": 1}

@@ -66,7 +66,7 @@ def test_a_pass_cut_after_the_first_micro_batch_drops_its_cycle(cut: str) -> Non
         except KeyError:
             pass
     assert model.weight.grad is None, "the cut cycle's gradient was left behind"
-    assert run.sync_gradients and run.gradient_state.step == 0
+    assert run.sync_gradients and run.gradient_state.micro_batches == 0
     assert _updates(model, run, loader, optimizer, K) == [K] * (N // K)  # never 3 micro-batches
 
 
@@ -88,7 +88,7 @@ def test_reset_drops_a_cycle_in_progress_and_hooks_are_weak() -> None:
     remove = state.register_drop_hook(lambda: dropped.append(2))
     state.begin_micro_batch()
     state.reset()
-    assert dropped == [1, 2] and state.step == 0 and state.sync_gradients
+    assert dropped == [1, 2] and state.micro_batches == 0 and state.sync_gradients
     remove()
     del owner
     state.begin_micro_batch()

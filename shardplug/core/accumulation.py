@@ -28,6 +28,8 @@ import logging
 import weakref
 from typing import Any, Callable, Iterator, Mapping, Optional
 
+from .deprecation import renamed_property
+
 __all__ = ["GradientState"]
 
 logger = logging.getLogger(__name__)
@@ -117,7 +119,7 @@ class GradientState:
 
     def __init__(self, num_steps: int = 1) -> None:
         self._num_steps = _check_num_steps(num_steps)
-        self._step = 0
+        self._micro_batches = 0
         self._sync = True
         self._passes: list[_Pass] = []
         self._ticks: Iterator[int] = itertools.count()
@@ -142,9 +144,12 @@ class GradientState:
         return self._sync
 
     @property
-    def step(self) -> int:
+    def micro_batches(self) -> int:
         """Micro-batches accumulated in the current cycle (``0`` right after a sync)."""
-        return self._step
+        return self._micro_batches
+
+    step = renamed_property("GradientState.step", "micro_batches")
+    """Deprecated name of :attr:`micro_batches` ("step" means an optimizer update)."""
 
     @property
     def in_dataloader(self) -> bool:
@@ -174,10 +179,10 @@ class GradientState:
         for p in current:
             p.micro_batches += 1
         self._micro_batch_begun = True
-        self._step += 1
-        if force_sync or any(p.end for p in current) or self._step >= self._num_steps:
+        self._micro_batches += 1
+        if force_sync or any(p.end for p in current) or self._micro_batches >= self._num_steps:
             self._sync = True
-            self._step = 0
+            self._micro_batches = 0
         else:
             self._sync = False
         return self._sync
@@ -187,14 +192,14 @@ class GradientState:
 
         Used when a micro-batch failed and its cycle's gradients were dropped.
         """
-        self._step = 0
+        self._micro_batches = 0
         self._sync = True
 
     def reset(self) -> None:
         """Forget running passes and start a fresh accumulation cycle (``sync_gradients=True``);
         the micro-batches of a cycle in progress are dropped (:meth:`register_drop_hook`)."""
         self._passes.clear()
-        if self._step:
+        if self._micro_batches:
             self._drop_cycle("the gradient state was reset")
         self.restart_cycle()
 
@@ -217,7 +222,7 @@ class GradientState:
         logger.warning(
             "%s %d micro-batch(es) into a gradient-accumulation cycle of %d: their gradients are dropped (the end "
             "of a pass ends the cycle; the next optimizer step sums %d fresh micro-batches)",
-            why, self._step, self._num_steps, self._num_steps,
+            why, self._micro_batches, self._num_steps, self._num_steps,
         )
         for key, reference in list(self._drop_hooks.items()):
             hook = reference()
@@ -230,9 +235,10 @@ class GradientState:
     def state_dict(self) -> dict[str, int]:
         """``{"num_steps": k, "step": micro-batches accumulated in the current cycle}`` (plain ints).
 
-        Running passes are not state: they belong to live iterators of this process.
+        The ``"step"`` key is the checkpoint format (it holds :attr:`micro_batches`). Running passes
+        are not state: they belong to live iterators of this process.
         """
-        return {"num_steps": self._num_steps, "step": self._step}
+        return {"num_steps": self._num_steps, "step": self._micro_batches}
 
     def load_state_dict(self, state_dict: Any) -> None:
         """Continue the accumulation cycle of :meth:`state_dict` (validated before anything changes).
@@ -261,7 +267,7 @@ class GradientState:
                 "checkpoint (save checkpoints right after optimizer steps to avoid this)",
                 step,
             )
-        self._step = step
+        self._micro_batches = step
         self._sync = step == 0
 
     # -- loader protocol (called by prepared loaders) ----------------------------------------
@@ -286,9 +292,9 @@ class GradientState:
         self._prune()
         if p.micro_batches and not any(q.micro_batches for q in self._passes):
             # the training loop is over (exhausted or cut): the end of a pass ends the cycle
-            if self._step:
+            if self._micro_batches:
                 self._drop_cycle("a pass over the training loader ended")
-            self._step = 0
+            self._micro_batches = 0
             self._sync = True
 
     # -- helpers -----------------------------------------------------------------------------
@@ -314,16 +320,16 @@ class GradientState:
     # -- pickling / repr ---------------------------------------------------------------------
     def __getstate__(self) -> dict[str, Any]:
         # running passes are bound to live iterators in this process: a copy is never inside a loop
-        return {"num_steps": self._num_steps, "step": self._step, "sync": self._sync}
+        return {"num_steps": self._num_steps, "step": self._micro_batches, "sync": self._sync}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__init__(state["num_steps"])  # type: ignore[misc]
-        self._step = state["step"]
+        self._micro_batches = state["step"]
         self._sync = state["sync"]
 
     def __repr__(self) -> str:
         return (
-            f"{type(self).__name__}(num_steps={self._num_steps}, step={self._step}, "
+            f"{type(self).__name__}(num_steps={self._num_steps}, micro_batches={self._micro_batches}, "
             f"sync_gradients={self._sync}, in_dataloader={self.in_dataloader}, "
             f"end_of_dataloader={self.end_of_dataloader})"
         )

@@ -1,9 +1,8 @@
-"""Mixed-precision stepping: every ``GradScaler`` detail shardplug relies on, and the real-step count.
+"""Mixed-precision stepping: every use of ``GradScaler``'s records, and the real-step count.
 
-Three things live here and nowhere else:
+Two things live here and nowhere else (the private ``GradScaler`` details they read are reached
+through :mod:`shardplug.core.compat`, which lists them):
 
-* :data:`GRADSCALER_PRIVATES`: each private ``torch.amp.GradScaler`` detail read below, with what
-  it is used for (``tests/test_amp.py`` fails on a torch that drops one);
 * :class:`StepCounter`: how many updates an optimizer really made, counted by a public step
   post-hook. A step the scaler skips for inf/NaN gradients is not counted, also for fused and
   ``_step_supports_amp_scaling`` optimizers, which the scaler calls and which then skip inside
@@ -34,8 +33,9 @@ from typing import Any, Optional
 import torch
 from torch.optim import Optimizer
 
+from . import compat
+
 __all__ = [
-    "GRADSCALER_PRIVATES",
     "StepCounter",
     "step_counter",
     "scaler_enabled",
@@ -50,25 +50,6 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
-
-#: Private ``GradScaler`` details read by this module (and only here), with their use.
-GRADSCALER_PRIVATES: dict[str, str] = {
-    "GradScaler._per_optimizer_states": (
-        "the scaler's record of this iteration per optimizer (keyed by id): its stage and found_inf_per_device; "
-        "read to tell an unscaled optimizer and its inf/NaN check, dropped when a step fails"
-    ),
-    "torch.amp.grad_scaler.OptState": "the stages of that record (READY, UNSCALED, STEPPED)",
-    "optimizer.found_inf": (
-        "the inf/NaN flag GradScaler.step sets on a _step_supports_amp_scaling (fused) optimizer for the "
-        "duration of its step; read in the step post-hook to tell a skipped fused step"
-    ),
-}
-
-
-def _opt_state() -> Any:
-    from torch.amp.grad_scaler import OptState
-
-    return OptState
 
 
 # -- the scaler --------------------------------------------------------------------------------
@@ -89,7 +70,7 @@ def check_scaler(scaler: Any, name: str = "scaler") -> Any:
 
 def _record(scaler: Any, optimizer: Any) -> Optional[dict[str, Any]]:
     """The scaler's record of this iteration for ``optimizer``, without creating one."""
-    records = getattr(scaler, "_per_optimizer_states", None)
+    records = compat.scaler_records(scaler)
     if records is None:
         return None
     return records.get(id(optimizer))
@@ -110,7 +91,7 @@ def found_inf(scaler: Any, optimizer: Any) -> Optional[bool]:
 def is_unscaled(scaler: Any, optimizer: Any) -> bool:
     """Whether ``optimizer``'s gradients were unscaled in this iteration and it has not stepped since."""
     record = _record(scaler, optimizer)
-    return record is not None and record["stage"] is _opt_state().UNSCALED
+    return record is not None and record["stage"] is compat.opt_state().UNSCALED
 
 
 def unscale_once(scaler: Any, optimizer: Any) -> bool:
@@ -118,7 +99,7 @@ def unscale_once(scaler: Any, optimizer: Any) -> bool:
     if not scaler_enabled(scaler):
         return False
     record = _record(scaler, optimizer)
-    if record is not None and record["stage"] is not _opt_state().READY:
+    if record is not None and record["stage"] is not compat.opt_state().READY:
         return False
     scaler.unscale_(optimizer)
     return True
@@ -127,7 +108,7 @@ def unscale_once(scaler: Any, optimizer: Any) -> bool:
 def move_record(scaler: Any, source: Any, target: Any) -> None:
     """Give ``target`` the record the scaler made for ``source`` (``scaler.unscale_(wrapper)``
     followed by a step of the wrapped optimizer must not unscale twice)."""
-    records = getattr(scaler, "_per_optimizer_states", None)
+    records = compat.scaler_records(scaler)
     if records is not None and id(source) in records:
         records[id(target)] = records.pop(id(source))
 
@@ -137,11 +118,11 @@ def forget_step(scaler: Any, optimizer: Any) -> bool:
 
     Call it with the gradients it covered cleared: they may be unscaled already.
     """
-    records = getattr(scaler, "_per_optimizer_states", None) if scaler is not None else None
+    records = compat.scaler_records(scaler) if scaler is not None else None
     if records is None or id(optimizer) not in records:
         return False
     stage = records[id(optimizer)]["stage"]
-    if stage is _opt_state().STEPPED:
+    if stage is compat.opt_state().STEPPED:
         return False  # the parameters changed: only update() may close this iteration
     del records[id(optimizer)]
     return True
@@ -157,7 +138,7 @@ def close_failed_step(scaler: Any, optimizer: Any, stepped: bool) -> None:
     if not scaler_enabled(scaler):
         return
     record = _record(scaler, optimizer)
-    if stepped or (record is not None and record["stage"] is _opt_state().STEPPED):
+    if stepped or (record is not None and record["stage"] is compat.opt_state().STEPPED):
         scaler.update()
     else:
         forget_step(scaler, optimizer)
@@ -185,7 +166,7 @@ class StepCounter:
 
     def _after_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         self.calls += 1
-        flag = getattr(optimizer, "found_inf", None)
+        flag = compat.step_inf_flag(optimizer)
         if isinstance(flag, torch.Tensor):
             self._pending.append(flag)
             return

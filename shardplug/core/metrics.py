@@ -2,25 +2,24 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
+from .rows import map_leaves
 from .topology import distributed_is_active
 
 __all__ = ["drop_padding", "gather_for_metrics"]
 
 
 def _map(data: Any, fn: Any) -> Any:
-    if isinstance(data, torch.Tensor):
-        return fn(data)
-    if isinstance(data, Mapping):
-        return type(data)({k: _map(v, fn) for k, v in data.items()})
-    if isinstance(data, (list, tuple)):
-        return type(data)(_map(v, fn) for v in data)
-    raise TypeError(f"expected tensors (possibly in dicts, lists or tuples), got {type(data).__name__}")
+    def tensor_only(leaf: Any) -> Any:
+        if not isinstance(leaf, torch.Tensor):
+            raise TypeError(f"expected tensors (possibly in dicts, lists or tuples), got {type(leaf).__name__}")
+        return fn(leaf)
+
+    return map_leaves(data, tensor_only)
 
 
 def _real_count(loader: Any) -> int:

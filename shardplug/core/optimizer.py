@@ -12,19 +12,20 @@ Example::
 from __future__ import annotations
 
 import logging
-from collections import OrderedDict
 from typing import Any, Callable, Optional, Union
 
 import torch
 from torch.optim import Optimizer
 
-from . import amp
+from . import amp, compat
 from .accumulation import GradientState
 
 __all__ = ["PreparedOptimizer"]
 
 logger = logging.getLogger(__name__)
 
+
+@compat.steps_as_plain_optimizer  # the fused path is the wrapped optimizer's, which step() hands to the scaler
 class PreparedOptimizer(Optimizer):
     """Wraps an optimizer so that it steps at the end of each gradient-accumulation cycle.
 
@@ -76,10 +77,6 @@ class PreparedOptimizer(Optimizer):
         >>> opt.step(); torch.equal(before, model.weight)
         True
     """
-
-    # GradScaler must treat this wrapper as a plain optimizer: the fused path is taken by the
-    # wrapped optimizer, which is what ``step()`` hands to the scaler.
-    _step_supports_amp_scaling = False
 
     def __init__(
         self,
@@ -191,7 +188,7 @@ class PreparedOptimizer(Optimizer):
             # hooks see (self, *step arguments), as torch's own step wrapper passes them
             args: tuple[Any, ...] = (self,) if closure is None else (self, closure)
             kwargs: dict[str, Any] = {}
-            for pre_hook in list(self._optimizer_step_pre_hooks.values()):
+            for pre_hook in compat.optimizer_hooks(self, "step_pre"):
                 result = pre_hook(self, args, kwargs)
                 if result is not None:
                     if not (isinstance(result, tuple) and len(result) == 2):
@@ -201,7 +198,7 @@ class PreparedOptimizer(Optimizer):
                     args, kwargs = result
             out = self._step_wrapped(tuple(args[1:]), kwargs)
             self._step_was_skipped = self._counter.taken == taken_before
-            for post_hook in list(self._optimizer_step_post_hooks.values()):
+            for post_hook in compat.optimizer_hooks(self, "step_post"):
                 post_hook(self, args, kwargs)
         except BaseException:
             self._step_failed(stepped=self._counter.calls > calls_before)
@@ -264,10 +261,10 @@ class PreparedOptimizer(Optimizer):
 
     def state_dict(self) -> dict[str, Any]:
         """The wrapped optimizer's ``state_dict()``, through this object's state-dict hooks."""
-        for pre_hook in list(self._optimizer_state_dict_pre_hooks.values()):
+        for pre_hook in compat.optimizer_hooks(self, "state_dict_pre"):
             pre_hook(self)
         state_dict = self.optimizer.state_dict()
-        for post_hook in list(self._optimizer_state_dict_post_hooks.values()):
+        for post_hook in compat.optimizer_hooks(self, "state_dict_post"):
             result = post_hook(self, state_dict)
             if result is not None:
                 state_dict = result
@@ -275,14 +272,14 @@ class PreparedOptimizer(Optimizer):
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Load into the wrapped optimizer, then place the state on the device."""
-        for pre_hook in list(self._optimizer_load_state_dict_pre_hooks.values()):
+        for pre_hook in compat.optimizer_hooks(self, "load_state_dict_pre"):
             result = pre_hook(self, state_dict)
             if result is not None:
                 state_dict = result
         self.optimizer.load_state_dict(state_dict)
         if self.device_placement:
             self._place_state()
-        for post_hook in list(self._optimizer_load_state_dict_post_hooks.values()):
+        for post_hook in compat.optimizer_hooks(self, "load_state_dict_post"):
             post_hook(self)
 
     def train(self) -> None:
@@ -325,17 +322,9 @@ class PreparedOptimizer(Optimizer):
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
-        for name in (
-            "_optimizer_step_pre_hooks",
-            "_optimizer_step_post_hooks",
-            "_optimizer_state_dict_pre_hooks",
-            "_optimizer_state_dict_post_hooks",
-            "_optimizer_load_state_dict_pre_hooks",
-            "_optimizer_load_state_dict_post_hooks",
-        ):
-            self.__dict__.setdefault(name, OrderedDict())
+        compat.restore_hook_registries(self)
         self.__dict__["_counter"] = amp.step_counter(self.optimizer)
-        self._patch_step_function()
+        compat.patch_step_function(self)
         self.gradient_state.register_drop_hook(self.abandon_step)
 
     def __repr__(self) -> str:
@@ -344,4 +333,4 @@ class PreparedOptimizer(Optimizer):
 
 # Step hooks are run by PreparedOptimizer.step itself, only on the steps that act: keep torch from
 # wrapping it with the hook-running profiler wrapper (which would also run them on no-op calls).
-PreparedOptimizer.step.hooked = True  # type: ignore[attr-defined]
+compat.runs_own_step_hooks(PreparedOptimizer.step)

@@ -1,5 +1,11 @@
 """Batches as rows: nested dicts / lists / tuples of tensors and plain values, cut and joined along dim 0.
 
+This is the one walker over nested batches: :func:`map_leaves` (a batch of the same shape with each
+leaf mapped: moved to a device, cloned, cut), :func:`iter_leaves` and :func:`first_leaf`, and
+:func:`flatten` / :func:`unflatten` (leaves and a skeleton, for the rows below). Containers are
+dicts and other mappings (rebuilt as their type, or as a ``dict`` when the type cannot be built
+from one), named tuples (their type), lists and tuples (their type); everything else is a leaf.
+
 A batch is flattened into *leaves*: tensors, lists or tuples of plain values (``["a", "b"]``, a
 list of ids), and other values. Its **rows** are the first dimension of its first tensor of at
 least one dimension (else the length of its first list of plain values). A tensor's rows are
@@ -17,13 +23,13 @@ Example::
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any, Iterator, Optional
+from collections.abc import Collection, Mapping
+from typing import Any, Callable, Iterator, Optional
 
 import torch
 
 __all__ = [
-    "flatten", "unflatten", "batch_rows", "slice_rows", "take_rows", "concatenate_rows", "describe_path",
+    "map_leaves", "iter_leaves", "first_leaf", "flatten", "unflatten", "batch_rows", "slice_rows", "take_rows", "concatenate_rows", "describe_path",
     "leaf_spec", "OBJECT",
 ]
 
@@ -35,6 +41,72 @@ def _is_plain(value: Any) -> bool:
     return not isinstance(value, (torch.Tensor, Mapping, list, tuple))
 
 
+def _is_namedtuple(value: Any) -> bool:
+    return isinstance(value, tuple) and hasattr(value, "_fields")
+
+
+def _rebuilt_mapping(cls: type, built: dict[Any, Any]) -> Any:
+    """``built`` as a mapping of type ``cls`` (a ``dict`` when ``cls`` cannot be built from one)."""
+    try:
+        return cls(built)
+    except TypeError:
+        return built
+
+
+def map_leaves(data: Any, fn: Callable[[Any], Any], skip_keys: Collection[Any] = ()) -> Any:
+    """``data`` with every leaf replaced by ``fn(leaf)``; containers are rebuilt with their type.
+
+    Every list, tuple, named tuple and mapping is walked (and copied), also one of plain values;
+    ``skip_keys``: mapping keys (at any depth) whose values are kept as they are.
+
+    Example::
+
+        >>> map_leaves({"x": (1, 2), "id": "a"}, lambda leaf: leaf * 2, skip_keys={"id"})
+        {'x': (2, 4), 'id': 'a'}
+    """
+    if _is_namedtuple(data):
+        return type(data)(*(map_leaves(v, fn, skip_keys) for v in data))
+    if isinstance(data, (list, tuple)):
+        return type(data)([map_leaves(v, fn, skip_keys) for v in data])
+    if isinstance(data, Mapping):
+        built = {k: (v if k in skip_keys else map_leaves(v, fn, skip_keys)) for k, v in data.items()}
+        return _rebuilt_mapping(type(data), built)
+    return fn(data)
+
+
+def iter_leaves(data: Any) -> Iterator[Any]:
+    """The leaves of ``data`` in order, depth first (a mapping's values, a sequence's elements).
+
+    Example::
+
+        >>> list(iter_leaves({"a": [1, (2, 3)], "b": "text"}))
+        [1, 2, 3, 'text']
+    """
+    if isinstance(data, (Mapping, list, tuple)):
+        for value in data.values() if isinstance(data, Mapping) else data:
+            yield from iter_leaves(value)
+    else:
+        yield data
+
+
+def first_leaf(data: Any) -> Any:
+    """The leading leaf of ``data``: the first value of each container down to one that is not a
+    container; a list or tuple whose first element is a plain value (``["a", "b"]``) is a leaf, and
+    so is an empty container.
+
+    Example::
+
+        >>> first_leaf({"text": ["a", "b"], "x": torch.zeros(2)}), first_leaf([[], 1])
+        (['a', 'b'], [])
+    """
+    while isinstance(data, (Mapping, list, tuple)) and len(data):
+        head = next(iter(data.values())) if isinstance(data, Mapping) else data[0]
+        if not isinstance(data, Mapping) and _is_plain(head):
+            return data
+        data = head
+    return data
+
+
 def flatten(data: Any) -> tuple[list[Any], Any]:
     """Leaves of a nested dict / list / tuple / namedtuple, and a picklable skeleton to rebuild it.
 
@@ -44,7 +116,7 @@ def flatten(data: Any) -> tuple[list[Any], Any]:
         keys = list(data.keys())
         parts = [flatten(data[k]) for k in keys]
         return [leaf for p in parts for leaf in p[0]], ("map", type(data), keys, [p[1] for p in parts])
-    if isinstance(data, tuple) and hasattr(data, "_fields"):
+    if _is_namedtuple(data):
         parts = [flatten(v) for v in data]
         return [leaf for p in parts for leaf in p[0]], ("namedtuple", type(data), None, [p[1] for p in parts])
     if isinstance(data, (list, tuple)) and not (data and all(_is_plain(v) for v in data)):
@@ -60,11 +132,7 @@ def unflatten(leaves: Iterator[Any], skeleton: Any) -> Any:
     kind, cls, keys, children = skeleton
     values = [unflatten(leaves, child) for child in children]
     if kind == "map":
-        built = dict(zip(keys, values))
-        try:
-            return cls(built)
-        except TypeError:
-            return built
+        return _rebuilt_mapping(cls, dict(zip(keys, values)))
     if kind == "namedtuple":
         return cls(*values)
     return cls(values)

@@ -18,7 +18,7 @@ from typing import Any, Iterable, Optional, Union
 from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LRScheduler, ReduceLROnPlateau
 
-from . import amp
+from . import amp, compat
 from .accumulation import GradientState
 from .config import ShardplugConfig, renamed_option
 from .optimizer import PreparedOptimizer
@@ -86,6 +86,7 @@ def _check_optimizers(scheduler: Any, optimizers: Any) -> list[Optimizer]:
     return optimizers
 
 
+@compat.forwards_scheduler_flags  # flags LRScheduler keeps on its class: the wrapped scheduler's are used
 class PreparedScheduler(LRScheduler):
     """Wraps a learning-rate scheduler so that it steps once per real optimizer step.
 
@@ -130,8 +131,8 @@ class PreparedScheduler(LRScheduler):
         self,
         scheduler: Any,
         optimizers: Union[Optimizer, Iterable[Optimizer], None] = None,
-        step_scheduler_with_optimizer: bool = True,
-        split_batches: bool = False,
+        step_scheduler_with_optimizer: bool = ShardplugConfig.step_scheduler_with_optimizer,
+        split_batches: bool = ShardplugConfig.split_batches,
         num_processes: Optional[int] = None,
         scale_scheduler_by_num_processes: bool = True,
         gradient_state: Optional[GradientState] = None,
@@ -242,23 +243,6 @@ class PreparedScheduler(LRScheduler):
             self.__dict__[name] = value
         else:
             setattr(self.__dict__["scheduler"], name, value)
-
-    # names LRScheduler defines on the class: read the wrapped scheduler's values instead
-    @property
-    def _get_lr_called_within_step(self) -> bool:  # type: ignore[override]
-        return getattr(self.scheduler, "_get_lr_called_within_step", False)
-
-    @_get_lr_called_within_step.setter
-    def _get_lr_called_within_step(self, value: bool) -> None:
-        self.scheduler._get_lr_called_within_step = value
-
-    @property
-    def _is_initial(self) -> bool:  # type: ignore[override]
-        return getattr(self.scheduler, "_is_initial", False)
-
-    @_is_initial.setter
-    def _is_initial(self, value: bool) -> None:
-        self.scheduler._is_initial = value
 
     # -- stepping ----------------------------------------------------------------------------
     @property

@@ -2,16 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any, Optional, Union
 
 import torch
 
+from .rows import map_leaves
+
 __all__ = ["send_to_device"]
-
-
-def _is_namedtuple(value: Any) -> bool:
-    return isinstance(value, tuple) and hasattr(value, "_fields")
 
 
 def send_to_device(
@@ -22,8 +19,9 @@ def send_to_device(
 ) -> Any:
     """Move every tensor in ``data`` (nested lists, tuples, namedtuples, dicts, objects with ``.to()``) to ``device``.
 
-    Containers keep their type; ``skip_keys`` names dict keys whose values stay where they are;
-    leaves that are not tensors and have no ``.to()`` are returned unchanged.
+    Containers keep their type (:func:`~shardplug.core.rows.map_leaves`); ``skip_keys`` names dict
+    keys whose values stay where they are; leaves that are not tensors and have no ``.to()`` are
+    returned unchanged.
 
     Example::
 
@@ -34,23 +32,16 @@ def send_to_device(
         return data
     if isinstance(skip_keys, str):
         skip_keys = [skip_keys]
-    if isinstance(data, torch.Tensor):
-        return data.to(device, non_blocking=non_blocking)
-    if _is_namedtuple(data):
-        return type(data)(*(send_to_device(v, device, non_blocking, skip_keys) for v in data))
-    if isinstance(data, (list, tuple)):
-        return type(data)(send_to_device(v, device, non_blocking, skip_keys) for v in data)
-    if isinstance(data, Mapping):
-        skip = set(skip_keys or ())
-        moved = {k: (v if k in skip else send_to_device(v, device, non_blocking, skip_keys)) for k, v in data.items()}
-        try:
-            return type(data)(moved)
-        except TypeError:  # a mapping type that cannot be built from a dict
-            return moved
-    to = getattr(data, "to", None)
-    if callable(to):
-        try:
-            return to(device, non_blocking=non_blocking)
-        except TypeError:
-            return to(device)
-    return data
+
+    def move(leaf: Any) -> Any:
+        if isinstance(leaf, torch.Tensor):
+            return leaf.to(device, non_blocking=non_blocking)
+        to = getattr(leaf, "to", None)
+        if callable(to):
+            try:
+                return to(device, non_blocking=non_blocking)
+            except TypeError:
+                return to(device)
+        return leaf
+
+    return map_leaves(data, move, skip_keys=set(skip_keys or ()))

@@ -14,7 +14,7 @@ Example::
 from shardplug.core.config import ShardplugConfig
 
 from .epochs import EpochSync
-from .evaluation import RealSamplesOnly, evaluation_step, real_samples, trim_padding
+from .evaluation import RealSamplesOnly, drop_padding, evaluation_step, real_count, real_samples, trim_padding
 from .handler import ShardplugHandler
 from .steps import ShardplugEvents, StepEvents
 
@@ -27,7 +27,9 @@ __all__ = [
     "ShardplugEvents",
     "ShardplugHandler",
     "StepEvents",
+    "drop_padding",
     "evaluation_step",
+    "real_count",
     "real_samples",
     "trim_padding",
 ]

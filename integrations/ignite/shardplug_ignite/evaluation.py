@@ -9,14 +9,18 @@ Example::
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterable, Mapping, Optional, Union
+from typing import Any, Callable, Optional, Union
 
 import torch
 from ignite.engine import Engine, Events
-from ignite.engine import _prepare_batch as ignite_prepare_batch
 from ignite.metrics.metric import MetricUsage
 
-__all__ = ["RealSamplesOnly", "evaluation_step", "real_samples", "trim_padding"]
+from shardplug.core.deprecation import renamed_function
+from shardplug.core.rows import iter_leaves, map_leaves
+
+from .compat import ignite_prepare_batch
+
+__all__ = ["RealSamplesOnly", "drop_padding", "evaluation_step", "real_count", "real_samples", "trim_padding"]
 
 
 def _identity(value: Any) -> Any:
@@ -31,56 +35,52 @@ def _prediction_and_target(x: Any, y: Any, y_pred: Any) -> tuple[Any, Any]:
     return y_pred, y
 
 
-def real_samples(loader: Any) -> Optional[int]:
-    """How many leading rows of the batch ``loader`` handed out last are real samples.
+def real_count(loader: Any) -> Optional[int]:
+    """The real count of the batch ``loader`` handed out last: how many of its leading rows are real samples.
 
     ``None`` means "unknown: all of them" (a loader that does not track padding: an iterable or
     a training loader). The evaluation loaders of :meth:`ShardplugHandler.prepare_eval_loader`
-    track it (``loader.track_padding()``); the padding rows come last in every batch, so trimming
-    to the returned count keeps each sample exactly once across processes.
+    track it (``loader.track_padding()``); the padding rows come last in every batch, so cutting
+    to the real count keeps each sample exactly once across processes.
 
     Example::
 
-        rows = real_samples(engine.state.dataloader)   # inside an evaluation step
+        rows = real_count(engine.state.dataloader)   # inside an evaluation step
         y_pred, y = y_pred[:rows], y[:rows]
     """
     return getattr(loader, "batch_real_count", None)
 
 
-def trim_padding(loader: Any, data: Any) -> Any:
-    """``data`` (tensors, or lists/tuples/dicts of them) cut to the real rows of the latest batch.
+def drop_padding(data: Any, loader: Any) -> Any:
+    """``data`` (tensors, or lists/tuples/dicts of them) cut to the real count of ``loader``'s latest batch.
+
+    As ``shardplug.drop_padding``, except that a loader that does not track padding leaves ``data``
+    as it is (and 0-dim tensors are kept).
 
     Example::
 
-        y_pred, y = trim_padding(engine.state.dataloader, (y_pred, y))
+        y_pred, y = drop_padding((y_pred, y), engine.state.dataloader)
     """
-    rows = real_samples(loader)
+    rows = real_count(loader)
     if rows is None:
         return data
     return _slice_rows(data, rows)
 
 
+def _trim_padding(loader: Any, data: Any) -> Any:
+    return drop_padding(data, loader)
+
+
+real_samples = renamed_function("real_samples", real_count)
+trim_padding = renamed_function("trim_padding(loader, data)", _trim_padding, "drop_padding(data, loader)")
+
+
 def _slice_rows(data: Any, rows: int) -> Any:
-    if isinstance(data, torch.Tensor):
-        return data[:rows] if data.dim() > 0 else data
-    if isinstance(data, Mapping):
-        return type(data)({k: _slice_rows(v, rows) for k, v in data.items()})  # type: ignore[call-arg]
-    if isinstance(data, tuple) and hasattr(data, "_fields"):
-        return type(data)(*(_slice_rows(v, rows) for v in data))
-    if isinstance(data, (list, tuple)):
-        return type(data)(_slice_rows(v, rows) for v in data)
-    return data
+    return map_leaves(data, lambda leaf: leaf[:rows] if isinstance(leaf, torch.Tensor) and leaf.dim() > 0 else leaf)
 
 
 def _first_tensor(data: Any) -> Optional[torch.Tensor]:
-    if isinstance(data, torch.Tensor):
-        return data
-    values: Iterable[Any] = data.values() if isinstance(data, Mapping) else data if isinstance(data, (list, tuple)) else ()
-    for value in values:
-        found = _first_tensor(value)
-        if found is not None:
-            return found
-    return None
+    return next((leaf for leaf in iter_leaves(data) if isinstance(leaf, torch.Tensor)), None)
 
 
 def _output_has_samples(engine: Engine, _event_count: int) -> bool:
@@ -89,7 +89,7 @@ def _output_has_samples(engine: Engine, _event_count: int) -> bool:
 
 
 class RealSamplesOnly(MetricUsage):
-    """Epoch-wise metric usage that skips iterations whose (trimmed) output holds no sample.
+    """Epoch-wise metric usage that skips iterations whose output (padding dropped) holds no sample.
 
     A process whose last evaluation batch is pure padding gets an empty output from the
     handler's evaluation step; metrics attached with this usage do not see it (``Loss`` would
@@ -124,7 +124,7 @@ def evaluation_step(
 ) -> Callable[[Engine, Any], Any]:
     """The process function of an evaluator over a prepared evaluation loader.
 
-    ``x``, ``y`` and ``y_pred`` are trimmed to the real samples (:func:`trim_padding`) before
+    ``x``, ``y`` and ``y_pred`` are cut to the real count (:func:`drop_padding`) before
     ``output_transform(x, y, y_pred)`` (default ``(y_pred, y)``), so metrics count each sample
     once across ranks. A batch of pure padding gives empty tensors: attach metrics with
     :class:`RealSamplesOnly`. ``autocast``: a context factory for the forward pass (or ``None``).
@@ -139,7 +139,7 @@ def evaluation_step(
             else:
                 with autocast():
                     y_pred = model_transform(model_fn(model, x))
-            x, y, y_pred = trim_padding(engine.state.dataloader, (x, y, y_pred))
+            x, y, y_pred = drop_padding((x, y, y_pred), engine.state.dataloader)
             return output_transform(x, y, y_pred)
 
     return evaluate

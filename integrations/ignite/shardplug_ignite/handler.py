@@ -26,7 +26,6 @@ import ignite.distributed as idist
 import torch
 from ignite.base.mixins import Serializable
 from ignite.engine import DeterministicEngine, Engine, Events
-from ignite.engine import _prepare_batch as ignite_prepare_batch
 from ignite.metrics import Metric
 from torch.optim import Optimizer
 from torch.utils.data import DataLoader
@@ -37,11 +36,16 @@ from shardplug.core.optimizer import PreparedOptimizer
 from shardplug.core.scheduler import PreparedScheduler
 from shardplug.core.training import TrainingRun
 
+from .compat import ignite_prepare_batch
 from .epochs import EpochSync
-from .evaluation import RealSamplesOnly, _call_model, _identity, evaluation_step, real_samples, trim_padding
+from .evaluation import (
+    RealSamplesOnly, _call_model, _identity, drop_padding, evaluation_step, real_count, real_samples, trim_padding,
+)
 from .steps import SchedulerSteps, ShardplugEvents, StepEvents, register_step_events
 
-__all__ = ["ShardplugEvents", "ShardplugHandler", "RealSamplesOnly", "real_samples", "trim_padding"]
+__all__ = [
+    "ShardplugEvents", "ShardplugHandler", "RealSamplesOnly", "drop_padding", "real_count", "real_samples", "trim_padding",
+]
 
 logger = logging.getLogger(__name__)
 

@@ -121,4 +121,4 @@ def test_a_cut_cycle_leaves_no_gradient_behind() -> None:
     trainer.on(Events.ITERATION_COMPLETED(once=1))(lambda engine: engine.terminate())
     trainer.run(loader, max_epochs=1)
     assert model.weight.grad is None  # dropped when the cut pass ended
-    assert handler.sync_gradients and handler.gradient_state.step == 0
+    assert handler.sync_gradients and handler.gradient_state.micro_batches == 0

@@ -210,3 +210,30 @@ def test_ignite_handler_state_is_its_pieces_states_and_resumes_each(tmp_path) ->
     assert first + rest == whole and resumed_lr == lr
     with pytest.raises(ValueError, match="'schedulers' is absent"):
         ShardplugHandler().load_state_dict({key: value for key, value in handler_state.items() if key != "schedulers"})
+
+
+def test_real_count_and_drop_padding_and_their_deprecated_names():
+    import warnings
+
+    import shardplug_ignite
+    from shardplug.core import deprecation
+
+    handler = ShardplugHandler(ShardplugConfig())
+    loader = handler.prepare_eval_loader(DataLoader(_data(3), batch_size=4))
+    batch = next(iter(loader))
+    real = shardplug_ignite.real_count(loader)
+    assert real == 3 and [t.shape[0] for t in shardplug_ignite.drop_padding(batch, loader)] == [3, 3]
+    assert shardplug_ignite.drop_padding(batch, object()) is batch  # no padding tracked: kept as it is
+    for old in ("real_samples", "trim_padding(loader, data)"):
+        deprecation._warned.discard(old)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(2):
+            assert shardplug_ignite.real_samples(loader) == real
+            assert torch.equal(shardplug_ignite.trim_padding(loader, batch)[0], batch[0][:real])
+    assert [str(w.message) for w in caught] == [
+        "real_samples is deprecated, use real_count (same meaning)",
+        "trim_padding(loader, data) is deprecated, use drop_padding(data, loader) (same meaning)",
+    ]
+    assert all(w.category is DeprecationWarning for w in caught)
+    assert shardplug_ignite.trim_padding.__name__ == "trim_padding"

@@ -4,23 +4,10 @@ The strategy overrides only the hooks that decide what each process reads and wh
 step; everything else (process launch, DDP wrapping, ``no_sync`` during accumulation, precision,
 checkpointing) is Lightning's ``DDPStrategy``.
 
-Private Lightning attributes relied on (checked at run time; a change makes the strategy raise a
-``RuntimeError`` naming the attribute, and ``tests/test_lightning_strategy.py`` fails):
-
-* ``trainer._accelerator_connector.use_distributed_sampler`` (turned off so Lightning never
-  injects a ``DistributedSampler``);
-* ``lightning.pytorch.overrides.distributed._IndexBatchSamplerWrapper._batch_sampler`` (predict:
-  the shard goes inside Lightning's index-recording wrapper);
-* ``trainer.fit_loop._combined_loader`` / ``_combined_loader_states_to_load`` and
-  ``CombinedLoader._load_state_dicts`` (resume when ``estimated_stepping_batches`` built the
-  loaders before the checkpoint was restored, Lightning issue #20550: no public way to apply a
-  loader state late);
-* ``trainer.fit_loop.epoch_loop.batch_progress`` (``current`` / ``total``: ``ready``, ``started``,
-  ``processed``, ``completed``), ``fit_loop.max_batches`` and ``fit_loop._data_fetcher.length``:
-  after a resume Lightning takes the epoch's length from the loader (which then reports the resumed
-  pass's batches) and the batches done from the checkpoint (on its layout); both are set to the
-  loader's view on this layout.
-
+The private Lightning attributes it relies on (the ``DistributedSampler`` switch, the predict
+loop's index wrapper, late loader states, a resumed epoch's length and batch progress) are reached
+only through :mod:`shardplug_lightning.compat`, which lists them, checks each at run time (a
+missing one raises a ``RuntimeError`` naming it) and is guarded by ``tests/test_lightning_compat.py``.
 Public equivalents are used everywhere else (``lightning_module.trainer``,
 ``trainer.train_dataloader``).
 """
@@ -43,6 +30,7 @@ from shardplug.core.evaluation import prepare_eval_loader
 from shardplug.core.loaders import PreparedDataLoader
 from shardplug.core.scheduler import PreparedScheduler
 
+from . import compat
 from ._options import ShardplugOptions, refuse_distributed_sampler, refuse_prepared
 
 __all__ = [
@@ -59,16 +47,6 @@ _STAGE_HOOKS = {
     "test": "test_dataloader()",
     "predict": "predict_dataloader()",
 }
-
-
-def _private(obj: Any, name: str, what: str) -> Any:
-    """Read a private Lightning attribute, or fail loudly if this Lightning version lacks it."""
-    if not hasattr(obj, name):
-        raise RuntimeError(
-            f"shardplug_lightning relies on Lightning's private attribute {type(obj).__name__}.{name} ({what}), "
-            "which this Lightning version does not have; please report this with your Lightning version"
-        )
-    return getattr(obj, name)
 
 
 class ShardplugStrategyMixin(ShardplugOptions):
@@ -153,10 +131,7 @@ class ShardplugStrategyMixin(ShardplugOptions):
     # -- data ---------------------------------------------------------------------------
     def setup_environment(self) -> None:
         """Turn Lightning's ``DistributedSampler`` injection off: shardplug shards every loader."""
-        trainer = self._get_trainer()
-        connector = _private(trainer, "_accelerator_connector", "the Trainer's accelerator connector")
-        _private(connector, "use_distributed_sampler", "switch for Lightning's DistributedSampler injection")
-        connector.use_distributed_sampler = False
+        compat.turn_off_distributed_sampler(self._get_trainer())
         super().setup_environment()  # type: ignore[misc]
 
     def _data_topology(self) -> tuple[int, int]:
@@ -200,16 +175,15 @@ class ShardplugStrategyMixin(ShardplugOptions):
         changes: dict[str, Any] = {"even_batches": False}  # predict loaders are never padded, never dispatch
         if self.shardplug_config.dispatch_batches:
             changes.update(dispatch_batches=False, slice_fn_for_dispatch=None)
-        wrapper_cls = self._pl("overrides.distributed")._IndexBatchSamplerWrapper
+        wrapper_cls = compat.index_batch_sampler_wrapper(self._pl_namespace)
         wrapper = dataloader.batch_sampler
         if not isinstance(wrapper, wrapper_cls):
             return prepare_data_loader(dataloader, **self._data_arguments(**changes))
-        inner = _private(wrapper, "_batch_sampler", "the batch sampler inside Lightning's predict index wrapper")
+        inner = compat.wrapped_batch_sampler(wrapper)
         plain = _with_batch_sampler(dataloader, inner)
         prepared = prepare_data_loader(plain, **self._data_arguments(**changes))
         shard = prepared.batch_sampler
-        wrapper._batch_sampler = shard
-        wrapper.sampler = getattr(shard, "sampler", None)
+        compat.set_wrapped_batch_sampler(wrapper, shard)
         object.__setattr__(prepared, "batch_sampler", wrapper)  # DataLoader forbids it after __init__
         return prepared
 
@@ -262,12 +236,9 @@ class ShardplugStrategyMixin(ShardplugOptions):
         """
         super().on_train_start()  # type: ignore[misc]
         fit_loop = self._get_trainer().fit_loop
-        states = _private(fit_loop, "_combined_loader_states_to_load", "loader states waiting to be loaded")
-        combined = _private(fit_loop, "_combined_loader", "the training CombinedLoader")
-        if states and combined is not None:
-            _private(combined, "_load_state_dicts", "CombinedLoader state loading")(states)
-            fit_loop._combined_loader_states_to_load = []
-            logger.debug("rank %d: applied %d training loader state(s) after restore", self.global_rank, len(states))  # type: ignore[attr-defined]
+        applied = compat.apply_late_loader_states(fit_loop)
+        if applied:
+            logger.debug("rank %d: applied %d training loader state(s) after restore", self.global_rank, applied)  # type: ignore[attr-defined]
         self._align_batch_progress(fit_loop)
 
     def _align_batch_progress(self, fit_loop: Any) -> None:
@@ -284,20 +255,13 @@ class ShardplugStrategyMixin(ShardplugOptions):
         if len(loaders) != 1 or loaders[0].epoch_length is None:
             return
         loader = loaders[0]
-        progress = _private(fit_loop, "epoch_loop", "the training epoch loop").batch_progress
+        progress = compat.batch_progress(fit_loop)
         resumed = loader.resumed_batches
         if not resumed and not progress.current.ready:
             return  # a pass from the epoch's start: nothing to align
-        combined = _private(fit_loop, "_combined_loader", "the training CombinedLoader")
+        combined = compat.combined_loader(fit_loop)
         limit = min([loader.epoch_length] + [int(x) for x in getattr(combined, "limits", None) or [] if x != float("inf")])
-        if fit_loop.max_batches != limit:
-            fit_loop.max_batches = limit
-            trainer = self._get_trainer()
-            if isinstance(trainer.val_check_interval, float) and getattr(trainer, "_val_check_time_interval", None) is None:
-                trainer.val_check_batch = max(1, int(limit * trainer.val_check_interval))
-        fetcher = _private(fit_loop, "_data_fetcher", "the training data fetcher")
-        if getattr(fetcher, "length", None) is not None:
-            fetcher.length = limit  # it adds the batches done to what it fetched: they count against the epoch
+        compat.set_epoch_length(self._get_trainer(), fit_loop, limit)
         delta = resumed - progress.current.ready
         for tracker in (progress.current, progress.total):
             for name in ("ready", "started", "processed", "completed"):
@@ -336,7 +300,7 @@ def _with_batch_sampler(dataloader: DataLoader, batch_sampler: Any) -> DataLoade
     clone = object.__new__(type(dataloader))
     clone.__dict__.update(vars(dataloader))
     object.__setattr__(clone, "batch_sampler", batch_sampler)
-    object.__setattr__(clone, "_iterator", None)
+    compat.forget_iterator(clone)
     return clone
 
 

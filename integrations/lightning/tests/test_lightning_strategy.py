@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import torch
 from torch.utils.data import DataLoader
 
 import shardplug_lightning
@@ -213,28 +212,6 @@ def test_lightning_and_fabric_strategies_read_their_options_in_one_place() -> No
     with pytest.raises(ValueError, match="even_batches=False is not supported for training with Lightning"):
         ShardplugDDPStrategy(config=ShardplugConfig(even_batches=False))
     assert ShardplugFabricDDPStrategy(even_batches=False).shardplug_config.even_batches is False
-
-
-def test_private_lightning_attributes_still_exist() -> None:
-    """The private Lightning attributes the strategy relies on; this fails loudly on a Lightning change."""
-    import lightning.pytorch as pl
-    from lightning.pytorch.overrides.distributed import _IndexBatchSamplerWrapper
-    from lightning.pytorch.utilities.combined_loader import CombinedLoader
-
-    trainer = pl.Trainer(strategy="shardplug_ddp", accelerator="cpu", devices=2, logger=False)
-    assert hasattr(trainer._accelerator_connector, "use_distributed_sampler")
-    assert hasattr(trainer.fit_loop, "_combined_loader_states_to_load")
-    assert hasattr(trainer.fit_loop, "_combined_loader")
-    assert callable(getattr(CombinedLoader, "_load_state_dicts", None))
-    wrapper = _IndexBatchSamplerWrapper(torch.utils.data.BatchSampler(range(4), 2, False))
-    assert hasattr(wrapper, "_batch_sampler")
-    assert hasattr(trainer.fit_loop, "_data_fetcher") and hasattr(trainer.fit_loop, "max_batches")
-    from lightning.pytorch.loops.fetchers import _DataFetcher
-
-    assert "length" in vars(_DataFetcher())
-    progress = trainer.fit_loop.epoch_loop.batch_progress
-    for tracker in (progress.current, progress.total):
-        assert all(isinstance(getattr(tracker, name), int) for name in ("ready", "started", "processed", "completed"))
 
 
 # -- Fabric ----------------------------------------------------------------------------------------

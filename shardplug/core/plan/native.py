@@ -8,6 +8,7 @@ from typing import Any, Callable, Iterator, Optional, Sequence
 import torch
 
 from ..layout import ShardLayout
+from ..rows import first_leaf, map_leaves
 from .protocol import PassRecord, check_consumed
 
 __all__ = ["NativeStreamPlan"]
@@ -16,28 +17,14 @@ logger = logging.getLogger(__name__)
 
 
 def _rows(batch: Any) -> int:
-    """Samples in a collated batch: the length of its first tensor (or of the batch itself)."""
-    while isinstance(batch, (list, tuple, dict)) and not isinstance(batch, torch.Tensor) and len(batch):
-        if isinstance(batch, dict):
-            batch = next(iter(batch.values()))
-        elif isinstance(batch[0], (torch.Tensor, list, tuple, dict)):
-            batch = batch[0]
-        else:
-            return len(batch)
-    return len(batch) if hasattr(batch, "__len__") else 1
+    """Samples in a collated batch: the length of its first leaf (or of the batch itself)."""
+    leaf = first_leaf(batch)
+    return len(leaf) if hasattr(leaf, "__len__") else 1
 
 
 def _detached(batch: Any) -> Any:
     """A copy of ``batch``'s tensors, kept as padding (the caller may change the batch in place)."""
-    if isinstance(batch, torch.Tensor):
-        return batch.clone()
-    if isinstance(batch, dict):
-        return type(batch)({k: _detached(v) for k, v in batch.items()})
-    if isinstance(batch, tuple) and hasattr(batch, "_fields"):
-        return type(batch)(*(_detached(v) for v in batch))
-    if isinstance(batch, (list, tuple)):
-        return type(batch)(_detached(v) for v in batch)
-    return batch
+    return map_leaves(batch, lambda leaf: leaf.clone() if isinstance(leaf, torch.Tensor) else leaf)
 
 
 class NativeStreamPlan:

@@ -1,0 +1,147 @@
+"""Every private name of Lightning (and torch) that shardplug_lightning reads or writes, and its accessors.
+
+No public Lightning API turns the ``DistributedSampler`` injection off for one strategy, puts a
+shard inside the predict loop's index-recording batch sampler, applies a loader state after the
+loaders were built, or sets the length of a resumed epoch. The strategy reaches those names only
+through the functions below: each checks that the name exists and raises a ``RuntimeError``
+naming it when a Lightning release lacks it, and ``integrations/lightning/tests/test_lightning_compat.py``
+fails on such a release. The same names exist in ``lightning.pytorch`` and ``pytorch_lightning``.
+
+* :data:`PRIVATES`: each name (dotted from the ``lightning.pytorch`` root), with its use;
+* :data:`CHECKED_AGAINST`: the library versions the list was checked against.
+
+Example::
+
+    >>> from lightning.pytorch.overrides.distributed import _IndexBatchSamplerWrapper
+    >>> from torch.utils.data import BatchSampler
+    >>> inner = BatchSampler(range(4), 2, False)
+    >>> wrapped_batch_sampler(_IndexBatchSamplerWrapper(inner)) is inner
+    True
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from shardplug.core import compat as core_compat
+
+__all__ = [
+    "PRIVATES", "CHECKED_AGAINST",
+    "turn_off_distributed_sampler", "index_batch_sampler_wrapper", "wrapped_batch_sampler",
+    "set_wrapped_batch_sampler", "inner_batch_sampler", "apply_late_loader_states", "combined_loader",
+    "batch_progress", "set_epoch_length", "forget_iterator",
+]
+
+CHECKED_AGAINST: dict[str, str] = {"lightning": "2.6.6", "torch": core_compat.CHECKED_AGAINST["torch"]}
+"""The versions of the libraries whose private names :data:`PRIVATES` lists, as last checked."""
+
+_LOOPS = "lightning.pytorch.loops"
+PRIVATES: dict[str, str] = {
+    "lightning.pytorch.trainer.Trainer._accelerator_connector": "the Trainer's accelerator connector, which holds "
+    "the DistributedSampler switch",
+    "lightning.pytorch.trainer.connectors.accelerator_connector._AcceleratorConnector.use_distributed_sampler":
+    "turned off so that Lightning never injects a DistributedSampler (shardplug shards every loader)",
+    "lightning.pytorch.overrides.distributed._IndexBatchSamplerWrapper": "the predict loop's index-recording batch "
+    "sampler: the shard goes inside it, so that batch_indices are right",
+    "lightning.pytorch.overrides.distributed._IndexBatchSamplerWrapper._batch_sampler": "the batch sampler inside "
+    "it: read (and a loader's DistributedSampler looked for there), then replaced by the shard",
+    f"{_LOOPS}.fit_loop._FitLoop._combined_loader": "the training CombinedLoader (its state loading, its limits)",
+    f"{_LOOPS}.fit_loop._FitLoop._combined_loader_states_to_load": "the loader states of a checkpoint that "
+    "Lightning never applies when estimated_stepping_batches built the loaders first (Lightning issue #20550)",
+    "lightning.pytorch.utilities.combined_loader.CombinedLoader._load_state_dicts": "applies those states late",
+    f"{_LOOPS}.fit_loop._FitLoop.epoch_loop": "the training epoch loop (an internal loop object)",
+    f"{_LOOPS}.training_epoch_loop._TrainingEpochLoop.batch_progress": "its batch counters (current / total: ready, "
+    "started, processed, completed), shifted to the loader's view after a resume on another layout",
+    f"{_LOOPS}.fit_loop._FitLoop.max_batches": "the length of the running epoch, set back to the loader's after a "
+    "resume (Lightning takes it from the resumed pass)",
+    f"{_LOOPS}.fit_loop._FitLoop._data_fetcher": "the training data fetcher",
+    f"{_LOOPS}.fetchers._DataFetcher.length": "its count of the epoch's batches, set with max_batches",
+    "lightning.pytorch.trainer.Trainer._val_check_time_interval": "a time-based validation interval (then "
+    "val_check_batch is not derived from the epoch's length)",
+    "lightning.pytorch.trainer.Trainer.val_check_batch": "the batch of the epoch after which validation runs, "
+    "derived again from the epoch's length set after a resume",
+    "torch.utils.data.DataLoader._iterator": "dropped on the shallow copy of a predict loader made for "
+    "prepare_data_loader (see shardplug.core.compat)",
+}
+"""Every private name above, with its use (``integrations/lightning/tests/test_lightning_compat.py`` guards each)."""
+
+
+def _required(obj: Any, name: str, what: str) -> Any:
+    """Read a private Lightning attribute, or fail loudly if this Lightning version lacks it."""
+    if not hasattr(obj, name):
+        raise RuntimeError(
+            f"shardplug_lightning relies on Lightning's private attribute {type(obj).__name__}.{name} ({what}), "
+            "which this Lightning version does not have; please report this with your Lightning version"
+        )
+    return getattr(obj, name)
+
+
+def turn_off_distributed_sampler(trainer: Any) -> None:
+    """Keep ``trainer`` from injecting a ``DistributedSampler`` into any loader."""
+    connector = _required(trainer, "_accelerator_connector", "the Trainer's accelerator connector")
+    _required(connector, "use_distributed_sampler", "switch for Lightning's DistributedSampler injection")
+    connector.use_distributed_sampler = False
+
+
+def index_batch_sampler_wrapper(namespace: str) -> type:
+    """The predict loop's index-recording batch sampler class of ``namespace`` (``lightning.pytorch`` /
+    ``pytorch_lightning``)."""
+    module = importlib.import_module(f"{namespace}.overrides.distributed")
+    return _required(module, "_IndexBatchSamplerWrapper", "the predict loop's index-recording batch sampler")
+
+
+def wrapped_batch_sampler(wrapper: Any) -> Any:
+    """The batch sampler inside Lightning's predict index wrapper."""
+    return _required(wrapper, "_batch_sampler", "the batch sampler inside Lightning's predict index wrapper")
+
+
+def set_wrapped_batch_sampler(wrapper: Any, batch_sampler: Any) -> None:
+    """Put ``batch_sampler`` inside Lightning's predict index wrapper (and its ``sampler`` with it)."""
+    wrapped_batch_sampler(wrapper)
+    wrapper._batch_sampler = batch_sampler
+    wrapper.sampler = getattr(batch_sampler, "sampler", None)
+
+
+def inner_batch_sampler(batch_sampler: Any) -> Any:
+    """The batch sampler inside ``batch_sampler`` when it is Lightning's predict index wrapper, else ``None``."""
+    return getattr(batch_sampler, "_batch_sampler", None)
+
+
+def combined_loader(fit_loop: Any) -> Any:
+    """The training ``CombinedLoader`` of ``fit_loop`` (``None`` before the loaders are set up)."""
+    return _required(fit_loop, "_combined_loader", "the training CombinedLoader")
+
+
+def apply_late_loader_states(fit_loop: Any) -> int:
+    """Apply the checkpoint's loader states Lightning left waiting (Lightning issue #20550); how many."""
+    states = _required(fit_loop, "_combined_loader_states_to_load", "loader states waiting to be loaded")
+    combined = combined_loader(fit_loop)
+    if not states or combined is None:
+        return 0
+    _required(combined, "_load_state_dicts", "CombinedLoader state loading")(states)
+    fit_loop._combined_loader_states_to_load = []
+    return len(states)
+
+
+def batch_progress(fit_loop: Any) -> Any:
+    """The batch counters of the training epoch loop (``current`` / ``total``)."""
+    return _required(fit_loop, "epoch_loop", "the training epoch loop").batch_progress
+
+
+def set_epoch_length(trainer: Any, fit_loop: Any, limit: int) -> None:
+    """Make Lightning's running training epoch ``limit`` batches long: the loop's ``max_batches``, the
+    validation batch of a fractional ``val_check_interval`` and the data fetcher's length."""
+    if fit_loop.max_batches != limit:
+        fit_loop.max_batches = limit
+        if isinstance(trainer.val_check_interval, float) and getattr(trainer, "_val_check_time_interval", None) is None:
+            trainer.val_check_batch = max(1, int(limit * trainer.val_check_interval))
+    fetcher = _required(fit_loop, "_data_fetcher", "the training data fetcher")
+    if getattr(fetcher, "length", None) is not None:
+        fetcher.length = limit  # it adds the batches done to what it fetched: they count against the epoch
+
+
+def forget_iterator(loader: Any) -> None:
+    """Drop the persistent iterator of a (copied) ``DataLoader``."""
+    core_compat.forget_iterator(loader)
+

@@ -1,0 +1,226 @@
+"""Every private name of another library listed in shardplug.core.compat still exists (real objects).
+
+Fails when a library release drops or renames one: the message names it; shardplug/core/compat.py
+says what it is used for.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+from importlib.metadata import version
+from typing import Any, Callable
+
+import pytest
+import torch
+from torch.utils.data import DataLoader, RandomSampler
+
+from shardplug.core import compat
+from shardplug.core.optimizer import PreparedOptimizer
+from shardplug.core.scheduler import PreparedScheduler
+
+
+def _scaler_record() -> tuple[Any, Any]:
+    scaler = torch.amp.GradScaler("cpu", init_scale=4.0)
+    param = torch.nn.Parameter(torch.ones(2))
+    opt = torch.optim.SGD([param], lr=0.1)
+    scaler.scale(param.sum()).backward()
+    scaler.unscale_(opt)
+    return scaler, opt
+
+
+def _check_scaler_records() -> None:
+    scaler, opt = _scaler_record()
+    record = compat.scaler_records(scaler)[id(opt)]
+    assert record["stage"] is compat.opt_state().UNSCALED and record["found_inf_per_device"]
+
+
+def _check_opt_state() -> None:
+    assert {"READY", "UNSCALED", "STEPPED"} <= set(compat.opt_state().__members__)
+
+
+def _check_found_inf() -> None:
+    param = torch.nn.Parameter(torch.ones(2))
+    fused = torch.optim.AdamW([param], lr=0.1, fused=True)
+    seen = []
+    fused.register_step_post_hook(lambda o, a, k: seen.append(compat.step_inf_flag(o)))
+    scaler = torch.amp.GradScaler("cpu", init_scale=4.0)
+    scaler.scale(param.sum()).backward()
+    scaler.step(fused)
+    assert isinstance(seen[0], torch.Tensor)
+
+
+def _check_amp_scaling_flag() -> None:
+    assert torch.optim.AdamW([torch.nn.Parameter(torch.ones(1))], fused=True)._step_supports_amp_scaling is True
+    assert "_step_supports_amp_scaling" in inspect.getsource(torch.amp.GradScaler.step)
+    assert PreparedOptimizer._step_supports_amp_scaling is False
+
+
+def _check_hook_registry(kind: str) -> Callable[[], None]:
+    def check() -> None:
+        opt = torch.optim.SGD([torch.nn.Parameter(torch.ones(1))], lr=0.1)
+        register = getattr(opt, f"register_{kind}_hook")
+        hook = (lambda *args: None)
+        register(hook)
+        assert compat.optimizer_hooks(opt, kind) == [hook]
+
+    return check
+
+
+def _check_patch_step_function() -> None:
+    opt = torch.optim.SGD([torch.nn.Parameter(torch.ones(1))], lr=0.1)
+    compat.patch_step_function(opt)
+    assert "_patch_step_function" in inspect.getsource(torch.optim.Optimizer.__setstate__)
+
+
+def _check_hooked() -> None:
+    assert ".hooked" in inspect.getsource(torch.optim.Optimizer._patch_step_function)
+    assert getattr(PreparedOptimizer.step, "hooked", False) is True
+
+
+def _check_scheduler_flag(name: str) -> Callable[[], None]:
+    def check() -> None:
+        from torch.optim.lr_scheduler import LRScheduler, StepLR
+
+        assert name in vars(LRScheduler) or any(name in inspect.getsource(f) for f in vars(LRScheduler).values()
+                                                 if inspect.isfunction(f))
+        assert isinstance(vars(PreparedScheduler)[name], property)
+        opt = torch.optim.SGD([torch.nn.Parameter(torch.ones(1))], lr=0.1)
+        scheduler = StepLR(opt, step_size=1)
+        assert isinstance(getattr(scheduler, name), bool)
+
+    return check
+
+
+def _check_iterator(loader_cls: Any) -> Callable[[], None]:
+    def check() -> None:
+        loader = loader_cls(range(4))
+        assert loader._iterator is None and "self._iterator" in inspect.getsource(loader_cls.__iter__)
+        compat.forget_iterator(loader)
+        assert compat.is_dataloader_internal("_iterator") and "_iterator" in compat.without_iterator({})
+
+    return check
+
+
+def _check_get_iterator(loader_cls: Any) -> Callable[[], None]:
+    def check() -> None:
+        assert callable(compat.get_iterator_method(loader_cls))
+        assert "_get_iterator" in inspect.getsource(loader_cls.__iter__)
+
+    return check
+
+
+def _check_mangled() -> None:
+    names = [name for name in vars(DataLoader(range(4))) if name.startswith("_DataLoader__")]
+    assert "_DataLoader__initialized" in names and all(compat.is_dataloader_internal(n) for n in names)
+
+
+def _check_num_samples() -> None:
+    assert compat.random_sampler_num_samples(RandomSampler(range(4))) is None
+    assert compat.random_sampler_num_samples(RandomSampler(range(4), num_samples=2)) == 2
+
+
+def _check_collate(name: str) -> Callable[[], None]:
+    def check() -> None:
+        assert getattr(compat.torch_collate, name) is getattr(importlib.import_module(compat.torch_collate.__name__), name)
+        if name == "default_collate_fn_map":
+            table = compat.torch_collate.default_collate_fn_map
+            assert torch.Tensor in table and int in table and float in table
+
+    return check
+
+
+def _hf_stream(**kwargs: Any) -> Any:
+    datasets = pytest.importorskip("datasets")
+    return datasets.IterableDataset.from_generator(lambda: iter([{"x": 1}, {"x": 2}]), **kwargs)
+
+
+def _check_hf_examples() -> None:
+    stream = _hf_stream()
+    assert compat.hf_example_iterable(stream) is not None
+    assert type(compat.hf_example_iterable(stream.shuffle(seed=1, buffer_size=2))).__name__ == (
+        "BufferShuffledExamplesIterable"
+    )
+
+
+def _check_hf_distributed() -> None:
+    from datasets.distributed import split_dataset_by_node
+
+    stream = _hf_stream()
+    assert "_distributed" in vars(stream) and compat.hf_node_split(stream) is None
+    assert compat.hf_node_split(split_dataset_by_node(stream, rank=0, world_size=2)).world_size == 2
+
+
+def _check_hf_shuffling() -> None:
+    stream = _hf_stream()
+    assert hasattr(stream, "_shuffling") or int(version("datasets").split(".")[0]) >= 3
+
+
+CHECKS: dict[str, Callable[[], None]] = {
+    "torch.utils.data.DataLoader._iterator": _check_iterator(DataLoader),
+    "torch.utils.data.DataLoader._get_iterator": _check_get_iterator(DataLoader),
+    "torch.utils.data.DataLoader._DataLoader__initialized": _check_mangled,
+    "torch.utils.data.RandomSampler._num_samples": _check_num_samples,
+    **{f"torch.utils.data._utils.collate.{name}": _check_collate(name) for name in (
+        "collate", "default_collate_fn_map", "collate_tensor_fn", "collate_float_fn", "collate_int_fn",
+        "collate_numpy_scalar_fn",
+    )},
+    "torch.amp.GradScaler._per_optimizer_states": _check_scaler_records,
+    "torch.amp.grad_scaler.OptState": _check_opt_state,
+    "torch.optim.Optimizer.found_inf": _check_found_inf,
+    "torch.optim.Optimizer._step_supports_amp_scaling": _check_amp_scaling_flag,
+    **{f"torch.optim.Optimizer.{attribute}": _check_hook_registry(kind)
+       for kind, attribute in compat.OPTIMIZER_HOOK_REGISTRIES.items()},
+    "torch.optim.Optimizer._patch_step_function": _check_patch_step_function,
+    "torch.optim.Optimizer.step.hooked": _check_hooked,
+    **{f"torch.optim.lr_scheduler.LRScheduler.{name}": _check_scheduler_flag(name) for name in compat.LR_SCHEDULER_FLAGS},
+    "datasets.IterableDataset._ex_iterable": _check_hf_examples,
+    "datasets.IterableDataset._distributed": _check_hf_distributed,
+    "datasets.IterableDataset._shuffling": _check_hf_shuffling,
+}
+
+
+def _stateful_loader() -> Any:
+    return pytest.importorskip("torchdata.stateful_dataloader").StatefulDataLoader
+
+
+CHECKS["torchdata.stateful_dataloader.StatefulDataLoader._iterator"] = lambda: _check_iterator(_stateful_loader())()
+CHECKS["torchdata.stateful_dataloader.StatefulDataLoader._get_iterator"] = (
+    lambda: _check_get_iterator(_stateful_loader())()
+)
+
+
+def test_every_listed_name_has_a_check_and_a_checked_version():
+    assert set(CHECKS) == set(compat.PRIVATES)
+    assert {compat.library_of(name) for name in compat.PRIVATES} == set(compat.CHECKED_AGAINST)
+    assert all(compat.PRIVATES[name] for name in compat.PRIVATES), "every name says what it is used for"
+
+
+@pytest.mark.parametrize("name", sorted(compat.PRIVATES))
+def test_the_private_name_still_exists(name):
+    try:
+        CHECKS[name]()
+    except (AttributeError, KeyError, AssertionError, ImportError, TypeError, OSError) as exc:
+        library = compat.library_of(name)
+        raise AssertionError(
+            f"{library} {version(library)} no longer has {name} as shardplug uses it (checked against "
+            f"{compat.CHECKED_AGAINST[library]}): see shardplug/core/compat.py"
+        ) from exc
+
+
+def test_the_scheduler_flags_reach_the_wrapped_scheduler():
+    from torch.optim.lr_scheduler import StepLR
+
+    opt = torch.optim.SGD([torch.nn.Parameter(torch.ones(1))], lr=0.1)
+    prepared = PreparedScheduler(StepLR(opt, step_size=1), opt, num_processes=1)
+    object.__setattr__(prepared, "_is_initial", True)
+    assert prepared.scheduler._is_initial is True and prepared._is_initial is True
+
+
+def test_an_unpickled_prepared_optimizer_has_its_hook_registries():
+    import pickle
+
+    opt = PreparedOptimizer(torch.optim.SGD([torch.nn.Parameter(torch.ones(1))], lr=0.1))
+    opt.register_step_post_hook(lambda *args: None)
+    copy = pickle.loads(pickle.dumps(opt))
+    assert all(compat.optimizer_hooks(copy, kind) == [] for kind in compat.OPTIMIZER_HOOK_REGISTRIES)
