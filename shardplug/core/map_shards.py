@@ -24,6 +24,7 @@ import torch
 from torch.utils.data import BatchSampler, DataLoader, RandomSampler
 from torch.utils.data.distributed import DistributedSampler
 
+from . import compat
 from .config import ShardplugConfig
 from .layout import ShardLayout
 from .plan import ShardPlan
@@ -93,7 +94,7 @@ def bijective_sampler(sampler: Any, data_seed: Optional[int]) -> BijectiveRandom
     """The :class:`BijectiveRandomSampler` that replaces a shuffling ``RandomSampler``."""
     if isinstance(sampler, BijectiveRandomSampler):
         return sampler
-    if not isinstance(sampler, RandomSampler) or sampler.replacement or sampler._num_samples is not None:
+    if not isinstance(sampler, RandomSampler) or sampler.replacement or compat.random_sampler_num_samples(sampler) is not None:
         raise ValueError(
             f"shuffle_algorithm='bijective' needs a shuffled DataLoader (shuffle=True: a RandomSampler without "
             f"replacement or num_samples), but its sampler is {type(sampler).__name__}; pass shuffle=True, or "
@@ -122,7 +123,7 @@ def agreed_sampler(sampler: Any, use_seedable_sampler: bool, data_seed: Optional
         return sampler, None
     if isinstance(sampler, RandomSampler) and (sampler.generator is None or use_seedable_sampler):
         seedable = SeedableRandomSampler(
-            sampler.data_source, replacement=sampler.replacement, num_samples=sampler._num_samples, data_seed=data_seed
+            sampler.data_source, replacement=sampler.replacement, num_samples=compat.random_sampler_num_samples(sampler), data_seed=data_seed
         )
         return seedable, None
     if not hasattr(sampler, "generator"):

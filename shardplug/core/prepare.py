@@ -15,6 +15,7 @@ from typing import Any, Callable, Iterable, NamedTuple, Optional, Union
 import torch
 from torch.utils.data import DataLoader, IterableDataset
 
+from . import compat
 from .config import ShardplugConfig
 from .dispatch import DataLoaderDispatcher, DispatchOptions, check_slice_fn
 from .iterable import IterableDatasetShard
@@ -113,7 +114,7 @@ def _rebuild(
     init = stateful_base.__init__ if stateful_base is not None else DataLoader.__init__
     init(new, dataset, **loader_kwargs)
     for key, value in vars(loader).items():
-        if key not in vars(new) and not key.startswith("_DataLoader__") and key != "_iterator":
+        if key not in vars(new) and not compat.is_dataloader_internal(key):
             new.__dict__[key] = value
     return new
 

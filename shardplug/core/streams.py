@@ -1,7 +1,7 @@
 """What a stream already does by itself: split across DataLoader workers, split by node, shuffle.
 
 Recognised by duck typing (the package never imports ``datasets`` or ``webdataset``); this is
-the one place that reads their private attributes (``datasets.IterableDataset._distributed``,
+the one place that uses their private attributes, reached through :mod:`shardplug.core.compat` (``datasets.IterableDataset._distributed``,
 ``._ex_iterable``, its chain's ``BufferShuffledExamplesIterable`` and ``generator``s; webdataset's ``pipeline``
 stages by name), each checked by
 ``tests/test_streams.py::test_the_stream_attributes_shardplug_reads_still_exist``:
@@ -36,6 +36,7 @@ from typing import Any, Optional
 import torch  # noqa: F401  (the docstring example)
 import torch.distributed as dist
 
+from . import compat
 from .collectives import world_size
 
 __all__ = [
@@ -51,8 +52,8 @@ def can_shard(dataset: Any) -> bool:
 
 def is_hf_iterable(dataset: Any) -> bool:
     """A Hugging Face ``datasets.IterableDataset``."""
-    return type(dataset).__module__.startswith("datasets.") and hasattr(dataset, "n_shards") and hasattr(
-        dataset, "_ex_iterable"
+    return type(dataset).__module__.startswith("datasets.") and hasattr(dataset, "n_shards") and (
+        compat.hf_example_iterable(dataset) is not None
     )
 
 
@@ -99,8 +100,8 @@ def node_split(dataset: Any) -> Optional[str]:
     """How ``dataset`` is already split by node (process), in words, or ``None`` when it is not."""
     if getattr(dataset, "split_by_node", None) is True:
         return "it declares split_by_node = True"
-    if is_hf_iterable(dataset) and getattr(dataset, "_distributed", None) is not None:
-        config = dataset._distributed
+    if is_hf_iterable(dataset) and compat.hf_node_split(dataset) is not None:
+        config = compat.hf_node_split(dataset)
         return f"datasets.distributed.split_dataset_by_node(rank={config.rank}, world_size={config.world_size})"
     if _stage_named(_wds_stages(dataset), "split_by_node"):
         return "webdataset's nodesplitter=split_by_node"
@@ -124,7 +125,7 @@ def asks_for_its_worker(dataset: Any) -> bool:
 
 def _hf_chain(dataset: Any) -> list[Any]:
     """The chain of example iterables of a Hugging Face stream, outermost first."""
-    chain, node = [], getattr(dataset, "_ex_iterable", None)
+    chain, node = [], compat.hf_example_iterable(dataset)
     while node is not None:
         chain.append(node)
         node = getattr(node, "ex_iterable", None)
@@ -135,7 +136,7 @@ def hf_shuffles(dataset: Any) -> bool:
     """A Hugging Face stream with ``shuffle()`` applied (its own state does not restore the buffer)."""
     if not is_hf_iterable(dataset):
         return False
-    if getattr(dataset, "_shuffling", None) is not None:  # datasets < 3
+    if compat.hf_legacy_shuffling(dataset) is not None:  # datasets < 3
         return True
     return any(type(node).__name__ == "BufferShuffledExamplesIterable" for node in _hf_chain(dataset))
 

@@ -19,6 +19,8 @@ from torch.utils.data.distributed import DistributedSampler
 from shardplug.core.config import ShardplugConfig
 from shardplug.core.loaders import PreparedDataLoader
 
+from . import compat
+
 __all__ = ["ShardplugOptions", "resolve_config", "refuse_distributed_sampler", "refuse_prepared"]
 
 logger = logging.getLogger(__name__)
@@ -97,7 +99,7 @@ def _has_distributed_sampler(dataloader: DataLoader) -> bool:
     candidates = [getattr(dataloader, "sampler", None)]
     batch_sampler = getattr(dataloader, "batch_sampler", None)
     candidates.append(getattr(batch_sampler, "sampler", None))
-    inner = getattr(batch_sampler, "_batch_sampler", None)  # Lightning's predict index wrapper
+    inner = compat.inner_batch_sampler(batch_sampler)  # Lightning's predict index wrapper
     candidates.append(getattr(inner, "sampler", None))
     return any(isinstance(s, DistributedSampler) for s in candidates)
 
