@@ -188,7 +188,7 @@ class DataLoaderDispatcher(DataLoaderShard):
 
     overlap_reads: Optional[bool] = None
     """Process 0 reads the next step while the current one is sent: ``None`` decides by the cores
-    available (see :meth:`_overlap_reads`); ``True`` / ``False`` force it."""
+    available (see :func:`~shardplug.core.dispatch.sender.overlaps_reads`); ``True`` / ``False`` force it."""
 
     @property
     def _batches_per_step(self) -> int:
@@ -213,13 +213,13 @@ class DataLoaderDispatcher(DataLoaderShard):
             previous = wire.sending() if wire.sending is not None else None
             if previous is not None:
                 previous.close()  # a pass still open: the others learn it ended here
-            self._check_group()
+            wire.check_group()
             sender = StepSender(self._step_reader(skip), self.dispatch_stats, wire.passes_started,
-                                communication_device(), self._overlap_reads)
+                                communication_device(), self.overlap_reads)
             steps = sender.steps()
             wire.sending = weakref.ref(steps)  # weak: an abandoned pass is closed by the garbage collector
             return steps
-        self._check_group()
+        wire.check_group()
         receiver = StepReceiver(wire, self.dispatch_stats, self.process_index, wire.passes_started, communication_device())
         return receiver.steps()
 
@@ -239,13 +239,6 @@ class DataLoaderDispatcher(DataLoaderShard):
             record=self._pass.record, load=load,
         )
 
-    def _check_group(self) -> None:
-        if self._wire.group is None:
-            raise RuntimeError(
-                "this DataLoaderDispatcher is a copy (pickled) or was built without a process group: it cannot "
-                "dispatch; build the loader in each process with prepare_data_loader"
-            )
-
     def _deliver(self, batches: Iterator[Any], current: Any) -> Iterator[Any]:
         """Hand out ``(batch, last)`` steps: the end of the pass is process 0's, on every process."""
         count = current.batches_yielded
@@ -258,17 +251,6 @@ class DataLoaderDispatcher(DataLoaderShard):
         with the copies ``skip_first_batches`` made of it: they share the rings)."""
         self._wire.close()
 
-    def _overlap_reads(self) -> bool:
-        """Whether process 0 reads step ``t + 1`` while step ``t`` is still being sent.
-
-        ``overlap_reads`` when set; otherwise only with more than two CPU cores per process of the
-        group on this machine: reading and sending both copy memory, and on fewer cores (2 cores,
-        2 processes: 1.1-1.2x slower measured) they only slow each other down.
-        """
-        if self.overlap_reads is not None:
-            return bool(self.overlap_reads)
-        return _available_cores() > 2 * world_size()
-
 
 def resolve_topology(options: DispatchOptions) -> tuple[int, int]:
     """``(num_processes, process_index)`` of a dispatcher: one process per data shard."""
@@ -279,14 +261,6 @@ def resolve_topology(options: DispatchOptions) -> tuple[int, int]:
             f"the process group has {world_size()} processes; use DataLoaderShard for other layouts"
         )
     return num_processes, process_index
-
-
-def _available_cores() -> int:
-    """CPU cores this process may run on."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):  # not on Linux
-        return os.cpu_count() or 1
 
 
 def _plain_iteration(cls: type, stateful: bool) -> bool:

@@ -20,7 +20,7 @@ from typing import Any, Optional
 import torch
 import torch.distributed as dist
 
-from ..collectives import broadcast_object, world_size
+from ..collectives import broadcast_object, global_rank, world_size
 from ..rows import OBJECT, leaf_spec
 from .protocol import ACK_TAG, DispatchError, tensors
 from .shm import ReceiptCounter, RingReader, SharedRing, ring_bytes, shared_memory_dir
@@ -97,6 +97,14 @@ class _Wire:
         except Exception:  # interpreter shutdown
             pass
 
+    def check_group(self) -> None:
+        """Refuse to dispatch without a process group (a pickled copy of a loader has none)."""
+        if self.group is None:
+            raise RuntimeError(
+                "this DataLoaderDispatcher is a copy (pickled) or was built without a process group: it cannot "
+                "dispatch; build the loader in each process with prepare_data_loader"
+            )
+
     # -- the processes of process 0's host ----------------------------------------------------
     def find_host_processes(self, process_index: int, wanted: bool) -> frozenset[int]:
         """The processes other than 0 that share process 0's host (one collective of everybody's
@@ -106,7 +114,7 @@ class _Wire:
         everyone: list[Any] = [None] * world_size()
         dist.all_gather_object(everyone, mine, group=self.group)
         table: Optional[dict[int, str]] = None
-        if process_index == 0:
+        if global_rank() == 0:
             host, usable, _ = everyone[0]
             chosen = [j for j, (h, u, pid) in enumerate(everyone) if j and usable and (h, u) == (host, True)
                       and process_alive(pid)]
