@@ -13,7 +13,7 @@ import torch
 from torch.utils.data import default_collate
 
 from shardplug.core.rows import flatten
-from shardplug.core.shm import COLLATE_PRIVATES, CollateIntoRing, RingReader, SharedRing
+from shardplug.core.dispatch.shm import COLLATE_PRIVATES, CollateIntoRing, RingReader, SharedRing
 
 Pair = namedtuple("Pair", "left right")
 
@@ -137,6 +137,6 @@ def test_a_copy_of_the_collate_holds_no_ring(ring):
 def test_the_torch_collate_privates_shardplug_reads_still_exist():
     for dotted in COLLATE_PRIVATES:
         module, name = dotted.rsplit(".", 1)
-        assert hasattr(importlib.import_module(module), name), f"torch no longer has {dotted}: see shardplug/core/shm.py"
+        assert hasattr(importlib.import_module(module), name), f"torch no longer has {dotted}: see shardplug/core/dispatch/shm.py"
     table = importlib.import_module("torch.utils.data._utils.collate").default_collate_fn_map
     assert torch.Tensor in table and int in table and float in table

@@ -1,0 +1,134 @@
+"""The other processes' side of the step protocol: each receives its rows of every step.
+
+A process reads the message before every step (:mod:`~shardplug.core.dispatch.protocol`),
+the header when one follows, then its rows -- from process 0's ring when it shares process 0's
+host, else through the process group -- and sends its receipt. Messages of a pass it left early
+are received and dropped when its next pass starts.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterator, Optional
+
+import torch
+import torch.distributed as dist
+
+from ..collectives import broadcast_object
+from ..rows import OBJECT, unflatten
+from .protocol import (
+    CLOSE, END, ERROR, HEADER, ROWS, SAME, SEND_TAG, UNEVEN, DispatchError, DispatchStats, Header, Message,
+    has_objects, new_control, receive_message, with_rows,
+)
+from .transport import _Wire
+
+__all__ = ["StepReceiver"]
+
+
+class StepReceiver:
+    """A process other than 0: the steps of pass ``pass_number`` as ``(batch, last)``.
+
+    A failure of the process group while waiting (process 0 died, a timeout) is a
+    :class:`DispatchError` that names process 0.
+    """
+
+    def __init__(self, wire: _Wire, stats: DispatchStats, process_index: int, pass_number: int, device: torch.device) -> None:
+        self.wire, self.stats, self.process_index, self.pass_number, self.device = wire, stats, process_index, pass_number, device
+        self.group = wire.group
+
+    def steps(self) -> Iterator[tuple[Any, bool]]:
+        """Receive each step's message, then this process's rows; until the pass's last step."""
+        control = new_control(self.device)
+        header: Optional[Header] = None
+        while True:
+            try:
+                kind, last, header, batch = self._next_step(control, header)
+            except DispatchError:
+                raise
+            except RuntimeError as exc:  # torch.distributed.DistBackendError included
+                raise DispatchError(
+                    "lost process 0 (which reads and sends the data in dispatch mode), or another process of the "
+                    f"dispatch group died, while waiting for a batch: {exc}"
+                ) from exc
+            if kind in (END, CLOSE):
+                return
+            yield batch, last
+            if last:
+                return
+
+    def _next_step(self, control: torch.Tensor, header: Optional[Header]) -> tuple[int, bool, Optional[Header], Any]:
+        """The next message of this pass: (kind, last, the header now known, the batch).
+
+        Messages of an earlier pass (one this process left early) are received and dropped.
+        """
+        pass_number = self.pass_number
+        while True:
+            message = receive_message(control, self.group)
+            kind, number = message.kind, message.number
+            if number > pass_number:
+                raise DispatchError(
+                    f"process 0 is in pass {number} over the data and this process in pass {pass_number}: in dispatch "
+                    "mode every process must iterate the loader the same number of times"
+                )
+            if kind == ERROR:
+                text = broadcast_object(None, group=self.group)
+                if number == pass_number:
+                    raise DispatchError(f"process 0 failed to dispatch a batch: {text}")
+                continue
+            if kind in (END, CLOSE):
+                if number == pass_number:
+                    return kind, True, header, None
+                continue
+            header = self._header(message, header)
+            leaves = self._receive_rows(header, message)
+            header_after = None if kind == UNEVEN else header  # after uneven parts, the next step comes with a header of its own
+            self.wire.send_receipt(self.device)
+            if number < pass_number:
+                header = header_after
+                continue  # the rest of a pass this process left early
+            self.stats.steps += 1
+            return kind, bool(message.last), header_after, unflatten(iter(leaves), header[0])
+
+    def _header(self, message: Message, header: Optional[Header]) -> Header:
+        """This process's header of the step ``message`` announces (received when one follows)."""
+        kind = message.kind
+        if kind in (HEADER, UNEVEN):
+            received = broadcast_object(None, group=self.group)
+            self.stats.headers += 1
+            if kind == HEADER:
+                return received
+            first, part_rows = received
+            return with_rows(first, part_rows[self.process_index])
+        if kind == ROWS and header is not None:
+            return with_rows(header, message.rows)
+        if kind != SAME or header is None:
+            raise DispatchError(f"process 0 sent an unexpected dispatch message {kind}")
+        return header
+
+    def _receive_rows(self, header: Header, message: Message) -> list[Any]:
+        """This process's leaves of the step: pickled ones first, then tensors (from process 0's
+        ring on its host, else through the process group)."""
+        _, specs, rings = header
+        uneven = message.kind == UNEVEN
+        objects: list[Any] = []
+        if has_objects(specs):
+            box: list[Any] = [None]
+            dist.scatter_object_list(box, None, src=0, group=self.group)
+            objects = box[0]
+        shared = self.wire.read_ring(self.process_index, rings, specs, message.slot)
+        if shared is not None:  # process 0's host: the rows are in shared memory
+            tensors_in = iter(shared)
+            received = [None if dtype == OBJECT else next(tensors_in) for dtype, _ in specs]
+        else:
+            received = [None if dtype == OBJECT else torch.empty(shape, dtype=dtype, device=self.device) for dtype, shape in specs]
+        for out in received:
+            if shared is not None or out is None or (uneven and not out.numel()):
+                continue
+            if self.device.type == "cpu" or uneven:
+                dist.recv(out, src=0, group=self.group, tag=SEND_TAG)
+            else:
+                dist.scatter(out, None, src=0, group=self.group)
+        if shared is None and message.number == self.pass_number:
+            tensors = [t for t in received if t is not None]
+            self.stats.bytes_received += sum(t.numel() * t.element_size() for t in tensors)
+        values = iter(objects)
+        return [next(values) if out is None else out for out in received]

@@ -1,0 +1,270 @@
+"""The transport under the step protocol: the dispatcher's process group, its shared-memory
+rings, the receipts of every step and the liveness of the processes they come from.
+
+Process 0 keeps at most :data:`RECEIPT_LAG` steps ahead of the slowest receipt: processes on
+other hosts send one per step through the process group, those on process 0's host count theirs
+in shared memory (:class:`~shardplug.core.dispatch.shm.ReceiptCounter`), and process 0 waits for
+them by spinning, then sleeping, checking that the process still runs (:func:`process_alive`)
+and giving up after the process group's timeout.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import time
+import weakref
+from typing import Any, Optional
+
+import torch
+import torch.distributed as dist
+
+from ..collectives import broadcast_object, global_rank, world_size
+from ..rows import OBJECT, leaf_spec
+from .protocol import ACK_TAG, DispatchError, tensors
+from .shm import ReceiptCounter, RingReader, SharedRing, ring_bytes, shared_memory_dir
+
+__all__ = ["ReceiptCounter", "process_alive"]
+
+logger = logging.getLogger(__name__)
+
+RECEIPT_LAG = 2
+"""Steps process 0 may run ahead of the slowest receipt."""
+
+RING_SLOTS = RECEIPT_LAG + 2
+"""Slots of a shared-memory ring: the steps receipts may lag, the step being announced, and the
+one process 0 reads (and collates into its slot) meanwhile."""
+
+CLOSE_WAIT_S = 10.0
+"""How long closing a dispatcher waits for the receipts still due before it removes its rings."""
+
+MIN_SLOT_BYTES = 1 << 20
+"""Smallest slot of a shared-memory ring (rings double when a step outgrows them)."""
+
+SPIN_S = 2e-4
+"""How long process 0 waits for a receipt in shared memory by yielding its core, before it sleeps."""
+
+
+class _Wire:
+    """What a dispatcher keeps about its process group and the traffic on it: the group, the pass
+    numbers, the steps sent and received, the receipts and the shared-memory rings.
+
+    One per loader built with :func:`prepare_data_loader` (on every process); the copy that
+    ``skip_first_batches`` makes (``PreparedDataLoader._skipped_copy``) shares it, so that the copy
+    and the original number passes and steps alike on every process, whichever of them runs a pass.
+    A pickled loader gets an empty one: it cannot dispatch. The rings go when the last loader
+    sharing them does.
+    """
+
+    def __init__(self, group: Any = None) -> None:
+        self.group = group
+        self.passes_started = 0  # passes begun on this process; every message names process 0's
+        self.sending: Optional["weakref.ref[Any]"] = None  # process 0: the pass whose steps are being sent
+        self.closing: list[Any] = []  # process 0: close messages not yet read by every process
+        self.acks: dict[int, list[Any]] = {}  # process 0: per process elsewhere, receipts of steps not yet seen
+        self.ack_sends: list[Any] = []  # the other processes: receipts in flight
+        self.steps_received = 0  # the other processes: step messages received (all passes)
+        self.counters: dict[int, ReceiptCounter] = {}  # process 0: per process of its host, its receipts
+        self.counter: Optional[ReceiptCounter] = None  # a process on process 0's host: where it counts
+        self.pids: dict[int, int] = {}  # process 0: the process id of every process of its host
+        self.shm_targets: frozenset[int] = frozenset()  # the processes of process 0's host (shared memory)
+        self.rings: dict[int, SharedRing] = {}  # process 0: a ring per process of its host
+        self.steps_sent = 0  # process 0: steps announced (all passes)
+        self.slot_steps = [-1] * RING_SLOTS  # process 0: the step last announced in each ring slot
+        self.slots_taken = 0  # process 0: steps read, each given the next slot in turn
+        self.reader: Optional[RingReader] = None  # the others: process 0's ring for this process
+
+    def close(self) -> None:
+        """Release the shared-memory rings.
+
+        Process 0 first waits (briefly) for the receipts still due: a process that has not read its
+        last steps yet may not have mapped its ring, and removing the file would leave it nothing to map.
+        """
+        for j, ring in list(self.rings.items()):
+            failure = self.await_shared_receipts(j, self.steps_sent, CLOSE_WAIT_S)
+            if failure is not None:  # gone, or not reading any more: the file goes anyway
+                logger.debug("closing the dispatch ring of process %d without its receipts: %s", j, failure)
+            ring.close()
+        self.rings.clear()  # (the receipt counters stay: their files are gone already, and passes may follow)
+        if self.reader is not None:
+            self.reader.close()
+            self.reader = None
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:  # interpreter shutdown
+            pass
+
+    def check_group(self) -> None:
+        """Refuse to dispatch without a process group (a pickled copy of a loader has none)."""
+        if self.group is None:
+            raise RuntimeError(
+                "this DataLoaderDispatcher is a copy (pickled) or was built without a process group: it cannot "
+                "dispatch; build the loader in each process with prepare_data_loader"
+            )
+
+    # -- the processes of process 0's host ----------------------------------------------------
+    def find_host_processes(self, process_index: int, wanted: bool) -> frozenset[int]:
+        """The processes other than 0 that share process 0's host (one collective of everybody's
+        host and process id, one broadcast of the table): they read its rings and count their
+        receipts in shared memory (process 0 sees their process ids, to notice a death)."""
+        mine = (socket.gethostname(), wanted and shared_memory_dir() is not None, os.getpid())
+        everyone: list[Any] = [None] * world_size()
+        dist.all_gather_object(everyone, mine, group=self.group)
+        table: Optional[dict[int, str]] = None
+        if global_rank() == 0:
+            host, usable, _ = everyone[0]
+            chosen = [j for j, (h, u, pid) in enumerate(everyone) if j and usable and (h, u) == (host, True)
+                      and process_alive(pid)]
+            self.pids = {j: everyone[j][2] for j in chosen}
+            self.counters = {j: ReceiptCounter() for j in chosen}
+            table = {j: counter.path for j, counter in self.counters.items()}
+        table = broadcast_object(table, group=self.group)
+        if process_index in table:
+            self.counter = ReceiptCounter(table[process_index])
+        return frozenset(table)
+
+    # -- receipts -----------------------------------------------------------------------------
+    def expect_receipts(self, num_processes: int, device: torch.device) -> None:
+        """Process 0: after a step went out, wait (later) for the receipt of it of every process on
+        another host (those of its host count theirs in shared memory)."""
+        for j in range(1, num_processes):
+            if j in self.counters:
+                continue
+            receipt = torch.zeros(1, dtype=torch.int64, device=device)
+            self.acks.setdefault(j, []).append(dist.irecv(receipt, src=j, group=self.group, tag=ACK_TAG))
+
+    def await_receipts(self, slot: int) -> Optional[DispatchError]:
+        """Process 0: before the step taking ``slot`` goes out (step ``t``), wait until every
+        process received step ``t - RECEIPT_LAG``, and the processes of its host the step last
+        announced in ``slot``.
+
+        It keeps process 0 at most that many steps ahead, and a process that died (or hangs) is
+        noticed within a few steps: the others then get an error message instead of waiting. (The
+        ring has ``RECEIPT_LAG + 2`` slots, and process 0 reads one step ahead: the slot is free by
+        then, and so it is when the step was read into it.)
+        Returns the ``DispatchError`` to raise everywhere, if any.
+        """
+        for j, works in self.acks.items():
+            while len(works) > RECEIPT_LAG:
+                try:
+                    works.pop(0).wait()
+                except RuntimeError as exc:
+                    return DispatchError(f"process {j} stopped receiving dispatched batches: {exc}")
+        needed = max(self.steps_sent - RECEIPT_LAG, self.slot_steps[slot] + 1)
+        for j in self.counters:
+            failure = self.await_shared_receipts(j, needed)
+            if failure is not None:
+                return failure
+        return None
+
+    def await_shared_receipts(self, j: int, count: int, timeout_s: Optional[float] = None) -> Optional[DispatchError]:
+        """Process 0: wait until process ``j`` of its host counted ``count`` steps received; the
+        ``DispatchError`` to raise when it died or did not get there within ``timeout_s`` (the
+        process group's default timeout)."""
+        counter = self.counters.get(j)
+        if counter is None or counter.count >= count:
+            return None
+        limit = timeout_s if timeout_s is not None else default_timeout_s()
+        start = time.monotonic()
+        pause = 0.0  # yield the core only, at first: a receipt is usually a few microseconds away
+        while counter.count < count:
+            time.sleep(pause)
+            now = time.monotonic()
+            if now - start < SPIN_S:
+                continue
+            pause = min(2 * pause or 5e-5, 1e-3)
+            if pause >= 1e-3 and not process_alive(self.pids[j]):
+                return DispatchError(f"process {j} died: it stopped receiving dispatched batches")
+            if now - start > limit:
+                return DispatchError(
+                    f"process {j} received no dispatched batch for {limit:g} s: every process must iterate the loader"
+                )
+        return None
+
+    def send_receipt(self, device: torch.device) -> None:
+        """The other processes: tell process 0 that a step arrived (counted in shared memory on its host)."""
+        self.steps_received += 1
+        if self.counter is not None:
+            self.counter.count = self.steps_received  # after the step's rows were copied out
+            return
+        while len(self.ack_sends) > RECEIPT_LAG:
+            self.ack_sends.pop(0).wait()
+        receipt = torch.ones(1, dtype=torch.int64, device=device)
+        self.ack_sends.append(dist.isend(receipt, dst=0, group=self.group, tag=ACK_TAG))
+
+    # -- rings --------------------------------------------------------------------------------
+    def take_slot(self) -> int:
+        """Process 0: the ring slot the next step read takes (slots are taken in turn)."""
+        return self.slots_taken % RING_SLOTS
+
+    def slot_free(self, slot: int) -> bool:
+        """Process 0: whether every process of its host received the step last announced in ``slot``
+        (nothing is waited for)."""
+        step = self.slot_steps[slot]
+        return all(counter.count > step for counter in self.counters.values())
+
+    def ring_table(self, parts: list[list[Any]]) -> tuple[tuple[int, str, int, int], ...]:
+        """Process 0: the ring of every process of its host, each big enough for its part of this step
+        (a ring outgrown is replaced; the table is part of the header, so a change is announced)."""
+        table = []
+        for j in sorted(self.shm_targets):
+            need = ring_bytes([leaf_spec(leaf) for leaf in tensors(parts[j])])
+            ring = self.rings.get(j)
+            if ring is None or not ring.fits(need):
+                if ring is not None:
+                    ring.close(remove=False)  # the others may still map it: they remove it
+                size = max(need, 2 * ring.slot_bytes if ring is not None else 0, MIN_SLOT_BYTES)
+                ring = self.rings[j] = SharedRing(RING_SLOTS, size)
+            table.append((j, ring.path, ring.slots, ring.slot_bytes))
+        return tuple(table)
+
+    def write_ring(self, j: int, rows: list[torch.Tensor], slot: int) -> tuple[int, int]:
+        """Process 0: this step's rows for process ``j`` into ``slot`` of its ring (free: see
+        :meth:`await_receipts`); rows collated there already stay where they are. Returns the
+        bytes of the rows and the bytes copied."""
+        total = sum(t.numel() * t.element_size() for t in rows)
+        return total, self.rings[j].write(slot, rows)
+
+    def holds(self, leaf: Any) -> bool:
+        """Process 0: whether ``leaf`` is a tensor in one of its rings."""
+        return isinstance(leaf, torch.Tensor) and any(ring.holds(leaf) for ring in self.rings.values())
+
+    def read_ring(
+        self, process_index: int, rings: tuple[Any, ...], specs: list[tuple[Any, Any]], slot: int
+    ) -> Optional[list[torch.Tensor]]:
+        """The other processes: this step's tensors (of the leaf ``specs``) from ``slot`` of process 0's ring for this process, or ``None`` when they come through the
+        process group."""
+        entry = next((e for e in rings if e[0] == process_index), None)
+        if entry is None:
+            return None
+        _, path, slots, slot_bytes = entry
+        if self.reader is None or self.reader.path != path:
+            if self.reader is not None:
+                self.reader.close()
+            self.reader = RingReader(path, slots, slot_bytes)
+        return self.reader.read(slot, [spec for spec in specs if spec[0] != OBJECT])
+
+
+def process_alive(pid: int) -> bool:
+    """Whether process ``pid`` of this host runs: on Linux by ``/proc`` (a zombie does not run)."""
+    if not os.path.isdir("/proc"):
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:  # another user's: it exists
+            pass
+        return True
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            return stat.read().rsplit(b")", 1)[1].split()[0] not in (b"Z", b"X")
+    except FileNotFoundError:
+        return False
+
+
+def default_timeout_s() -> float:
+    """The process group's default timeout, in seconds (how long a receipt may take)."""
+    return dist.constants.default_pg_timeout.total_seconds()

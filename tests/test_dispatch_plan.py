@@ -1,0 +1,90 @@
+"""The rows of a dispatched step, as the plan decides them (one process, no process group).
+
+For any rows and number of processes: the parts of a step are consecutive, cover it exactly
+and differ by at most one row; a short step is padded to a multiple of N with the epoch's head,
+cycled; N full batches of equal rows are every process's part as they are; a step whose
+batches do not agree is refused.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from shardplug import DispatchError
+from shardplug.core.layout import ShardLayout
+from shardplug.core.plan import DispatchPlan
+from shardplug.core.plan.dispatch import CutStep
+from shardplug.core.rows import slice_rows
+
+
+def _plan(n: int, even_batches: bool = True, split_batches: bool = False) -> DispatchPlan:
+    return DispatchPlan(ShardLayout.for_batches(n if split_batches else 1, n, 0, split_batches, even_batches))
+
+
+@settings(max_examples=200, deadline=None)
+@given(rows=st.integers(0, 60), n=st.integers(1, 8))
+def test_the_parts_of_a_step_are_consecutive_and_as_equal_as_can_be(rows: int, n: int) -> None:
+    step = torch.arange(rows)
+    parts = _plan(n, even_batches=False).cut(step, slice_rows)
+    assert torch.cat(parts).tolist() == list(range(rows))
+    sizes = [len(part) for part in parts]
+    assert max(sizes) - min(sizes) <= 1 and sizes == sorted(sizes, reverse=True)
+
+
+@settings(max_examples=200, deadline=None)
+@given(rows=st.integers(1, 30), n=st.integers(1, 6), head=st.integers(1, 6))
+def test_a_short_step_is_padded_with_the_epoch_head_cycled(rows: int, n: int, head: int) -> None:
+    plan = _plan(n)
+    first = torch.arange(100, 100 + head)
+    padded = plan.step([torch.arange(rows)], [rows], plan.head_rows([first]), uncut=False)
+    kept = min(head, plan.head_size)
+    missing = -rows % n
+    assert padded.tolist() == list(range(rows)) + [100 + i % kept for i in range(missing)]
+    assert len(padded) % n == 0
+
+
+def test_n_full_batches_of_equal_rows_are_the_parts_as_they_are() -> None:
+    plan = _plan(3)
+    group = [torch.full((2,), j) for j in range(3)]
+    step = plan.step(group, plan.check_step(group), None, uncut=True)
+    assert isinstance(step, CutStep) and plan.cut(step, slice_rows) is group
+    joined = plan.step(group, plan.check_step(group), None, uncut=False)  # a slice_fn of the user's: joined
+    assert joined.tolist() == [0, 0, 1, 1, 2, 2]
+
+
+def test_unequal_batches_are_joined_and_padded_from_the_head() -> None:
+    plan = _plan(2)
+    group = [torch.arange(3), torch.arange(3, 5)]
+    step = plan.step(group, plan.check_step(group), plan.head_rows(group), uncut=True)
+    assert [part.tolist() for part in plan.cut(step, slice_rows)] == [[0, 1, 2], [3, 4, 0]]
+
+
+def test_a_step_drops_its_short_group_only_with_drop_last() -> None:
+    keep = DispatchPlan(ShardLayout.for_batches(2, 2))
+    drop = DispatchPlan(ShardLayout.for_batches(2, 2, drop_last=True))
+    assert keep.takes_step([torch.zeros(2)]) and not drop.takes_step([torch.zeros(2)])
+    assert drop.takes_step([torch.zeros(2), torch.zeros(2)])
+
+
+@pytest.mark.parametrize(
+    "group, words",
+    [
+        ([{"x": torch.zeros(2, 3)}, {"x": torch.zeros(2, 4)}], "differ in structure or in shape"),
+        ([{"x": torch.zeros(2), "y": torch.zeros(3)}], "the same number of rows"),
+        ([7], "no tensor with a batch dimension"),
+    ],
+)
+def test_a_step_that_cannot_be_dispatched_is_refused(group: list, words: str) -> None:
+    with pytest.raises(DispatchError, match=words):
+        _plan(2).check_step(group)
+
+
+def test_a_slice_fn_whose_parts_disagree_is_refused() -> None:
+    def uneven_width(batch, rows, j, n):
+        return batch[rows, : j + 1]
+
+    with pytest.raises(DispatchError, match="slice_fn_for_dispatch returned parts"):
+        _plan(2).cut(torch.zeros(4, 3), uneven_width)
