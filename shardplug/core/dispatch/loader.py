@@ -12,6 +12,7 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader, IterableDataset, default_collate
 
+from .. import compat
 from ..collectives import broadcast_object, communication_device, global_rank, world_size
 from ..config import ShardplugConfig, renamed_option
 from ..layout import ShardLayout
@@ -276,6 +277,6 @@ def _plain_iteration(cls: type, stateful: bool) -> bool:
     after = super(PreparedDataLoader, cls)
     known = [stateful_dataloader_class()] if stateful else [DataLoader]
     return any(
-        getattr(after, "__iter__", None) is getattr(base, "__iter__") and getattr(after, "_get_iterator", None)
-        is getattr(base, "_get_iterator", None) for base in known
+        getattr(after, "__iter__", None) is getattr(base, "__iter__")
+        and compat.get_iterator_method(after) is compat.get_iterator_method(base) for base in known
     )

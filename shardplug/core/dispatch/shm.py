@@ -31,10 +31,10 @@ from typing import Any, Optional
 
 import torch
 from torch.utils.data import default_collate
-from torch.utils.data._utils import collate as _torch_collate
+from ..compat import torch_collate as _torch_collate
 
 __all__ = [
-    "SharedRing", "RingReader", "ReceiptCounter", "CollateIntoRing", "COLLATE_PRIVATES", "ring_bytes", "shared_memory_dir",
+    "SharedRing", "RingReader", "ReceiptCounter", "CollateIntoRing", "ring_bytes", "shared_memory_dir",
 ]
 
 logger = logging.getLogger(__name__)
@@ -236,19 +236,6 @@ class ReceiptCounter:
 def ring_bytes(specs: list[tuple[Any, Any]]) -> int:
     """Bytes one part of the tensor ``specs`` takes in a slot (each tensor's start aligned)."""
     return sum(_padded(_nbytes(dtype, shape)) for dtype, shape in specs)
-
-
-COLLATE_PRIVATES: dict[str, str] = {
-    "torch.utils.data._utils.collate.collate": "default_collate's recursion over dicts, sequences and "
-    "namedtuples, with a table of per-type functions (the documented way to extend default_collate)",
-    "torch.utils.data._utils.collate.default_collate_fn_map": "that table as default_collate uses it",
-    "torch.utils.data._utils.collate.collate_tensor_fn": "default_collate's function for tensors",
-    "torch.utils.data._utils.collate.collate_float_fn": "its function for Python floats (placed in the slot after it)",
-    "torch.utils.data._utils.collate.collate_int_fn": "its function for Python ints (likewise)",
-    "torch.utils.data._utils.collate.collate_numpy_scalar_fn": "its function for numpy scalars (likewise)",
-}
-"""Every private part of torch :class:`CollateIntoRing` uses (no public API reaches
-``default_collate``'s per-type table); tests/test_shm.py fails when torch drops one."""
 
 
 class CollateIntoRing:
