@@ -13,7 +13,7 @@ sample counts once.** An evaluation loader therefore
   the loader: a process whose last step holds no real sample then gets a batch of 0 rows;
 * never dispatches and is not tied to a gradient state.
 
-``drop_padding``/``gather_for_metrics`` (:mod:`shardplug.core.metrics`) trim the marked padding
+``drop_padding``/``gather_for_metrics`` (:mod:`shardplug.core.metrics`) drop the marked padding
 of per-sample results; a loader that already dropped it is left as it is.
 
 Example::
@@ -55,7 +55,7 @@ def prepare_eval_loader(dataloader: Any, *, drop_padding: bool = False, **kwargs
             "even_batches=False is invalid for an evaluation loader: processes would run different numbers of "
             "evaluation steps (a process with fewer, or none, leaves the others waiting in a collective). Leave "
             "even_batches out: every process gets the same number of batches, the padding is marked "
-            "(loader.batch_real_count) and trimmed by drop_padding=True or shardplug.gather_for_metrics"
+            "(loader.batch_real_count) and dropped by drop_padding=True or shardplug.gather_for_metrics"
         )
     config = kwargs.pop("config", None)
     if config is not None:  # the decided options replace the config's; their keywords say nothing more

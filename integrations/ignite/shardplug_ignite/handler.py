@@ -64,7 +64,8 @@ class ShardplugHandler(Serializable):
         scaler: a ``torch.amp.GradScaler``: prepared optimizers step through it, the training
             step scales the loss and runs the forward pass under ``torch.autocast``.
         device: the process's device (``None``: the local CUDA device, else CPU).
-        num_processes, process_index: ``None`` = from the running job (``idist``'s process group).
+        num_processes: ``None`` = from the running job (``idist``'s process group).
+        process_index: ``None`` = from the running job.
 
     :meth:`attach` attaches :class:`~shardplug_ignite.epochs.EpochSync` (``STARTED``,
     ``EPOCH_STARTED``, ``DATALOADER_STOP_ITERATION``, ``TERMINATE_SINGLE_EPOCH``: the loader's

@@ -57,9 +57,10 @@ class ShardplugStrategyMixin(ShardplugOptions):
     Args:
         config: a ``shardplug.core.config.ShardplugConfig``; the keywords below override its fields,
             and the strategy holds the merged value (``strategy.shardplug_config``).
-        split_batches, even_batches, dispatch_batches, use_seedable_sampler, data_seed, non_blocking,
-            use_stateful_dataloader, put_on_device, rng_types, slice_fn_for_dispatch,
-            shuffle_algorithm: the ``prepare_data_loader`` options used for training loaders.
+        **options: the ``prepare_data_loader`` options used for training loaders, by name
+            (``split_batches``, ``even_batches``, ``dispatch_batches``, ``use_seedable_sampler``,
+            ``data_seed``, ``non_blocking``, ``use_stateful_dataloader``, ``put_on_device``,
+            ``rng_types``, ``slice_fn_for_dispatch``, ``shuffle_algorithm``).
             ``even_batches=False`` is refused: Lightning cannot join ranks that run out of batches
             at different steps.
         eval_even_batches: what validation / test batches hold. Every rank always runs the same
@@ -70,7 +71,7 @@ class ShardplugStrategyMixin(ShardplugOptions):
             / ``test_step``, so every sample counts exactly once (a rank whose last step holds no
             real sample gets a batch of 0 rows). ``True``: batches keep their padding rows,
             marked in the loader's ``batch_real_count`` (``shardplug.drop_padding`` /
-            ``gather_for_metrics`` trim them). Predict loaders are never padded.
+            ``gather_for_metrics`` drop them). Predict loaders are never padded.
         step_scheduler_with_optimizer: ``interval="step"`` schedulers step only after a real
             optimizer update (not after one ``GradScaler`` skipped). ``False``: Lightning's behaviour.
         scale_scheduler_by_num_processes: step ``interval="step"`` schedulers ``world_size`` times
