@@ -1,4 +1,4 @@
-"""The audit at scale (SPEC §11): two bits per sample and epoch, one collective to gather,
+"""The audit at scale (docs/semantics.md): two bits per sample and epoch, one collective to gather,
 reports that summarise; exact about duplicates also across processes."""
 
 from __future__ import annotations

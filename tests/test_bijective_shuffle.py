@@ -1,4 +1,4 @@
-"""The bijective shuffle (SPEC §11): a bijection for every n, statistical quality, and the same
+"""The bijective shuffle (docs/sharding.md, "Shuffling"): a bijection for every n, statistical quality, and the same
 orders on every process and number of processes (the plan properties run over it too)."""
 
 from __future__ import annotations

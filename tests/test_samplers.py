@@ -1,4 +1,4 @@
-"""BatchSamplerShard and SeedableRandomSampler: SPEC §2 worked examples and properties."""
+"""BatchSamplerShard and SeedableRandomSampler: the worked examples of docs/sharding.md and properties."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ def shards(n, b, num_processes, split=False, even=True, drop_last=False):
     ]
 
 
-# SPEC §2 table: (n, b, split, even, drop_last) -> expected per-process batches (N = 2).
+# docs/sharding.md table: (n, b, split, even, drop_last) -> expected per-process batches (N = 2).
 SEQ = lambda start, stop, b: [list(range(k, min(k + b, stop))) for k in range(start, stop, b)]  # noqa: E731
 
 

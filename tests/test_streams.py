@@ -1,4 +1,4 @@
-"""Streams as users run them (SPEC §8): Hugging Face ``datasets`` and webdataset built from local
+"""Streams as users run them (docs/streams.md): Hugging Face ``datasets`` and webdataset built from local
 files, on 2 real gloo processes, with DataLoader workers: every element once per epoch, equal step
 counts, streams already split by node refused with the fix."""
 

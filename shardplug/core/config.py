@@ -1,6 +1,6 @@
 """One configuration value for every shardplug front-end.
 
-:class:`ShardplugConfig` holds the options of SPEC §5 (data loading) and §6 (stepping) once, so a
+:class:`ShardplugConfig` holds the data-loading and stepping options once, so a
 plain-PyTorch :class:`~shardplug.core.training.TrainingRun` and the framework integrations take the
 same value. It is frozen and validated on construction: a bad option fails where it is written,
 with a message naming the argument, the value and the fix.
@@ -200,7 +200,7 @@ class ShardplugConfig:
             )
 
     def scales_scheduler(self, front_end: str) -> bool:
-        """Whether prepared schedulers step ``num_processes`` times per optimizer step (SPEC §6).
+        """Whether prepared schedulers step ``num_processes`` times per optimizer step.
 
         ``scale_scheduler_by_num_processes`` when set, else the convention of ``front_end``
         (:data:`FRONT_ENDS`: ``"pytorch"`` scales, ``"lightning"``, ``"fabric"`` and ``"ignite"`` do

@@ -145,7 +145,7 @@ def _worker_data(local_rank: int, out_dir: str) -> None:
 
 
 def _reference_shards(order: list[int], batch_size: int, split: bool) -> list[list[list[int]]]:
-    """Per-rank batches of one epoch, from the SPEC's rule (pad the last step from the epoch start)."""
+    """Per-rank batches of one epoch, from the documented rule (docs/semantics.md) (pad the last step from the epoch start)."""
     step = batch_size if split else batch_size * WORLD
     padded = list(order)
     while len(padded) % step:
