@@ -268,12 +268,7 @@ class DataLoaderDispatcher(DataLoaderShard):
             state["collate_fn"] = default_collate
         return rebuild, args, state
 
-    def _inner_state_resumes(self) -> bool:
-        """Never: process 0 reads a step ahead (its announcement says whether a step is the pass's
-        last), so a ``StatefulDataLoader``'s own state is past the step handed out last (and the
-        other processes' states never moved). The position's skip is exact (by index for map-style
-        data, by reading past the global batches of a stream) and repositions the pass instead."""
-        return False
+    _source_marks_last = True  # _receive yields (batch, last): the end of the pass is process 0's, on every process
 
     overlap_reads: Optional[bool] = None
     """Process 0 reads the next step while the current one is sent: ``None`` decides by the cores
@@ -391,13 +386,6 @@ class DataLoaderDispatcher(DataLoaderShard):
                 "this DataLoaderDispatcher is a copy (pickled) or was built without a process group: it cannot "
                 "dispatch; build the loader in each process with prepare_data_loader"
             )
-
-    def _deliver(self, batches: Iterator[Any], current: Any) -> Iterator[Any]:
-        """Hand out ``(batch, last)`` steps: the end of the pass is process 0's, on every process."""
-        count = current.batches_yielded
-        for batch, last in batches:
-            count += 1
-            yield self._hand_out(batch, current, count, last)
 
     def _local_steps(self, skip: int) -> Iterator[tuple[Any, bool]]:
         """Without a process group: process 0's own part of every step."""

@@ -62,3 +62,15 @@ class DispatchPlan(Unchanged):
     def finished(self, consumed: int) -> Optional[bool]:
         rest = self.num_batches(consumed)
         return None if rest is None else rest == 0
+
+    # -- answers of the loader's protocol (position keeping, pass start) --
+    inner_state_resumes = False
+    """Process 0 reads a step ahead (its announcement says whether a step is the pass's last), so a
+    ``StatefulDataLoader``'s own state is past the step handed out last (and the other processes'
+    states never moved): a resume skips by the position (by index for map-style data, by reading past
+    the global batches of a stream), which is exact."""
+
+    @property
+    def stream(self) -> bool:
+        """Process 0 reads a stream (its global batches are read and dropped on a resume: no ``source``)."""
+        return self.source is None
