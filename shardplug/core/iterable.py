@@ -55,23 +55,21 @@ class IterableDatasetShard(IterableDataset):
             raise ValueError(f"batch_size={batch_size!r} must be an integer >= 1")
         # A one-element batch cannot be cut: it is then read as N one-element slices.
         layout = ShardLayout(num_processes, process_index, split_batches and batch_size > 1, even_batches, drop_last, batch_size)
-        self.splits_by_worker = splits_by_worker(dataset)
+        splits = splits_by_worker(dataset)
         # A stream that splits itself across workers pads each worker's part: its length is not the stream's.
-        length = None if self.splits_by_worker else sized_length(dataset)
-        self.plan = StreamPlan(layout, length)
+        length = None if splits else sized_length(dataset)
+        # every process must read the same stream: the first global batch of each pass is compared
+        self.plan = StreamPlan(layout, length, splits_by_worker=splits, first_batch=FirstBatchCheck())
         self.dataset = dataset
         self.batch_size = batch_size
         self.split_batches = split_batches
         self.epoch = 0
-        # dataset.state_dict() at the last few global-batch boundaries, keyed by elements read
-        self._boundary_states: dict[int, Any] = {}
-        # every process must read the same stream: the first global batch of each pass is compared
-        self._fingerprint = FirstBatchCheck()
         generator = getattr(dataset, "generator", None)
         self._generator_seed: Optional[int] = (
             generator.initial_seed() if isinstance(generator, torch.Generator) and not hasattr(dataset, "set_epoch") else None
         )
 
+    splits_by_worker = property(lambda self: self.plan.splits_by_worker)
     drop_last = property(lambda self: self.plan.layout.drop_last)
     even_batches = property(lambda self: self.plan.layout.even_batches)
     num_processes = property(lambda self: self.plan.layout.num_processes)
@@ -106,19 +104,19 @@ class IterableDatasetShard(IterableDataset):
         )
 
     def begin_pass(self) -> None:
-        """The loader starts a pass (in its own process, before any worker reads it)."""
-        self.plan.observed = None
-        self._fingerprint.begin_pass()
+        """The loader starts a pass (in its own process, before any worker reads it): its plan's
+        :meth:`~shardplug.core.plan.StreamPlan.begin_pass`."""
+        self.plan.begin_pass()
 
     def check_first_batch(self) -> None:
         """Every process compares the first global batch of this pass (a collective: call it on every
         process, after the pass's first batch was fetched or the pass ended); a ``RuntimeError`` on
-        every process when the streams differ."""
-        self._fingerprint.agree()
+        every process when the streams differ.  The plan's ``pass_batches`` does it for the loader."""
+        self.plan.first_batch.agree()
 
     def state_at(self, elements: int) -> Any:
         """The dataset's ``state_dict()`` after its first ``elements`` elements of this pass, if recorded."""
-        return self._boundary_states.get(elements)
+        return self.plan.saved_state(elements)
 
     def __iter__(self) -> Iterator[Any]:
         if self._generator_seed is not None:
@@ -129,19 +127,20 @@ class IterableDatasetShard(IterableDataset):
         if self.splits_by_worker:  # the dataset gives this worker its own part: share all of it by process
             workers, worker = 1, 0
         read = 0
-        self._boundary_states = {}
+        self.plan.boundary_states = {}
         skip, dataset_state = self.plan.take_start()
         if dataset_state is not None:  # the dataset repositions itself (its first batch is then what pads)
             read, skip = skip, 0
             self.dataset.load_state_dict(dataset_state)
         on_boundary = self._record_state if self.repositions_itself else None
-        on_first = self._fingerprint.recorder() if first_reader and self.num_processes > 1 else None
+        on_first = self.plan.first_batch.recorder() if first_reader and self.num_processes > 1 else None
         yield from self.plan.elements(iter(self.dataset), worker, workers, skip, read, on_boundary, on_first)
 
     def _record_state(self, read: int) -> None:
         """Keep the dataset's state at a few global-batch boundaries: the loader looks at most two batches ahead."""
-        self._boundary_states[read] = self.dataset.state_dict()
-        self._boundary_states.pop(read - 4 * self.global_batch_size, None)
+        states = self.plan.boundary_states
+        states[read] = self.dataset.state_dict()
+        states.pop(read - 4 * self.global_batch_size, None)
 
     def __len__(self) -> int:
         if self.plan.length is None:

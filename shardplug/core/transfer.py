@@ -1,4 +1,5 @@
-"""Moving (nested) batches to a device."""
+"""Moving (nested) batches to a device: :func:`send_to_device`, and the :class:`DeviceTransfer` of a
+prepared loader (what each pass moves its batches with)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import torch
 
 from .rows import map_leaves
 
-__all__ = ["send_to_device"]
+__all__ = ["send_to_device", "DeviceTransfer"]
 
 
 def send_to_device(
@@ -45,3 +46,28 @@ def send_to_device(
         return leaf
 
     return map_leaves(data, move, skip_keys=set(skip_keys or ()))
+
+
+class DeviceTransfer:
+    """Moves each batch a prepared loader hands out to ``device`` (:func:`send_to_device`).
+
+    Example::
+
+        >>> move = DeviceTransfer.to("cpu")
+        >>> move({"x": torch.ones(1)})["x"].device.type, DeviceTransfer.to(None)
+        ('cpu', None)
+    """
+
+    __slots__ = ("device", "non_blocking")
+
+    def __init__(self, device: Union[str, torch.device], non_blocking: bool = False) -> None:
+        self.device = torch.device(device)
+        self.non_blocking = bool(non_blocking)
+
+    @classmethod
+    def to(cls, device: Union[str, torch.device, None], non_blocking: bool = False) -> Optional["DeviceTransfer"]:
+        """The transfer to ``device``, or ``None`` where batches stay where they are (no device)."""
+        return None if device is None else cls(device, non_blocking)
+
+    def __call__(self, batch: Any) -> Any:
+        return send_to_device(batch, self.device, self.non_blocking)

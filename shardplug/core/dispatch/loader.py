@@ -186,12 +186,7 @@ class DataLoaderDispatcher(DataLoaderShard):
             state["collate_fn"] = default_collate
         return rebuild, args, state
 
-    def _inner_state_resumes(self) -> bool:
-        """Never: process 0 reads a step ahead (its announcement says whether a step is the pass's
-        last), so a ``StatefulDataLoader``'s own state is past the step handed out last (and the
-        other processes' states never moved). The position's skip is exact (by index for map-style
-        data, by reading past the global batches of a stream) and repositions the pass instead."""
-        return False
+    _source_marks_last = True  # _receive yields (batch, last): the end of the pass is process 0's, on every process
 
     overlap_reads: Optional[bool] = None
     """Process 0 reads the next step while the current one is sent: ``None`` decides by the cores
@@ -245,13 +240,6 @@ class DataLoaderDispatcher(DataLoaderShard):
             uncut=not self.split_batches and self.slice_fn is slice_rows, collate=self._collate,
             record=self._pass.record, load=load,
         )
-
-    def _deliver(self, batches: Iterator[Any], current: Any) -> Iterator[Any]:
-        """Hand out ``(batch, last)`` steps: the end of the pass is process 0's, on every process."""
-        count = current.batches_yielded
-        for batch, last in batches:
-            count += 1
-            yield self._hand_out(batch, current, count, last)
 
     def close(self) -> None:
         """Release the shared-memory rings of this loader (also done when it is garbage collected,

@@ -231,3 +231,15 @@ class DispatchPlan(Unchanged):
             if skeleton != first_skeleton or [_trailing(l) for l in leaves] != [_trailing(l) for l in first_leaves]:
                 raise DispatchError("slice_fn_for_dispatch returned parts of different structure or shape for different processes")
         return parts
+
+    # -- answers of the loader's protocol (position keeping, pass start) --
+    inner_state_resumes = False
+    """Process 0 reads a step ahead (its announcement says whether a step is the pass's last), so a
+    ``StatefulDataLoader``'s own state is past the step handed out last (and the other processes'
+    states never moved): a resume skips by the position (by index for map-style data, by reading past
+    the global batches of a stream), which is exact."""
+
+    @property
+    def stream(self) -> bool:
+        """Process 0 reads a stream (its global batches are read and dropped on a resume: no ``source``)."""
+        return self.source is None

@@ -11,12 +11,12 @@ from torch.utils.data import BatchSampler, RandomSampler, SequentialSampler
 from ..layout import ShardLayout
 from ..shuffle import BijectiveRandomSampler, SeedableRandomSampler, advance_past_randperm, draw_seed
 from .arithmetic import ArithmeticShard, EpochHead, EpochOrder, shard_length, walk_shard_counted
-from .protocol import PassRecord, Unchanged, check_consumed, global_batch_samples
+from .protocol import PassRecord, PlanDefaults, check_consumed, global_batch_samples
 
 __all__ = ["BatchSamplerPlan"]
 
 
-class BatchSamplerPlan(Unchanged):
+class BatchSamplerPlan(PlanDefaults):
     """One process's batches of a batch sampler's global batches (map-style data).
 
     Standard ``BatchSampler`` over ``SequentialSampler`` / ``RandomSampler`` /
@@ -25,6 +25,8 @@ class BatchSamplerPlan(Unchanged):
     """
 
     unit = "global_batches"
+    stream = False
+    exact_length = True
     untracked_reason = None
 
     def __init__(self, batch_sampler: Iterable[Sequence[int]], layout: ShardLayout) -> None:
@@ -43,7 +45,13 @@ class BatchSamplerPlan(Unchanged):
         return self.index_batches(first, record)
 
     def batch_record(self, record: PassRecord, batch: int) -> tuple[list[int], int]:
-        return record.batches.popleft()  # type: ignore[union-attr]
+        """The next batch logged where the batch sampler drew it (those a ``StatefulDataLoader``
+        fast-forwarded past were logged too: they are dropped first)."""
+        log = record.batches
+        while record.fast_forwarded:
+            log.popleft()  # type: ignore[union-attr]
+            record.fast_forwarded -= 1
+        return log.popleft()  # type: ignore[union-attr]
 
     @property
     def sampler(self) -> Any:

@@ -9,7 +9,7 @@ import torch
 
 from ..layout import ShardLayout
 from ..rows import first_leaf, map_leaves
-from .protocol import PassRecord, check_consumed
+from .protocol import PassRecord, PlanDefaults, check_consumed
 
 __all__ = ["NativeStreamPlan"]
 
@@ -27,7 +27,7 @@ def _detached(batch: Any) -> Any:
     return map_leaves(batch, lambda leaf: leaf.clone() if isinstance(leaf, torch.Tensor) else leaf)
 
 
-class NativeStreamPlan:
+class NativeStreamPlan(PlanDefaults):
     """A stream that sharded itself: this process reads only its shards (``dataset.shard(N, i)``).
 
     Each element is read by one process.  Equal step counts come from the parts' batch counts
@@ -43,11 +43,12 @@ class NativeStreamPlan:
     """
 
     unit = "batches"
+    stream = True
     consumed_per_batch = 1
     untracked_reason = None
     identifies_samples = False  # the stream's elements have no index shardplug knows
     reads_ahead = True
-    needs_tags = False
+    inner_state_resumes = False
     """Batches are read from the loader ahead of those handed out (the agreement's chunk), so a
     ``StatefulDataLoader``'s own state is past the place: a resume skips by this plan's count instead."""
 

@@ -3,25 +3,35 @@ batches (:class:`LocalPlan`)."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import itertools
 from typing import Any, Callable, Iterator, Optional
 
+from ..collectives import world_size
+from ..fingerprint import FirstBatchCheck
 from ..layout import ShardLayout
 from .padding import PaddingTag, untagged
-from .protocol import PassRecord, Unchanged, check_consumed, global_batch_samples
+from .protocol import PassRecord, PlanDefaults, check_consumed, global_batch_samples
 
 __all__ = ["StreamPlan", "LocalPlan"]
 
 
-class StreamPlan(Unchanged):
+class StreamPlan(PlanDefaults):
     """A stream every process reads whole, keeping its part of each global batch.
 
     A global batch is ``step_batch_size`` consecutive elements; process ``i`` keeps the slice
     ``[i*w, (i+1)*w)`` of it (``w`` = ``process_batch_size``).  A short final global batch is
     dropped (``drop_last``), completed with the epoch's first elements, cycled (``even_batches``),
     or left short (``even_batches=False``: the leftovers go to the first processes).  Inside
-    DataLoader workers, worker ``w`` of ``W`` keeps global batches ``w, w+W, ...``.
+    DataLoader workers, worker ``w`` of ``W`` keeps global batches ``w, w+W, ...``; a stream that
+    splits itself across workers (``splits_by_worker``) is shared out within each worker's part.
+
+    What the reader (:class:`~shardplug.core.iterable.IterableDatasetShard`) finds while it reads is
+    kept here for the loader: the stream's length once read to its end (:attr:`observed`), the
+    dataset's own state at the last global-batch boundaries (:attr:`boundary_states`, a position's
+    ``dataset_state``) and the fingerprint of each pass's first global batch (``first_batch``,
+    compared between the processes once the pass's first batch was read).
 
     Example::
 
@@ -31,12 +41,24 @@ class StreamPlan(Unchanged):
     """
 
     unit = "elements"
+    stream = True
 
-    def __init__(self, layout: ShardLayout, length: Optional[int] = None) -> None:
+    def __init__(
+        self,
+        layout: ShardLayout,
+        length: Optional[int] = None,
+        splits_by_worker: bool = False,
+        first_batch: Optional[FirstBatchCheck] = None,
+    ) -> None:
         if layout.batch_size is None:
             raise ValueError("a stream shard needs a batch size (elements per process batch); pass batch_size >= 1")
         self.layout = layout
         self.length = length
+        self.splits_by_worker = splits_by_worker
+        self.first_batch = first_batch
+        self.boundary_states: dict[int, Any] = {}
+        """The dataset's ``state_dict()`` at the last few global-batch boundaries of the pass, keyed by
+        elements read (recorded where the dataset repositions itself and is read in this process)."""
         self.pending_start: tuple[int, Any] = (0, None)
         """(elements, dataset state) the next pass starts after (see :meth:`start_after`)."""
         self.untracked_reason: Optional[str] = None
@@ -58,8 +80,33 @@ class StreamPlan(Unchanged):
         return 0
 
     def take_start(self) -> tuple[int, Any]:
+        """The pending start (the reader takes it when its pass begins: one-shot)."""
         start, self.pending_start = self.pending_start, (0, None)
         return start
+
+    @contextlib.contextmanager
+    def start_in_workers(self, num_workers: int) -> Iterator[bool]:
+        if num_workers == 0:  # the reader runs in this process and takes the start itself
+            yield False
+            return
+        yield self.pending_start != (0, None)
+        self.take_start()  # the workers carry it: this process's copy must not carry it into the next pass
+
+    def saved_state(self, consumed: int) -> Any:
+        """The dataset's own state after ``consumed`` elements of this pass (a dataset that repositions
+        itself, read in this process), if recorded."""
+        return self.boundary_states.get(consumed)
+
+    def begin_pass(self) -> None:
+        self.observed = None
+        if self.first_batch is not None:
+            self.first_batch.begin_pass()
+
+    def start_tagging(self) -> bool:
+        if not self.needs_tags or self.tags:
+            return False
+        self.tags = True
+        return True
 
     @property
     def consumed_per_batch(self) -> int:
@@ -103,8 +150,13 @@ class StreamPlan(Unchanged):
         return None if elements is None else elements == 0
 
     def pass_batches(self, batches: Iterator[Any], record: PassRecord) -> Iterator[Any]:
-        """The loader's batches, their padding tags (when :attr:`tags`) taken off into ``record``."""
-        return untagged(batches, record) if self.tags else batches
+        """The loader's batches, their padding tags (when :attr:`tags`) taken off into ``record``; on
+        several processes the first global batches are compared once the first batch was read."""
+        if self.tags:
+            batches = untagged(batches, record)
+        if self.first_batch is not None and self.layout.num_processes > 1 and world_size() > 1:
+            batches = _checked_first_batch(batches, self.first_batch)
+        return batches
 
     def batch_record(self, record: PassRecord, batch: int) -> tuple[list[int], int]:
         """(stream positions, real count) of this process's ``batch``-th batch of the pass
@@ -184,10 +236,12 @@ class StreamPlan(Unchanged):
         return cut
 
 
-class LocalPlan(Unchanged):
+class LocalPlan(PlanDefaults):
     """The loader's own batches are this process's part: a stream that sharded itself (each
     process reads only its shards), or data read by this process alone.  A position counts this
-    loader's batches, so it resumes only with the same number of processes."""
+    loader's batches, so it resumes only with the same number of processes.  ``stream``: whether
+    that data is a stream (``False`` for map-style data read as it is: its positions then name its
+    sampler and length)."""
 
     unit = "batches"
     consumed_per_batch = 1
@@ -197,9 +251,10 @@ class LocalPlan(Unchanged):
         "cannot be told apart; use loader.remainder for the last global batch"
     )
 
-    def __init__(self, layout: ShardLayout, length: Optional[int] = None) -> None:
+    def __init__(self, layout: ShardLayout, length: Optional[int] = None, stream: bool = True) -> None:
         self.layout = layout
         self.length = length
+        self.stream = stream
 
     def start_after(self, consumed: int, dataset_state: Any = None) -> int:
         return check_consumed(consumed)  # the loader reads and drops them
@@ -219,3 +274,16 @@ class LocalPlan(Unchanged):
     def finished(self, consumed: int) -> Optional[bool]:
         rest = self.num_batches(consumed)
         return None if rest is None else rest == 0
+
+
+def _checked_first_batch(batches: Iterator[Any], check: FirstBatchCheck) -> Iterator[Any]:
+    """``batches``, with the processes' first global batches compared once the first one was read."""
+    iterator = iter(batches)
+    try:
+        first = next(iterator)
+    except StopIteration:
+        check.agree()
+        return
+    check.agree()
+    yield first
+    yield from iterator
