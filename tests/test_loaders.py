@@ -477,17 +477,3 @@ def test_shards_that_do_not_divide_are_read_once_and_balanced_by_rows():
     assert real == [[0, 1, 2, 3, 4, 200, 202, 204], [100, 101, 102, 103, 104, 201, 203]]
     assert [len(part) for part in seen] == [len(l) for l in loaders] == [4, 4], "equal counts from the parts' lengths"
     assert [batch for batch, _ in seen[1]] == [[100, 101], [102, 103], [104, 201], [203]]
-
-
-def test_the_dataloader_privates_shardplug_touches_still_exist():
-    import inspect
-
-    from shardplug.core.loaders import DATALOADER_PRIVATES
-
-    loader = DataLoader(range(4))
-    for dotted in DATALOADER_PRIVATES:
-        name = dotted.rsplit(".", 1)[1]
-        assert hasattr(loader, name), f"torch's DataLoader no longer has {name}: see shardplug/core/loaders.py"
-    assert loader._iterator is None and "self._iterator" in inspect.getsource(DataLoader.__iter__), (
-        "DataLoader.__iter__ no longer keeps its persistent iterator in _iterator"
-    )

@@ -28,6 +28,7 @@ from typing import Any, Iterable, Iterator, Optional, Union
 import torch
 from torch.utils.data import DataLoader, IterableDataset
 
+from . import compat
 from .audit import SampleAudit
 from .iterable import IterableDatasetShard
 from .keeping import PositionKeeper
@@ -43,20 +44,9 @@ from .tracking import PaddingTracker
 
 __all__ = [
     "PreparedDataLoader", "DataLoaderShard", "LengthMismatchWarning", "stateful_dataloader_class", "stateful_variant",
-    "DATALOADER_PRIVATES",
 ]
 
 logger = logging.getLogger(__name__)
-
-DATALOADER_PRIVATES: dict[str, str] = {
-    "torch.utils.data.DataLoader._iterator": "the iterator a DataLoader with persistent workers keeps between "
-    "passes: set to None where a pass needs new workers, and never pickled (also by the Lightning strategy)",
-    "torch.utils.data.DataLoader._get_iterator": "compared by identity only: a subclass that overrides it may look "
-    "ahead, so dispatch does not collate into shared memory for it",
-}
-"""Every private part of ``torch.utils.data.DataLoader`` shardplug touches (no public API resets a
-persistent iterator); tests/test_loaders.py fails when torch drops one."""
-
 
 _VARIANTS: dict[tuple[type, ...], type] = {}
 
@@ -109,7 +99,7 @@ class PreparedDataLoader(DataLoader):
 
     def __reduce_ex__(self, protocol: Any) -> Any:
         state = dict(self.__dict__)
-        state["_iterator"] = None  # an open iterator (and its workers) does not travel
+        compat.without_iterator(state)  # an open iterator (and its workers) does not travel
         state["_skipped_from"] = None  # a copy travels alone
         cls = type(self)
         if _VARIANTS.get(cls.__bases__) is cls:  # a class made by combined_class: rebuilt by its bases
@@ -311,7 +301,7 @@ class PreparedDataLoader(DataLoader):
             raise ValueError(f"num_batches={num_batches!r} must be an integer >= 0")
         new = object.__new__(type(self))
         new.__dict__.update(self.__dict__)
-        new.__dict__["_iterator"] = None  # an open iterator (and its workers) stays this loader's
+        compat.forget_iterator(new)  # an open iterator (and its workers) stays this loader's
         new._pass = copy.copy(self._pass)
         new._pass.loader, new._pass.open = new, False
         new._keeping = self._keeping.copy_for(new)
@@ -336,7 +326,7 @@ class PreparedDataLoader(DataLoader):
             # the plan's readers tag each element where the batches' places cannot be computed (a stream
             # without len(), or one that splits itself across workers): the collation hands the tags on
             self.collate_fn = TagCollate(self.collate_fn)
-            self._iterator = None  # persistent workers would keep their untagged copies
+            compat.forget_iterator(self)  # persistent workers would keep their untagged copies
         if self._tracker is None:
             self._tracker = PaddingTracker()
 
@@ -443,8 +433,8 @@ class DataLoaderShard(PreparedDataLoader):
         with self.plan.start_in_workers(self.num_workers) as pending:
             if pending and self.persistent_workers:
                 # persistent workers hold their copies of the plan from when they started: a start set
-                # since cannot reach them, so this pass gets new workers (DataLoader's _iterator)
-                self._iterator = None
+                # since cannot reach them, so this pass gets new workers (compat.forget_iterator)
+                compat.forget_iterator(self)
             batches = self._inner_loader().__iter__()
         for _ in zip(range(discard), batches):
             pass  # read, but never handed out (data that shardplug cannot skip by index)
