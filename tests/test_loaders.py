@@ -31,7 +31,7 @@ class Counting(Dataset):
         self.epochs.append(epoch)
 
 
-# -- SPEC §3 --------------------------------------------------------------------------------------
+# -- streams read by every process (docs/streams.md) -----------------------------------------------------------------------------
 def test_iterable_shard_spec_examples():
     split = lambda i: list(IterableDatasetShard(range(8), 4, num_processes=2, process_index=i, split_batches=True))  # noqa: E731
     whole = lambda i: list(IterableDatasetShard(range(8), 4, num_processes=2, process_index=i))  # noqa: E731
@@ -309,7 +309,7 @@ def test_resume_mid_epoch_equals_uninterrupted_run(stateful, shuffle):
             break
     resumed = make()
     resumed.load_state_dict(state)
-    assert len(resumed) == len(expected[0]) - 3, "len() is the resumed pass's length (SPEC §9)"
+    assert len(resumed) == len(expected[0]) - 3, "len() is the resumed pass's length (docs/resume.md)"
     rest = rows(resumed)
     assert len(rest) == len(expected[0]) - 3
     got += rest

@@ -1,4 +1,4 @@
-"""Positions with identity (SPEC §9) and the fixes of the plan rebuild, each shown by a test that
+"""Positions with identity (docs/resume.md) and the fixes of the plan rebuild, each shown by a test that
 failed before it: validation of loaded positions, exact len() after a resume, generator-driven
 shuffles resumed in a fresh process, nested set_epoch, per-pass padding state, pickling,
 DataLoader(batch_size=None), shuffles from a sampler's generator, the data_seed range."""

@@ -1,4 +1,4 @@
-"""Where a loader stands in an epoch, with the identity of what it describes (SPEC §9).
+"""Where a loader stands in an epoch, with the identity of what it describes (see docs/resume.md).
 
 A :class:`Position` is what ``loader.state_dict()`` returns (as plain values, identical on
 every process) and what ``load_state_dict`` takes back.  It records the counters (``epoch``,
