@@ -1,0 +1,131 @@
+"""Every ```python block of the docs pages and the three READMEs runs, and prints what it shows.
+
+The convention (written down in docs/internals.md, "The examples in these pages"):
+
+* every block is a complete program, run in one process with plain ``python`` in an empty
+  temporary directory, and must exit with status 0;
+* a first line ``# needs: X`` skips the block when X (a distribution name: ``lightning``,
+  ``pytorch-ignite``, ``datasets``, ``torchdata``, ...) cannot be imported;
+* a first line ``# launch: torchrun ...`` runs the block with plain ``python`` all the same;
+* the comment lines that end a block (after its last line of code) are the output of that one
+  process run: the block's stdout, line by line, must be exactly those lines without their
+  leading ``# ``.
+
+The blocks run in parallel subprocesses, started together on first use; each test waits for its own.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+PAGES = sorted((ROOT / "docs").glob("*.md")) + [
+    ROOT / "README.md",
+    ROOT / "integrations" / "lightning" / "README.md",
+    ROOT / "integrations" / "ignite" / "README.md",
+]
+BLOCK = re.compile(r"^```python[ \t]*\n(.*?)^```[ \t]*$", re.S | re.M)
+# `# needs: X` names a distribution; the module it brings when the two differ
+MODULE_OF = {"pytorch-ignite": "ignite", "lightning": "lightning", "pytorch-lightning": "pytorch_lightning"}
+TIMEOUT_S = 240
+# the launcher's variables would make a block join a process group it cannot reach
+LAUNCHER_VARIABLES = ("WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
+                      "GROUP_RANK", "ROLE_RANK", "TORCHELASTIC_RUN_ID")
+
+
+@dataclass(frozen=True)
+class Example:
+    page: Path
+    line: int                   # the line of the opening fence
+    code: str
+    needs: tuple[str, ...]      # distributions named by `# needs:`
+    expected: tuple[str, ...] | None  # the output shown by the block's last comment lines, if any
+
+    @property
+    def name(self) -> str:
+        return f"{self.page.relative_to(ROOT).as_posix()}:{self.line}"
+
+
+def parse(page: Path, line: int, code: str) -> Example:
+    lines = code.rstrip("\n").splitlines()
+    needs: tuple[str, ...] = ()
+    if lines and lines[0].startswith("# needs:"):
+        needs = tuple(n.strip() for n in lines[0][len("# needs:"):].replace(",", " ").split() if n.strip())
+    tail: list[str] = []
+    for text in reversed(lines):
+        if text.startswith("#"):
+            tail.append(text[2:] if text.startswith("# ") else text[1:])
+        else:
+            break
+    code_lines = len(lines) - len(tail)
+    expected = tuple(reversed(tail)) if tail and code_lines > 0 else None
+    return Example(page, line, code, needs, expected)
+
+
+def collect() -> list[Example]:
+    examples = []
+    for page in PAGES:
+        if not page.exists():
+            continue
+        text = page.read_text(encoding="utf-8")
+        for match in BLOCK.finditer(text):
+            examples.append(parse(page, text.count("\n", 0, match.start()) + 1, match.group(1)))
+    return examples
+
+
+EXAMPLES = collect()
+
+
+def missing(example: Example) -> list[str]:
+    return [n for n in example.needs if importlib.util.find_spec(MODULE_OF.get(n, n.replace("-", "_"))) is None]
+
+
+def run(example: Example) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k not in LAUNCHER_VARIABLES}
+    paths = [str(ROOT), str(ROOT / "integrations" / "lightning"), str(ROOT / "integrations" / "ignite")]
+    env["PYTHONPATH"] = os.pathsep.join(paths + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
+    env.setdefault("OMP_NUM_THREADS", "1")
+    env["PYTHONWARNINGS"] = "ignore::DeprecationWarning"
+    with tempfile.TemporaryDirectory(prefix="shardplug-docs-") as cwd:
+        script = Path(cwd) / "example.py"
+        script.write_text(example.code, encoding="utf-8")
+        return subprocess.run([sys.executable, str(script)], cwd=cwd, env=env, capture_output=True, text=True,
+                              timeout=TIMEOUT_S)
+
+
+@pytest.fixture(scope="module")
+def results():
+    """Starts every runnable block at once (a few at a time) and hands out the futures."""
+    workers = max(2, min(8, (os.cpu_count() or 2) * 2))
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        futures: dict[str, Future] = {e.name: pool.submit(run, e) for e in EXAMPLES if not missing(e)}
+        yield futures
+        for f in futures.values():
+            f.cancel()
+
+
+def test_the_pages_have_examples():
+    assert len(EXAMPLES) >= 20, [e.name for e in EXAMPLES]
+    assert any(e.page.name == "README.md" and e.page.parent == ROOT for e in EXAMPLES)
+
+
+@pytest.mark.parametrize("example", EXAMPLES, ids=[e.name for e in EXAMPLES])
+def test_example_runs_and_prints_what_it_shows(example, results):
+    absent = missing(example)
+    if absent:
+        pytest.skip(f"needs {', '.join(absent)}")
+    done = results[example.name].result()
+    assert done.returncode == 0, f"{example.name} exited with {done.returncode}:\n{done.stderr[-4000:]}"
+    if example.expected is not None:
+        assert done.stdout.splitlines() == list(example.expected), (
+            f"{example.name}: the block's closing comments are not what it printed:\n{done.stdout}")
