@@ -104,11 +104,15 @@ def run(example: Example) -> subprocess.CompletedProcess:
 
 
 @pytest.fixture(scope="module")
-def results():
-    """Starts every runnable block at once (a few at a time) and hands out the futures."""
+def results(request):
+    """Starts every selected, runnable block at once (a few at a time, the slowest kinds first) and
+    hands out the futures."""
+    selected = {item.callspec.params["example"].name for item in request.session.items
+                if getattr(item, "callspec", None) and "example" in item.callspec.params}
+    chosen = sorted((e for e in EXAMPLES if e.name in selected and not missing(e)), key=lambda e: not e.needs)
     workers = max(2, min(8, (os.cpu_count() or 2) * 2))
     with ThreadPoolExecutor(max_workers=workers) as pool:
-        futures: dict[str, Future] = {e.name: pool.submit(run, e) for e in EXAMPLES if not missing(e)}
+        futures: dict[str, Future] = {e.name: pool.submit(run, e) for e in chosen}
         yield futures
         for f in futures.values():
             f.cancel()
