@@ -4,7 +4,7 @@ PYTHON ?= python3
 TORCH_SPEC ?= torch==2.13.0
 INTEGRATIONS := $(patsubst %/pyproject.toml,%,$(wildcard integrations/*/pyproject.toml))
 
-.PHONY: install demo test bench
+.PHONY: install demo test bench docs serve-docs
 
 install:
 	@$(PYTHON) -c "import torch" 2>/dev/null || $(PYTHON) -m pip install --quiet "$(TORCH_SPEC)"
@@ -15,3 +15,10 @@ demo: install
 
 test: install
 	$(PYTHON) -m pytest -q
+
+# The documentation site (needs the docs extra: pip install -e ".[docs]")
+docs:
+	PYTHONPATH=.:integrations/lightning:integrations/ignite $(PYTHON) -m mkdocs build --strict
+
+serve-docs:
+	PYTHONPATH=.:integrations/lightning:integrations/ignite $(PYTHON) -m mkdocs serve
