@@ -46,7 +46,7 @@ def _updates(weights: list[torch.Tensor]) -> list[tuple[int, int]]:
 
 
 def _hand_written(handler: ShardplugHandler, model: torch.nn.Module) -> Engine:
-    """The README's hand-written process function."""
+    """The hand-written process function of docs/ignite.md."""
     optimizer = handler.prepare_optimizer(torch.optim.SGD(model.parameters(), lr=1.0))
 
     def update(engine: Engine, batch: Any) -> float:
