@@ -11,12 +11,14 @@ The convention (written down in docs/internals.md, "The examples in these pages"
   process run: the block's stdout, line by line, must be exactly those lines without their
   leading ``# ``.
 
-The blocks run in parallel subprocesses, started together on first use; each test waits for its own.
+The blocks run in parallel: children forked from one interpreter that imported torch, Lightning and
+Ignite once (``tests/_docs_runner.py``), or, with ``SHARDPLUG_DOCS_FRESH=1``, fresh ``python`` processes.
 """
 
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import re
 import subprocess
@@ -90,27 +92,76 @@ def missing(example: Example) -> list[str]:
     return [n for n in example.needs if importlib.util.find_spec(MODULE_OF.get(n, n.replace("-", "_"))) is None]
 
 
-def run(example: Example) -> subprocess.CompletedProcess:
+def environment() -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k not in LAUNCHER_VARIABLES}
     paths = [str(ROOT), str(ROOT / "integrations" / "lightning"), str(ROOT / "integrations" / "ignite")]
     env["PYTHONPATH"] = os.pathsep.join(paths + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
     env.setdefault("OMP_NUM_THREADS", "1")
     env["PYTHONWARNINGS"] = "ignore::DeprecationWarning"
+    return env
+
+
+def run(example: Example) -> subprocess.CompletedProcess:
+    """One block as a fresh ``python example.py`` in an empty directory."""
     with tempfile.TemporaryDirectory(prefix="shardplug-docs-") as cwd:
         script = Path(cwd) / "example.py"
         script.write_text(example.code, encoding="utf-8")
-        return subprocess.run([sys.executable, str(script)], cwd=cwd, env=env, capture_output=True, text=True,
-                              timeout=TIMEOUT_S)
+        return subprocess.run([sys.executable, str(script)], cwd=cwd, env=environment(), capture_output=True,
+                              text=True, timeout=TIMEOUT_S)
+
+
+def run_forked(examples: list[Example], workers: int) -> dict[str, subprocess.CompletedProcess]:
+    """Every block through ``tests/_docs_runner.py``: one interpreter imports torch (and Lightning, Ignite
+    where a block needs them) once and forks a child per block, in an empty directory of its own."""
+    preload = ["torch", "shardplug"]
+    needed = {n for e in examples for n in e.needs}
+    if needed & {"lightning", "pytorch-lightning"}:
+        preload += ["lightning.pytorch", "shardplug_lightning"]
+    if "pytorch-ignite" in needed:
+        preload += ["ignite.engine", "ignite.distributed", "shardplug_ignite"]
+    with tempfile.TemporaryDirectory(prefix="shardplug-docs-") as root:
+        jobs = []
+        for i, example in enumerate(examples):
+            cwd = Path(root) / f"block{i}"
+            cwd.mkdir()
+            (cwd / "example.py").write_text(example.code, encoding="utf-8")
+            jobs.append({"name": example.name, "script": str(cwd / "example.py"), "cwd": str(cwd),
+                         "stdout": str(Path(root) / f"{i}.out"), "stderr": str(Path(root) / f"{i}.err")})
+        spec = Path(root) / "jobs.json"
+        spec.write_text(json.dumps({"workers": workers, "timeout": TIMEOUT_S, "preload": preload, "jobs": jobs}))
+        done = subprocess.run([sys.executable, str(Path(__file__).with_name("_docs_runner.py")), str(spec),
+                               str(Path(root) / "results.json")], env=environment(), capture_output=True, text=True,
+                              timeout=TIMEOUT_S * (1 + len(jobs) // workers))
+        assert done.returncode == 0, f"tests/_docs_runner.py failed:\n{done.stderr[-4000:]}"
+        codes = json.loads((Path(root) / "results.json").read_text())
+        return {job["name"]: subprocess.CompletedProcess(job["script"], codes[job["name"]],
+                                                         Path(job["stdout"]).read_text(errors="replace"),
+                                                         Path(job["stderr"]).read_text(errors="replace"))
+                for job in jobs}
+
+
+class Done:
+    """A finished run, answering like a ``Future``."""
+
+    def __init__(self, value: subprocess.CompletedProcess) -> None:
+        self.value = value
+
+    def result(self) -> subprocess.CompletedProcess:
+        return self.value
 
 
 @pytest.fixture(scope="module")
 def results(request):
-    """Starts every selected, runnable block at once (a few at a time, the slowest kinds first) and
-    hands out the futures."""
+    """Runs every selected, runnable block (a few at a time, the slowest kinds first): forked from one
+    interpreter that imported the heavy modules once, or, with ``SHARDPLUG_DOCS_FRESH=1`` or where
+    there is no ``fork``, each as a fresh ``python`` process."""
     selected = {item.callspec.params["example"].name for item in request.session.items
                 if getattr(item, "callspec", None) and "example" in item.callspec.params}
     chosen = sorted((e for e in EXAMPLES if e.name in selected and not missing(e)), key=lambda e: not e.needs)
     workers = max(2, min(8, (os.cpu_count() or 2) * 2))
+    if hasattr(os, "fork") and not os.environ.get("SHARDPLUG_DOCS_FRESH"):
+        yield {name: Done(value) for name, value in run_forked(chosen, workers).items()} if chosen else {}
+        return
     with ThreadPoolExecutor(max_workers=workers) as pool:
         futures: dict[str, Future] = {e.name: pool.submit(run, e) for e in chosen}
         yield futures
