@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any, Iterator, Optional
+from collections.abc import Iterator
+from typing import Any
 
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
@@ -26,9 +27,9 @@ class IterableDatasetShard(IterableDataset):
     worker ``w`` of ``W`` keeps only global batches ``w, w+W, ...``, so each element reaches
     exactly one worker and batches arrive in stream order; a dataset that splits itself across
     workers (Hugging Face, webdataset, ``splits_by_worker = True``: see ``streams.py``) is not split
-    again: each worker's part is shared by process, and padded from its own start.  ``even_batches=False``: a short final
-    global batch is not completed; the first processes get its leftovers.  The arithmetic is
-    :class:`~shardplug.core.plan.StreamPlan`'s.
+    again: each worker's part is shared by process, and padded from its own start.
+    ``even_batches=False``: a short final global batch is not completed; the first processes get
+    its leftovers.  The arithmetic is :class:`~shardplug.core.plan.StreamPlan`'s.
 
     Example::
 
@@ -54,7 +55,9 @@ class IterableDatasetShard(IterableDataset):
         if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
             raise ValueError(f"batch_size={batch_size!r} must be an integer >= 1")
         # A one-element batch cannot be cut: it is then read as N one-element slices.
-        layout = ShardLayout(num_processes, process_index, split_batches and batch_size > 1, even_batches, drop_last, batch_size)
+        layout = ShardLayout(
+            num_processes, process_index, split_batches and batch_size > 1, even_batches, drop_last, batch_size
+        )
         splits = splits_by_worker(dataset)
         # A stream that splits itself across workers pads each worker's part: its length is not the stream's.
         length = None if splits else sized_length(dataset)
@@ -65,8 +68,10 @@ class IterableDatasetShard(IterableDataset):
         self.split_batches = split_batches
         self.epoch = 0
         generator = getattr(dataset, "generator", None)
-        self._generator_seed: Optional[int] = (
-            generator.initial_seed() if isinstance(generator, torch.Generator) and not hasattr(dataset, "set_epoch") else None
+        self._generator_seed: int | None = (
+            generator.initial_seed()
+            if isinstance(generator, torch.Generator) and not hasattr(dataset, "set_epoch")
+            else None
         )
 
     splits_by_worker = property(lambda self: self.plan.splits_by_worker)
@@ -148,8 +153,15 @@ class IterableDatasetShard(IterableDataset):
         return self.plan.num_elements()  # type: ignore[return-value]
 
     @classmethod
-    def from_layout(cls, dataset: Any, layout: ShardLayout) -> "IterableDatasetShard":
+    def from_layout(cls, dataset: Any, layout: ShardLayout) -> IterableDatasetShard:
         """The shard of ``dataset`` under ``layout`` (``prepare_data_loader``'s; a layout without batch
         size reads batches of one)."""
-        return cls(dataset, layout.batch_size or 1, layout.drop_last, layout.num_processes, layout.process_index,
-                   layout.split_batches, layout.even_batches)
+        return cls(
+            dataset,
+            layout.batch_size or 1,
+            layout.drop_last,
+            layout.num_processes,
+            layout.process_index,
+            layout.split_batches,
+            layout.even_batches,
+        )

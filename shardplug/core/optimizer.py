@@ -12,7 +12,8 @@ Example::
 from __future__ import annotations
 
 import logging
-from typing import Any, Callable, Optional, Union
+from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch.optim import Optimizer
@@ -47,9 +48,9 @@ class PreparedOptimizer(Optimizer):
     Stepping: ``step()`` and ``zero_grad()`` act only when ``gradient_state.sync_gradients`` is
     true and do nothing on the other micro-batches. When a cut pass ends a cycle without an update
     (:class:`GradientState`: the end of a pass ends the cycle), :meth:`abandon_step` runs by itself:
-    the cycle's gradients are cleared, so the next update sums exactly ``num_steps`` micro-batches. Step hooks registered on this object run
-    around the steps that act (check :attr:`step_was_skipped` in a post-hook); global optimizer
-    hooks run for the wrapped optimizer's own ``step``, as torch decides.
+    the cycle's gradients are cleared, so the next update sums exactly ``num_steps`` micro-batches.
+    Step hooks registered on this object run around the steps that act (check :attr:`step_was_skipped`
+    in a post-hook); global optimizer hooks run for the wrapped optimizer's own ``step``, as torch decides.
 
     Skipped steps: a step counts as taken when the wrapped optimizer's ``step`` completed and the
     scaler did not skip it (:class:`~shardplug.core.amp.StepCounter`, the counter every front end
@@ -82,9 +83,9 @@ class PreparedOptimizer(Optimizer):
         self,
         optimizer: Optimizer,
         device_placement: bool = True,
-        scaler: Optional[Any] = None,
-        device: Union[str, torch.device, None] = None,
-        gradient_state: Optional[GradientState] = None,
+        scaler: Any | None = None,
+        device: str | torch.device | None = None,
+        gradient_state: GradientState | None = None,
     ) -> None:
         if not isinstance(optimizer, Optimizer):
             raise TypeError(
@@ -169,7 +170,7 @@ class PreparedOptimizer(Optimizer):
         """Whether the last step that acted was skipped by the scaler (inf/NaN gradients)."""
         return self._step_was_skipped
 
-    def step(self, closure: Optional[Callable[[], Any]] = None) -> Any:  # type: ignore[override]
+    def step(self, closure: Callable[[], Any] | None = None) -> Any:  # type: ignore[override]
         """Update the parameters on a sync micro-batch; do nothing on the others."""
         state = self.gradient_state
         if not state.sync_gradients:

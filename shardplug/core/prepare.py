@@ -10,7 +10,8 @@ loader.
 from __future__ import annotations
 
 import logging
-from typing import Any, Callable, Iterable, NamedTuple, Optional, Union
+from collections.abc import Callable, Iterable
+from typing import Any, NamedTuple
 
 import torch
 from torch.utils.data import DataLoader, IterableDataset
@@ -40,26 +41,29 @@ class _DataOptions(NamedTuple):
 
     split_batches: bool
     put_on_device: bool
-    rng_types: Optional[Iterable[str]]
-    dispatch_batches: Optional[bool]
+    rng_types: Iterable[str] | None
+    dispatch_batches: bool | None
     even_batches: bool
-    slice_fn_for_dispatch: Optional[Callable[..., Any]]
+    slice_fn_for_dispatch: Callable[..., Any] | None
     use_seedable_sampler: bool
-    data_seed: Optional[int]
+    data_seed: int | None
     non_blocking: bool
     use_stateful_dataloader: bool
     shuffle_algorithm: str
 
     @classmethod
-    def resolve(cls, config: Optional[ShardplugConfig], **keywords: Any) -> "_DataOptions":
+    def resolve(cls, config: ShardplugConfig | None, **keywords: Any) -> _DataOptions:
         """The keywords, or with ``config`` the config's values; a keyword that was given (it is not
         the default) and disagrees with ``config`` is a ``TypeError`` naming both and the fix."""
         if config is None:
             return cls(**keywords)
         if not isinstance(config, ShardplugConfig):
             raise TypeError(f"config={config!r} is invalid: pass a ShardplugConfig, or None to use the keywords")
-        clashes = [name for name, value in keywords.items()
-                   if not _same(value, getattr(ShardplugConfig, name)) and not _same(value, getattr(config, name))]
+        clashes = [
+            name
+            for name, value in keywords.items()
+            if not _same(value, getattr(ShardplugConfig, name)) and not _same(value, getattr(config, name))
+        ]
         if clashes:
             given = ", ".join(f"{name}={keywords[name]!r}" for name in clashes)
             says = ", ".join(f"{name}={getattr(config, name)!r}" for name in clashes)
@@ -125,22 +129,22 @@ def _subclasses_stateful(cls: type) -> bool:
 
 def prepare_data_loader(
     dataloader: DataLoader,
-    device: Union[str, torch.device, None] = None,
-    num_processes: Optional[int] = None,
-    process_index: Optional[int] = None,
+    device: str | torch.device | None = None,
+    num_processes: int | None = None,
+    process_index: int | None = None,
     split_batches: bool = ShardplugConfig.split_batches,
     put_on_device: bool = ShardplugConfig.put_on_device,
-    rng_types: Optional[Iterable[str]] = ShardplugConfig.rng_types,
-    dispatch_batches: Optional[bool] = ShardplugConfig.dispatch_batches,
+    rng_types: Iterable[str] | None = ShardplugConfig.rng_types,
+    dispatch_batches: bool | None = ShardplugConfig.dispatch_batches,
     even_batches: bool = ShardplugConfig.even_batches,
-    slice_fn_for_dispatch: Optional[Callable[..., Any]] = ShardplugConfig.slice_fn_for_dispatch,
+    slice_fn_for_dispatch: Callable[..., Any] | None = ShardplugConfig.slice_fn_for_dispatch,
     use_seedable_sampler: bool = ShardplugConfig.use_seedable_sampler,
-    data_seed: Optional[int] = ShardplugConfig.data_seed,
+    data_seed: int | None = ShardplugConfig.data_seed,
     non_blocking: bool = ShardplugConfig.non_blocking,
     use_stateful_dataloader: bool = ShardplugConfig.use_stateful_dataloader,
     torch_device_mesh: Any = None,
     shuffle_algorithm: str = ShardplugConfig.shuffle_algorithm,
-    config: Optional[ShardplugConfig] = None,
+    config: ShardplugConfig | None = None,
 ) -> PreparedDataLoader:
     """Return this process's loader for ``dataloader``, keeping all its settings and its class.
 
@@ -167,10 +171,18 @@ def prepare_data_loader(
         loader = prepare_data_loader(DataLoader(dataset, batch_size=16), config=ShardplugConfig(split_batches=True))
     """
     options = _DataOptions.resolve(
-        config, split_batches=split_batches, put_on_device=put_on_device, rng_types=rng_types,
-        dispatch_batches=dispatch_batches, even_batches=even_batches, slice_fn_for_dispatch=slice_fn_for_dispatch,
-        use_seedable_sampler=use_seedable_sampler, data_seed=data_seed, non_blocking=non_blocking,
-        use_stateful_dataloader=use_stateful_dataloader, shuffle_algorithm=shuffle_algorithm,
+        config,
+        split_batches=split_batches,
+        put_on_device=put_on_device,
+        rng_types=rng_types,
+        dispatch_batches=dispatch_batches,
+        even_batches=even_batches,
+        slice_fn_for_dispatch=slice_fn_for_dispatch,
+        use_seedable_sampler=use_seedable_sampler,
+        data_seed=data_seed,
+        non_blocking=non_blocking,
+        use_stateful_dataloader=use_stateful_dataloader,
+        shuffle_algorithm=shuffle_algorithm,
     )
     rng = _check_arguments(dataloader, options)
     num_processes, process_index = resolve_data_topology(num_processes, process_index, torch_device_mesh)
@@ -182,8 +194,11 @@ def prepare_data_loader(
     if iterable:
         dataset, plan = _plan_stream(dataloader, layout, dispatch, kwargs)
     else:  # map-style: a dispatcher's process 0 reads every batch
-        shard = shard_map_style(dataloader, layout.reader() if dispatch else layout, MapOptions(
-            options.shuffle_algorithm, options.use_seedable_sampler, options.data_seed))
+        shard = shard_map_style(
+            dataloader,
+            layout.reader() if dispatch else layout,
+            MapOptions(options.shuffle_algorithm, options.use_seedable_sampler, options.data_seed),
+        )
         kwargs.update(shard.loader_kwargs)
         plan, generator = shard.plan, shard.synchronized_generator
     if generator is None and "generator" in rng and dataloader.generator is not None:
@@ -191,14 +206,24 @@ def prepare_data_loader(
     finish: dict[str, Any] = {}
     if dispatch:
         finish["dispatch"] = DispatchOptions.from_layout(layout, options.slice_fn_for_dispatch, torch_device_mesh)
-    new = _rebuild(dataloader, DataLoaderDispatcher if dispatch else DataLoaderShard, dataset, kwargs,
-                   options.use_stateful_dataloader)
+    new = _rebuild(
+        dataloader,
+        DataLoaderDispatcher if dispatch else DataLoaderShard,
+        dataset,
+        kwargs,
+        options.use_stateful_dataloader,
+    )
     new._finish_init(_batch_device(device, options), rng, generator, 0, options.non_blocking, plan=plan, **finish)
     sharded_map_data = not iterable and not dispatch and num_processes > 1  # every process reads its part
     new.agree_at_prepare((sized_length(dataset), layout.batch_size) if sharded_map_data else None)
     logger.debug(
-        "prepared %s for process %d of %d (split_batches=%s, even_batches=%s, dispatch=%s)", type(dataloader).__name__,
-        process_index, num_processes, layout.split_batches, layout.even_batches, dispatch,
+        "prepared %s for process %d of %d (split_batches=%s, even_batches=%s, dispatch=%s)",
+        type(dataloader).__name__,
+        process_index,
+        num_processes,
+        layout.split_batches,
+        layout.even_batches,
+        dispatch,
     )
     return new
 
@@ -249,7 +274,7 @@ def _layout(dataloader: DataLoader, num_processes: int, process_index: int, opti
     )
 
 
-def _batch_device(device: Union[str, torch.device, None], options: _DataOptions) -> Union[str, torch.device, None]:
+def _batch_device(device: str | torch.device | None, options: _DataOptions) -> str | torch.device | None:
     """Where batches go: ``device`` (default: the process's) with ``put_on_device``, else nowhere."""
     if not options.put_on_device:
         return None

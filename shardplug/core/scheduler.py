@@ -13,7 +13,8 @@ Example::
 from __future__ import annotations
 
 import logging
-from typing import Any, Iterable, Optional, Union
+from collections.abc import Iterable
+from typing import Any
 
 from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LRScheduler, ReduceLROnPlateau
@@ -130,24 +131,30 @@ class PreparedScheduler(LRScheduler):
     def __init__(
         self,
         scheduler: Any,
-        optimizers: Union[Optimizer, Iterable[Optimizer], None] = None,
+        optimizers: Optimizer | Iterable[Optimizer] | None = None,
         step_scheduler_with_optimizer: bool = ShardplugConfig.step_scheduler_with_optimizer,
         split_batches: bool = ShardplugConfig.split_batches,
-        num_processes: Optional[int] = None,
+        num_processes: int | None = None,
         scale_scheduler_by_num_processes: bool = True,
-        gradient_state: Optional[GradientState] = None,
+        gradient_state: GradientState | None = None,
         *,
-        step_with_optimizer: Optional[bool] = None,
-        scale_by_num_processes: Optional[bool] = None,
+        step_with_optimizer: bool | None = None,
+        scale_by_num_processes: bool | None = None,
     ) -> None:
         # LRScheduler.__init__ is deliberately not run: it would step and patch the optimizer.
         step_scheduler_with_optimizer = renamed_option(
-            "PreparedScheduler", "step_with_optimizer", step_with_optimizer,
-            "step_scheduler_with_optimizer", step_scheduler_with_optimizer,
+            "PreparedScheduler",
+            "step_with_optimizer",
+            step_with_optimizer,
+            "step_scheduler_with_optimizer",
+            step_scheduler_with_optimizer,
         )
         scale_scheduler_by_num_processes = renamed_option(
-            "PreparedScheduler", "scale_by_num_processes", scale_by_num_processes,
-            "scale_scheduler_by_num_processes", scale_scheduler_by_num_processes,
+            "PreparedScheduler",
+            "scale_by_num_processes",
+            scale_by_num_processes,
+            "scale_scheduler_by_num_processes",
+            scale_scheduler_by_num_processes,
         )
         if isinstance(scheduler, Optimizer):
             raise TypeError(
@@ -179,10 +186,17 @@ class PreparedScheduler(LRScheduler):
                 "(e.g. run.gradient_state) or None"
             )
         if gradient_state is None:
-            gradient_state = next(
-                (o.gradient_state for o in optimizers if isinstance(getattr(o, "gradient_state", None), GradientState)),
-                None,
-            ) or GradientState()
+            gradient_state = (
+                next(
+                    (
+                        o.gradient_state
+                        for o in optimizers
+                        if isinstance(getattr(o, "gradient_state", None), GradientState)
+                    ),
+                    None,
+                )
+                or GradientState()
+            )
         own = self.__dict__
         own["scheduler"] = scheduler
         own["optimizers"] = optimizers
@@ -199,13 +213,13 @@ class PreparedScheduler(LRScheduler):
     def from_config(
         cls,
         scheduler: Any,
-        optimizers: Union[Optimizer, Iterable[Optimizer], None],
+        optimizers: Optimizer | Iterable[Optimizer] | None,
         config: ShardplugConfig,
         *,
         front_end: str,
         num_processes: int,
-        gradient_state: Optional[GradientState] = None,
-    ) -> "PreparedScheduler":
+        gradient_state: GradientState | None = None,
+    ) -> PreparedScheduler:
         """The scheduler wrapper every front end builds: its options come from ``config`` only
         (``step_scheduler_with_optimizer``, ``split_batches``, and the N-fold rule decided by
         :meth:`ShardplugConfig.scales_scheduler` for ``front_end``)."""
@@ -248,7 +262,11 @@ class PreparedScheduler(LRScheduler):
     @property
     def steps_per_optimizer_step(self) -> int:
         """Scheduler steps taken per real optimizer step (``ReduceLROnPlateau``: always 1)."""
-        if isinstance(self.scheduler, ReduceLROnPlateau) or self.split_batches or not self.scale_scheduler_by_num_processes:
+        if (
+            isinstance(self.scheduler, ReduceLROnPlateau)
+            or self.split_batches
+            or not self.scale_scheduler_by_num_processes
+        ):
             return 1
         return self.num_processes
 
@@ -268,7 +286,10 @@ class PreparedScheduler(LRScheduler):
             logger.debug("scheduler not stepped: an optimizer made no update since the last scheduler step")
             return
         self._seen_steps = now
-        if advance_scheduler(self.scheduler, self.steps_per_optimizer_step, *args, **kwargs) and not self._warned_total_steps:
+        if (
+            advance_scheduler(self.scheduler, self.steps_per_optimizer_step, *args, **kwargs)
+            and not self._warned_total_steps
+        ):
             self._warned_total_steps = True
             logger.warning("%s reached total_steps; further scheduler steps are ignored", type(self.scheduler).__name__)
 

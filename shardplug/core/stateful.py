@@ -9,7 +9,7 @@ saved after a batch is the state after that batch, not after the one read ahead.
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any
 
 __all__ = ["stateful_dataloader_class", "is_stateful", "InnerState", "POSITION_KEY"]
 
@@ -50,7 +50,7 @@ class InnerState:
     __slots__ = ("snapshot", "repositions")
 
     def __init__(self) -> None:
-        self.snapshot: Optional[dict[str, Any]] = None
+        self.snapshot: dict[str, Any] | None = None
         self.repositions = False
 
     def take_snapshot(self, inner: Any) -> None:

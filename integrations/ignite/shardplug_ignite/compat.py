@@ -16,7 +16,8 @@ Example::
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from ignite.engine import _prepare_batch
 

@@ -84,10 +84,15 @@ def _signature(cls: type) -> inspect.Signature:
     ``ShardplugConfig`` field (``None``: the config's), the class's own keywords, ``**kwargs``."""
     keyword = inspect.Parameter.KEYWORD_ONLY
     shardplug = [inspect.Parameter("config", keyword, default=None, annotation="Optional[ShardplugConfig]")]
-    shardplug += [inspect.Parameter(f.name, keyword, default=None, annotation=_optional(str(f.type)))
-                  for f in dataclasses.fields(ShardplugConfig)]
-    own = [p for name, p in inspect.signature(cls.__init__).parameters.items()
-           if p.kind is keyword and name not in _FIELDS and name != "config"]
+    shardplug += [
+        inspect.Parameter(f.name, keyword, default=None, annotation=_optional(str(f.type)))
+        for f in dataclasses.fields(ShardplugConfig)
+    ]
+    own = [
+        p
+        for name, p in inspect.signature(cls.__init__).parameters.items()
+        if p.kind is keyword and name not in _FIELDS and name != "config"
+    ]
     return inspect.Signature([*shardplug, *own, inspect.Parameter("kwargs", inspect.Parameter.VAR_KEYWORD)])
 
 

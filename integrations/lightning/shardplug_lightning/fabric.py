@@ -19,7 +19,7 @@ Example::
 from __future__ import annotations
 
 import logging
-from typing import Any, Optional
+from typing import Any
 
 from lightning.fabric.strategies import DDPStrategy
 from torch.nn import Module
@@ -59,7 +59,7 @@ class ShardplugFabricDDPStrategy(ShardplugOptions, DDPStrategy):
     """
 
     def __init__(self, **options: Any) -> None:
-        self._last_step: Optional[amp.StepAttempt] = None
+        self._last_step: amp.StepAttempt | None = None
         super().__init__(**options)  # ShardplugOptions: the shardplug keywords, then DDPStrategy's
 
     @override
@@ -129,6 +129,9 @@ class ShardplugFabricDDPStrategy(ShardplugOptions, DDPStrategy):
         """Register ``shardplug_ddp`` and ``shardplug_ddp_spawn`` in Fabric's registry."""
         for name, start_method in (("shardplug_ddp", "popen"), ("shardplug_ddp_spawn", "spawn")):
             strategy_registry.register(
-                name, cls, description=f"shardplug DDP (start_method={start_method!r})", override=True,
+                name,
+                cls,
+                description=f"shardplug DDP (start_method={start_method!r})",
+                override=True,
                 start_method=start_method,
             )
