@@ -48,7 +48,7 @@ def _check_num_steps(num_steps: Any) -> int:
 def _method_reference(fn: Callable[[], Any]) -> Callable[[], Any]:
     """A weak reference to a bound method, else a strong reference to the function."""
     if hasattr(fn, "__self__") and hasattr(fn, "__func__"):
-        return weakref.WeakMethod(fn)  # type: ignore[arg-type]
+        return weakref.WeakMethod(fn)
     return lambda: fn
 
 

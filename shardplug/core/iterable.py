@@ -17,7 +17,7 @@ from .streams import hf_shuffles, splits_by_worker
 __all__ = ["IterableDatasetShard"]
 
 
-class IterableDatasetShard(IterableDataset):
+class IterableDatasetShard(IterableDataset[Any]):
     """This process's part of every global batch of an iterable dataset.
 
     Every process reads the stream and keeps its slice of each global batch: the global batch is

@@ -77,7 +77,7 @@ def _variant_instance(bases: tuple[type, ...]) -> Any:
     return object.__new__(combined_class(*bases))
 
 
-class PreparedDataLoader(DataLoader):
+class PreparedDataLoader(DataLoader[Any]):
     """What every prepared loader does on top of ``DataLoader``.
 
     * each pass (:class:`~shardplug.core.passes.LoaderPass`): advance the epoch if the previous

@@ -51,7 +51,7 @@ class MapShard(NamedTuple):
     synchronized_generator: torch.Generator | None
 
 
-def shard_map_style(dataloader: DataLoader, layout: ShardLayout, options: MapOptions) -> MapShard:
+def shard_map_style(dataloader: DataLoader[Any], layout: ShardLayout, options: MapOptions) -> MapShard:
     """This process's shard of ``dataloader``'s indices under ``layout`` (see the module)."""
     sampler = index_sampler(dataloader)
     if options.shuffle_algorithm == "bijective":
@@ -83,7 +83,7 @@ def is_batch_sampler(sampler: Any) -> bool:
     return isinstance(sampler, (BatchSampler, BatchSamplerShard)) or hasattr(sampler, "batch_size")
 
 
-def index_sampler(loader: DataLoader) -> Any:
+def index_sampler(loader: DataLoader[Any]) -> Any:
     """The sampler of single indices under the loader (under its batch sampler when there is one)."""
     if loader.batch_sampler is not None:
         return getattr(loader.batch_sampler, "sampler", loader.sampler)

@@ -64,7 +64,7 @@ def process_part(dataset: Any, num_processes: int, process_index: int) -> Any | 
     return None
 
 
-class ProcessPart(IterableDataset):
+class ProcessPart(IterableDataset[Any]):
     """Whole shards ``own``, then every ``num_processes``-th element (from ``process_index``) of
     the shards ``rest`` (see the module).  ``join`` makes one dataset of several (and keeps their
     own split across workers); without it shardplug splits the shards across workers."""

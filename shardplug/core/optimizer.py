@@ -119,7 +119,7 @@ class PreparedOptimizer(Optimizer):
             self._place_state()
 
     # -- the wrapped optimizer's objects -----------------------------------------------------
-    @property  # type: ignore[override]
+    @property
     def param_groups(self) -> list[dict[str, Any]]:
         scratch = self.__dict__.get("_scratch")
         return scratch["param_groups"] if scratch is not None else self.optimizer.param_groups
@@ -132,7 +132,7 @@ class PreparedOptimizer(Optimizer):
         else:
             self.optimizer.param_groups = value
 
-    @property  # type: ignore[override]
+    @property
     def state(self) -> Any:
         scratch = self.__dict__.get("_scratch")
         return scratch["state"] if scratch is not None else self.optimizer.state
@@ -145,7 +145,7 @@ class PreparedOptimizer(Optimizer):
         else:
             self.optimizer.state = value
 
-    @property  # type: ignore[override]
+    @property
     def defaults(self) -> dict[str, Any]:
         scratch = self.__dict__.get("_scratch")
         return scratch["defaults"] if scratch is not None else self.optimizer.defaults
@@ -170,7 +170,7 @@ class PreparedOptimizer(Optimizer):
         """Whether the last step that acted was skipped by the scaler (inf/NaN gradients)."""
         return self._step_was_skipped
 
-    def step(self, closure: Callable[[], Any] | None = None) -> Any:  # type: ignore[override]
+    def step(self, closure: Callable[[], Any] | None = None) -> Any:
         """Update the parameters on a sync micro-batch; do nothing on the others."""
         state = self.gradient_state
         if not state.sync_gradients:

@@ -83,7 +83,7 @@ def _same(a: Any, b: Any) -> bool:
     return type(a) is type(b) and a == b
 
 
-def _loader_settings(loader: DataLoader) -> dict[str, Any]:
+def _loader_settings(loader: DataLoader[Any]) -> dict[str, Any]:
     """Every ``DataLoader`` setting that does not describe which indices are read."""
     settings = {
         "num_workers": loader.num_workers,
@@ -103,7 +103,7 @@ def _loader_settings(loader: DataLoader) -> dict[str, Any]:
 
 
 def _rebuild(
-    loader: DataLoader, cls: type, dataset: Any, loader_kwargs: dict[str, Any], stateful: bool
+    loader: DataLoader[Any], cls: type, dataset: Any, loader_kwargs: dict[str, Any], stateful: bool
 ) -> PreparedDataLoader:
     """A ``cls`` that is also the user's ``DataLoader`` subclass, with the user's extra attributes."""
     user_cls = type(loader)
@@ -128,7 +128,7 @@ def _subclasses_stateful(cls: type) -> bool:
 
 
 def prepare_data_loader(
-    dataloader: DataLoader,
+    dataloader: DataLoader[Any],
     device: str | torch.device | None = None,
     num_processes: int | None = None,
     process_index: int | None = None,
@@ -259,7 +259,7 @@ def _dispatches(iterable: bool, options: _DataOptions) -> bool:
     return bool(dispatch)
 
 
-def _layout(dataloader: DataLoader, num_processes: int, process_index: int, options: _DataOptions) -> ShardLayout:
+def _layout(dataloader: DataLoader[Any], num_processes: int, process_index: int, options: _DataOptions) -> ShardLayout:
     """The one layout of this loader: its global batch size and ``drop_last`` (the batch sampler's,
     also one passed as ``sampler=``), the topology and the options."""
     batch_size = dataloader.batch_size
@@ -282,7 +282,7 @@ def _batch_device(device: str | torch.device | None, options: _DataOptions) -> s
 
 
 def _plan_stream(
-    dataloader: DataLoader, layout: ShardLayout, dispatch: bool, kwargs: dict[str, Any]
+    dataloader: DataLoader[Any], layout: ShardLayout, dispatch: bool, kwargs: dict[str, Any]
 ) -> tuple[Any, ShardPlan]:
     """(the dataset this process's DataLoader reads, its plan) for a stream; ``kwargs`` get the
     DataLoader's batch size (per process when the stream is sharded) and ``drop_last``."""
@@ -302,7 +302,7 @@ def _plan_stream(
     return shard, shard.plan
 
 
-def skip_first_batches(dataloader: DataLoader, num_batches: int = 0) -> PreparedDataLoader:
+def skip_first_batches(dataloader: DataLoader[Any], num_batches: int = 0) -> PreparedDataLoader:
     """A loader of the same kind and settings that starts after its first ``num_batches`` batches.
 
     The skip applies to the next pass only and keeps the epoch counter; skipped map-style batches

@@ -43,7 +43,7 @@ def rng_states(rng_types: Iterable[str], generator: torch.Generator | None = Non
             states[name] = torch.cuda.get_rng_state()
         elif name == "xla":
             try:
-                import torch_xla.core.xla_model as xm  # type: ignore[import-not-found]
+                import torch_xla.core.xla_model as xm
             except ImportError:
                 continue
             states[name] = xm.get_rng_state()
@@ -59,7 +59,7 @@ def apply_rng_states(states: dict[str, Any], generator: torch.Generator | None =
         elif name == "cuda" and torch.cuda.is_available():
             torch.cuda.set_rng_state(state)
         elif name == "xla":
-            import torch_xla.core.xla_model as xm  # type: ignore[import-not-found]
+            import torch_xla.core.xla_model as xm
 
             xm.set_rng_state(state)
         elif name == "generator" and generator is not None:

@@ -273,7 +273,7 @@ class PreparedScheduler(LRScheduler):
     def _optimizer_steps(self) -> list[int]:
         return [counter.taken for counter in self._counters]
 
-    def step(self, *args: Any, **kwargs: Any) -> None:  # type: ignore[override]
+    def step(self, *args: Any, **kwargs: Any) -> None:
         """Step the wrapped scheduler if (and as often as) the optimizers really stepped."""
         if not self.step_scheduler_with_optimizer:
             self.scheduler.step(*args, **kwargs)

@@ -173,7 +173,7 @@ class ShardplugHandler(Serializable):
         return self.steps.optimizer_step_skipped
 
     # -- preparing ---------------------------------------------------------------------------
-    def prepare_data_loader(self, dataloader: DataLoader, **overrides: Any) -> PreparedDataLoader:
+    def prepare_data_loader(self, dataloader: DataLoader[Any], **overrides: Any) -> PreparedDataLoader:
         """This process's training loader for ``dataloader`` (``overrides`` beat the config).
 
         Unlike ``idist.auto_dataloader`` it shards any batch sampler, keeps the batch size per
@@ -184,7 +184,7 @@ class ShardplugHandler(Serializable):
         self.epochs.loader = loader
         return loader
 
-    def prepare_eval_loader(self, dataloader: DataLoader, **overrides: Any) -> PreparedDataLoader:
+    def prepare_eval_loader(self, dataloader: DataLoader[Any], **overrides: Any) -> PreparedDataLoader:
         """This process's evaluation loader (``TrainingRun.prepare_eval_loader``): sharded like a
         training loader, not tied to the gradient state, padding tracked for every kind of data that
         has any. Use it with :meth:`create_evaluator` / :meth:`evaluation_step`, which drop the
@@ -405,16 +405,16 @@ class ShardplugHandler(Serializable):
         return engine
 
     # -- Serializable ------------------------------------------------------------------------
-    def state_dict(self) -> OrderedDict:
+    def state_dict(self) -> OrderedDict[str, Any]:
         """Rank-independent resume state (plain values and tensors; loads with ``weights_only=True``):
         the pieces' states together (the loader's full position, the gradient state, the step
         counters, the attached schedulers)."""
-        state: OrderedDict = OrderedDict()
+        state: OrderedDict[str, Any] = OrderedDict()
         for piece in self._pieces:
             state.update(piece.state_dict())
         return state
 
-    def load_state_dict(self, state_dict: Mapping) -> None:
+    def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
         """Load a :meth:`state_dict`: each piece gets its keys; applied when the trainer's next ``run`` starts."""
         if "batches_yielded" in state_dict and "loader" not in state_dict:
             raise ValueError(

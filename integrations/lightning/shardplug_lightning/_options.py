@@ -66,7 +66,7 @@ class ShardplugOptions:
         merged = resolve_config(config, {name: value for name, value in options.items() if value is not None})
         self._check_shardplug_config(merged)
         self.shardplug_config: ShardplugConfig = merged
-        super().__init__(**kwargs)  # type: ignore[call-arg]
+        super().__init__(**kwargs)
 
     def _check_shardplug_config(self, config: ShardplugConfig) -> None:
         """Refuse options this front end cannot honour (a ``ValueError`` naming the option and the fix)."""
@@ -100,7 +100,7 @@ def _optional(annotation: str) -> str:
     return annotation if annotation.startswith("Optional[") else f"Optional[{annotation}]"
 
 
-def _has_distributed_sampler(dataloader: DataLoader) -> bool:
+def _has_distributed_sampler(dataloader: DataLoader[Any]) -> bool:
     candidates = [getattr(dataloader, "sampler", None)]
     batch_sampler = getattr(dataloader, "batch_sampler", None)
     candidates.append(getattr(batch_sampler, "sampler", None))
@@ -109,7 +109,7 @@ def _has_distributed_sampler(dataloader: DataLoader) -> bool:
     return any(isinstance(s, DistributedSampler) for s in candidates)
 
 
-def refuse_distributed_sampler(dataloader: DataLoader, hook: str) -> None:
+def refuse_distributed_sampler(dataloader: DataLoader[Any], hook: str) -> None:
     """Raise when the loader already shards itself: shardplug would shard it a second time."""
     if _has_distributed_sampler(dataloader):
         raise ValueError(
@@ -120,7 +120,7 @@ def refuse_distributed_sampler(dataloader: DataLoader, hook: str) -> None:
         )
 
 
-def refuse_prepared(dataloader: DataLoader, hook: str) -> None:
+def refuse_prepared(dataloader: DataLoader[Any], hook: str) -> None:
     """Raise when the loader was already prepared by shardplug (it would be sharded twice)."""
     if isinstance(dataloader, PreparedDataLoader):
         raise ValueError(

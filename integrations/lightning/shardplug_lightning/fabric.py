@@ -81,7 +81,7 @@ class ShardplugFabricDDPStrategy(ShardplugOptions, DDPStrategy):
         """Whether the last ``optimizer.step()`` made no update (``GradScaler`` found inf/NaN gradients)."""
         return self._last_step is not None and self._last_step.skipped
 
-    def process_dataloader(self, dataloader: DataLoader) -> DataLoader:
+    def process_dataloader(self, dataloader: DataLoader[Any]) -> DataLoader[Any]:
         """This process's loader: ``prepare_data_loader`` with the strategy's options."""
         dataloader = super().process_dataloader(dataloader)
         if not isinstance(dataloader, DataLoader):
@@ -90,7 +90,7 @@ class ShardplugFabricDDPStrategy(ShardplugOptions, DDPStrategy):
         refuse_distributed_sampler(dataloader, "fabric.setup_dataloaders()")
         return prepare_data_loader(dataloader, **self._loader_arguments(self.world_size, self.global_rank))
 
-    def prepare_eval_loader(self, dataloader: DataLoader, *, drop_padding: bool = False) -> DataLoader:
+    def prepare_eval_loader(self, dataloader: DataLoader[Any], *, drop_padding: bool = False) -> DataLoader[Any]:
         """This process's evaluation loader, by the core's rule (``shardplug.core.evaluation``): the same
         number of batches on every process whatever ``even_batches`` says (a set smaller than one
         global batch, or more processes than batches, leaves no process out of a collective), the

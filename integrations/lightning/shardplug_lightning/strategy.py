@@ -178,7 +178,7 @@ class ShardplugStrategyMixin(ShardplugOptions):
         logger.debug("rank %d: %s loader prepared (%s)", self.global_rank, stage, type(prepared.plan).__name__)  # type: ignore[attr-defined]
         return prepared
 
-    def _prepare_predict(self, dataloader: DataLoader) -> DataLoader:
+    def _prepare_predict(self, dataloader: DataLoader[Any]) -> DataLoader[Any]:
         changes: dict[str, Any] = {"even_batches": False}  # predict loaders are never padded, never dispatch
         if self.shardplug_config.dispatch_batches:
             changes.update(dispatch_batches=False, slice_fn_for_dispatch=None)
@@ -287,7 +287,7 @@ class ShardplugStrategyMixin(ShardplugOptions):
                 self.global_rank,
                 resumed,
                 limit,
-                resumed - delta,  # type: ignore[attr-defined]
+                resumed - delta,
             )
 
     def on_train_batch_start(self, batch: Any, batch_idx: int, *args: Any, **kwargs: Any) -> None:
@@ -311,7 +311,7 @@ def _loaders_in(iterables: Any) -> list[Any]:
     return [iterables]
 
 
-def _with_batch_sampler(dataloader: DataLoader, batch_sampler: Any) -> DataLoader:
+def _with_batch_sampler(dataloader: DataLoader[Any], batch_sampler: Any) -> DataLoader[Any]:
     """A shallow copy of ``dataloader`` reading ``batch_sampler`` (only used as input of ``prepare_data_loader``)."""
     clone = object.__new__(type(dataloader))
     clone.__dict__.update(vars(dataloader))

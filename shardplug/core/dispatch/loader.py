@@ -125,7 +125,7 @@ class DataLoaderDispatcher(DataLoaderShard):
         )
         self._finish_init(device, rng_types, synchronized_generator, skip_batches, non_blocking, dispatch=options)
 
-    def _finish_init(  # type: ignore[override]
+    def _finish_init(
         self,
         device: str | torch.device | None,
         rng_types: Iterable[str] | None,

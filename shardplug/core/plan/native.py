@@ -93,7 +93,7 @@ class NativeStreamPlan(PlanDefaults):
         return None  # each process counts its own part's batches: no global batch boundary
 
     def batch_record(self, record: PassRecord, batch: int) -> tuple[list[int] | None, int]:
-        return record.batches.popleft() if record.batches else (None, 0)  # type: ignore[return-value]
+        return record.batches.popleft() if record.batches else (None, 0)
 
     steps_per_agreement = 8
     """Steps agreed on by one collective: each process reads that many batches ahead and tells how

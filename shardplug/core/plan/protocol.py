@@ -40,13 +40,16 @@ class ShardPlan(Protocol):
     unit: str
     """What a position counts: ``"global_batches"``, ``"elements"`` or ``"batches"``."""
 
-    stream: bool
-    """The plan shares out a stream (an iterable dataset): a position names no sampler and no dataset
-    length (its ``sampler`` is ``"stream"``)."""
+    # read-only to the loader: plans answer these with class attributes or properties
+    @property
+    def stream(self) -> bool:
+        """The plan shares out a stream (an iterable dataset): a position names no sampler and no dataset
+        length (its ``sampler`` is ``"stream"``)."""
 
-    sampler: Any
-    """The index sampler whose order the plan shares out (``None`` for a stream): the shuffle whose
-    seed is agreed and saved, or whose generator's state a position records."""
+    @property
+    def sampler(self) -> Any:
+        """The index sampler whose order the plan shares out (``None`` for a stream): the shuffle whose
+        seed is agreed and saved, or whose generator's state a position records."""
 
     @property
     def consumed_per_batch(self) -> int:
@@ -91,8 +94,13 @@ class ShardPlan(Protocol):
         """A pass starts (in the loader's process, before its reader starts): what the plan keeps of the
         previous one no longer counts."""
 
-    untracked_reason: str | None
-    """Why batches cannot be told apart from padding (``None``: :meth:`batch_record` works)."""
+    @property
+    def untracked_reason(self) -> str | None:
+        """Why batches cannot be told apart from padding (``None``: :meth:`batch_record` works)."""
+
+    identifies_samples: bool
+    """Batch records name each sample (dataset indices or stream positions), so an audit can count them
+    (:class:`PlanDefaults` answers ``True``)."""
 
     reads_ahead: bool
     """The plan reads batches ahead of those handed out (an agreement on when a process runs out): the
