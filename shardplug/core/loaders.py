@@ -243,7 +243,7 @@ class PreparedDataLoader(DataLoader[Any]):
         return self._keeping.resumed_batches()
 
     # -- iteration ------------------------------------------------------------------------
-    def __iter__(self) -> Iterator[Any]:
+    def __iter__(self) -> Iterator[Any]:  # type: ignore[override]  # a pass of its own, not a _BaseDataLoaderIter
         return iter(LoaderPass(self))
 
     def _inner_batches(self, discard: int) -> Iterator[Any]:
@@ -440,7 +440,7 @@ class DataLoaderShard(PreparedDataLoader):
                 # persistent workers hold their copies of the plan from when they started: a start set
                 # since cannot reach them, so this pass gets new workers (compat.forget_iterator)
                 compat.forget_iterator(self)
-            batches = self._inner_loader().__iter__()
+            batches: Iterator[Any] = self._inner_loader().__iter__()
         for _ in zip(range(discard), batches):
             pass  # read, but never handed out (data that shardplug cannot skip by index)
         return batches

@@ -11,14 +11,15 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, cast
 
 import torch
 from torch.utils.data import DataLoader, IterableDataset
 
 from . import compat
 from .config import ShardplugConfig
-from .dispatch import DataLoaderDispatcher, DispatchOptions, check_slice_fn
+from .dispatch import DataLoaderDispatcher, DispatchOptions
+from .dispatch.loader import check_slice_fn
 from .iterable import IterableDatasetShard
 from .layout import ShardLayout
 from .loaders import DataLoaderShard, PreparedDataLoader, combined_class, stateful_dataloader_class
@@ -104,16 +105,16 @@ def _loader_settings(loader: DataLoader[Any]) -> dict[str, Any]:
 
 def _rebuild(
     loader: DataLoader[Any], cls: type, dataset: Any, loader_kwargs: dict[str, Any], stateful: bool
-) -> PreparedDataLoader:
+) -> DataLoaderShard:
     """A ``cls`` that is also the user's ``DataLoader`` subclass, with the user's extra attributes."""
-    user_cls = type(loader)
+    user_cls: type = type(loader)
     if issubclass(user_cls, PreparedDataLoader):
         user_cls = next(c for c in user_cls.__mro__ if not issubclass(c, PreparedDataLoader))
     bases: list[type] = [cls, user_cls]
     if stateful:
         bases.append(stateful_dataloader_class())
     new_cls = combined_class(*bases)
-    new = object.__new__(new_cls)
+    new = cast(DataLoaderShard, object.__new__(new_cls))  # cls: DataLoaderShard or a subclass
     stateful_base = stateful_dataloader_class() if stateful or _subclasses_stateful(user_cls) else None
     init = stateful_base.__init__ if stateful_base is not None else DataLoader.__init__
     init(new, dataset, **loader_kwargs)

@@ -98,6 +98,8 @@ class DataLoaderDispatcher(DataLoaderShard):
             ...
     """
 
+    plan: DispatchPlan  # process 0's global batches, shared out by steps (set in _finish_init)
+
     def __init__(
         self,
         dataset: Any,
@@ -149,7 +151,7 @@ class DataLoaderDispatcher(DataLoaderShard):
             options.even_batches,
             drop_last=bool(self.drop_last),
         )
-        source = self.plan  # process 0's global batches: a shard of the user's batches, or the stream's own
+        source: ShardPlan = self.plan  # process 0's global batches: a shard of the user's batches, or the stream's own
         try:
             length = source.num_batches(0)
         except TypeError:  # a batch sampler without __len__
@@ -298,7 +300,7 @@ def _plain_iteration(cls: type, stateful: bool) -> bool:
     ``StatefulDataLoader``) itself: one collation per batch handed back, in order, no look-ahead
     (``__iter__`` and ``_get_iterator`` not overridden by a subclass)."""
     after = super(PreparedDataLoader, cls)
-    known = [stateful_dataloader_class()] if stateful else [DataLoader]
+    known: list[type[DataLoader[Any]]] = [stateful_dataloader_class()] if stateful else [DataLoader]
     return any(
         getattr(after, "__iter__", None) is base.__iter__
         and compat.get_iterator_method(after) is compat.get_iterator_method(base)

@@ -124,7 +124,7 @@ class NativeStreamPlan(PlanDefaults):
         def begin(taken: int) -> tuple[list[Any], Callable[[], int]]:
             """The next ``chunk`` batches this process has, and (waiting when called) how many steps
             every process takes of them."""
-            ahead = []
+            ahead: list[Any] = []
             while len(ahead) < chunk and not exhausted:
                 batch = fetch()
                 if batch is not _END:

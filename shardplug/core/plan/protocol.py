@@ -123,8 +123,9 @@ class ShardPlan(Protocol):
         """Have the readers tag each element (where :attr:`needs_tags`); ``True`` when that starts now
         (the loader then collates through :class:`~shardplug.core.plan.TagCollate`, with new workers)."""
 
-    def batch_record(self, record: PassRecord, batch: int) -> tuple[list[int], int]:
-        """(indices or stream positions, real count) of the pass's ``batch``-th batch handed out."""
+    def batch_record(self, record: PassRecord, batch: int) -> tuple[list[int] | None, int]:
+        """(indices or stream positions, real count) of the pass's ``batch``-th batch handed out
+        (``None`` for the indices where the plan has none: a stream that sharded itself)."""
 
     def pass_batches(self, batches: Iterator[Any], record: PassRecord) -> Iterator[Any]:
         """The loader's batches of a pass as this plan hands them out (most plans: unchanged)."""
