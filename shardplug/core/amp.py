@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import logging
 import weakref
-from typing import Any
+from typing import Any, TypeGuard
 
 import torch
 from torch.optim import Optimizer
@@ -53,7 +53,7 @@ logger = logging.getLogger(__name__)
 
 
 # -- the scaler --------------------------------------------------------------------------------
-def scaler_enabled(scaler: Any) -> bool:
+def scaler_enabled(scaler: Any) -> TypeGuard[Any]:
     """Whether ``scaler`` is a scaler that scales (``None`` and disabled scalers do not)."""
     return scaler is not None and bool(scaler.is_enabled())
 

@@ -20,7 +20,7 @@ Example::
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 from torch.utils.data._utils import collate as torch_collate
 
@@ -149,7 +149,7 @@ def get_iterator_method(obj: Any) -> Callable[..., Any] | None:
 
 def random_sampler_num_samples(sampler: Any) -> int | None:
     """The ``num_samples`` a ``RandomSampler`` was built with (``None``: one draw per element)."""
-    return sampler._num_samples
+    return cast("int | None", sampler._num_samples)
 
 
 # -- GradScaler ---------------------------------------------------------------------------------

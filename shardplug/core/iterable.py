@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
@@ -117,7 +117,7 @@ class IterableDatasetShard(IterableDataset[Any]):
         """Every process compares the first global batch of this pass (a collective: call it on every
         process, after the pass's first batch was fetched or the pass ended); a ``RuntimeError`` on
         every process when the streams differ.  The plan's ``pass_batches`` does it for the loader."""
-        self.plan.first_batch.agree()
+        cast(FirstBatchCheck, self.plan.first_batch).agree()  # set where there are several processes
 
     def state_at(self, elements: int) -> Any:
         """The dataset's ``state_dict()`` after its first ``elements`` elements of this pass, if recorded."""
@@ -138,7 +138,9 @@ class IterableDatasetShard(IterableDataset[Any]):
             read, skip = skip, 0
             self.dataset.load_state_dict(dataset_state)
         on_boundary = self._record_state if self.repositions_itself else None
-        on_first = self.plan.first_batch.recorder() if first_reader and self.num_processes > 1 else None
+        on_first = (
+            cast(FirstBatchCheck, self.plan.first_batch).recorder() if first_reader and self.num_processes > 1 else None
+        )
         yield from self.plan.elements(iter(self.dataset), worker, workers, skip, read, on_boundary, on_first)
 
     def _record_state(self, read: int) -> None:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, cast
 
 from .plan import ShardPlan
 from .position import Position
@@ -52,7 +52,7 @@ class PositionKeeper:
 
     @property
     def plan(self) -> ShardPlan:
-        return self.loader.plan
+        return cast("ShardPlan", self.loader.plan)
 
     def shuffles(self) -> Shuffles:
         """The shuffles whose seeds and generator state a position records."""
@@ -70,7 +70,7 @@ class PositionKeeper:
                     "have no len(), or DataLoader workers split them in a way shardplug cannot count), so len() is "
                     "unknown"
                 )
-            return self.loader._inner_loader().__len__()  # the DataLoader's own answer, or its TypeError
+            return cast("int", self.loader._inner_loader().__len__())  # the DataLoader's own answer, or its TypeError
         return length
 
     def next_start(self) -> int:
@@ -88,7 +88,7 @@ class PositionKeeper:
         """Where (in the plan's unit) the pass in progress started, or where the next one starts."""
         current = self.loader._pass
         if current.open:
-            return current.consumed_at_start
+            return cast("int", current.consumed_at_start)
         return self.next_start() + self.skip * self.plan.consumed_per_batch
 
     def same_layout_length(self) -> int | None:

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, cast
 
 import torch  # noqa: F401  (the docstring example)
 from torch.utils.data import IterableDataset, get_worker_info
@@ -100,9 +100,10 @@ class ProcessPart(IterableDataset[Any]):
         lengths = [sized_length(part) for part in self.own + self.rest]
         if any(length is None for length in lengths):
             raise TypeError("a shard of this stream has no len()")
-        rest = sum(lengths[len(self.own) :])
+        sizes = cast("list[int]", lengths)  # none is None (checked above)
+        rest = sum(sizes[len(self.own) :])
         mine = max(rest - self.process_index + self.num_processes - 1, 0) // self.num_processes
-        return sum(lengths[: len(self.own)]) + mine
+        return sum(sizes[: len(self.own)]) + mine
 
     def worker_lengths(self, num_workers: int) -> list[int] | None:
         """Elements each of ``num_workers`` DataLoader workers reads of this part, when every shard
@@ -146,7 +147,7 @@ def native_shard(
             for j in range(layout.num_processes)
         )
         counts = [_batches_of_part(part, batch_size, drop_last, num_workers) for part in parts]
-    known = None if counts is None or any(count is None for count in counts) else counts
+    known = None if counts is None or any(count is None for count in counts) else cast("list[int]", counts)
     return own, NativeStreamPlan(layout, known, agree=all_reduce_int_async)
 
 

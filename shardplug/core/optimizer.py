@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch.optim import Optimizer
@@ -122,7 +122,9 @@ class PreparedOptimizer(Optimizer):
     @property
     def param_groups(self) -> list[dict[str, Any]]:
         scratch = self.__dict__.get("_scratch")
-        return scratch["param_groups"] if scratch is not None else self.optimizer.param_groups
+        return cast(
+            "list[dict[str, Any]]", scratch["param_groups"] if scratch is not None else self.optimizer.param_groups
+        )
 
     @param_groups.setter
     def param_groups(self, value: list[dict[str, Any]]) -> None:
@@ -148,7 +150,7 @@ class PreparedOptimizer(Optimizer):
     @property
     def defaults(self) -> dict[str, Any]:
         scratch = self.__dict__.get("_scratch")
-        return scratch["defaults"] if scratch is not None else self.optimizer.defaults
+        return cast("dict[str, Any]", scratch["defaults"] if scratch is not None else self.optimizer.defaults)
 
     @defaults.setter
     def defaults(self, value: dict[str, Any]) -> None:
@@ -269,7 +271,7 @@ class PreparedOptimizer(Optimizer):
             result = post_hook(self, state_dict)
             if result is not None:
                 state_dict = result
-        return state_dict
+        return cast("dict[str, Any]", state_dict)
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Load into the wrapped optimizer, then place the state on the device."""

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -127,7 +127,7 @@ class LoaderPass:
             self.length = len(loader)
         except TypeError:
             self.length = None
-        return discard
+        return cast("int", discard)
 
     def _counted_total(self) -> int | None:
         """The epoch's batches counted up to the end of this pass, when the plan's length is exact
@@ -136,7 +136,7 @@ class LoaderPass:
         if not loader.plan.exact_length:
             return None
         try:
-            return self.resumed + loader._keeping.batches_after(self.consumed_at_start)
+            return cast("int | None", self.resumed + loader._keeping.batches_after(self.consumed_at_start))
         except TypeError:  # a batch sampler without __len__
             return None
 

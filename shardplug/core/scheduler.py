@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, cast
 
 from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LRScheduler, ReduceLROnPlateau
@@ -84,7 +84,7 @@ def _check_optimizers(scheduler: Any, optimizers: Any) -> list[Optimizer]:
     for opt in optimizers:
         if not isinstance(opt, Optimizer):
             raise TypeError(f"optimizers contains {opt!r}, which is not a torch.optim.Optimizer")
-    return optimizers
+    return cast("list[Optimizer]", optimizers)
 
 
 @compat.forwards_scheduler_flags  # flags LRScheduler keeps on its class: the wrapped scheduler's are used
@@ -127,6 +127,10 @@ class PreparedScheduler(LRScheduler):
         >>> opt.step(); plateau.step(0.5); plateau.last_epoch
         1
     """
+
+    # set through the instance dict in __init__ / load_state_dict (annotations only: no class attributes)
+    _seen_steps: list[int]
+    _warned_total_steps: bool
 
     def __init__(
         self,
@@ -189,7 +193,7 @@ class PreparedScheduler(LRScheduler):
             gradient_state = (
                 next(
                     (
-                        o.gradient_state
+                        cast(Any, o).gradient_state
                         for o in optimizers
                         if isinstance(getattr(o, "gradient_state", None), GradientState)
                     ),
@@ -239,12 +243,12 @@ class PreparedScheduler(LRScheduler):
     @property
     def step_with_optimizer(self) -> bool:
         """Deprecated name of :attr:`step_scheduler_with_optimizer`."""
-        return self.step_scheduler_with_optimizer
+        return cast("bool", self.step_scheduler_with_optimizer)
 
     @property
     def scale_by_num_processes(self) -> bool:
         """Deprecated name of :attr:`scale_scheduler_by_num_processes`."""
-        return self.scale_scheduler_by_num_processes
+        return cast("bool", self.scale_scheduler_by_num_processes)
 
     # -- attribute pass-through --------------------------------------------------------------
     def __getattr__(self, name: str) -> Any:
@@ -268,7 +272,7 @@ class PreparedScheduler(LRScheduler):
             or not self.scale_scheduler_by_num_processes
         ):
             return 1
-        return self.num_processes
+        return cast("int", self.num_processes)
 
     def _optimizer_steps(self) -> list[int]:
         return [counter.taken for counter in self._counters]
@@ -296,15 +300,15 @@ class PreparedScheduler(LRScheduler):
     # -- pass-through methods LRScheduler defines --------------------------------------------
     def get_last_lr(self) -> list[Any]:
         """The wrapped scheduler's ``get_last_lr()``."""
-        return self.scheduler.get_last_lr()
+        return cast("list[Any]", self.scheduler.get_last_lr())
 
     def get_lr(self) -> list[Any]:
         """The wrapped scheduler's ``get_lr()``."""
-        return self.scheduler.get_lr()
+        return cast("list[Any]", self.scheduler.get_lr())
 
     def state_dict(self) -> dict[str, Any]:
         """The wrapped scheduler's ``state_dict()``."""
-        return self.scheduler.state_dict()
+        return cast("dict[str, Any]", self.scheduler.state_dict())
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """The wrapped scheduler's ``load_state_dict()``."""

@@ -11,7 +11,7 @@ Example::
 from __future__ import annotations
 
 from collections.abc import Iterator, Sized
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch.utils.data import RandomSampler
@@ -56,7 +56,7 @@ def check_shuffle_algorithm(algorithm: Any) -> str:
             f"shuffle_algorithm={algorithm!r} is invalid: it must be one of {list(SHUFFLE_ALGORITHMS)} "
             "('randperm': torch.randperm per epoch, the default; 'bijective': no permutation in memory)"
         )
-    return algorithm
+    return cast("str", algorithm)
 
 
 def epoch_seed(seed: int, epoch: int) -> int:

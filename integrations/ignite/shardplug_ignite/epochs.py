@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 from collections import OrderedDict
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, cast
 
 import ignite.distributed as idist
 import torch
@@ -115,7 +115,7 @@ class EpochSync(Serializable):
         length = -1 if length is None else length
         epoch_length = engine.state.epoch_length if engine.state.epoch_length is not None else -1
         mine = torch.tensor([length, epoch_length], dtype=torch.int64, device=idist.device())
-        gathered = idist.all_gather(mine) if idist.get_world_size() > 1 else mine
+        gathered = cast(torch.Tensor, idist.all_gather(mine)) if idist.get_world_size() > 1 else mine
         per_rank = gathered.view(-1, 2).tolist()
         lengths = [row[0] for row in per_rank]
         epoch_lengths = [row[1] for row in per_rank]

@@ -116,8 +116,8 @@ class StepEvents(Serializable):
             self.optimizer_step_skipped = pending["optimizer_step_skipped"]
         elif engine.state.iteration == 0:
             self.optimizer_step = self.optimizer_step_skipped = 0
-        engine.state.optimizer_step = self.optimizer_step
-        engine.state.optimizer_step_skipped = self.optimizer_step_skipped
+        engine.state.optimizer_step = self.optimizer_step  # type: ignore[attr-defined]  # ignite's State takes new attributes
+        engine.state.optimizer_step_skipped = self.optimizer_step_skipped  # type: ignore[attr-defined]  # ignite's State takes new attributes
 
     def _on_iteration_started(self, engine: Engine) -> None:
         self._records.clear()
@@ -130,11 +130,11 @@ class StepEvents(Serializable):
             return
         if all(records):
             self.optimizer_step_skipped += 1
-            engine.state.optimizer_step_skipped = self.optimizer_step_skipped
+            engine.state.optimizer_step_skipped = self.optimizer_step_skipped  # type: ignore[attr-defined]  # ignite's State takes new attributes
             engine.fire_event(ShardplugEvents.OPTIMIZER_STEP_SKIPPED)
         else:
             self.optimizer_step += 1
-            engine.state.optimizer_step = self.optimizer_step
+            engine.state.optimizer_step = self.optimizer_step  # type: ignore[attr-defined]  # ignite's State takes new attributes
             engine.fire_event(ShardplugEvents.OPTIMIZER_STEP_COMPLETED)
 
     def state_dict(self) -> OrderedDict[str, Any]:

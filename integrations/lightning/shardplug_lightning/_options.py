@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import logging
-from typing import Any
+from typing import Any, cast
 
 from torch.utils.data import DataLoader
 from torch.utils.data.distributed import DistributedSampler
@@ -90,7 +90,7 @@ def _signature(cls: type) -> inspect.Signature:
     ]
     own = [
         p
-        for name, p in inspect.signature(cls.__init__).parameters.items()
+        for name, p in inspect.signature(cast(Any, cls).__init__).parameters.items()
         if p.kind is keyword and name not in _FIELDS and name != "config"
     ]
     return inspect.Signature([*shardplug, *own, inspect.Parameter("kwargs", inspect.Parameter.VAR_KEYWORD)])

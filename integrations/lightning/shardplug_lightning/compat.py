@@ -22,7 +22,7 @@ Example::
 from __future__ import annotations
 
 import importlib
-from typing import Any
+from typing import Any, cast
 
 from shardplug.core import compat as core_compat
 
@@ -97,7 +97,9 @@ def index_batch_sampler_wrapper(namespace: str) -> type:
     """The predict loop's index-recording batch sampler class of ``namespace`` (``lightning.pytorch`` /
     ``pytorch_lightning``)."""
     module = importlib.import_module(f"{namespace}.overrides.distributed")
-    return _required(module, "_IndexBatchSamplerWrapper", "the predict loop's index-recording batch sampler")
+    return cast(
+        "type", _required(module, "_IndexBatchSamplerWrapper", "the predict loop's index-recording batch sampler")
+    )
 
 
 def wrapped_batch_sampler(wrapper: Any) -> Any:

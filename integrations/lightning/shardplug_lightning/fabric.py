@@ -19,9 +19,9 @@ Example::
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import Any, cast
 
-from lightning.fabric.strategies import DDPStrategy
+from lightning.fabric.strategies.ddp import DDPStrategy
 from torch.nn import Module
 from torch.optim import Optimizer
 from torch.utils.data import DataLoader
@@ -103,7 +103,7 @@ class ShardplugFabricDDPStrategy(ShardplugOptions, DDPStrategy):
         refuse_prepared(dataloader, "fabric.strategy.prepare_eval_loader()")
         refuse_distributed_sampler(dataloader, "fabric.strategy.prepare_eval_loader()")
         arguments = self._loader_arguments(self.world_size, self.global_rank)
-        return prepare_eval_loader(dataloader, drop_padding=drop_padding, **arguments)
+        return cast("DataLoader[Any]", prepare_eval_loader(dataloader, drop_padding=drop_padding, **arguments))
 
     def setup_module_and_optimizers(
         self, module: Module, optimizers: list[Optimizer], scheduler: Any = None

@@ -18,7 +18,7 @@ import importlib
 import logging
 import types
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 from torch.optim import Optimizer
 from torch.utils.data import DataLoader
@@ -90,6 +90,11 @@ class ShardplugStrategyMixin(ShardplugOptions):
 
     #: ``lightning.pytorch`` or ``pytorch_lightning``: the namespace this class belongs to.
     _pl_namespace: str = "lightning.pytorch"
+
+    if TYPE_CHECKING:  # given by the DDPStrategy this class is mixed into
+
+        @property
+        def global_rank(self) -> int: ...
 
     def __init__(self, *, eval_even_batches: bool = False, **options: Any) -> None:
         if not isinstance(eval_even_batches, bool):
@@ -175,7 +180,7 @@ class ShardplugStrategyMixin(ShardplugOptions):
             prepared = prepare_eval_loader(
                 dataloader, drop_padding=not self.eval_even_batches, **self._data_arguments()
             )
-        logger.debug("rank %d: %s loader prepared (%s)", self.global_rank, stage, type(prepared.plan).__name__)  # type: ignore[attr-defined]
+        logger.debug("rank %d: %s loader prepared (%s)", self.global_rank, stage, type(prepared.plan).__name__)
         return prepared
 
     def _prepare_predict(self, dataloader: DataLoader[Any]) -> DataLoader[Any]:
@@ -249,7 +254,7 @@ class ShardplugStrategyMixin(ShardplugOptions):
         fit_loop = self._get_trainer().fit_loop
         applied = compat.apply_late_loader_states(fit_loop)
         if applied:
-            logger.debug("rank %d: applied %d training loader state(s) after restore", self.global_rank, applied)  # type: ignore[attr-defined]
+            logger.debug("rank %d: applied %d training loader state(s) after restore", self.global_rank, applied)
         self._align_batch_progress(fit_loop)
 
     def _align_batch_progress(self, fit_loop: Any) -> None:
@@ -272,7 +277,8 @@ class ShardplugStrategyMixin(ShardplugOptions):
             return  # a pass from the epoch's start: nothing to align
         combined = compat.combined_loader(fit_loop)
         limit = min(
-            [loader.epoch_length] + [int(x) for x in getattr(combined, "limits", None) or [] if x != float("inf")]
+            [cast(int, loader.epoch_length)]
+            + [int(x) for x in getattr(combined, "limits", None) or [] if x != float("inf")]
         )
         compat.set_epoch_length(self._get_trainer(), fit_loop, limit)
         delta = resumed - progress.current.ready

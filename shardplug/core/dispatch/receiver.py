@@ -9,7 +9,7 @@ are received and dropped when its next pass starts.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.distributed as dist
@@ -120,7 +120,7 @@ class StepReceiver:
             received = broadcast_object(None, group=self.group)
             self.stats.headers += 1
             if kind == HEADER:
-                return received
+                return cast("tuple[Any, list[tuple[Any, Any]], tuple[tuple[int, str, int, int], ...]]", received)
             first, part_rows = received
             return with_rows(first, part_rows[self.process_index])
         if kind == ROWS and header is not None:

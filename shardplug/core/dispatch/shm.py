@@ -28,7 +28,7 @@ import mmap
 import os
 import struct
 import uuid
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch.utils.data import default_collate
@@ -156,10 +156,10 @@ class SharedRing:
             placed.append((offset, None if in_place else flat.clone() if self.holds(flat) else flat))
             offset += _padded(flat.numel())
         copied = 0
-        for start, flat in placed:
-            if flat is not None:
-                self._bytes[start : start + flat.numel()].copy_(flat)
-                copied += flat.numel()
+        for start, source in placed:
+            if source is not None:
+                self._bytes[start : start + source.numel()].copy_(source)
+                copied += source.numel()
         return copied
 
     def close(self, remove: bool = True) -> None:
@@ -227,7 +227,7 @@ class ReceiptCounter:
 
     @property
     def count(self) -> int:
-        return struct.unpack_from(self._FORMAT, self._map, 0)[0]
+        return cast("int", struct.unpack_from(self._FORMAT, self._map, 0)[0])
 
     @count.setter
     def count(self, value: int) -> None:
@@ -303,7 +303,7 @@ class CollateIntoRing:
         out = self._slot(elem.dtype, (len(batch), *elem.shape)) if _stackable(batch) else None
         if out is None:
             self.target = None
-            return _torch_collate.collate_tensor_fn(batch, collate_fn_map=collate_fn_map)
+            return cast("torch.Tensor", _torch_collate.collate_tensor_fn(batch, collate_fn_map=collate_fn_map))
         return torch.stack(batch, 0, out=out)
 
     def _placed(self, function: Any) -> Any:
