@@ -8,10 +8,16 @@ INTEGRATIONS := $(patsubst %/pyproject.toml,%,$(wildcard integrations/*/pyprojec
 
 install:
 	@$(PYTHON) -c "import torch" 2>/dev/null || $(PYTHON) -m pip install --quiet "$(TORCH_SPEC)"
-	$(PYTHON) -m pip install --quiet -e ".[test,stateful]" $(foreach d,$(INTEGRATIONS),-e $(d))
+	$(PYTHON) -m pip install --quiet -e ".[test,stateful,lint]" $(foreach d,$(INTEGRATIONS),-e $(d))
 
 demo: install
 	$(PYTHON) examples/demo.py
 
 test: install
 	$(PYTHON) -m pytest -q
+
+.PHONY: lint
+lint: install  # ruff (lint, format) and mypy, with the versions of the lint extra
+	$(PYTHON) -m ruff check .
+	$(PYTHON) -m ruff format --check .
+	$(PYTHON) -m mypy
