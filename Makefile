@@ -8,7 +8,7 @@ INTEGRATIONS := $(patsubst %/pyproject.toml,%,$(wildcard integrations/*/pyprojec
 
 install:
 	@$(PYTHON) -c "import torch" 2>/dev/null || $(PYTHON) -m pip install --quiet "$(TORCH_SPEC)"
-	$(PYTHON) -m pip install --quiet -e ".[test,stateful]" $(foreach d,$(INTEGRATIONS),-e $(d))
+	$(PYTHON) -m pip install --quiet -e ".[test,stateful,lint,docs]" $(foreach d,$(INTEGRATIONS),-e $(d))
 
 demo: install
 	$(PYTHON) examples/demo.py
@@ -16,9 +16,14 @@ demo: install
 test: install
 	$(PYTHON) -m pytest -q
 
-# The documentation site (needs the docs extra: pip install -e ".[docs]")
-docs:
+.PHONY: lint
+lint: install  # ruff (lint, format) and mypy, with the versions of the lint extra
+	$(PYTHON) -m ruff check .
+	$(PYTHON) -m ruff format --check .
+	$(PYTHON) -m mypy
+
+docs: install  # the documentation site (the docs extra), strictly
 	PYTHONPATH=.:integrations/lightning:integrations/ignite $(PYTHON) -m mkdocs build --strict
 
-serve-docs:
+serve-docs: install
 	PYTHONPATH=.:integrations/lightning:integrations/ignite $(PYTHON) -m mkdocs serve

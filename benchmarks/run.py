@@ -18,19 +18,25 @@ import subprocess
 import sys
 import tempfile
 import time
-from datetime import timedelta
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable, Optional
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from torch.utils.data import BatchSampler, RandomSampler, DataLoader, Dataset, IterableDataset
+from torch.utils.data import BatchSampler, DataLoader, Dataset, IterableDataset, RandomSampler
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 import shardplug  # noqa: E402
+from shardplug import (  # noqa: E402
+    BatchSamplerShard,
+    BijectiveRandomSampler,
+    DataLoaderDispatcher,
+    SeedableRandomSampler,
+    prepare_data_loader,
+)
 from shardplug.core.plan import NativeStreamPlan  # noqa: E402
-from shardplug import BatchSamplerShard, BijectiveRandomSampler, DataLoaderDispatcher, SeedableRandomSampler, prepare_data_loader  # noqa: E402
 
 try:  # optional: the reference, for a side-by-side ratio only
     import accelerate.data_loader as reference  # type: ignore[import-not-found]
@@ -44,7 +50,7 @@ class Row:
     ours: float
     baseline: float
     target: str
-    reference: Optional[float] = None
+    reference: float | None = None
     unit: str = "s"
 
     @property
@@ -58,7 +64,7 @@ class Row:
         return f"{self.reference / self.baseline:.2f}x"
 
 
-def measure_reference(what: str, fn: Callable[[], float]) -> Optional[float]:
+def measure_reference(what: str, fn: Callable[[], float]) -> float | None:
     """The reference's time for ``what``, when ``accelerate`` is installed and the call works."""
     if reference is None:
         return None
@@ -116,7 +122,7 @@ def p1_overhead(n: int, repeats: int) -> list[Row]:
         prepared = prepare_data_loader(DataLoader(Plain(n), batch_size=1), num_processes=num_processes, process_index=0)
         plain = DataLoader(Plain(n // num_processes), batch_size=1)
         _drain(prepared)
-        ours, base = best_of(lambda: _drain(prepared), repeats), best_of(lambda: _drain(plain), repeats)
+        ours, base = best_of(lambda: _drain(prepared), repeats), best_of(lambda: _drain(plain), repeats)  # noqa: B023 (run within this iteration)
 
         def ref(num_processes: int = num_processes) -> float:
             theirs = reference.prepare_data_loader(
@@ -125,8 +131,15 @@ def p1_overhead(n: int, repeats: int) -> list[Row]:
             _drain(theirs)
             return best_of(lambda: _drain(theirs), repeats)
 
-        rows.append(Row(f"P1 per-batch overhead, bs 1, {n} samples, N={num_processes}", ours, base, "<= 1.05x",
-                        measure_reference("P1", ref)))
+        rows.append(
+            Row(
+                f"P1 per-batch overhead, bs 1, {n} samples, N={num_processes}",
+                ours,
+                base,
+                "<= 1.05x",
+                measure_reference("P1", ref),
+            )
+        )
     return rows
 
 
@@ -143,17 +156,28 @@ def p2_index_sharding(n: int, repeats: int) -> list[Row]:
     def ref() -> float:
         theirs = reference.BatchSamplerShard(
             BatchSampler(RandomSampler(range(n), generator=torch.Generator().manual_seed(0)), 32, False),
-            num_processes=8, process_index=3,
+            num_processes=8,
+            process_index=3,
         )
         return best_of(lambda: [None for _ in theirs], repeats)
 
-    bijective = BatchSamplerShard(BatchSampler(BijectiveRandomSampler(range(n), data_seed=0), 32, False),
-                                  num_processes=8, process_index=3)
+    bijective = BatchSamplerShard(
+        BatchSampler(BijectiveRandomSampler(range(n), data_seed=0), 32, False), num_processes=8, process_index=3
+    )
     return [
-        Row(f"P2 one process's indices, {n} shuffled, bs 32, N=8 (vs randperm)", best_of(ours, repeats), base, "<= 2x",
-            measure_reference("P2", ref)),
-        Row("P2 same, shuffle_algorithm='bijective' (vs randperm)", best_of(lambda: _drain(bijective), repeats), base,
-            "<= 0.3x"),
+        Row(
+            f"P2 one process's indices, {n} shuffled, bs 32, N=8 (vs randperm)",
+            best_of(ours, repeats),
+            base,
+            "<= 2x",
+            measure_reference("P2", ref),
+        ),
+        Row(
+            "P2 same, shuffle_algorithm='bijective' (vs randperm)",
+            best_of(lambda: _drain(bijective), repeats),
+            base,
+            "<= 0.3x",
+        ),
         *p2_direct_shards(n, repeats),
     ]
 
@@ -164,15 +188,23 @@ def p2_direct_shards(n: int, repeats: int) -> list[Row]:
     (the two interleaved)."""
     rows = []
     for label, generator in (("", None), (" with a generator", torch.Generator().manual_seed(0))):
-        shard = BatchSamplerShard(BatchSampler(RandomSampler(range(n), generator=generator), 32, False),
-                                  num_processes=8, process_index=3)
-        ours, base = best_of_interleaved(lambda: _drain(shard), lambda: torch.randperm(n), repeats)
-        rows.append(Row(f"P2 BatchSamplerShard built directly over BatchSampler(RandomSampler({n}){label}, 32), N=8 "
-                        "(vs randperm)", ours, base, "<= 1.3x"))
+        shard = BatchSamplerShard(
+            BatchSampler(RandomSampler(range(n), generator=generator), 32, False), num_processes=8, process_index=3
+        )
+        ours, base = best_of_interleaved(lambda: _drain(shard), lambda: torch.randperm(n), repeats)  # noqa: B023 (run within this iteration)
+        rows.append(
+            Row(
+                f"P2 BatchSamplerShard built directly over BatchSampler(RandomSampler({n}){label}, 32), N=8 "
+                "(vs randperm)",
+                ours,
+                base,
+                "<= 1.3x",
+            )
+        )
     return rows
 
 
-def p3_stateful(n: int, repeats: int) -> Optional[Row]:
+def p3_stateful(n: int, repeats: int) -> Row | None:
     try:
         from torchdata.stateful_dataloader import StatefulDataLoader
     except ImportError:
@@ -184,13 +216,19 @@ def p3_stateful(n: int, repeats: int) -> Optional[Row]:
     ours, base = best_of_interleaved(lambda: _drain(prepared), lambda: _drain(bare), repeats)
 
     def ref() -> float:
-        theirs = reference.prepare_data_loader(DataLoader(Plain(n), batch_size=1), num_processes=1, process_index=0,
-                                               use_stateful_dataloader=True)
+        theirs = reference.prepare_data_loader(
+            DataLoader(Plain(n), batch_size=1), num_processes=1, process_index=0, use_stateful_dataloader=True
+        )
         _drain(theirs)
         return best_of(lambda: _drain(theirs), repeats)
 
-    return Row(f"P3 stateful loader, bs 1, {n} samples (vs StatefulDataLoader)", ours, base, "<= 1.15x",
-               measure_reference("P3", ref))
+    return Row(
+        f"P3 stateful loader, bs 1, {n} samples (vs StatefulDataLoader)",
+        ours,
+        base,
+        "<= 1.15x",
+        measure_reference("P3", ref),
+    )
 
 
 def p5_resume(n: int, repeats: int) -> list[Row]:
@@ -200,22 +238,40 @@ def p5_resume(n: int, repeats: int) -> list[Row]:
         loader = prepare_data_loader(DataLoader(Plain(n), batch_size=1, shuffle=shuffle), data_seed=1)
         times = {}
         for fraction in (0.01, 0.9, 0.99):
+
             def first_batch() -> None:
-                loader.resume_at(epoch=0, batches_yielded=int(n * fraction))
-                next(iter(loader))
+                loader.resume_at(epoch=0, batches_yielded=int(n * fraction))  # noqa: B023 (called within this iteration)
+                next(iter(loader))  # noqa: B023 (called within this iteration)
 
             times[fraction] = best_of(first_batch, repeats)
         spread = max(times.values()) / min(times.values())
         if shuffle:
+
             def ref() -> float:
-                theirs = reference.prepare_data_loader(DataLoader(Plain(n), batch_size=1, shuffle=True),
-                                                       num_processes=1, process_index=0)
+                theirs = reference.prepare_data_loader(
+                    DataLoader(Plain(n), batch_size=1, shuffle=True), num_processes=1, process_index=0
+                )
                 return best_of(lambda: next(iter(reference.skip_first_batches(theirs, int(n * 0.9)))), repeats)
 
-            rows.append(Row(f"P5 resume at 90% of {n}, shuffled (vs randperm; 1%..99% spread {spread:.2f}x)", times[0.9], perm,
-                            "<= 1.5x", measure_reference("P5", ref)))
+            rows.append(
+                Row(
+                    f"P5 resume at 90% of {n}, shuffled (vs randperm; 1%..99% spread {spread:.2f}x)",
+                    times[0.9],
+                    perm,
+                    "<= 1.5x",
+                    measure_reference("P5", ref),
+                )
+            )
         else:
-            rows.append(Row(f"P5 resume at 90% of {n}, sequential (1%..99% spread {spread:.2f}x)", times[0.9], 0.010, "<= 10 ms", unit="s vs 10 ms"))
+            rows.append(
+                Row(
+                    f"P5 resume at 90% of {n}, sequential (1%..99% spread {spread:.2f}x)",
+                    times[0.9],
+                    0.010,
+                    "<= 10 ms",
+                    unit="s vs 10 ms",
+                )
+            )
     return rows
 
 
@@ -235,7 +291,7 @@ class HeavyFiles(IterableDataset):
     def n_shards(self) -> int:
         return len(self.files)
 
-    def shard(self, num_shards: int, index: int) -> "HeavyFiles":
+    def shard(self, num_shards: int, index: int) -> HeavyFiles:
         return HeavyFiles(self.files[index::num_shards], self.per_file, self.work)
 
     def __len__(self) -> int:
@@ -243,7 +299,7 @@ class HeavyFiles(IterableDataset):
 
     def __iter__(self):
         info = torch.utils.data.get_worker_info()
-        files = self.files if info is None else self.files[info.id::info.num_workers]
+        files = self.files if info is None else self.files[info.id :: info.num_workers]
         for f in files:
             for k in range(self.per_file):
                 checksum = 0
@@ -256,15 +312,22 @@ def p6_iterable_workers(files: int, per_file: int, work: int, repeats: int) -> R
     own = sorted(x for x in HeavyFiles(list(range(files))[0::2], per_file, 1))
 
     def raw(workers: int) -> float:  # torch alone on process 0's files: what this machine allows
-        loader = DataLoader(HeavyFiles(list(range(files))[0::2], per_file, work), batch_size=4, num_workers=workers,
-                            persistent_workers=workers > 0)
+        loader = DataLoader(
+            HeavyFiles(list(range(files))[0::2], per_file, work),
+            batch_size=4,
+            num_workers=workers,
+            persistent_workers=workers > 0,
+        )
         _drain(loader)
         return best_of(lambda: _drain(loader), repeats)
 
     def run(workers: int) -> float:
         dataset = HeavyFiles(list(range(files)), per_file, work)
-        loader = prepare_data_loader(DataLoader(dataset, batch_size=4, num_workers=workers, persistent_workers=workers > 0),
-                                     num_processes=2, process_index=0)  # workers start once, as in training
+        loader = prepare_data_loader(
+            DataLoader(dataset, batch_size=4, num_workers=workers, persistent_workers=workers > 0),
+            num_processes=2,
+            process_index=0,
+        )  # workers start once, as in training
         seen = sorted(x for batch in loader for x in batch.tolist())
         if seen != own:
             raise AssertionError(f"with {workers} workers process 0 did not read its records exactly once")
@@ -279,9 +342,13 @@ def p6_iterable_workers(files: int, per_file: int, work: int, repeats: int) -> R
         raw_speedup = raw(0) / raw(2)
     finally:
         torch.set_num_threads(threads)
-    return Row(f"P6 iterable sharding itself by file + CPU decode, N=2, workers 2 vs 0 (time; throughput "
-               f"{without / with_workers:.2f}x; a plain DataLoader on the same records: {raw_speedup:.2f}x)",
-               with_workers, without, ">= 1.6x throughput (<= 0.625x time)")
+    return Row(
+        f"P6 iterable sharding itself by file + CPU decode, N=2, workers 2 vs 0 (time; throughput "
+        f"{without / with_workers:.2f}x; a plain DataLoader on the same records: {raw_speedup:.2f}x)",
+        with_workers,
+        without,
+        ">= 1.6x throughput (<= 0.625x time)",
+    )
 
 
 class Floats(Dataset):
@@ -308,10 +375,11 @@ def _p4_worker(rank: int, world: int, n: int, width: int, per_process: int, repe
     """One gloo process of P4: time an epoch of dispatch mode and of per-process shards, interleaved."""
     dataset = Floats(n, width)
 
-    def dispatcher(overlap_reads: Optional[bool], shared_memory: Optional[bool]):
+    def dispatcher(overlap_reads: bool | None, shared_memory: bool | None):
         DataLoaderDispatcher.shared_memory = shared_memory  # read when the loader is built
-        loader = prepare_data_loader(DataLoader(dataset, batch_size=per_process), dispatch_batches=True,
-                                     put_on_device=True, device="cpu")
+        loader = prepare_data_loader(
+            DataLoader(dataset, batch_size=per_process), dispatch_batches=True, put_on_device=True, device="cpu"
+        )
         loader.overlap_reads = overlap_reads
         DataLoaderDispatcher.shared_memory = None
         return loader
@@ -349,7 +417,12 @@ def _p4_worker(rank: int, world: int, n: int, width: int, per_process: int, repe
             dist.scatter(out, parts, src=0)
 
     scatter = best_of(lambda: (dist.barrier(), scatter_steps(), dist.barrier()), repeats)
-    return {**{name: min(t) for name, t in times.items()}, "stats": stats, "shared_stats": shared_stats, "scatter": scatter}
+    return {
+        **{name: min(t) for name, t in times.items()},
+        "stats": stats,
+        "shared_stats": shared_stats,
+        "scatter": scatter,
+    }
 
 
 def _rank_entry(rank: int, world: int, port: int, out_dir: str, target: Callable[..., dict], args: tuple) -> None:
@@ -357,8 +430,9 @@ def _rank_entry(rank: int, world: int, port: int, out_dir: str, target: Callable
     torch.set_num_threads(1)
     result: object
     try:
-        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
-                                timeout=timedelta(seconds=60))
+        dist.init_process_group(
+            "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world, timeout=timedelta(seconds=60)
+        )
         result = ("ok", target(rank, world, *args))
     except BaseException as exc:  # hand it to the parent instead of losing it in the child
         import traceback
@@ -418,13 +492,19 @@ def p4_dispatch(global_batch_bytes: int, steps: int, repeats: int, timeout: floa
     # without overlap process 0 reads N shards' worth, then scatters: (N * read + scatter) / read
     floor = (world * zero["shards"] + zero["scatter"]) / zero["shards"]
     in_place = zero["shared_stats"]["bytes_collated_in_place"] / max(zero["shared_stats"]["bytes_shared"], 1)
-    shared = (f"P4 dispatch, N=2 gloo, {mib:g} MiB batches, shared memory (vs own shards; floor {world}x: "
-              f"process 0 reads {world} shards; {in_place:.2f} of the shared rows collated in place)")
-    group = (f"P4 dispatch, N=2 gloo, {mib:g} MiB batches, process group (vs own shards; sent "
-             f"{sent_per_step / global_bytes:.2f} batch/step, {headers} header/{stats['steps']} steps; read + scatter "
-             f"floor {floor:.1f}x, reads overlapped with sends {zero['overlapped'] / zero['shards']:.1f}x)")
-    return [Row(shared, zero["dispatch"], zero["shards"], "<= 2.5x"),
-            Row(group, zero["process_group"], zero["shards"], "<= 4x")]
+    shared = (
+        f"P4 dispatch, N=2 gloo, {mib:g} MiB batches, shared memory (vs own shards; floor {world}x: "
+        f"process 0 reads {world} shards; {in_place:.2f} of the shared rows collated in place)"
+    )
+    group = (
+        f"P4 dispatch, N=2 gloo, {mib:g} MiB batches, process group (vs own shards; sent "
+        f"{sent_per_step / global_bytes:.2f} batch/step, {headers} header/{stats['steps']} steps; read + scatter "
+        f"floor {floor:.1f}x, reads overlapped with sends {zero['overlapped'] / zero['shards']:.1f}x)"
+    )
+    return [
+        Row(shared, zero["dispatch"], zero["shards"], "<= 2.5x"),
+        Row(group, zero["process_group"], zero["shards"], "<= 4x"),
+    ]
 
 
 def _status_mib(field: str) -> float:
@@ -457,8 +537,13 @@ def _p7_child(what: str, n: int, world: int) -> dict:
     baseline = _rss_mib()
     if what == "bijective":
         start = time.perf_counter()
-        loader = prepare_data_loader(DataLoader(Plain(n), batch_size=32, shuffle=True), num_processes=world,
-                                     process_index=world // 2, data_seed=1, shuffle_algorithm="bijective")
+        loader = prepare_data_loader(
+            DataLoader(Plain(n), batch_size=32, shuffle=True),
+            num_processes=world,
+            process_index=world // 2,
+            data_seed=1,
+            shuffle_algorithm="bijective",
+        )
         next(iter(loader))
         first = time.perf_counter() - start
         memory = _rss_mib() - baseline
@@ -515,9 +600,15 @@ def p7_audit_report(n: int, sizes: tuple[int, int], timeout: float) -> Row:
     small, large = (_run_ranks(_p7_gather_worker, 2, (size, 1024), timeout, "P7 audit report")[0] for size in sizes)
     slope = (large["peak"] - small["peak"]) / (sizes[1] - sizes[0])
     peak = max(small["peak"] + slope * (n - sizes[0]), large["peak"])
-    return Row(f"P7 audit.gathered().report() peak above the records, one process of 1024, {n:.0e} samples (measured "
-               f"at {sizes[0]:.0e}: {small['peak']:.0f} MiB and {sizes[1]:.0e}: {large['peak']:.0f} MiB, extrapolated "
-               "linearly)", peak, 500.0, "<= 500 MB", unit="MiB")
+    return Row(
+        f"P7 audit.gathered().report() peak above the records, one process of 1024, {n:.0e} samples (measured "
+        f"at {sizes[0]:.0e}: {small['peak']:.0f} MiB and {sizes[1]:.0e}: {large['peak']:.0f} MiB, extrapolated "
+        "linearly)",
+        peak,
+        500.0,
+        "<= 500 MB",
+        unit="MiB",
+    )
 
 
 def _largest_randperm() -> int:
@@ -531,8 +622,12 @@ def _largest_randperm() -> int:
 def _p7_measure(what: str, n: int, world: int = 1) -> dict:
     import json
 
-    done = subprocess.run([sys.executable, os.path.abspath(__file__), "--p7-child", what, str(n), str(world)],
-                          capture_output=True, text=True, timeout=900)
+    done = subprocess.run(
+        [sys.executable, os.path.abspath(__file__), "--p7-child", what, str(n), str(world)],
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     if done.returncode != 0:
         raise RuntimeError(f"P7 {what} failed: {done.stderr[-2000:]}")
     return json.loads(done.stdout.strip().splitlines()[-1])
@@ -549,14 +644,33 @@ def p7_billion(n: int, world: int, randperm_n: int, audit_n: int) -> list[Row]:
     audit = small + per_sample * (n - audit_n // 10)
     label = f"n={n:.0e}, N={world}, one process"
     return [
-        Row(f"P7 first batch, bijective shuffle, {label} (vs randperm({randperm_n:.0e}))", ours["first"], perm,
-            "<= 50 ms"),
-        Row(f"P7 resident memory above imports after the first batch, {label}", ours["memory"], 100.0, "<= 100 MB",
-            unit="MiB"),
-        Row(f"P7 whole epoch of one process's {ours['indices']} indices, {label} (vs randperm({n:.0e}) extrapolated)",
-            ours["epoch"], per_billion, "<= 1 s"),
-        Row(f"P7 audit memory for {n:.0e} samples, one epoch (measured at {audit_n // 10:.0e} and {audit_n:.0e}, "
-            f"extrapolated linearly: {per_sample * 2**20 * 8:.2f} bits a sample)", audit, 250.0, "<= 250 MB", unit="MiB"),
+        Row(
+            f"P7 first batch, bijective shuffle, {label} (vs randperm({randperm_n:.0e}))",
+            ours["first"],
+            perm,
+            "<= 50 ms",
+        ),
+        Row(
+            f"P7 resident memory above imports after the first batch, {label}",
+            ours["memory"],
+            100.0,
+            "<= 100 MB",
+            unit="MiB",
+        ),
+        Row(
+            f"P7 whole epoch of one process's {ours['indices']} indices, {label} (vs randperm({n:.0e}) extrapolated)",
+            ours["epoch"],
+            per_billion,
+            "<= 1 s",
+        ),
+        Row(
+            f"P7 audit memory for {n:.0e} samples, one epoch (measured at {audit_n // 10:.0e} and {audit_n:.0e}, "
+            f"extrapolated linearly: {per_sample * 2**20 * 8:.2f} bits a sample)",
+            audit,
+            250.0,
+            "<= 250 MB",
+            unit="MiB",
+        ),
     ]
 
 
@@ -611,7 +725,7 @@ def _p8_worker(rank: int, world: int, files: list, work: int, step_ms: float, re
         return elapsed, READS[0], steps
 
     measured: dict[str, list] = {name: [] for name in loaders}
-    for name, loader in loaders.items():
+    for loader in loaders.values():
         epoch(loader)  # warm-up
     for _ in range(repeats):
         for name, loader in loaders.items():
@@ -633,22 +747,32 @@ def p8_streams(rows_per_shard: int, work: int, step_ms: float, repeats: int, tim
         files = []
         for s in range(4):
             path = os.path.join(data_dir, f"part-{s}.parquet")
-            datasets.Dataset.from_dict({"x": list(range(s * rows_per_shard, (s + 1) * rows_per_shard))}).to_parquet(path)
+            datasets.Dataset.from_dict({"x": list(range(s * rows_per_shard, (s + 1) * rows_per_shard))}).to_parquet(
+                path
+            )
             files.append(path)
         results = _run_ranks(_p8_worker, world, (files, work, step_ms, repeats), timeout, "P8")
     zero, total = results[0], 4 * rows_per_shard
     native, unagreed, read_all = zero["native"], zero["unagreed"], zero["read_all"]
     return [
-        Row(f"P8 HF stream, decode-heavy map, N=2: native shards vs read by every process (time; elements decoded "
+        Row(
+            f"P8 HF stream, decode-heavy map, N=2: native shards vs read by every process (time; elements decoded "
             f"by process 0: native {native[1] / total:.2f}, read-all {read_all[1] / total:.2f} of the stream)",
-            native[0], read_all[0], "native reads 1/N (+ padding)"),
-        Row(f"P8 exhaustion agreement (one all-reduce per {NativeStreamPlan.steps_per_agreement} steps), at {step_ms:g} ms "
-            "of work a step (vs none)",
-            native[0], unagreed[0], "<= 1.05x"),
+            native[0],
+            read_all[0],
+            "native reads 1/N (+ padding)",
+        ),
+        Row(
+            f"P8 exhaustion agreement (one all-reduce per {NativeStreamPlan.steps_per_agreement} steps), "
+            f"at {step_ms:g} ms of work a step (vs none)",
+            native[0],
+            unagreed[0],
+            "<= 1.05x",
+        ),
     ]
 
 
-def main(argv: Optional[list[str]] = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="tiny sizes: check that every benchmark runs")
     parser.add_argument("--p7-child", nargs=3, metavar=("WHAT", "N", "WORLD"), help=argparse.SUPPRESS)
@@ -681,11 +805,17 @@ def main(argv: Optional[list[str]] = None) -> int:
     progress("P7 a billion samples: bijective shuffle and audit")
     rows += p7_billion(10**9, 1024, 10**6 if quick else _largest_randperm(), 10**6 if quick else 10**8)
     rows.append(p7_audit_report(10**9, (10**5, 10**6) if quick else (10**7, 10**8), 120 if quick else 900))
-    print(f"\nshardplug {shardplug.__version__}, torch {torch.__version__}, {os.cpu_count()} CPUs"
-          f"{', reference: accelerate ' + getattr(sys.modules.get('accelerate'), '__version__', '?') if reference else ''}")
+    reference_version = getattr(sys.modules.get("accelerate"), "__version__", "?")
+    print(
+        f"\nshardplug {shardplug.__version__}, torch {torch.__version__}, {os.cpu_count()} CPUs"
+        f"{', reference: accelerate ' + reference_version if reference else ''}"
+    )
     print(f"{'figure':<100} {'shardplug':>10} {'baseline':>10} {'ratio':>7} {'reference':>9}  target")
     for row in rows:
-        print(f"{row.figure:<100} {row.ours:>10.4f} {row.baseline:>10.4f} {row.ratio:>6.2f}x {row.reference_ratio:>9}  {row.target}")
+        print(
+            f"{row.figure:<100} {row.ours:>10.4f} {row.baseline:>10.4f} {row.ratio:>6.2f}x "
+            f"{row.reference_ratio:>9}  {row.target}"
+        )
     return 0
 
 

@@ -31,7 +31,9 @@ def _worker(rank: int, world_size: int, port: int) -> None:
             options = dict(options)
             shuffle = options.pop("shuffle", False)
             batch_size = 4 if options.get("split_batches") else 3
-            loader = shardplug.prepare_data_loader(DataLoader(range(21), batch_size=batch_size, shuffle=shuffle), **options)
+            loader = shardplug.prepare_data_loader(
+                DataLoader(range(21), batch_size=batch_size, shuffle=shuffle), **options
+            )
             batches = [batch.tolist() for batch in loader]
             lines = [None] * world_size
             dist.all_gather_object(lines, f"  process {rank}: {len(batches)} batches {batches}")

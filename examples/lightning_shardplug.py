@@ -10,10 +10,9 @@ exactly once.
 
 from __future__ import annotations
 
+import lightning.pytorch as pl
 import torch
 from torch.utils.data import DataLoader, Dataset
-
-import lightning.pytorch as pl
 
 import shardplug_lightning  # noqa: F401  registers strategy="shardplug_ddp"
 
@@ -74,8 +73,14 @@ class Regression(pl.LightningModule):
 def main() -> None:
     model = Regression()
     trainer = pl.Trainer(
-        accelerator="cpu", devices=2, strategy="shardplug_ddp", max_epochs=6,
-        logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+        accelerator="cpu",
+        devices=2,
+        strategy="shardplug_ddp",
+        max_epochs=6,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
     )
     trainer.fit(model)
     rank = trainer.global_rank

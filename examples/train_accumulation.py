@@ -91,7 +91,13 @@ def main() -> float:
             loss_sum /= dist.get_world_size()
         logger.info(
             "epoch %d: mean loss %.4f, %d optimizer steps (%d skipped by the scaler), lr %.2e, scheduler step %d/%d",
-            epoch, loss_sum.item() / seen, steps, skipped, scheduler.get_last_lr()[0], scheduler.last_epoch, total_steps,
+            epoch,
+            loss_sum.item() / seen,
+            steps,
+            skipped,
+            scheduler.get_last_lr()[0],
+            scheduler.last_epoch,
+            total_steps,
         )
     final = loss_sum.item() / seen
     if dist.is_initialized():

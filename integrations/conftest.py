@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import pytest
 
@@ -19,7 +19,9 @@ def parquet_shards() -> Callable[[Path], tuple[int, ...]]:
         root.mkdir()
         start = 0
         for s, rows in enumerate(shards):
-            datasets.Dataset.from_dict({"x": list(range(start, start + rows))}).to_parquet(str(root / f"part-{s}.parquet"))
+            datasets.Dataset.from_dict({"x": list(range(start, start + rows))}).to_parquet(
+                str(root / f"part-{s}.parquet")
+            )
             start += rows
         return shards
 

@@ -8,9 +8,6 @@ Example::
 
 from .core import (
     AuditReport,
-    SampleAudit,
-    drop_padding,
-    gather_for_metrics,
     BatchSamplerShard,
     BijectiveRandomSampler,
     DataLoaderDispatcher,
@@ -25,9 +22,12 @@ from .core import (
     PreparedOptimizer,
     PreparedScheduler,
     ProcessTopology,
+    SampleAudit,
     SeedableRandomSampler,
     ShardplugConfig,
     TrainingRun,
+    drop_padding,
+    gather_for_metrics,
     prepare_data_loader,
     resolve_data_topology,
     send_to_device,

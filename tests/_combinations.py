@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -67,7 +67,7 @@ class ShardedStream(IterableDataset):
 
     splits_by_worker = False
 
-    def __init__(self, n: int, shards: int = 6, files: Optional[tuple[int, ...]] = None, sized: bool = True) -> None:
+    def __init__(self, n: int, shards: int = 6, files: tuple[int, ...] | None = None, sized: bool = True) -> None:
         self.n, self.shards, self.sized = n, shards, sized
         self.files = files if files is not None else tuple(range(shards))
 
@@ -75,7 +75,7 @@ class ShardedStream(IterableDataset):
     def n_shards(self) -> int:
         return len(self.files)
 
-    def shard(self, num_shards: int, index: int) -> "ShardedStream":
+    def shard(self, num_shards: int, index: int) -> ShardedStream:
         return ShardedStream(self.n, self.shards, self.files[index::num_shards], self.sized)
 
     def _elements(self):
@@ -105,7 +105,7 @@ class Case:
     dispatch: bool = False
     stateful: bool = False
     workers: int = 0
-    hf_path: Optional[str] = None  # data="hf": a parquet file of ids 0 .. n-1; data="wds": a folder of write_wds's tars
+    hf_path: str | None = None  # data="hf": a parquet file of ids 0 .. n-1; data="wds": a folder of write_wds's tars
     shards: int = 0  # data="hf": an in-memory HF stream of that many shards instead of the parquet file
 
     @property
@@ -149,7 +149,8 @@ def dataset_for(case: Case) -> Any:
         import datasets
 
         return datasets.load_dataset("parquet", data_files=case.hf_path, split="train", streaming=True).map(
-            lambda row: row)
+            lambda row: row
+        )
     raise ValueError(case.data)
 
 
@@ -196,8 +197,11 @@ def build(case: Case, processes: int, index: int, explicit: bool = True) -> Any:
     else:
         prepare["dispatch_batches"] = False
     prepared = shardplug.prepare_data_loader(
-        loader, split_batches=case.split_batches, even_batches=case.even_batches,
-        use_stateful_dataloader=case.stateful, **prepare,
+        loader,
+        split_batches=case.split_batches,
+        even_batches=case.even_batches,
+        use_stateful_dataloader=case.stateful,
+        **prepare,
     )
     try:
         prepared.track_padding()
@@ -218,13 +222,13 @@ class Pass:
     def __init__(self, loader: Any) -> None:
         self.loader = loader
         self.len_before = _length(loader)
-        self.len_first: Optional[int] = None
-        self.len_last: Optional[int] = None
+        self.len_first: int | None = None
+        self.len_last: int | None = None
         self.batches: list[tuple[list[int], int]] = []
         self.iterator = iter(loader)
         self.done = False
 
-    def take(self, count: Optional[int] = None) -> None:
+    def take(self, count: int | None = None) -> None:
         """Up to ``count`` more batches (all when ``None``, exhausting the pass)."""
         while count is None or count > 0:
             try:
@@ -248,7 +252,7 @@ class Pass:
         self.iterator = None  # type: ignore[assignment]
 
 
-def _dispatch_real(loader: Any, rows: int) -> Optional[int]:
+def _dispatch_real(loader: Any, rows: int) -> int | None:
     """Dispatch marks the last step's padding by ``remainder`` (its real rows over all processes):
     process ``i`` of ``N`` holds rows ``[i*k, (i+1)*k)`` of the step (``k = rows``)."""
     if getattr(loader, "dispatch_stats", None) is None or not loader.end_of_dataloader:
@@ -259,7 +263,7 @@ def _dispatch_real(loader: Any, rows: int) -> Optional[int]:
     return min(max(remainder - loader.process_index * rows, 0), rows)
 
 
-def _length(loader: Any) -> Optional[int]:
+def _length(loader: Any) -> int | None:
     try:
         return len(loader)
     except TypeError:
@@ -323,13 +327,13 @@ class Group:
         return out
 
 
-def _take_to(passes: list[Pass], point: str, epoch_batches: list[Optional[int]]) -> None:
+def _take_to(passes: list[Pass], point: str, epoch_batches: list[int | None]) -> None:
     """Advance every process's pass to ``point`` of the epoch, in steps (the same number of
     batches on every process: one with fewer batches, ``even_batches=False``, ends its pass)."""
     known = [t for t in epoch_batches if t is not None]
     total = max(known) if len(known) == len(epoch_batches) and known else None
     if point == "ended":
-        count: Optional[int] = None
+        count: int | None = None
     elif total is None:
         count = {"start": 0, "one": 1}.get(point, 2)
     else:
@@ -418,7 +422,8 @@ def run_before(case: Case, resume: Resume) -> Saved:
         positions = before.gather([_position(loader, case.stateful) for loader in loaders])
         for rank, position in enumerate(positions[1:], 1):
             assert same_position(positions[0], position, ignore=_receivers_own(case)), (
-                f"positions differ: process 0 {positions[0]} process {rank} {position} ({case}, {resume})")
+                f"positions differ: process 0 {positions[0]} process {rank} {position} ({case}, {resume})"
+            )
         states = before.gather([loader.state_dict() for loader in loaders]) if case.stateful else positions
         if _receivers_own(case) and not case.stateful:  # each process loads its own copy: exact all the same
             states = positions
@@ -473,7 +478,8 @@ def run_after(case: Case, resume: Resume, saved: Saved) -> dict[str, Any]:
     for p in following:
         p.take()
     return {
-        "target_epoch": target_epoch, "first_part": first_part,
+        "target_epoch": target_epoch,
+        "first_part": first_part,
         "rest": after.gather([p.batches for p in rest]),
         "rest_lengths": after.gather([(p.len_before, p.len_first, p.len_last, len(p.batches)) for p in rest]),
         "next": after.gather([p.batches for p in following]),
@@ -491,14 +497,17 @@ def verify(case: Case, resume: Resume, result: dict[str, Any]) -> None:
         for rank, (before, first, last, got) in enumerate(result[f"{name}_lengths"]):
             for asked, value in (("before", before), ("at the first batch of", first), ("at the last batch of", last)):
                 if value is not None:
-                    assert value == got, f"{where}: process {rank} len() {asked} the {name} pass is {value}, it yields {got}"
+                    assert value == got, (
+                        f"{where}: process {rank} len() {asked} the {name} pass is {value}, it yields {got}"
+                    )
     for batches in result["rest"]:
         _check_padding(case, batches, where)
     _check_counts(case, [len(b) for b in result["rest"]], where)
     steps = [steps_of(case, resume.n_before), steps_of(case, after_n)]
     _check_exactly_once(case, _flatten(result["first_part"]) + _flatten(result["rest"]), steps, where)
     assert result["next"] == result["reference"], (
-        f"{where}: the next epoch differs from an uninterrupted run's:\n{result['next']}\n!=\n{result['reference']}")
+        f"{where}: the next epoch differs from an uninterrupted run's:\n{result['next']}\n!=\n{result['reference']}"
+    )
 
 
 def check(case: Case, resume: Resume) -> None:

@@ -39,7 +39,7 @@ class Files(IterableDataset):
 
     def __iter__(self):
         info = torch.utils.data.get_worker_info()
-        mine = self.files if info is None else self.files[info.id::info.num_workers]
+        mine = self.files if info is None else self.files[info.id :: info.num_workers]
         for f in mine:
             for k in range(self.size):
                 yield f * 100 + k

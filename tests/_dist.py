@@ -8,9 +8,10 @@ import pickle
 import socket
 import tempfile
 import traceback
+from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch.distributed as dist
 import torch.multiprocessing as mp
@@ -61,8 +62,10 @@ def run_gloo(
     ctx = mp.get_context("spawn")
     with tempfile.TemporaryDirectory() as out_dir:
         port = free_port()
-        procs = [ctx.Process(target=_entry, args=(r, world_size, port, out_dir, fn, args, timeout))
-                 for r in range(world_size)]
+        procs = [
+            ctx.Process(target=_entry, args=(r, world_size, port, out_dir, fn, args, timeout))
+            for r in range(world_size)
+        ]
         for p in procs:
             p.start()
         deadline = time.monotonic() + timeout

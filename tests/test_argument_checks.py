@@ -13,8 +13,13 @@ from shardplug.core.iterable import IterableDatasetShard
 
 def test_slice_fn_for_dispatch_must_be_callable_at_prepare():
     with pytest.raises(TypeError, match=r"slice_fn_for_dispatch=5.*callable"):
-        prepare_data_loader(DataLoader(range(8), batch_size=2), slice_fn_for_dispatch=5, dispatch_batches=True,
-                            put_on_device=True, device="cpu")
+        prepare_data_loader(
+            DataLoader(range(8), batch_size=2),
+            slice_fn_for_dispatch=5,
+            dispatch_batches=True,
+            put_on_device=True,
+            device="cpu",
+        )
 
 
 def test_slice_fn_for_dispatch_must_be_callable_on_the_dispatcher():
@@ -84,17 +89,32 @@ def _state(**epoch):
         (_state(counts=2**40), TypeError, r"counts=1099511627776, which is not a tensor"),
         (_state(counts=None), TypeError, r"counts=None, which is not a tensor"),
         (_state(counts=torch.full((10,), 0.5)), TypeError, r"counts.*torch.float32.*integer"),
-        (_state(seen=torch.zeros(1, dtype=torch.uint8), twice=torch.zeros(2, dtype=torch.uint8)), ValueError,
-         r"seen.*shape \(1,\).*\(2,\)"),
-        (_state(seen=torch.full((2,), 255, dtype=torch.uint8), twice=torch.zeros(2, dtype=torch.uint8)), ValueError,
-         r"seen.*beyond.*10"),
+        (
+            _state(seen=torch.zeros(1, dtype=torch.uint8), twice=torch.zeros(2, dtype=torch.uint8)),
+            ValueError,
+            r"seen.*shape \(1,\).*\(2,\)",
+        ),
+        (
+            _state(seen=torch.full((2,), 255, dtype=torch.uint8), twice=torch.zeros(2, dtype=torch.uint8)),
+            ValueError,
+            r"seen.*beyond.*10",
+        ),
         (_state(seen=None, twice=torch.zeros(2, dtype=torch.uint8)), TypeError, r"seen=None, which is not a tensor"),
-        ({"dataset_length": 10, "epochs": {0: {"counts": torch.ones(10, dtype=torch.int32), "padding": -3}}},
-         ValueError, r"padding=-3"),
-        ({"dataset_length": 10, "epochs": {0: {"counts": torch.ones(10, dtype=torch.int32), "padding": None}}},
-         TypeError, r"padding=None"),
-        ({"dataset_length": 10, "epochs": {-1: {"counts": torch.ones(10, dtype=torch.int32), "padding": 0}}},
-         ValueError, r"epoch -1"),
+        (
+            {"dataset_length": 10, "epochs": {0: {"counts": torch.ones(10, dtype=torch.int32), "padding": -3}}},
+            ValueError,
+            r"padding=-3",
+        ),
+        (
+            {"dataset_length": 10, "epochs": {0: {"counts": torch.ones(10, dtype=torch.int32), "padding": None}}},
+            TypeError,
+            r"padding=None",
+        ),
+        (
+            {"dataset_length": 10, "epochs": {-1: {"counts": torch.ones(10, dtype=torch.int32), "padding": 0}}},
+            ValueError,
+            r"epoch -1",
+        ),
         ({"dataset_length": 10, "epochs": None}, TypeError, r"epochs=None"),
     ],
 )

@@ -7,8 +7,8 @@ import io
 
 import pytest
 import torch
-
 from _dist import run_gloo
+
 from shardplug import SampleAudit
 
 

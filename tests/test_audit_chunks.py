@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from hypothesis import given, settings, strategies as st
-
 from _dist import run_gloo
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from shardplug import SampleAudit
 from shardplug.core import audit as audit_module
 
@@ -26,8 +27,14 @@ def _expected(n, records, limit=SampleAudit.report_ids):
 
 
 def _summary(report):
-    return (report.seen, report.missing, report.duplicated, report.padding, report.missing_count,
-            report.duplicated_count)
+    return (
+        report.seen,
+        report.missing,
+        report.duplicated,
+        report.padding,
+        report.missing_count,
+        report.duplicated_count,
+    )
 
 
 @st.composite
@@ -80,6 +87,9 @@ def test_gathered_reports_equal_plain_counts_over_gloo():
     results = run_gloo(_gather_in_chunks, n, [disjoint, overlapping], world_size=world)
     for case, per_rank in enumerate([disjoint, overlapping]):
         every = [record for records in per_rank for record in records]
-        expected = [_expected(n, every), _expected(n, [([r], 1) for r in range(world)]),
-                    _expected(n, [([n - 1] * 2, 2)])]
+        expected = [
+            _expected(n, every),
+            _expected(n, [([r], 1) for r in range(world)]),
+            _expected(n, [([n - 1] * 2, 2)]),
+        ]
         assert all(result[case] == expected for result in results), case

@@ -12,7 +12,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 def test_benchmarks_quick_prints_every_figure():
     done = subprocess.run(
         [sys.executable, os.path.join(ROOT, "benchmarks", "run.py"), "--quick"],
-        capture_output=True, text=True, timeout=300,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert done.returncode == 0, done.stderr[-3000:]
     for figure in ("P1", "P2", "P3", "P4", "P5", "P6", "P7", "P8"):

@@ -7,9 +7,9 @@ import math
 
 import pytest
 import torch
+from _datasets import rows
 from torch.utils.data import BatchSampler, DataLoader
 
-from _datasets import rows
 from shardplug import BatchSamplerShard, ShardplugConfig, prepare_data_loader
 from shardplug.core.shuffle import BijectiveRandomSampler, KeyedPermutation
 
@@ -36,7 +36,9 @@ def test_a_bijection_of_every_n_from_0_to_3000():
 @pytest.mark.parametrize("n", [2**40 + 17, 10**9, 2**62])
 def test_large_n_by_sampling_distinct_and_in_range(n):
     perm = KeyedPermutation(n, seed=7, epoch=3)
-    positions = torch.cat([torch.arange(50_000), torch.randint(0, n, (50_000,), generator=torch.Generator().manual_seed(1))])
+    positions = torch.cat(
+        [torch.arange(50_000), torch.randint(0, n, (50_000,), generator=torch.Generator().manual_seed(1))]
+    )
     positions = positions.unique()
     values = perm(positions)
     assert int(values.min()) >= 0 and int(values.max()) < n, "every value inside [0, n)"
@@ -100,18 +102,26 @@ def test_the_sampler_and_the_shard_compute_the_same_rows():
     sampler.set_epoch(2)
     order = list(sampler)
     assert sorted(order) == list(range(n))
-    whole = [order[k:k + 8] for k in range(0, n - 7, 8)]  # drop_last: full batches only
+    whole = [order[k : k + 8] for k in range(0, n - 7, 8)]  # drop_last: full batches only
     for rank in range(3):
         sampler_copy = BijectiveRandomSampler(range(n), data_seed=9)
         sampler_copy.set_epoch(2)
         shard = BatchSamplerShard(BatchSampler(sampler_copy, 8, True), num_processes=3, process_index=rank)
-        assert list(shard) == whole[rank:len(whole) // 3 * 3:3], "computed rows equal the sampler's order"
+        assert list(shard) == whole[rank : len(whole) // 3 * 3 : 3], "computed rows equal the sampler's order"
 
 
 def test_prepare_data_loader_shuffle_algorithm():
     def shards(world, algorithm="bijective"):
-        return [prepare_data_loader(DataLoader(range(50), batch_size=4, shuffle=True), num_processes=world,
-                                    process_index=r, data_seed=3, shuffle_algorithm=algorithm) for r in range(world)]
+        return [
+            prepare_data_loader(
+                DataLoader(range(50), batch_size=4, shuffle=True),
+                num_processes=world,
+                process_index=r,
+                data_seed=3,
+                shuffle_algorithm=algorithm,
+            )
+            for r in range(world)
+        ]
 
     two = shards(2)
     assert all(isinstance(l.batch_sampler.sampler, BijectiveRandomSampler) for l in two)
@@ -143,8 +153,13 @@ def test_a_bijective_shuffle_resumes_in_constant_time_and_exactly():
             return i
 
     def make():
-        return prepare_data_loader(DataLoader(Indices(), batch_size=4, shuffle=True), num_processes=1024,
-                                   process_index=7, data_seed=1, shuffle_algorithm="bijective")
+        return prepare_data_loader(
+            DataLoader(Indices(), batch_size=4, shuffle=True),
+            num_processes=1024,
+            process_index=7,
+            data_seed=1,
+            shuffle_algorithm="bijective",
+        )
 
     loader = make()
     first = next(iter(loader)).tolist()
@@ -158,10 +173,17 @@ def test_a_bijective_shuffle_resumes_in_constant_time_and_exactly():
 
 def test_a_position_does_not_cross_shuffle_algorithms():
     def make(algorithm):
-        return prepare_data_loader(DataLoader(range(40), batch_size=4, shuffle=True), num_processes=2, process_index=0,
-                                   data_seed=1, shuffle_algorithm=algorithm)
+        return prepare_data_loader(
+            DataLoader(range(40), batch_size=4, shuffle=True),
+            num_processes=2,
+            process_index=0,
+            data_seed=1,
+            shuffle_algorithm=algorithm,
+        )
 
     loader = make("randperm")
     next(iter(loader))
-    with pytest.raises(ValueError, match="sampler='seedable_random' differs from this loader's sampler='bijective_random'"):
+    with pytest.raises(
+        ValueError, match="sampler='seedable_random' differs from this loader's sampler='bijective_random'"
+    ):
         make("bijective").load_state_dict(loader.state_dict())

@@ -17,17 +17,20 @@ import warnings
 
 import pytest
 import torch
+from _combinations import POINTS, Case, Resume, Stream, build, check
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from torch.utils.data import DataLoader
 
 import shardplug
-from _combinations import POINTS, Case, Resume, Stream, build, check
 
 EXAMPLES = int(os.environ.get("SHARDPLUG_COMBINATIONS", "150"))
 SHUFFLES = ("off", "shuffle", "generator", "seedable", "bijective")
 PROPERTY = settings(
-    max_examples=EXAMPLES, derandomize=True, deadline=None, database=None,
+    max_examples=EXAMPLES,
+    derandomize=True,
+    deadline=None,
+    database=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
 
@@ -36,8 +39,14 @@ PROPERTY = settings(
 def resumes(draw: st.DrawFn) -> Resume:
     n_before, n_after = draw(st.integers(1, 3)), draw(st.integers(1, 3))
     how = draw(st.sampled_from(("once", "load_twice", "resume_twice", "skip")))
-    return Resume(n_before, n_after, draw(st.sampled_from(POINTS)), load_twice=how == "load_twice",
-                  resume_twice=how == "resume_twice", skip=how == "skip")
+    return Resume(
+        n_before,
+        n_after,
+        draw(st.sampled_from(POINTS)),
+        load_twice=how == "load_twice",
+        resume_twice=how == "resume_twice",
+        skip=how == "skip",
+    )
 
 
 @st.composite
@@ -46,9 +55,14 @@ def map_cases(draw: st.DrawFn) -> tuple[Case, Resume]:
     split = draw(st.booleans())
     unit = math.lcm(resume.n_before, resume.n_after) if split else 1  # a split batch divides by every N
     case = Case(
-        data="map", n=draw(st.integers(1, 30)), batch_size=unit * draw(st.integers(1, 3)),
-        shuffle=draw(st.sampled_from(SHUFFLES)), split_batches=split, even_batches=draw(st.booleans()),
-        drop_last=draw(st.booleans()), stateful=draw(st.booleans()),
+        data="map",
+        n=draw(st.integers(1, 30)),
+        batch_size=unit * draw(st.integers(1, 3)),
+        shuffle=draw(st.sampled_from(SHUFFLES)),
+        split_batches=split,
+        even_batches=draw(st.booleans()),
+        drop_last=draw(st.booleans()),
+        stateful=draw(st.booleans()),
         # dispatch needs a process group of N (the gloo test below); one process dispatches to itself
         dispatch=draw(st.booleans()) if (resume.n_before, resume.n_after) == (1, 1) else False,
     )
@@ -98,8 +112,12 @@ def stream_cases(draw: st.DrawFn) -> tuple[Case, Resume]:
     split = draw(st.booleans())
     unit = math.lcm(resume.n_before, resume.n_after) if split else 1
     case = Case(
-        data=data, n=draw(st.integers(12 if data == "sharded" else 1, 30)), batch_size=unit * draw(st.integers(1, 3)),
-        split_batches=split, even_batches=draw(st.booleans()), drop_last=draw(st.booleans()),
+        data=data,
+        n=draw(st.integers(12 if data == "sharded" else 1, 30)),
+        batch_size=unit * draw(st.integers(1, 3)),
+        split_batches=split,
+        even_batches=draw(st.booleans()),
+        drop_last=draw(st.booleans()),
         stateful=draw(st.booleans()),
     )
     return case, resume
@@ -113,16 +131,30 @@ def test_streams_resume_exactly_in_every_combination(drawn: tuple[Case, Resume])
 
 @pytest.mark.parametrize("data", ["stream", "worker_split"])
 @pytest.mark.parametrize("stateful", [False, True])
-@pytest.mark.parametrize("resume", [Resume(2, 3, "half"), Resume(2, 2, "all_but_one", resume_twice=True),
-                                    Resume(2, 2, "one", skip=True), Resume(3, 2, "ended")])
+@pytest.mark.parametrize(
+    "resume",
+    [
+        Resume(2, 3, "half"),
+        Resume(2, 2, "all_but_one", resume_twice=True),
+        Resume(2, 2, "one", skip=True),
+        Resume(3, 2, "ended"),
+    ],
+)
 def test_streams_with_dataloader_workers(data: str, stateful: bool, resume: Resume) -> None:
     check_or_refused(Case(data=data, stateful=stateful, workers=2), resume)
 
 
 @pytest.mark.parametrize("stateful", [False, True])
 @pytest.mark.parametrize("shuffle", ["off", "generator"])
-@pytest.mark.parametrize("resume", [Resume(2, 3, "half"), Resume(2, 2, "all_open", resume_twice=True),
-                                    Resume(2, 2, "one", skip=True), Resume(1, 1, "start")])
+@pytest.mark.parametrize(
+    "resume",
+    [
+        Resume(2, 3, "half"),
+        Resume(2, 2, "all_open", resume_twice=True),
+        Resume(2, 2, "one", skip=True),
+        Resume(1, 1, "start"),
+    ],
+)
 def test_with_dataloader_workers(stateful: bool, shuffle: str, resume: Resume) -> None:
     check(Case(shuffle=shuffle, stateful=stateful, workers=2, even_batches=resume.n_after != 3), resume)
 
@@ -130,10 +162,14 @@ def test_with_dataloader_workers(stateful: bool, shuffle: str, resume: Resume) -
 # -- the combinations found broken, one test each ---------------------------------------------------------------
 
 
-def _loader(n: int = 10, batch_size: int = 2, processes: int = 1, index: int = 0, **options) -> shardplug.PreparedDataLoader:
+def _loader(
+    n: int = 10, batch_size: int = 2, processes: int = 1, index: int = 0, **options
+) -> shardplug.PreparedDataLoader:
     loader_options = {k: options.pop(k) for k in ("shuffle", "generator", "num_workers") if k in options}
     return shardplug.prepare_data_loader(
-        DataLoader(range(n), batch_size=batch_size, **loader_options), num_processes=processes, process_index=index,
+        DataLoader(range(n), batch_size=batch_size, **loader_options),
+        num_processes=processes,
+        process_index=index,
         **options,
     )
 
@@ -278,7 +314,6 @@ def test_combinations_on_real_process_groups(tmp_path) -> None:
     """Seeds agreed from process 0, dispatch, Hugging Face and webdataset streams, native shards with workers:
     N processes, then M, on gloo (a few spawns for all scenarios)."""
     import datasets
-
     from _combinations import check_many_distributed, write_wds
 
     parquet = str(tmp_path / "ids.parquet")
@@ -315,8 +350,11 @@ def test_a_position_inside_an_epoch_keeps_the_number_of_workers_it_was_saved_wit
         _take(loader, 2)
     position = saving[0].state_dict()
     assert position["num_workers"] == 2
-    with pytest.raises(ValueError, match="saved with num_workers=2 and this loader has num_workers=0.*resume with "
-                                         "num_workers=2, or from a position saved at an epoch's end"):
+    with pytest.raises(
+        ValueError,
+        match="saved with num_workers=2 and this loader has num_workers=0.*resume with "
+        "num_workers=2, or from a position saved at an epoch's end",
+    ):
         build(Case(data=data, n=24), 2, 0).load_state_dict(position)
     old = {**position, "format": 2}
     del old["num_workers"]
@@ -327,9 +365,18 @@ def test_a_position_inside_an_epoch_keeps_the_number_of_workers_it_was_saved_wit
 
 
 @pytest.mark.parametrize("stateful", [False, True])
-@pytest.mark.parametrize("resume", [Resume(2, 2, "one", resume_twice=True), Resume(3, 2, "all_open"),
-                                    Resume(2, 2, "all_but_one", resume_twice=True), Resume(1, 2, "all_open")])
-def test_a_stream_without_len_and_uneven_batches_ends_its_epoch_on_every_process(stateful: bool, resume: Resume) -> None:
+@pytest.mark.parametrize(
+    "resume",
+    [
+        Resume(2, 2, "one", resume_twice=True),
+        Resume(3, 2, "all_open"),
+        Resume(2, 2, "all_but_one", resume_twice=True),
+        Resume(1, 2, "all_open"),
+    ],
+)
+def test_a_stream_without_len_and_uneven_batches_ends_its_epoch_on_every_process(
+    stateful: bool, resume: Resume
+) -> None:
     """Without len() and with even_batches=False a process holding its last batch knows whether the others have
     more only by the stream's end, which it reads: the positions at the last step agree."""
     check(Case(data="stream_unsized", n=3, batch_size=1, even_batches=False, stateful=stateful), resume)

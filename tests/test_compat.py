@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import importlib
 import inspect
+from collections.abc import Callable
 from importlib.metadata import version
-from typing import Any, Callable
+from typing import Any
 
 import pytest
 import torch
@@ -60,7 +61,10 @@ def _check_hook_registry(kind: str) -> Callable[[], None]:
     def check() -> None:
         opt = torch.optim.SGD([torch.nn.Parameter(torch.ones(1))], lr=0.1)
         register = getattr(opt, f"register_{kind}_hook")
-        hook = (lambda *args: None)
+
+        def hook(*args: Any) -> None:
+            return None
+
         register(hook)
         assert compat.optimizer_hooks(opt, kind) == [hook]
 
@@ -82,8 +86,9 @@ def _check_scheduler_flag(name: str) -> Callable[[], None]:
     def check() -> None:
         from torch.optim.lr_scheduler import LRScheduler, StepLR
 
-        assert name in vars(LRScheduler) or any(name in inspect.getsource(f) for f in vars(LRScheduler).values()
-                                                 if inspect.isfunction(f))
+        assert name in vars(LRScheduler) or any(
+            name in inspect.getsource(f) for f in vars(LRScheduler).values() if inspect.isfunction(f)
+        )
         assert isinstance(vars(PreparedScheduler)[name], property)
         opt = torch.optim.SGD([torch.nn.Parameter(torch.ones(1))], lr=0.1)
         scheduler = StepLR(opt, step_size=1)
@@ -122,7 +127,9 @@ def _check_num_samples() -> None:
 
 def _check_collate(name: str) -> Callable[[], None]:
     def check() -> None:
-        assert getattr(compat.torch_collate, name) is getattr(importlib.import_module(compat.torch_collate.__name__), name)
+        assert getattr(compat.torch_collate, name) is getattr(
+            importlib.import_module(compat.torch_collate.__name__), name
+        )
         if name == "default_collate_fn_map":
             table = compat.torch_collate.default_collate_fn_map
             assert torch.Tensor in table and int in table and float in table
@@ -161,19 +168,31 @@ CHECKS: dict[str, Callable[[], None]] = {
     "torch.utils.data.DataLoader._get_iterator": _check_get_iterator(DataLoader),
     "torch.utils.data.DataLoader._DataLoader__initialized": _check_mangled,
     "torch.utils.data.RandomSampler._num_samples": _check_num_samples,
-    **{f"torch.utils.data._utils.collate.{name}": _check_collate(name) for name in (
-        "collate", "default_collate_fn_map", "collate_tensor_fn", "collate_float_fn", "collate_int_fn",
-        "collate_numpy_scalar_fn",
-    )},
+    **{
+        f"torch.utils.data._utils.collate.{name}": _check_collate(name)
+        for name in (
+            "collate",
+            "default_collate_fn_map",
+            "collate_tensor_fn",
+            "collate_float_fn",
+            "collate_int_fn",
+            "collate_numpy_scalar_fn",
+        )
+    },
     "torch.amp.GradScaler._per_optimizer_states": _check_scaler_records,
     "torch.amp.grad_scaler.OptState": _check_opt_state,
     "torch.optim.Optimizer.found_inf": _check_found_inf,
     "torch.optim.Optimizer._step_supports_amp_scaling": _check_amp_scaling_flag,
-    **{f"torch.optim.Optimizer.{attribute}": _check_hook_registry(kind)
-       for kind, attribute in compat.OPTIMIZER_HOOK_REGISTRIES.items()},
+    **{
+        f"torch.optim.Optimizer.{attribute}": _check_hook_registry(kind)
+        for kind, attribute in compat.OPTIMIZER_HOOK_REGISTRIES.items()
+    },
     "torch.optim.Optimizer._patch_step_function": _check_patch_step_function,
     "torch.optim.Optimizer.step.hooked": _check_hooked,
-    **{f"torch.optim.lr_scheduler.LRScheduler.{name}": _check_scheduler_flag(name) for name in compat.LR_SCHEDULER_FLAGS},
+    **{
+        f"torch.optim.lr_scheduler.LRScheduler.{name}": _check_scheduler_flag(name)
+        for name in compat.LR_SCHEDULER_FLAGS
+    },
     "datasets.IterableDataset._ex_iterable": _check_hf_examples,
     "datasets.IterableDataset._distributed": _check_hf_distributed,
     "datasets.IterableDataset._shuffling": _check_hf_shuffling,
@@ -185,9 +204,9 @@ def _stateful_loader() -> Any:
 
 
 CHECKS["torchdata.stateful_dataloader.StatefulDataLoader._iterator"] = lambda: _check_iterator(_stateful_loader())()
-CHECKS["torchdata.stateful_dataloader.StatefulDataLoader._get_iterator"] = (
-    lambda: _check_get_iterator(_stateful_loader())()
-)
+CHECKS["torchdata.stateful_dataloader.StatefulDataLoader._get_iterator"] = lambda: _check_get_iterator(
+    _stateful_loader()
+)()
 
 
 def test_every_listed_name_has_a_check_and_a_checked_version():

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pytest
 import torch
+from _dist import run_gloo
 from torch.utils.data import DataLoader, Dataset
 
 import shardplug
-from _dist import run_gloo
 
 
 class Sentences(Dataset):
@@ -44,15 +44,22 @@ def _scenarios(rank: int, world: int) -> dict:
         batch_size = 2 * world if split else 2
         loader = shardplug.prepare_data_loader(
             DataLoader(Sentences(), batch_size=batch_size, collate_fn=pad_collate),
-            put_on_device=True, dispatch_batches=True, split_batches=split,
+            put_on_device=True,
+            dispatch_batches=True,
+            split_batches=split,
         )
         rows = []
         try:
             for batch in loader:
-                rows.append({
-                    "first_token": batch["tokens"][:, 0].tolist(), "width": batch["tokens"].shape[1],
-                    "text": batch["text"], "ids": batch["ids"], "source": batch["source"],
-                })
+                rows.append(
+                    {
+                        "first_token": batch["tokens"][:, 0].tolist(),
+                        "width": batch["tokens"].shape[1],
+                        "text": batch["text"],
+                        "ids": batch["ids"],
+                        "source": batch["source"],
+                    }
+                )
             out[split] = rows
         except shardplug.DispatchError as exc:
             out[split] = f"DispatchError: {exc}"
@@ -90,7 +97,9 @@ def test_lists_are_cut_with_their_rows_and_other_values_are_kept(runs, split):
         rows = res[split]
         if not split and isinstance(rows, str):
             # without splitting a step joins N batches of different widths: a clear error, on every process
-            assert "differ in structure or in shape beyond dim 0 within the step" in rows and "split_batches=True" in rows
+            assert (
+                "differ in structure or in shape beyond dim 0 within the step" in rows and "split_batches=True" in rows
+            )
             continue
         for batch in rows:
             assert batch["ids"] == batch["first_token"]
@@ -107,8 +116,13 @@ def _uneven(rank: int, world: int) -> dict:
     for split in (True, False):
         # three whole steps, then world + 1 leftover rows (uneven across processes)
         loader = shardplug.prepare_data_loader(
-            DataLoader(Sentences(2 * world * 3 + world + 1), batch_size=2 * world if split else 2, collate_fn=_fixed_width),
-            put_on_device=True, dispatch_batches=True, split_batches=split, even_batches=False,
+            DataLoader(
+                Sentences(2 * world * 3 + world + 1), batch_size=2 * world if split else 2, collate_fn=_fixed_width
+            ),
+            put_on_device=True,
+            dispatch_batches=True,
+            split_batches=split,
+            even_batches=False,
         )
         out[split] = [(batch["ids"], batch["tokens"].shape[0], loader.end_of_dataloader) for batch in loader]
         out[split, "len"] = len(loader)

@@ -9,10 +9,10 @@ import gc
 import pytest
 import torch
 import torch.distributed as dist
+from _dist import run_gloo
 from torch.utils.data import DataLoader, Dataset
 
 import shardplug
-from _dist import run_gloo
 
 STEPS = 5  # full steps of one epoch (2 rows per process per step)
 
@@ -95,7 +95,7 @@ def _scenarios(rank: int, world: int) -> dict:
 
     # every process stops early at a different step: the rest of the pass never leaks into the next
     loader = _dispatcher(world)
-    for step, batch in enumerate(loader):
+    for step, _batch in enumerate(loader):
         if step == rank:
             break
     dist.barrier()
@@ -104,7 +104,7 @@ def _scenarios(rank: int, world: int) -> dict:
     # process 0's data decides len() and the end of the pass, whatever the others hold
     loader = _dispatcher(world, n=2 * world * 3 if rank == 0 else 2 * world * 5)
     flags = []
-    for batch in loader:
+    for _batch in loader:
         flags.append(loader.end_of_dataloader)
     out["uneven"] = {"len": len(loader), "flags": flags}
     return out

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pytest
 import torch
+from _dist import run_gloo
 from torch.utils.data import DataLoader, Dataset
 
 import shardplug
-from _dist import run_gloo
 
 WIDTH = 6  # floats per sample
 
@@ -34,7 +34,9 @@ def _ids(batch: torch.Tensor) -> list[int]:
 
 
 def _dispatcher(dataset: Dataset, batch_size: int, overlap_reads: bool) -> shardplug.DataLoaderDispatcher:
-    loader = shardplug.prepare_data_loader(DataLoader(dataset, batch_size=batch_size), put_on_device=True, dispatch_batches=True)
+    loader = shardplug.prepare_data_loader(
+        DataLoader(dataset, batch_size=batch_size), put_on_device=True, dispatch_batches=True
+    )
     loader.overlap_reads = overlap_reads  # both ways, whatever the cores of this machine
     return loader
 
@@ -84,7 +86,7 @@ def _scenarios(rank: int, world: int, overlap_reads: bool) -> dict:
 
     # every process stops after one batch; the next pass is in step
     loader = _dispatcher(Floats(4 * world * 3), batch_size=4, overlap_reads=overlap_reads)
-    for batch in loader:
+    for _batch in loader:
         break
     out["after_break"] = [_ids(b) for b in loader]
     return out
@@ -108,7 +110,7 @@ def test_rows_end_flag_and_len(runs):
         expected = [list(range(s * 4 * world + 4 * r, s * 4 * world + 4 * r + 4)) for s in range(full_steps)]
         tail = list(range(4 * world * 3, n)) + [k % n for k in range(-2 % world)]
         k = len(tail) // world
-        expected.append(tail[r * k:(r + 1) * k])
+        expected.append(tail[r * k : (r + 1) * k])
         shift = 1000 if r == 0 else 0
         assert [ids for ids, _ in res["epoch"]] == [[i + shift for i in rows] for rows in expected]
         assert [last for _, last in res["epoch"]] == [False] * full_steps + [True]

@@ -8,17 +8,21 @@ import pickle
 
 import pytest
 import torch
+from _combinations import Case, Resume, build, check, check_distributed
+from _dist import run_gloo
 from torch.utils.data import DataLoader, Dataset
 
 import shardplug
-from _combinations import Case, Resume, build, check, check_distributed
-from _dist import run_gloo
 
 
 def _stateful_dispatcher() -> shardplug.DataLoaderDispatcher:
     return shardplug.prepare_data_loader(
-        DataLoader(range(16), batch_size=4), num_processes=1, process_index=0, put_on_device=True,
-        dispatch_batches=True, use_stateful_dataloader=True,
+        DataLoader(range(16), batch_size=4),
+        num_processes=1,
+        process_index=0,
+        put_on_device=True,
+        dispatch_batches=True,
+        use_stateful_dataloader=True,
     )
 
 
@@ -63,9 +67,16 @@ def test_stateful_dispatch_resumes_after_a_skipped_pass():
     assert _rows(resumed) == [[8, 9, 10, 11], [12, 13, 14, 15]]
 
 
-@pytest.mark.parametrize("resume", [
-    Resume(1, 1, "one"), Resume(1, 1, "half", resume_twice=True), Resume(1, 1, "all_but_one"), Resume(1, 1, "mid_next"),
-], ids=lambda r: f"{r.point}{'-twice' if r.resume_twice else ''}")
+@pytest.mark.parametrize(
+    "resume",
+    [
+        Resume(1, 1, "one"),
+        Resume(1, 1, "half", resume_twice=True),
+        Resume(1, 1, "all_but_one"),
+        Resume(1, 1, "mid_next"),
+    ],
+    ids=lambda r: f"{r.point}{'-twice' if r.resume_twice else ''}",
+)
 def test_stateful_dispatch_one_process_every_sample_once(resume):
     check(Case(dispatch=True, stateful=True, shuffle="shuffle"), resume)
 
@@ -77,8 +88,9 @@ def test_stateful_dispatch_two_processes_resumed_twice_every_sample_once():
 # -- 2. dispatch with a shuffle drawn from a generator --------------------------------------------
 def _generator_dispatcher() -> shardplug.DataLoaderDispatcher:
     loader = DataLoader(range(12), batch_size=3, shuffle=True, generator=torch.Generator().manual_seed(5))
-    return shardplug.prepare_data_loader(loader, num_processes=1, process_index=0, put_on_device=True,
-                                         dispatch_batches=True)
+    return shardplug.prepare_data_loader(
+        loader, num_processes=1, process_index=0, put_on_device=True, dispatch_batches=True
+    )
 
 
 def test_dispatch_generator_shuffle_position_after_an_epoch_is_the_next_epochs_order():

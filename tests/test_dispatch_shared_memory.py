@@ -7,10 +7,10 @@ import time
 
 import pytest
 import torch
+from _dist import run_gloo
 from torch.utils.data import DataLoader, default_collate
 
 import shardplug
-from _dist import run_gloo
 
 BATCH, WIDTH, FULL_STEPS = 3, 8, 5
 
@@ -43,8 +43,9 @@ def _run(rank: int, world: int) -> dict:
         "workers": {"num_workers": 2},
     }.items():
         shardplug.DataLoaderDispatcher.shared_memory = True
-        loader = shardplug.prepare_data_loader(DataLoader(data, batch_size=BATCH, **options), put_on_device=True,
-                                               dispatch_batches=True)
+        loader = shardplug.prepare_data_loader(
+            DataLoader(data, batch_size=BATCH, **options), put_on_device=True, dispatch_batches=True
+        )
         first = _epoch(loader, rank)
         before = loader.dispatch_stats.snapshot()
         second = _epoch(loader, rank)
@@ -62,7 +63,7 @@ def _expected(world: int, rank: int) -> list[list[int]]:
     steps = [list(range((s * world + rank) * BATCH, (s * world + rank + 1) * BATCH)) for s in range(FULL_STEPS)]
     tail = [n - 2, n - 1] + [k % n for k in range(-2 % world)]
     share = len(tail) // world
-    return steps + [tail[rank * share:(rank + 1) * share]]
+    return steps + [tail[rank * share : (rank + 1) * share]]
 
 
 @pytest.mark.parametrize("name", ["default_collate", "own_collate_fn", "workers"])

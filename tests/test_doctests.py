@@ -17,4 +17,7 @@ MODULES = sorted(m.name for m in pkgutil.walk_packages(shardplug.__path__, prefi
 def test_docstring_examples(name):
     module = importlib.import_module(name)
     result = doctest.testmod(module, optionflags=doctest.ELLIPSIS)
-    assert result.failed == 0, f"{result.failed} docstring example(s) of {name} failed (run: python -m pytest --doctest-modules {name.replace('.', '/')}.py)"
+    assert result.failed == 0, (
+        f"{result.failed} docstring example(s) of {name} failed "
+        f"(run: python -m pytest --doctest-modules {name.replace('.', '/')}.py)"
+    )

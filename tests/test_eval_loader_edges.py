@@ -41,8 +41,9 @@ def test_every_process_gets_the_same_number_of_batches_and_each_sample_once(n, b
 def test_dropped_padding_leaves_empty_batches_on_the_processes_without_data() -> None:
     parts = []
     for rank in range(8):
-        loader = prepare_eval_loader(DataLoader(list(range(100)), batch_size=32), drop_padding=True,
-                                     num_processes=8, process_index=rank)
+        loader = prepare_eval_loader(
+            DataLoader(list(range(100)), batch_size=32), drop_padding=True, num_processes=8, process_index=rank
+        )
         parts.append([len(b) for b in loader])
     assert parts == [[32], [32], [32], [4], [0], [0], [0], [0]]
 
@@ -58,5 +59,6 @@ def test_uneven_evaluation_is_refused_with_the_fix() -> None:
 
 def test_single_samples_cannot_drop_rows() -> None:
     with pytest.raises(ValueError, match="batch_size=None"):
-        prepare_eval_loader(DataLoader(list(range(3)), batch_size=None), drop_padding=True,
-                            num_processes=2, process_index=1)
+        prepare_eval_loader(
+            DataLoader(list(range(3)), batch_size=None), drop_padding=True, num_processes=2, process_index=1
+        )

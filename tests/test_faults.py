@@ -14,10 +14,10 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
+from _dist import run_gloo
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, Dataset
 
-from _dist import run_gloo
 from shardplug import prepare_data_loader
 
 SAMPLES, BATCH, KILL_AFTER = 47, 4, 3
@@ -52,15 +52,25 @@ def _train(rank: int, world: int, ckpt: str, resume: bool) -> dict:
         if not resume and step + 1 == KILL_AFTER:
             gathered = audit.gathered()
             if rank == 0:
-                state = {"model": model.module.state_dict(), "optimizer": optimizer.state_dict(),
-                         "loader": loader.state_dict(), "audit": gathered.state_dict()}
+                state = {
+                    "model": model.module.state_dict(),
+                    "optimizer": optimizer.state_dict(),
+                    "loader": loader.state_dict(),
+                    "audit": gathered.state_dict(),
+                }
                 torch.save(state, path.with_suffix(".tmp"))
                 os.replace(path.with_suffix(".tmp"), path)
             dist.barrier()
             os.kill(os.getpid(), signal.SIGKILL)
     report = audit.gathered().report(0)
-    return {"exact": report.exact, "seen": report.seen, "missing": report.missing,
-            "duplicated": report.duplicated, "padding": report.padding, "epoch_after": loader.epoch}
+    return {
+        "exact": report.exact,
+        "seen": report.seen,
+        "missing": report.missing,
+        "duplicated": report.duplicated,
+        "padding": report.padding,
+        "epoch_after": loader.epoch,
+    }
 
 
 @pytest.fixture(scope="module")

@@ -7,17 +7,18 @@ import signal
 import time
 
 import torch
+from _dist import run_gloo
+from test_faults import BATCH, Line
 from torch.utils.data import DataLoader
 
-from _dist import run_gloo
 from shardplug import prepare_data_loader
-from test_faults import BATCH, Line
 
 
 def _dispatch_until_one_dies(rank: int, world: int, victim: int, dataset: object) -> dict:
     """Iterate a dispatching loader; process ``victim`` kills itself (SIGKILL) at its third step."""
-    loader = prepare_data_loader(DataLoader(dataset, batch_size=BATCH if victim == 0 else 1), put_on_device=True,
-                                 dispatch_batches=True)
+    loader = prepare_data_loader(
+        DataLoader(dataset, batch_size=BATCH if victim == 0 else 1), put_on_device=True, dispatch_batches=True
+    )
     start = time.monotonic()
     try:
         for step, _ in enumerate(loader):

@@ -38,7 +38,9 @@ def test_every_front_end_steps_identically(results: dict, kind: str) -> None:
         run = runs[name]
         assert run["skips"] == reference["skips"], name
         assert (run["last_epoch"], run["lr"], run["scale"]) == (
-            reference["last_epoch"], reference["lr"], reference["scale"]
+            reference["last_epoch"],
+            reference["lr"],
+            reference["scale"],
         ), name
         assert run["params"] == reference["params"], name  # bit for bit: the same updates
     for name in ("lightning", "fabric"):

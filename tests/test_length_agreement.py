@@ -4,9 +4,9 @@ process, in the collective that agrees the shuffle seed (issue item 3; real gloo
 from __future__ import annotations
 
 import torch.distributed as dist
+from _dist import run_gloo
 from torch.utils.data import DataLoader
 
-from _dist import run_gloo
 from shardplug import prepare_data_loader
 
 
@@ -32,8 +32,13 @@ def test_different_batch_sizes_are_refused_on_every_process():
 
 
 def test_dispatch_reads_on_process_0_only_so_other_lengths_do_not_matter():
-    results = run_gloo(_prepare_uneven, [20, 10], [4, 4], {"dispatch_batches": True, "put_on_device": True,
-                                                           "device": "cpu"}, world_size=2)
+    results = run_gloo(
+        _prepare_uneven,
+        [20, 10],
+        [4, 4],
+        {"dispatch_batches": True, "put_on_device": True, "device": "cpu"},
+        world_size=2,
+    )
     assert results == [None, None]
 
 

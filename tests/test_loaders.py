@@ -6,11 +6,11 @@ import sys
 
 import pytest
 import torch
+from _datasets import Files, PlainShards, Stream, rows
 from torch.utils.data import BatchSampler, DataLoader, Dataset, IterableDataset, SequentialSampler
 from torch.utils.data.distributed import DistributedSampler
 
 import shardplug
-from _datasets import Files, PlainShards, Stream, rows
 from shardplug import DataLoaderShard, IterableDatasetShard, prepare_data_loader, skip_first_batches
 
 
@@ -31,7 +31,7 @@ class Counting(Dataset):
         self.epochs.append(epoch)
 
 
-# -- streams read by every process (docs/streams.md) -----------------------------------------------------------------------------
+# -- streams read by every process (docs/streams.md) -------------------------------------------------
 def test_iterable_shard_spec_examples():
     split = lambda i: list(IterableDatasetShard(range(8), 4, num_processes=2, process_index=i, split_batches=True))  # noqa: E731
     whole = lambda i: list(IterableDatasetShard(range(8), 4, num_processes=2, process_index=i))  # noqa: E731
@@ -44,7 +44,10 @@ def test_iterable_shard_spec_examples():
     assert [list(s) for s in dropped] == [[0, 1, 4, 5], [2, 3, 6, 7]] and [len(s) for s in dropped] == [4, 4]
 
 
-@pytest.mark.parametrize("n,b,split,drop", [(n, b, s, d) for n in (0, 1, 7, 16) for b in (2, 4) for s in (False, True) for d in (False, True)])
+@pytest.mark.parametrize(
+    "n,b,split,drop",
+    [(n, b, s, d) for n in (0, 1, 7, 16) for b in (2, 4) for s in (False, True) for d in (False, True)],
+)
 def test_iterable_shard_len_equals_yield(n, b, split, drop):
     for i in range(2):
         shard = IterableDatasetShard(range(n), b, drop, 2, i, split)
@@ -76,9 +79,11 @@ def test_iterable_generator_reseeded_with_its_own_seed_plus_epoch():
 # -- loader behaviour --------------------------------------------------------------------------------
 def test_end_of_dataloader_and_epoch_advance():
     data = Counting(7)
-    loader = prepare_data_loader(DataLoader(data, batch_size=2, shuffle=True), num_processes=2, process_index=0, data_seed=0)
+    loader = prepare_data_loader(
+        DataLoader(data, batch_size=2, shuffle=True), num_processes=2, process_index=0, data_seed=0
+    )
     flags = []
-    for batch in loader:
+    for _batch in loader:
         flags.append(loader.end_of_dataloader)
     assert flags == [False, True]
     first = rows(loader)
@@ -122,7 +127,9 @@ def test_device_placement_and_nested_batches():
         def __getitem__(self, i):
             return {"x": torch.tensor(i), "t": (torch.tensor(i), [torch.tensor(-i)]), "s": "k"}
 
-    loader = prepare_data_loader(DataLoader(Nested(), batch_size=2), put_on_device=True, device="cpu", non_blocking=True)
+    loader = prepare_data_loader(
+        DataLoader(Nested(), batch_size=2), put_on_device=True, device="cpu", non_blocking=True
+    )
     batch = next(iter(loader))
     assert batch["x"].device.type == "cpu" and batch["s"] == ["k", "k"] and isinstance(batch["t"], list)
     assert loader.device == torch.device("cpu") and loader.non_blocking
@@ -131,7 +138,9 @@ def test_device_placement_and_nested_batches():
 def test_totals_and_remainder():
     loader = prepare_data_loader(DataLoader(range(21), batch_size=3), num_processes=2, process_index=1)
     assert (loader.total_batch_size, loader.total_dataset_length, loader.remainder) == (6, 21, 3)
-    split = prepare_data_loader(DataLoader(range(21), batch_size=4), num_processes=2, process_index=1, split_batches=True)
+    split = prepare_data_loader(
+        DataLoader(range(21), batch_size=4), num_processes=2, process_index=1, split_batches=True
+    )
     assert (split.total_batch_size, split.remainder) == (4, 1)
     stream = prepare_data_loader(DataLoader(Stream(10), batch_size=2), num_processes=2, process_index=0)
     assert (stream.total_batch_size, stream.total_dataset_length, stream.remainder) == (4, 10, 2)
@@ -140,7 +149,11 @@ def test_totals_and_remainder():
 def test_len_is_exact_for_split_uneven():
     for i, expected in ((0, 6), (1, 5)):
         loader = prepare_data_loader(
-            DataLoader(range(21), batch_size=4), num_processes=2, process_index=i, split_batches=True, even_batches=False
+            DataLoader(range(21), batch_size=4),
+            num_processes=2,
+            process_index=i,
+            split_batches=True,
+            even_batches=False,
         )
         assert len(loader) == len(rows(loader)) == expected
 
@@ -161,7 +174,12 @@ def test_sampler_that_is_a_batch_sampler():
         def __getitem__(self, indices):
             return torch.tensor([data[i] for i in indices])
 
-    loaders = [prepare_data_loader(DataLoader(Batched(), sampler=batch_sampler, batch_size=None), num_processes=2, process_index=i) for i in range(2)]
+    loaders = [
+        prepare_data_loader(
+            DataLoader(Batched(), sampler=batch_sampler, batch_size=None), num_processes=2, process_index=i
+        )
+        for i in range(2)
+    ]
     assert [rows(l) for l in loaders] == [[[100, 101, 102], [106, 107, 108]], [[103, 104, 105], [109, 100, 101]]]
     assert [len(l) for l in loaders] == [2, 2]
 
@@ -185,8 +203,19 @@ def _init(worker_id):  # module level: picklable
 
 def test_subclass_and_settings_survive_prepare_and_skip():
     gen = torch.Generator().manual_seed(0)
-    original = MyLoader(range(12), "hello", batch_size=2, num_workers=1, worker_init_fn=_init, pin_memory=False,
-                        persistent_workers=True, prefetch_factor=3, timeout=5, generator=gen, collate_fn=lambda b: torch.tensor(b))
+    original = MyLoader(
+        range(12),
+        "hello",
+        batch_size=2,
+        num_workers=1,
+        worker_init_fn=_init,
+        pin_memory=False,
+        persistent_workers=True,
+        prefetch_factor=3,
+        timeout=5,
+        generator=gen,
+        collate_fn=lambda b: torch.tensor(b),
+    )
     for loader in (prepare_data_loader(original, num_processes=2, process_index=0), skip_first_batches(original, 1)):
         assert isinstance(loader, MyLoader) and isinstance(loader, DataLoaderShard)
         assert loader.kind == "mine" and loader.note == "hello"
@@ -243,8 +272,9 @@ def test_a_skip_after_loading_a_position_skips_from_that_position_once(stateful,
 
     def make():
         data = _Twenty() if kind == "stream" else list(range(20))
-        return prepare_data_loader(DataLoader(data, batch_size=2, shuffle=kind == "shuffled"), data_seed=7,
-                                   use_stateful_dataloader=stateful)
+        return prepare_data_loader(
+            DataLoader(data, batch_size=2, shuffle=kind == "shuffled"), data_seed=7, use_stateful_dataloader=stateful
+        )
 
     whole = rows(make())
     first = make()
@@ -294,8 +324,11 @@ def test_a_stateful_loader_resumed_twice_in_one_epoch_continues_exactly(kind):
 def test_resume_mid_epoch_equals_uninterrupted_run(stateful, shuffle):
     def make():
         return prepare_data_loader(
-            DataLoader(Counting(30), batch_size=2, shuffle=shuffle), num_processes=2, process_index=1,
-            data_seed=7, use_stateful_dataloader=stateful,
+            DataLoader(Counting(30), batch_size=2, shuffle=shuffle),
+            num_processes=2,
+            process_index=1,
+            data_seed=7,
+            use_stateful_dataloader=stateful,
         )
 
     reference = make()
@@ -320,7 +353,9 @@ def test_resume_mid_epoch_equals_uninterrupted_run(stateful, shuffle):
 
 def test_stateful_iterable_resume_after_last_received_batch():
     def make():
-        return prepare_data_loader(DataLoader(Stream(17), batch_size=2), num_processes=2, process_index=0, use_stateful_dataloader=True)
+        return prepare_data_loader(
+            DataLoader(Stream(17), batch_size=2), num_processes=2, process_index=0, use_stateful_dataloader=True
+        )
 
     expected = rows(make())
     loader = make()
@@ -353,14 +388,19 @@ def test_errors_name_argument_value_and_fix():
     with pytest.raises(ValueError, match=r"batch_size=3 and num_processes=2.*batch_size=4"):
         prepare_data_loader(dl, num_processes=2, process_index=0, split_batches=True)
     with pytest.raises(ValueError, match="batch size"):
-        prepare_data_loader(DataLoader(range(10), batch_size=None), num_processes=2, process_index=0, split_batches=True)
+        prepare_data_loader(
+            DataLoader(range(10), batch_size=None), num_processes=2, process_index=0, split_batches=True
+        )
     with pytest.raises(ValueError, match="put_on_device=True"):
         prepare_data_loader(dl, dispatch_batches=True)
     with pytest.raises(ValueError, match="'gpu'"):
         prepare_data_loader(dl, rng_types=["torch", "gpu"])
     with pytest.raises(ValueError, match="DistributedSampler"):
-        prepare_data_loader(DataLoader(range(10), sampler=DistributedSampler(range(10), num_replicas=2, rank=0)),
-                            num_processes=2, process_index=0)
+        prepare_data_loader(
+            DataLoader(range(10), sampler=DistributedSampler(range(10), num_replicas=2, rank=0)),
+            num_processes=2,
+            process_index=0,
+        )
 
 
 def test_stateful_without_torchdata_says_what_to_install(monkeypatch):
@@ -380,8 +420,12 @@ def test_environment_topology(monkeypatch):
 
 @pytest.mark.parametrize("workers", [0, 2])
 def test_datasets_that_shard_themselves_are_read_once(workers):
-    loaders = [prepare_data_loader(DataLoader(Files(range(4)), batch_size=5, num_workers=workers),
-                                   num_processes=2, process_index=i) for i in range(2)]
+    loaders = [
+        prepare_data_loader(
+            DataLoader(Files(range(4)), batch_size=5, num_workers=workers), num_processes=2, process_index=i
+        )
+        for i in range(2)
+    ]
     assert all(isinstance(l.dataset, Files) and l.dataset.n_shards == 2 for l in loaders)
     got = [rows(l) for l in loaders]
     assert len(got[0]) == len(got[1])
@@ -398,7 +442,9 @@ def test_unequal_self_shards_are_sharded_natively_and_padded_to_equal_counts():
     assert isinstance(loader.dataset, IterableDatasetShard)  # 3 shards cannot split over 2 processes: read by all
     uneven = Files(range(4))
     uneven.shard = lambda num_shards, index: Files(range(4)[index::num_shards], size=5 + index)
-    loaders = [prepare_data_loader(DataLoader(uneven, batch_size=2), num_processes=2, process_index=i) for i in range(2)]
+    loaders = [
+        prepare_data_loader(DataLoader(uneven, batch_size=2), num_processes=2, process_index=i) for i in range(2)
+    ]
     assert all(isinstance(l.dataset, Files) for l in loaders), "sharded natively, also with even_batches=True"
     for l in loaders:
         l.track_padding()
@@ -407,11 +453,15 @@ def test_unequal_self_shards_are_sharded_natively_and_padded_to_equal_counts():
     assert seen[0][-1] == (seen[0][0][0], 0), "the shorter part pads with its first batch, marked as padding"
     real = sorted(x for s in seen for batch, count in s for x in batch[:count])
     assert real == sorted(list(uneven.shard(2, 0)) + list(uneven.shard(2, 1))), "every element once, padding apart"
-    uneven_false = [prepare_data_loader(DataLoader(uneven, batch_size=2), num_processes=2, process_index=i,
-                                        even_batches=False) for i in range(2)]
+    uneven_false = [
+        prepare_data_loader(DataLoader(uneven, batch_size=2), num_processes=2, process_index=i, even_batches=False)
+        for i in range(2)
+    ]
     assert [len(rows(l)) for l in uneven_false] == [len(l) for l in uneven_false] == [5, 6], "no padding"
-    dropped = [prepare_data_loader(DataLoader(uneven, batch_size=2, drop_last=True), num_processes=2, process_index=i)
-               for i in range(2)]
+    dropped = [
+        prepare_data_loader(DataLoader(uneven, batch_size=2, drop_last=True), num_processes=2, process_index=i)
+        for i in range(2)
+    ]
     assert [len(rows(l)) for l in dropped] == [len(l) for l in dropped] == [5, 5], "stop where the shorter part ends"
 
 
@@ -428,8 +478,10 @@ def test_a_natively_sharded_stream_refuses_to_resize():
 def test_a_stream_that_splits_itself_by_worker_and_whose_shards_do_not_divide_warns_that_every_process_reads_it(caplog):
     with caplog.at_level("WARNING", logger="shardplug.core.prepare"):
         prepare_data_loader(DataLoader(Files(range(3)), batch_size=2), num_processes=2, process_index=0)
-    assert any("n_shards=3" in r.getMessage() and "every process reads the whole stream" in r.getMessage()
-               for r in caplog.records)
+    assert any(
+        "n_shards=3" in r.getMessage() and "every process reads the whole stream" in r.getMessage()
+        for r in caplog.records
+    )
 
 
 class _Undeclared(PlainShards):
@@ -438,8 +490,9 @@ class _Undeclared(PlainShards):
 
 def test_a_stream_that_shards_itself_with_workers_must_say_whether_it_splits_by_worker():
     with pytest.raises(ValueError, match="declare splits_by_worker = True .* or splits_by_worker = False"):
-        prepare_data_loader(DataLoader(_Undeclared(range(4)), batch_size=2, num_workers=2), num_processes=2,
-                            process_index=0)
+        prepare_data_loader(
+            DataLoader(_Undeclared(range(4)), batch_size=2, num_workers=2), num_processes=2, process_index=0
+        )
     prepare_data_loader(DataLoader(_Undeclared(range(4)), batch_size=2), num_processes=2, process_index=0)  # no workers
 
 
@@ -460,16 +513,19 @@ def test_a_stream_that_asks_for_its_worker_must_say_whether_it_splits_by_worker(
         prepare_data_loader(DataLoader(_SplitsQuietly(), batch_size=2, num_workers=2), num_processes=2, process_index=0)
     got = []
     for i in range(2):
-        loader = prepare_data_loader(DataLoader(_SplitsAndSaysSo(), batch_size=2, num_workers=2), num_processes=2,
-                                     process_index=i)
+        loader = prepare_data_loader(
+            DataLoader(_SplitsAndSaysSo(), batch_size=2, num_workers=2), num_processes=2, process_index=i
+        )
         got += [x for batch in loader for x in batch.tolist()]
     assert sorted(got) == list(range(16)), "declared: each worker's part shared by process, every element once"
 
 
 def test_shards_that_do_not_divide_are_read_once_and_balanced_by_rows():
     """3 shards of 5 over 2 processes: one shard each by itself, the third's rows shared."""
-    loaders = [prepare_data_loader(DataLoader(PlainShards(range(3)), batch_size=2), num_processes=2, process_index=i)
-               for i in range(2)]
+    loaders = [
+        prepare_data_loader(DataLoader(PlainShards(range(3)), batch_size=2), num_processes=2, process_index=i)
+        for i in range(2)
+    ]
     for loader in loaders:
         loader.track_padding()
     seen = [[(b.tolist(), l.batch_real_count) for b in l] for l in loaders]

@@ -6,11 +6,11 @@ from collections import namedtuple
 
 import pytest
 import torch
+from _datasets import Stream, rows
+from _dist import run_gloo
 from torch.utils.data import DataLoader, Dataset
 
 import shardplug
-from _datasets import Stream, rows
-from _dist import run_gloo
 
 Pair = namedtuple("Pair", ["a", "b"])
 
@@ -25,7 +25,11 @@ class Records(Dataset):
         return self.n
 
     def __getitem__(self, i: int):
-        return {"x": torch.tensor([i, i]), "parts": [torch.tensor(i), torch.tensor(-i)], "pair": Pair(torch.tensor(i), torch.tensor(2 * i))}
+        return {
+            "x": torch.tensor([i, i]),
+            "parts": [torch.tensor(i), torch.tensor(-i)],
+            "pair": Pair(torch.tensor(i), torch.tensor(2 * i)),
+        }
 
 
 class Named(Dataset):
@@ -80,7 +84,9 @@ def _scenarios(rank: int, world: int) -> dict:
     loader = shardplug.prepare_data_loader(DataLoader(Named(), batch_size=2), put_on_device=True, dispatch_batches=True)
     out["dispatch_strings"] = [(b["x"].tolist(), b["name"]) for b in loader]
     for name, dataset in (("dispatch_error_ragged", Ragged()),):
-        loader = shardplug.prepare_data_loader(DataLoader(dataset, batch_size=2), put_on_device=True, dispatch_batches=True)
+        loader = shardplug.prepare_data_loader(
+            DataLoader(dataset, batch_size=2), put_on_device=True, dispatch_batches=True
+        )
         try:
             list(loader)
             out[name] = None
@@ -99,7 +105,9 @@ def _scenarios(rank: int, world: int) -> dict:
 
     replicated = init_device_mesh("cpu", (1, world), mesh_dim_names=("dp_shard", "tp"))
     sharded = init_device_mesh("cpu", (world, 1), mesh_dim_names=("dp_shard", "tp"))
-    out["mesh_tp"] = rows(shardplug.prepare_data_loader(DataLoader(range(6), batch_size=2), torch_device_mesh=replicated))
+    out["mesh_tp"] = rows(
+        shardplug.prepare_data_loader(DataLoader(range(6), batch_size=2), torch_device_mesh=replicated)
+    )
     out["mesh_dp"] = rows(shardplug.prepare_data_loader(DataLoader(range(6), batch_size=1), torch_device_mesh=sharded))
 
     loader = shardplug.prepare_data_loader(DataLoader(Stream(9), batch_size=2), put_on_device=True)
@@ -155,7 +163,7 @@ def test_dispatch_gives_each_process_its_rows_incl_padded_final_step(runs):
         for rows in steps:
             padded = rows + [k % 11 for k in range(-len(rows) % world)]
             k = len(padded) // world
-            expected.append(padded[r * k:(r + 1) * k])
+            expected.append(padded[r * k : (r + 1) * k])
         assert res["dispatch"] == expected
         assert res["dispatch_len"] == len(steps)
         assert res["dispatch_nested_ok"]
@@ -169,7 +177,7 @@ def test_dispatch_split(runs):
             rows = list(range(start, min(start + 2 * world, 10)))
             padded = rows + [k % 10 for k in range(-len(rows) % world)]
             k = len(padded) // world
-            expected.append(padded[r * k:(r + 1) * k])
+            expected.append(padded[r * k : (r + 1) * k])
         assert res["dispatch_split"] == expected
 
 
@@ -230,10 +238,14 @@ def _dispatch_resume(rank: int, world: int) -> dict:
     out: dict = {}
     for split in (False, True):
         for drop_last in (False, True):
+
             def make():
                 return shardplug.prepare_data_loader(
-                    DataLoader(Records(23), batch_size=6 if split else 2, shuffle=True, drop_last=drop_last),
-                    put_on_device=True, dispatch_batches=True, split_batches=split, data_seed=3,
+                    DataLoader(Records(23), batch_size=6 if split else 2, shuffle=True, drop_last=drop_last),  # noqa: B023 (called within this iteration)
+                    put_on_device=True,
+                    dispatch_batches=True,
+                    split_batches=split,  # noqa: B023 (called within this iteration)
+                    data_seed=3,
                 )
 
             loader = make()
@@ -249,8 +261,12 @@ def _dispatch_resume(rank: int, world: int) -> dict:
             rest = [_ids(b) for b in resumed]
             reference = make()
             out[split, drop_last] = {
-                "first": first, "position": position, "rest": rest, "full": [_ids(b) for b in reference],
-                "len": len(reference), "len_after_load": length_after_load,
+                "first": first,
+                "position": position,
+                "rest": rest,
+                "full": [_ids(b) for b in reference],
+                "len": len(reference),
+                "len_after_load": length_after_load,
             }
     return out
 
@@ -259,9 +275,11 @@ def _dispatch_resume(rank: int, world: int) -> dict:
 def test_dispatch_resume_continues_the_uninterrupted_run(world):
     results = run_gloo(_dispatch_resume, world_size=world, timeout=120)
     for res in results:
-        for (split, drop_last), got in res.items():
+        for (split, _drop_last), got in res.items():
             per_step = 1 if split else world
-            assert got["position"]["consumed"] == 2 * per_step, "a dispatched step consumes N global batches (1 when splitting)"
+            assert got["position"]["consumed"] == 2 * per_step, (
+                "a dispatched step consumes N global batches (1 when splitting)"
+            )
             assert got["first"] + got["rest"] == got["full"]
             assert got["len"] == len(got["full"]), "len() equals the steps dispatched"
             assert got["len_after_load"] == len(got["rest"]), "len() after load_state_dict equals the resumed pass"

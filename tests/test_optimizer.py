@@ -96,7 +96,7 @@ def test_is_a_real_optimizer_sharing_the_wrapped_objects():
     inner.custom_flag = 3
     assert opt.custom_flag == 3  # other attribute reads fall through
     with pytest.raises(AttributeError, match="missing"):
-        opt.missing
+        opt.missing  # noqa: B018 (the read raises)
     assert "AdamW" in repr(opt)
 
 

@@ -22,13 +22,12 @@ Ranks are simulated in one process (explicit num_processes / process_index).
 
 from __future__ import annotations
 
+import pytest
+from _datasets import Files, Stream, rows
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from torch.utils.data import BatchSampler, DataLoader, SequentialSampler
 
-import pytest
-
-from _datasets import Files, Stream, rows
 from shardplug import BijectiveRandomSampler, SeedableRandomSampler, prepare_data_loader
 
 KINDS = ("arithmetic", "walked", "stream")
@@ -48,9 +47,15 @@ def make_loader(kind, n, b, world, rank, split, even, drop_last, shuffle, algori
         user = DataLoader(range(n), batch_sampler=WalkedBatchSampler(sampler, b, drop_last))
     else:
         user = DataLoader(Stream(n), batch_size=b, drop_last=drop_last)
-    loader = prepare_data_loader(user, num_processes=world, process_index=rank, split_batches=split,
-                                 even_batches=even, data_seed=5,
-                                 shuffle_algorithm="bijective" if bijective and kind == "arithmetic" else "randperm")
+    loader = prepare_data_loader(
+        user,
+        num_processes=world,
+        process_index=rank,
+        split_batches=split,
+        even_batches=even,
+        data_seed=5,
+        shuffle_algorithm="bijective" if bijective and kind == "arithmetic" else "randperm",
+    )
     loader.track_padding()
     return loader
 
@@ -161,11 +166,15 @@ def test_every_plan_keeps_the_contract_before_during_and_after_a_resume(params):
     st.booleans(),  # drop_last
     st.floats(0, 1),  # where to save the position
 )
-def test_a_natively_sharded_stream_keeps_the_contract_and_resumes_with_the_same_processes(world, files, size, b, drop_last, where):
+def test_a_natively_sharded_stream_keeps_the_contract_and_resumes_with_the_same_processes(
+    world, files, size, b, drop_last, where
+):
     dataset = Files(range(world * files), size)
 
     def make(num, rank):
-        return prepare_data_loader(DataLoader(dataset, batch_size=b, drop_last=drop_last), num_processes=num, process_index=rank)
+        return prepare_data_loader(
+            DataLoader(dataset, batch_size=b, drop_last=drop_last), num_processes=num, process_index=rank
+        )
 
     loaders = [make(world, r) for r in range(world)]
     assert all(isinstance(loader.dataset, Files) for loader in loaders) or world == 1, "sharded natively"
@@ -186,7 +195,9 @@ def test_a_natively_sharded_stream_keeps_the_contract_and_resumes_with_the_same_
     for rank, position in enumerate(positions):
         resumed = make(world, rank)
         resumed.load_state_dict(position)
-        expected = got[rank][k:] if k < len(got[rank]) else got[rank]  # a position after the last batch is the next epoch
+        expected = (
+            got[rank][k:] if k < len(got[rank]) else got[rank]
+        )  # a position after the last batch is the next epoch
         assert len(resumed) == len(expected)
         assert rows(resumed) == expected
     if world > 1 and positions[0]["consumed"]:  # inside the epoch (an epoch's start loads into any size)

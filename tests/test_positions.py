@@ -10,10 +10,10 @@ import pickle
 
 import pytest
 import torch
-from torch.utils.data import BatchSampler, DataLoader, SubsetRandomSampler
-
 from _datasets import Stream, rows
 from _dist import run_gloo
+from torch.utils.data import BatchSampler, DataLoader, SubsetRandomSampler
+
 from shardplug import SeedableRandomSampler, ShardplugConfig, prepare_data_loader
 from shardplug.core.position import POSITION_FORMAT, Position
 
@@ -29,12 +29,20 @@ def _after(loader, batches):
 
 # -- the position's identity and validation ------------------------------------------------------------
 def test_a_position_records_its_identity_and_loads_with_weights_only(tmp_path):
-    loader = prepare_data_loader(DataLoader(range(20), batch_size=2, shuffle=True, generator=torch.Generator().manual_seed(3)),
-                                 num_processes=2, process_index=0)
+    loader = prepare_data_loader(
+        DataLoader(range(20), batch_size=2, shuffle=True, generator=torch.Generator().manual_seed(3)),
+        num_processes=2,
+        process_index=0,
+    )
     _after(loader, 2)
     state = loader.state_dict()
     assert state["format"] == POSITION_FORMAT
-    assert (state["dataset_length"], state["batch_size"], state["process_batch_size"], state["step_batch_size"]) == (20, 2, 2, 4)
+    assert (state["dataset_length"], state["batch_size"], state["process_batch_size"], state["step_batch_size"]) == (
+        20,
+        2,
+        2,
+        4,
+    )
     assert (state["sampler"], state["even_batches"], state["drop_last"]) == ("RandomSampler", True, False)
     assert state["generator_state"].dtype == torch.uint8
     torch.save(state, tmp_path / "p.pt")
@@ -122,8 +130,9 @@ def test_skip_first_batches_len_matches_what_it_yields():
 def test_a_generator_driven_shuffle_resumes_in_a_fresh_process_in_any_epoch():
     def make():
         generator = torch.Generator().manual_seed(11)  # a fresh process: the generator starts over
-        return prepare_data_loader(DataLoader(range(24), batch_size=3, shuffle=True, generator=generator),
-                                   num_processes=2, process_index=1)
+        return prepare_data_loader(
+            DataLoader(range(24), batch_size=3, shuffle=True, generator=generator), num_processes=2, process_index=1
+        )
 
     reference = make()
     epochs = [rows(reference) for _ in range(3)]
@@ -140,8 +149,11 @@ def test_a_generator_driven_shuffle_resumes_in_a_fresh_process_in_any_epoch():
 
 def test_a_position_saved_at_the_end_of_a_pass_starts_the_next_epoch():
     def make():
-        return prepare_data_loader(DataLoader(range(12), batch_size=3, shuffle=True, generator=torch.Generator().manual_seed(2)),
-                                   num_processes=2, process_index=0)
+        return prepare_data_loader(
+            DataLoader(range(12), batch_size=3, shuffle=True, generator=torch.Generator().manual_seed(2)),
+            num_processes=2,
+            process_index=0,
+        )
 
     reference = make()
     epochs = [rows(reference) for _ in range(2)]
@@ -182,7 +194,9 @@ def test_set_epoch_reaches_a_sampler_inside_a_batch_sampler_with_its_own_set_epo
 # -- per-pass state --------------------------------------------------------------------------------------
 @pytest.mark.parametrize("workers", [0, 2])
 def test_leaving_a_pass_early_leaves_no_padding_record_behind(workers):
-    loader = prepare_data_loader(DataLoader(range(10), batch_size=2, num_workers=workers), num_processes=2, process_index=1)
+    loader = prepare_data_loader(
+        DataLoader(range(10), batch_size=2, num_workers=workers), num_processes=2, process_index=1
+    )
     loader.track_padding()
     for _ in loader:
         break
@@ -215,12 +229,16 @@ def test_prepared_loaders_pickle_also_from_a_dataloader_subclass_and_mid_epoch()
 def test_a_loader_without_batches_is_unchanged_on_one_process_and_sharded_by_samples_on_more():
     single = prepare_data_loader(DataLoader(range(5), batch_size=None), num_processes=1, process_index=0)
     assert [int(x) for x in single] == [0, 1, 2, 3, 4] and single.batch_size is None
-    shards = [prepare_data_loader(DataLoader(range(5), batch_size=None), num_processes=2, process_index=r) for r in range(2)]
+    shards = [
+        prepare_data_loader(DataLoader(range(5), batch_size=None), num_processes=2, process_index=r) for r in range(2)
+    ]
     got = [[int(x) for x in shard] for shard in shards]
     assert got == [[0, 2, 4], [1, 3, 0]], "samples shared out as batches of one, padded from the epoch's start"
     assert [len(shard) for shard in shards] == [3, 3]
-    uneven = [prepare_data_loader(DataLoader(range(5), batch_size=None), num_processes=2, process_index=r,
-                                  even_batches=False) for r in range(2)]
+    uneven = [
+        prepare_data_loader(DataLoader(range(5), batch_size=None), num_processes=2, process_index=r, even_batches=False)
+        for r in range(2)
+    ]
     assert [[int(x) for x in shard] for shard in uneven] == [[0, 2, 4], [1, 3]]
 
 
@@ -228,13 +246,16 @@ def test_a_loader_without_batches_is_unchanged_on_one_process_and_sharded_by_sam
 def test_data_seed_range_is_checked_everywhere_and_the_top_of_the_range_works():
     for bad in (2**64, -(2**63) - 1):
         with pytest.raises(ValueError, match="data_seed"):
-            prepare_data_loader(DataLoader(range(4), batch_size=2, shuffle=True), num_processes=1, process_index=0, data_seed=bad)
+            prepare_data_loader(
+                DataLoader(range(4), batch_size=2, shuffle=True), num_processes=1, process_index=0, data_seed=bad
+            )
         with pytest.raises(ValueError, match="data_seed"):
             SeedableRandomSampler(range(4), data_seed=bad)
         with pytest.raises(ValueError, match="data_seed"):
             ShardplugConfig(data_seed=bad)
-    loader = prepare_data_loader(DataLoader(range(4), batch_size=2, shuffle=True), num_processes=1, process_index=0,
-                                 data_seed=2**64 - 1)
+    loader = prepare_data_loader(
+        DataLoader(range(4), batch_size=2, shuffle=True), num_processes=1, process_index=0, data_seed=2**64 - 1
+    )
     epochs = [sorted(x for b in rows(loader) for x in b) for _ in range(3)]  # epoch 1 used to overflow
     assert epochs == [[0, 1, 2, 3]] * 3
 
@@ -262,21 +283,40 @@ def test_a_sampler_shuffling_with_its_generator_agrees_across_differently_seeded
 # -- streams ---------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("workers", [0, 2])
 def test_a_stream_honours_even_batches_false(workers):
-    loaders = [prepare_data_loader(DataLoader(Stream(11), batch_size=2, num_workers=workers), num_processes=2,
-                                   process_index=r, even_batches=False) for r in range(2)]
+    loaders = [
+        prepare_data_loader(
+            DataLoader(Stream(11), batch_size=2, num_workers=workers),
+            num_processes=2,
+            process_index=r,
+            even_batches=False,
+        )
+        for r in range(2)
+    ]
     got = [rows(loader) for loader in loaders]
-    assert got == [[[0, 1], [4, 5], [8, 9]], [[2, 3], [6, 7], [10]]], "no padding: the leftovers go to the first process"
+    assert got == [[[0, 1], [4, 5], [8, 9]], [[2, 3], [6, 7], [10]]], (
+        "no padding: the leftovers go to the first process"
+    )
     assert [len(loader) for loader in loaders] == [3, 3]
-    shorter = [prepare_data_loader(DataLoader(Stream(9), batch_size=2, num_workers=workers), num_processes=2,
-                                   process_index=r, even_batches=False) for r in range(2)]
+    shorter = [
+        prepare_data_loader(
+            DataLoader(Stream(9), batch_size=2, num_workers=workers),
+            num_processes=2,
+            process_index=r,
+            even_batches=False,
+        )
+        for r in range(2)
+    ]
     assert [len(rows(loader)) for loader in shorter] == [len(loader) for loader in shorter] == [3, 2]
 
 
 @pytest.mark.parametrize("persistent", [False, True])
 def test_a_resumed_stream_read_by_workers_skips_only_in_the_resumed_pass(persistent):
     def make():
-        return prepare_data_loader(DataLoader(Stream(20), batch_size=2, num_workers=2, persistent_workers=persistent),
-                                   num_processes=2, process_index=0)
+        return prepare_data_loader(
+            DataLoader(Stream(20), batch_size=2, num_workers=2, persistent_workers=persistent),
+            num_processes=2,
+            process_index=0,
+        )
 
     whole = rows(make())
     loader = make()
@@ -289,8 +329,11 @@ def test_a_resumed_stream_read_by_workers_skips_only_in_the_resumed_pass(persist
 
 def test_a_stream_position_loaded_after_persistent_workers_started_reaches_new_workers():
     def make():
-        return prepare_data_loader(DataLoader(Stream(20), batch_size=2, num_workers=2, persistent_workers=True),
-                                   num_processes=2, process_index=0)
+        return prepare_data_loader(
+            DataLoader(Stream(20), batch_size=2, num_workers=2, persistent_workers=True),
+            num_processes=2,
+            process_index=0,
+        )
 
     whole = rows(make())
     saver = make()

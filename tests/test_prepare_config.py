@@ -65,8 +65,12 @@ def test_a_keyword_that_disagrees_with_the_config_is_refused_naming_both_and_the
 def test_a_keyword_that_agrees_with_the_config_is_accepted():
     config = ShardplugConfig(split_batches=True, rng_types=("generator",))
     loader = prepare_data_loader(
-        DataLoader(range(8), batch_size=2), num_processes=2, process_index=1, split_batches=True,
-        rng_types=["generator"], config=config,
+        DataLoader(range(8), batch_size=2),
+        num_processes=2,
+        process_index=1,
+        split_batches=True,
+        rng_types=["generator"],
+        config=config,
     )
     assert loader.plan.layout.split_batches and loader.rng_types == ("generator",)
     assert _batches(loader) == [[1], [3], [5], [7]]
@@ -74,7 +78,10 @@ def test_a_keyword_that_agrees_with_the_config_is_accepted():
 
 def test_the_config_wins_over_keywords_left_at_their_default():
     loader = prepare_data_loader(
-        DataLoader(range(8), batch_size=2), num_processes=2, process_index=0, even_batches=True,
+        DataLoader(range(8), batch_size=2),
+        num_processes=2,
+        process_index=0,
+        even_batches=True,
         config=ShardplugConfig(split_batches=True, even_batches=True),
     )
     assert loader.plan.layout.split_batches
@@ -115,7 +122,10 @@ def test_training_run_passes_its_config_and_applies_overrides():
 
 def test_one_layout_is_handed_down_to_the_shard_and_the_loader():
     loader = prepare_data_loader(
-        DataLoader(range(10), batch_size=2), num_processes=2, process_index=0, config=ShardplugConfig(even_batches=False)
+        DataLoader(range(10), batch_size=2),
+        num_processes=2,
+        process_index=0,
+        config=ShardplugConfig(even_batches=False),
     )
     assert loader.batch_sampler.plan is loader.plan
     assert loader.batch_sampler.layout is loader.plan.layout

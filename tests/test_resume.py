@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import pytest
 import torch
+from _datasets import Stream, rows
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch.utils.data import BatchSampler, DataLoader, Dataset, SequentialSampler
 
-from _datasets import Stream, rows
 from shardplug import SampleAudit, drop_padding, prepare_data_loader
 
 
@@ -42,8 +42,9 @@ def _loaders(n, b, world, shuffle, split, even, drop_last, own=False, seed=5):
             dl = DataLoader(Loads(n), batch_sampler=OwnBatchSampler(sampler, b, drop_last))
         else:
             dl = DataLoader(Loads(n), batch_size=b, shuffle=shuffle, drop_last=drop_last)
-        loader = prepare_data_loader(dl, num_processes=world, process_index=rank, split_batches=split,
-                                     even_batches=even, data_seed=seed)
+        loader = prepare_data_loader(
+            dl, num_processes=world, process_index=rank, split_batches=split, even_batches=even, data_seed=seed
+        )
         loader.enable_audit()
         out.append(loader)
     return out
@@ -78,7 +79,9 @@ def _combined(loaders_before, loaders_after, epoch=0):
     own=st.booleans(),
     data=st.data(),
 )
-def test_elastic_resume_consumes_every_sample_exactly_once(n, b, before, after, shuffle, split, even, drop_last, own, data):
+def test_elastic_resume_consumes_every_sample_exactly_once(
+    n, b, before, after, shuffle, split, even, drop_last, own, data
+):
     if split:
         b = b * before * after  # divisible by both process counts
     first = _loaders(n, b, before, shuffle, split, even, drop_last, own)
@@ -109,8 +112,15 @@ def test_elastic_resume_consumes_every_sample_exactly_once(n, b, before, after, 
 @pytest.mark.parametrize("split", [False, True])
 def test_iterable_elastic_resume(before, after, split):
     def make(world):
-        return [prepare_data_loader(DataLoader(Stream(23), batch_size=6 if split else 2), num_processes=world,
-                                    process_index=r, split_batches=split) for r in range(world)]
+        return [
+            prepare_data_loader(
+                DataLoader(Stream(23), batch_size=6 if split else 2),
+                num_processes=world,
+                process_index=r,
+                split_batches=split,
+            )
+            for r in range(world)
+        ]
 
     first = make(before)
     got = [_take(loader, 2) for loader in first]
@@ -200,8 +210,10 @@ def test_unsharded_stream_refuses_to_resize():
 @pytest.mark.parametrize("before,after", [(2, 3), (3, 2)])
 def test_iterable_audit_and_padding_across_a_resize(before, after):
     def make(world):
-        loaders = [prepare_data_loader(DataLoader(Stream(23), batch_size=2), num_processes=world, process_index=r)
-                   for r in range(world)]
+        loaders = [
+            prepare_data_loader(DataLoader(Stream(23), batch_size=2), num_processes=world, process_index=r)
+            for r in range(world)
+        ]
         for loader in loaders:
             loader.enable_audit()
         return loaders

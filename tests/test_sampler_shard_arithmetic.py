@@ -4,12 +4,13 @@ yields exactly what walking the batch sampler yields (issue item 5; speed: bench
 from __future__ import annotations
 
 import torch
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from torch.utils.data import BatchSampler, RandomSampler, SequentialSampler
 
 from shardplug import BatchSamplerShard
-from shardplug.core.plan.arithmetic import walk_shard
 from shardplug.core.layout import ShardLayout
+from shardplug.core.plan.arithmetic import walk_shard
 from shardplug.core.shuffle import advance_past_randperm
 
 
@@ -32,8 +33,13 @@ layouts = st.tuples(
 
 
 @settings(max_examples=300, deadline=None)
-@given(layout=layouts, kind=st.sampled_from(["sequential", "generator", "global"]), rank=st.integers(0, 3),
-       start=st.integers(0, 12), seed=st.integers(0, 2**31))
+@given(
+    layout=layouts,
+    kind=st.sampled_from(["sequential", "generator", "global"]),
+    rank=st.integers(0, 3),
+    start=st.integers(0, 12),
+    seed=st.integers(0, 2**31),
+)
 def test_arithmetic_shard_equals_the_walked_one(layout, kind, rank, start, seed):
     n, batch_size, processes, split, even, drop_last = layout
     if split:
@@ -56,7 +62,9 @@ def test_arithmetic_shard_equals_the_walked_one(layout, kind, rank, start, seed)
         global_after_ours = torch.get_rng_state()
         torch.manual_seed(seed + epoch)
         try:
-            walked = list(walk_shard(BatchSampler(walked_sampler, batch_size, drop_last), batch_size, shard_layout, skip))
+            walked = list(
+                walk_shard(BatchSampler(walked_sampler, batch_size, drop_last), batch_size, shard_layout, skip)
+            )
         except ValueError as exc:
             walked = exc
         if isinstance(walked, Exception):

@@ -151,7 +151,7 @@ def test_attribute_pass_through():
     sched.last_epoch = 7
     assert step_lr.last_epoch == 7 and "last_epoch" not in sched.__dict__
     with pytest.raises(AttributeError, match="nope"):
-        sched.nope
+        sched.nope  # noqa: B018 (the read raises)
     assert "StepLR" in repr(sched)
 
 
@@ -177,7 +177,9 @@ def test_invalid_arguments():
 
 def test_old_option_names_still_work_with_a_deprecation_warning():
     _, inner, opt = make()
-    with pytest.warns(DeprecationWarning, match="step_with_optimizer= is deprecated, use step_scheduler_with_optimizer="):
+    with pytest.warns(
+        DeprecationWarning, match="step_with_optimizer= is deprecated, use step_scheduler_with_optimizer="
+    ):
         sched = PreparedScheduler(StepLR(inner, step_size=1), opt, step_with_optimizer=False, num_processes=2)
     assert sched.step_scheduler_with_optimizer is False and sched.step_with_optimizer is False
     with pytest.warns(DeprecationWarning, match="scale_by_num_processes= is deprecated"):

@@ -11,8 +11,8 @@ import pytest
 import torch
 from torch.utils.data import default_collate
 
-from shardplug.core.rows import flatten
 from shardplug.core.dispatch.shm import CollateIntoRing, RingReader, SharedRing
+from shardplug.core.rows import flatten
 
 Pair = namedtuple("Pair", "left right")
 

@@ -42,12 +42,22 @@ def test_frozen_and_replace_validates():
         ({"rng_types": ("torch", "tpu")}, ValueError, ["rng_types", "'tpu'"]),
         ({"slice_fn_for_dispatch": 3}, TypeError, ["slice_fn_for_dispatch=3", "callable"]),
         # options that would silently do nothing
-        ({"slice_fn_for_dispatch": len, "dispatch_batches": False}, ValueError, ["slice_fn_for_dispatch", "dispatch_batches=False"]),
+        (
+            {"slice_fn_for_dispatch": len, "dispatch_batches": False},
+            ValueError,
+            ["slice_fn_for_dispatch", "dispatch_batches=False"],
+        ),
         ({"non_blocking": True}, ValueError, ["non_blocking=True", "put_on_device=True"]),
-        ({"scale_scheduler_by_num_processes": True, "split_batches": True}, ValueError,
-         ["scale_scheduler_by_num_processes=True", "split_batches=True"]),
-        ({"scale_scheduler_by_num_processes": True, "step_scheduler_with_optimizer": False}, ValueError,
-         ["scale_scheduler_by_num_processes=True", "step_scheduler_with_optimizer=False"]),
+        (
+            {"scale_scheduler_by_num_processes": True, "split_batches": True},
+            ValueError,
+            ["scale_scheduler_by_num_processes=True", "split_batches=True"],
+        ),
+        (
+            {"scale_scheduler_by_num_processes": True, "step_scheduler_with_optimizer": False},
+            ValueError,
+            ["scale_scheduler_by_num_processes=True", "step_scheduler_with_optimizer=False"],
+        ),
     ],
 )
 def test_validation_names_argument_value_and_fix(kwargs, error, words):
@@ -69,6 +79,7 @@ def test_rng_types_become_a_fresh_tuple():
 
 def test_data_loader_kwargs_are_prepare_data_loader_arguments():
     prepare = pytest.importorskip("shardplug.core.prepare")
+
     def slicer(data, s, i, n):
         return data
 
@@ -87,7 +98,12 @@ def test_data_loader_kwargs_are_prepare_data_loader_arguments():
     parameters = inspect.signature(prepare.prepare_data_loader).parameters
     assert set(kwargs) <= set(parameters)
     assert set(parameters) - set(kwargs) == {
-        "dataloader", "device", "num_processes", "process_index", "torch_device_mesh", "config"
+        "dataloader",
+        "device",
+        "num_processes",
+        "process_index",
+        "torch_device_mesh",
+        "config",
     }
     assert set(kwargs) == set(DATA_OPTIONS)
     assert kwargs["slice_fn_for_dispatch"] is slicer and kwargs["data_seed"] == 7 and kwargs["split_batches"] is True
@@ -95,7 +111,10 @@ def test_data_loader_kwargs_are_prepare_data_loader_arguments():
 
 def test_scheduler_scaling_is_decided_in_one_place():
     assert [ShardplugConfig().scales_scheduler(f) for f in ("pytorch", "lightning", "fabric", "ignite")] == [
-        True, False, False, False
+        True,
+        False,
+        False,
+        False,
     ]
     assert ShardplugConfig(scale_scheduler_by_num_processes=True).scales_scheduler("ignite") is True
     assert ShardplugConfig(scale_scheduler_by_num_processes=False).scales_scheduler("pytorch") is False
@@ -109,7 +128,9 @@ def test_dispatcher_takes_the_one_spelling_and_the_old_one_with_a_warning():
     def slicer(data, rows, process_index, num_processes):
         return data
 
-    loader = DataLoaderDispatcher(list(range(4)), batch_size=2, slice_fn_for_dispatch=slicer, num_processes=1, process_index=0)
+    loader = DataLoaderDispatcher(
+        list(range(4)), batch_size=2, slice_fn_for_dispatch=slicer, num_processes=1, process_index=0
+    )
     assert loader.slice_fn is slicer
     with pytest.warns(DeprecationWarning, match="slice_fn= is deprecated, use slice_fn_for_dispatch="):
         old = DataLoaderDispatcher(list(range(4)), batch_size=2, slice_fn=slicer, num_processes=1, process_index=0)

@@ -7,7 +7,6 @@ from __future__ import annotations
 import os
 
 import pytest
-
 from _combinations import Case, Resume, build, check, run_after, run_before, verify, write_wds
 from _dist import run_gloo
 
@@ -73,8 +72,15 @@ def test_a_natively_sharded_stream_resumes_exactly_on_gloo(native_runs, index):
     verify(case, resume, result)
 
 
-@pytest.mark.parametrize("case", [Case(data="sharded", workers=2), Case(data="sharded", workers=2, drop_last=True),
-                                  Case(data="sharded", workers=2, even_batches=False)], ids=str)
+@pytest.mark.parametrize(
+    "case",
+    [
+        Case(data="sharded", workers=2),
+        Case(data="sharded", workers=2, drop_last=True),
+        Case(data="sharded", workers=2, even_batches=False),
+    ],
+    ids=str,
+)
 def test_a_natively_sharded_stream_with_workers_has_the_len_it_yields(case):
     """Item 2: shardplug splits the shards across the workers, so it counts each worker's batches."""
     check(case, Resume(2, 2, "half"))
@@ -100,8 +106,17 @@ def test_a_natively_sharded_stream_refuses_another_number_of_processes_naming_th
 
 # -- a stream that splits itself across workers, read by every process ----------------------------------------------
 
-@pytest.mark.parametrize("resume", [Resume(2, 2, "half"), Resume(2, 2, "one", resume_twice=True),
-                                    Resume(2, 2, "all_but_one"), Resume(2, 2, "mid_next")], ids=str)
+
+@pytest.mark.parametrize(
+    "resume",
+    [
+        Resume(2, 2, "half"),
+        Resume(2, 2, "one", resume_twice=True),
+        Resume(2, 2, "all_but_one"),
+        Resume(2, 2, "mid_next"),
+    ],
+    ids=str,
+)
 def test_a_stateful_loader_resumes_a_stream_split_by_its_workers_exactly(resume):
     """Item 3: each worker's place is its number of batches, read and dropped again on resume."""
     check(Case(data="worker_split", workers=2, stateful=True), resume)
@@ -128,8 +143,15 @@ def test_a_position_of_a_stream_split_by_workers_is_refused_naming_a_fix_that_ap
         build(case, 2, 0).load_state_dict(position)
 
 
-@pytest.mark.parametrize("case", [Case(data="worker_split", workers=2), Case(data="worker_split", workers=2, stateful=True),
-                                  Case(data="worker_split", workers=0)], ids=str)
+@pytest.mark.parametrize(
+    "case",
+    [
+        Case(data="worker_split", workers=2),
+        Case(data="worker_split", workers=2, stateful=True),
+        Case(data="worker_split", workers=0),
+    ],
+    ids=str,
+)
 def test_skip_first_batches_on_a_stream_split_by_its_workers_is_exact(case):
     """Item 4: the skipped batches are read and dropped (before: the wrong elements were skipped)."""
     check(case, Resume(2, 2, "half", skip=True))
@@ -171,8 +193,12 @@ def test_an_hf_stream_with_fewer_shards_than_processes_marks_its_padding(workers
 
 # -- stateful loaders over streams read by every process -------------------------------------------------------------
 
-@pytest.mark.parametrize("case", [Case(data="stream", workers=2, stateful=True),
-                                  Case(data="stream_unsized", workers=2, stateful=True)], ids=str)
+
+@pytest.mark.parametrize(
+    "case",
+    [Case(data="stream", workers=2, stateful=True), Case(data="stream_unsized", workers=2, stateful=True)],
+    ids=str,
+)
 @pytest.mark.parametrize("resume", [Resume(2, 2, "half"), Resume(2, 2, "one", resume_twice=True)], ids=str)
 def test_a_stateful_loader_with_workers_tracks_padding_after_a_resume(case, resume):
     """Item 7: a resumed tracked pass raised IndexError (pop from an empty deque); a second resume

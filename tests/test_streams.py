@@ -8,14 +8,13 @@ import functools
 import os
 import random
 from pathlib import Path
-from typing import Optional
 
 import pytest
 import torch
-from torch.utils.data import DataLoader
-
 from _datasets import Files, PlainShards
 from _dist import run_gloo
+from torch.utils.data import DataLoader
+
 from shardplug import prepare_data_loader
 
 datasets = pytest.importorskip("datasets")
@@ -42,18 +41,20 @@ def files(tmp_path_factory) -> Path:
     return root
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def hf_stream(root: Path, shuffle: bool = False):
     """The parquet shards as a Hugging Face stream (built once per process; preparing never changes it)."""
-    stream = datasets.load_dataset("parquet", data_files=sorted(str(p) for p in root.glob("part-*.parquet")),
-                                   split="train", streaming=True)
+    stream = datasets.load_dataset(
+        "parquet", data_files=sorted(str(p) for p in root.glob("part-*.parquet")), split="train", streaming=True
+    )
     return stream.shuffle(seed=3, buffer_size=8) if shuffle else stream
 
 
 def uneven_stream(root: Path):
     """Four parquet shards of 10, 10, 10 and 13 rows, without len(): on 2 processes, parts of 20 and 23."""
-    return datasets.load_dataset("parquet", data_files=sorted(str(p) for p in root.glob("uneven-*.parquet")),
-                                 split="train", streaming=True)
+    return datasets.load_dataset(
+        "parquet", data_files=sorted(str(p) for p in root.glob("uneven-*.parquet")), split="train", streaming=True
+    )
 
 
 UNEVEN = sorted(v for s in range(SHARDS) for v in range(100 + s * 20, 100 + s * 20 + (13 if s == 3 else 10)))
@@ -61,9 +62,16 @@ UNEVEN = sorted(v for s in range(SHARDS) for v in range(100 + s * 20, 100 + s * 
 
 def _native(rank, world, root, workers, mode):
     options = {"even": {}, "drop_last": {}, "uneven": {"even_batches": False}}[mode]
-    loader = prepare_data_loader(DataLoader(uneven_stream(root), batch_size=2, num_workers=workers,
-                                            drop_last=mode == "drop_last",
-                                            multiprocessing_context=_workers_context(workers)), **options)
+    loader = prepare_data_loader(
+        DataLoader(
+            uneven_stream(root),
+            batch_size=2,
+            num_workers=workers,
+            drop_last=mode == "drop_last",
+            multiprocessing_context=_workers_context(workers),
+        ),
+        **options,
+    )
     loader.track_padding()
     batches = [(_ids(batch), loader.batch_real_count) for batch in loader]
     return {"native": type(loader.dataset).__module__.startswith("datasets"), "batches": batches}
@@ -102,8 +110,15 @@ def _ids(batch) -> list[int]:
 
 def _epochs(rank, world, kind, root, workers, persistent, shuffle):
     stream = hf_stream(root, shuffle) if kind == "hf" else wds_stream(root, nodesplitter=None)
-    loader = prepare_data_loader(DataLoader(stream, batch_size=2, num_workers=workers, persistent_workers=persistent,
-                                            multiprocessing_context=_workers_context(workers)))
+    loader = prepare_data_loader(
+        DataLoader(
+            stream,
+            batch_size=2,
+            num_workers=workers,
+            persistent_workers=persistent,
+            multiprocessing_context=_workers_context(workers),
+        )
+    )
     seen = []
     for epoch in range(2):
         loader.set_epoch(epoch)
@@ -111,7 +126,9 @@ def _epochs(rank, world, kind, root, workers, persistent, shuffle):
     return seen
 
 
-SCENARIOS = [("hf", workers, persistent, False) for workers, persistent in ((0, False), (1, False), (2, False), (2, True))]
+SCENARIOS = [
+    ("hf", workers, persistent, False) for workers, persistent in ((0, False), (1, False), (2, False), (2, True))
+]
 SCENARIOS += [("wds", 0, False, False), ("wds", 2, True, False), ("hf", 2, False, True)]
 
 
@@ -137,7 +154,9 @@ def epochs(runs):
     return [run["epochs"] for run in runs]
 
 
-@pytest.mark.parametrize("scenario", SCENARIOS[:-1], ids=lambda s: f"{s[0]}-workers{s[1]}{'-persistent' if s[2] else ''}")
+@pytest.mark.parametrize(
+    "scenario", SCENARIOS[:-1], ids=lambda s: f"{s[0]}-workers{s[1]}{'-persistent' if s[2] else ''}"
+)
 def test_every_element_once_over_processes_and_workers(epochs, scenario):
     for epoch in range(2):
         batches = [epochs[rank][scenario][epoch] for rank in range(2)]
@@ -174,8 +193,9 @@ def _prepare_split(rank, world, kind, root):
 
 def three_shards(root: Path, shuffle: bool = False):
     """Three of the shards (elements 0..29): 3 does not divide by 2 processes."""
-    stream = datasets.load_dataset("parquet", data_files=sorted(str(p) for p in root.glob("part-*.parquet"))[:3],
-                                   split="train", streaming=True)
+    stream = datasets.load_dataset(
+        "parquet", data_files=sorted(str(p) for p in root.glob("part-*.parquet"))[:3], split="train", streaming=True
+    )
     return stream.shuffle(seed=5, buffer_size=4) if shuffle else stream
 
 
@@ -192,8 +212,9 @@ def _resume(rank, world, root, workers, shuffle, read_all=False, kind="hf"):
             stream = three_shards(root, shuffle)
         else:
             stream = one_shard(root) if read_all else hf_stream(root, shuffle)
-        return prepare_data_loader(DataLoader(stream, batch_size=2, num_workers=workers,
-                                              multiprocessing_context=_workers_context(workers)))
+        return prepare_data_loader(
+            DataLoader(stream, batch_size=2, num_workers=workers, multiprocessing_context=_workers_context(workers))
+        )
 
     def real(loader, batch):  # padding is marked where the plan knows it (native shards)
         count = loader.batch_real_count
@@ -239,7 +260,7 @@ def test_a_stream_that_shards_itself_is_sharded_natively_with_equal_steps(runs, 
         assert counts == [10, 12] and real == UNEVEN
 
 
-def _real(loader) -> list[tuple[list[int], Optional[int]]]:
+def _real(loader) -> list[tuple[list[int], int | None]]:
     """The pass's batches and how many of each one's rows are real (not padding; ``None``: every
     row, where padding is not tracked: a stream read by every process, without len())."""
     try:
@@ -251,9 +272,16 @@ def _real(loader) -> list[tuple[list[int], Optional[int]]]:
 
 def _balanced(rank, world, root, workers, shuffle, mode):
     options = {"even": {}, "drop_last": {}, "uneven": {"even_batches": False}}[mode]
-    loader = prepare_data_loader(DataLoader(three_shards(root, shuffle), batch_size=2, num_workers=workers,
-                                            drop_last=mode == "drop_last",
-                                            multiprocessing_context=_workers_context(workers)), **options)
+    loader = prepare_data_loader(
+        DataLoader(
+            three_shards(root, shuffle),
+            batch_size=2,
+            num_workers=workers,
+            drop_last=mode == "drop_last",
+            multiprocessing_context=_workers_context(workers),
+        ),
+        **options,
+    )
     return {"part": type(loader.dataset).__name__, "epochs": [_real(loader) for _ in range(2)]}
 
 
@@ -280,13 +308,16 @@ def test_shards_that_do_not_divide_are_balanced_by_rows_and_read_once(runs, work
             assert len(batches[0]) == len(batches[1]), "equal step counts"
 
 
-OWN_SHARDS = [(kind, shards, workers) for kind in ("splits_by_worker", "plain") for shards in (4, 5) for workers in (0, 2)]
+OWN_SHARDS = [
+    (kind, shards, workers) for kind in ("splits_by_worker", "plain") for shards in (4, 5) for workers in (0, 2)
+]
 
 
 def _own_shards(rank, world, kind, shards, workers):
     dataset = (Files if kind == "splits_by_worker" else PlainShards)(range(shards))
-    loader = prepare_data_loader(DataLoader(dataset, batch_size=2, num_workers=workers,
-                                            multiprocessing_context=_workers_context(workers)))
+    loader = prepare_data_loader(
+        DataLoader(dataset, batch_size=2, num_workers=workers, multiprocessing_context=_workers_context(workers))
+    )
     return {"part": type(loader.dataset).__name__, "batches": _real(loader)}
 
 
@@ -301,16 +332,31 @@ def test_a_dataset_of_your_own_that_shards_itself_is_read_once_with_workers(runs
     assert counts[0] == counts[1], "equal step counts"
     if kind == "splits_by_worker" and shards == 5:
         assert all(r["part"] == "IterableDatasetShard" for r in results), "read by all: its parts cannot be joined"
-        assert sorted(set(real)) == everything and len(real) - len(everything) < 2 * 2, "once, and the last step's padding"
+        assert sorted(set(real)) == everything and len(real) - len(everything) < 2 * 2, (
+            "once, and the last step's padding"
+        )
     else:
         assert all(r["part"] != "IterableDatasetShard" for r in results), "sharded natively"
         assert real == everything, "every element once"
 
 
-SPLIT_KINDS = [("hf", "split_dataset_by_node"), ("wds", "split_by_node"), ("wds_default", "nodesplitter=None"),
-               ("hf_unseeded", "shuffle(seed=...)")]
-RESUMES = [(0, False), (0, True), (2, False), (2, True), (0, False, True), (2, False, True),  # workers, shuffle, read_all
-           (0, False, True, "wds"), (0, False, False, "balanced"), (2, True, False, "balanced")]
+SPLIT_KINDS = [
+    ("hf", "split_dataset_by_node"),
+    ("wds", "split_by_node"),
+    ("wds_default", "nodesplitter=None"),
+    ("hf_unseeded", "shuffle(seed=...)"),
+]
+RESUMES = [
+    (0, False),
+    (0, True),
+    (2, False),
+    (2, True),
+    (0, False, True),
+    (2, False, True),  # workers, shuffle, read_all
+    (0, False, True, "wds"),
+    (0, False, False, "balanced"),
+    (2, True, False, "balanced"),
+]
 
 
 @pytest.fixture(scope="module")
@@ -331,7 +377,9 @@ def test_an_hf_stream_resumes_exactly(others, case):
     for rank in range(2):
         result = others[rank]["resume"][case]
         got, expected = result["first"] + result["rest"], result["whole"]
-        if len(case) >= 3 and case[2]:  # read by all, no len(): the last step's padding comes from where the resumed pass began
+        if (
+            len(case) >= 3 and case[2]
+        ):  # read by all, no len(): the last step's padding comes from where the resumed pass began
             got, expected = got[:-1], expected[:-1]
         assert got == expected, "the resumed pass continues exactly"
 
@@ -372,8 +420,9 @@ class _RankOrdered(torch.utils.data.IterableDataset):
 
 def _read_all(rank, world, workers, same_order):
     dataset = _RankOrdered(40, 0 if same_order else rank)
-    loader = prepare_data_loader(DataLoader(dataset, batch_size=2, num_workers=workers,
-                                            multiprocessing_context=_workers_context(workers)))
+    loader = prepare_data_loader(
+        DataLoader(dataset, batch_size=2, num_workers=workers, multiprocessing_context=_workers_context(workers))
+    )
     try:
         return {"rows": sum(len(b) for b in loader), "error": None}
     except RuntimeError as exc:

@@ -8,9 +8,9 @@ import copy
 import pytest
 import torch
 import torch.nn.functional as F
+from _dist import run_gloo
 from torch.utils.data import DataLoader, TensorDataset
 
-from _dist import run_gloo
 from shardplug.core.accumulation import GradientState
 from shardplug.core.config import ShardplugConfig
 from shardplug.core.optimizer import PreparedOptimizer
@@ -180,7 +180,7 @@ def ddp_accumulation(rank: int, world: int, scenarios: list[tuple[int, int, bool
         calls: list[int] = []
 
         def counting_hook(state, bucket):
-            calls.append(1)
+            calls.append(1)  # noqa: B023 (called within this iteration)
             return allreduce_hook(None, bucket)
 
         ddp.register_comm_hook(None, counting_hook)
@@ -222,8 +222,14 @@ def ddp_accumulation(rank: int, world: int, scenarios: list[tuple[int, int, bool
         diff = max((a - c).abs().max().item() for a, c in zip(model.parameters(), reference.parameters()))
         moved = max((a - c).abs().max().item() for a, c in zip(model.parameters(), initial.parameters()))
         reports.append(
-            {"log": log, "diff": diff, "last_epoch": sched.last_epoch, "ref_last_epoch": ref_sched.last_epoch,
-             "moved": moved, "in_dataloader": run.gradient_state.in_dataloader}
+            {
+                "log": log,
+                "diff": diff,
+                "last_epoch": sched.last_epoch,
+                "ref_last_epoch": ref_sched.last_epoch,
+                "moved": moved,
+                "in_dataloader": run.gradient_state.in_dataloader,
+            }
         )
     return reports
 
@@ -251,11 +257,28 @@ def test_example_runs_under_torchrun():
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[1]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")]), "OMP_NUM_THREADS": "1"}
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")]),
+        "OMP_NUM_THREADS": "1",
+    }
     done = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-         str(root / "examples" / "train_accumulation.py"), "--epochs", "2"],
-        capture_output=True, text=True, timeout=90, env=env, cwd=root,
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc_per_node",
+            "2",
+            str(root / "examples" / "train_accumulation.py"),
+            "--epochs",
+            "2",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=90,
+        env=env,
+        cwd=root,
     )
     assert done.returncode == 0, done.stderr[-3000:]
     lines = [line for line in done.stderr.splitlines() if line.startswith("epoch ")]

@@ -2,10 +2,10 @@
 
 from .accumulation import GradientState
 from .audit import AuditReport, SampleAudit
-from .layout import ShardLayout
 from .config import ShardplugConfig
 from .dispatch import DataLoaderDispatcher, DispatchError
 from .iterable import IterableDatasetShard
+from .layout import ShardLayout
 from .loaders import DataLoaderShard, LengthMismatchWarning, PreparedDataLoader
 from .metrics import drop_padding, gather_for_metrics
 from .optimizer import PreparedOptimizer
@@ -13,8 +13,8 @@ from .position import Position
 from .prepare import prepare_data_loader, skip_first_batches
 from .rng import synchronize_rng_states
 from .samplers import BatchSamplerShard, SeedableRandomSampler
-from .shuffle import BijectiveRandomSampler, KeyedPermutation
 from .scheduler import PreparedScheduler
+from .shuffle import BijectiveRandomSampler, KeyedPermutation
 from .topology import ProcessTopology, resolve_data_topology
 from .training import TrainingRun
 from .transfer import send_to_device

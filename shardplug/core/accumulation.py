@@ -26,7 +26,8 @@ from __future__ import annotations
 import itertools
 import logging
 import weakref
-from typing import Any, Callable, Iterator, Mapping, Optional
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
 
 from .deprecation import renamed_property
 
@@ -47,7 +48,7 @@ def _check_num_steps(num_steps: Any) -> int:
 def _method_reference(fn: Callable[[], Any]) -> Callable[[], Any]:
     """A weak reference to a bound method, else a strong reference to the function."""
     if hasattr(fn, "__self__") and hasattr(fn, "__func__"):
-        return weakref.WeakMethod(fn)  # type: ignore[arg-type]
+        return weakref.WeakMethod(fn)
     return lambda: fn
 
 
@@ -158,7 +159,7 @@ class GradientState:
         return bool(self._passes)
 
     @property
-    def active_dataloader(self) -> Optional[Any]:
+    def active_dataloader(self) -> Any | None:
         """The loader of the innermost running pass, or ``None``."""
         self._prune()
         return self._passes[-1].loader() if self._passes else None
@@ -222,7 +223,10 @@ class GradientState:
         logger.warning(
             "%s %d micro-batch(es) into a gradient-accumulation cycle of %d: their gradients are dropped (the end "
             "of a pass ends the cycle; the next optimizer step sums %d fresh micro-batches)",
-            why, self._micro_batches, self._num_steps, self._num_steps,
+            why,
+            self._micro_batches,
+            self._num_steps,
+            self._num_steps,
         )
         for key, reference in list(self._drop_hooks.items()):
             hook = reference()
@@ -303,7 +307,7 @@ class GradientState:
         if any(p.loader() is None for p in self._passes):
             self._passes = [p for p in self._passes if p.loader() is not None]
 
-    def _find(self, loader: Any) -> Optional[_Pass]:
+    def _find(self, loader: Any) -> _Pass | None:
         """The most recent running pass over ``loader`` (identity, never equality)."""
         for p in reversed(self._passes):
             if p.loader() is loader:

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import logging
 import weakref
-from typing import Any, Optional
+from typing import Any, TypeGuard
 
 import torch
 from torch.optim import Optimizer
@@ -53,14 +53,16 @@ logger = logging.getLogger(__name__)
 
 
 # -- the scaler --------------------------------------------------------------------------------
-def scaler_enabled(scaler: Any) -> bool:
+def scaler_enabled(scaler: Any) -> TypeGuard[Any]:
     """Whether ``scaler`` is a scaler that scales (``None`` and disabled scalers do not)."""
     return scaler is not None and bool(scaler.is_enabled())
 
 
 def check_scaler(scaler: Any, name: str = "scaler") -> Any:
     """``scaler`` if it is ``None`` or looks like a ``torch.amp.GradScaler``; else ``TypeError``."""
-    if scaler is not None and not all(hasattr(scaler, m) for m in ("scale", "step", "update", "unscale_", "is_enabled")):
+    if scaler is not None and not all(
+        hasattr(scaler, m) for m in ("scale", "step", "update", "unscale_", "is_enabled")
+    ):
         raise TypeError(
             f"{name}={scaler!r} is not a GradScaler (it needs scale(), step(), update(), unscale_() and "
             "is_enabled()); pass torch.amp.GradScaler(device) or None"
@@ -68,7 +70,7 @@ def check_scaler(scaler: Any, name: str = "scaler") -> Any:
     return scaler
 
 
-def _record(scaler: Any, optimizer: Any) -> Optional[dict[str, Any]]:
+def _record(scaler: Any, optimizer: Any) -> dict[str, Any] | None:
     """The scaler's record of this iteration for ``optimizer``, without creating one."""
     records = compat.scaler_records(scaler)
     if records is None:
@@ -76,7 +78,7 @@ def _record(scaler: Any, optimizer: Any) -> Optional[dict[str, Any]]:
     return records.get(id(optimizer))
 
 
-def found_inf(scaler: Any, optimizer: Any) -> Optional[bool]:
+def found_inf(scaler: Any, optimizer: Any) -> bool | None:
     """Whether the scaler found inf/NaN gradients for ``optimizer`` in this iteration.
 
     ``None`` when it has not checked them yet (no ``unscale_`` or ``step`` since the last ``update``).
@@ -192,7 +194,7 @@ class StepCounter:
         return f"{type(self).__name__}(taken={self.taken}, calls={self.calls})"
 
 
-_COUNTERS: "weakref.WeakKeyDictionary[Optimizer, StepCounter]" = weakref.WeakKeyDictionary()
+_COUNTERS: weakref.WeakKeyDictionary[Optimizer, StepCounter] = weakref.WeakKeyDictionary()
 
 
 def step_counter(optimizer: Optimizer) -> StepCounter:
@@ -227,7 +229,7 @@ class StepAttempt:
         self._taken_before = 0
         self._calls_before = 0
 
-    def __enter__(self) -> "StepAttempt":
+    def __enter__(self) -> StepAttempt:
         self._taken_before, self._calls_before = self._counter.taken, self._counter.calls
         return self
 

@@ -22,7 +22,7 @@ Example::
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -65,7 +65,7 @@ class _EpochRecord:
 
     def __init__(self, length: int) -> None:
         self.seen = torch.zeros((length + 7) // 8, dtype=torch.uint8)
-        self.twice: Optional[torch.Tensor] = None
+        self.twice: torch.Tensor | None = None
         self.padding = 0
 
     def mark_twice(self, byte: torch.Tensor, masks: torch.Tensor) -> None:
@@ -75,7 +75,7 @@ class _EpochRecord:
             self.twice = torch.zeros_like(self.seen)
         self.twice[byte] |= masks
 
-    def add(self, seen: torch.Tensor, twice: Optional[torch.Tensor], padding: int) -> None:
+    def add(self, seen: torch.Tensor, twice: torch.Tensor | None, padding: int) -> None:
         """Combine with another record: a sample seen in both is seen twice (read in chunks: the
         temporary memory stays O(_CHUNK); the seen-twice bitmap is allocated at the first such sample)."""
         for start in range(0, self.seen.numel(), _CHUNK):
@@ -91,7 +91,7 @@ class _EpochRecord:
             mine |= seen[part]
         self.padding += padding
 
-    def copy(self) -> "_EpochRecord":
+    def copy(self) -> _EpochRecord:
         copied = _EpochRecord(0)
         copied.seen = self.seen.clone()
         copied.twice = self.twice.clone() if self.twice is not None else None
@@ -112,7 +112,9 @@ _GATHER_CHUNK = 1 << 22
 
 def _popcount(bitmap: torch.Tensor) -> int:
     """Set bits in ``bitmap``, read in chunks (temporary memory stays O(_CHUNK))."""
-    return sum(int(_POPCOUNT[bitmap[start:start + _CHUNK].long()].sum()) for start in range(0, bitmap.numel(), _CHUNK))
+    return sum(
+        int(_POPCOUNT[bitmap[start : start + _CHUNK].long()].sum()) for start in range(0, bitmap.numel(), _CHUNK)
+    )
 
 
 def _first_ids(bitmap: torch.Tensor, length: int, limit: int, set_bits: bool) -> list[int]:
@@ -122,7 +124,7 @@ def _first_ids(bitmap: torch.Tensor, length: int, limit: int, set_bits: bool) ->
     for start in range(0, bitmap.numel(), _CHUNK):
         if len(found) >= limit:
             break
-        chunk = bitmap[start:start + _CHUNK]
+        chunk = bitmap[start : start + _CHUNK]
         # bytes holding one such bit at least (each gives an id, the last byte's bits past length aside)
         where = torch.nonzero(chunk != 0 if set_bits else chunk != 255).flatten()[: limit - len(found)]
         if not where.numel():
@@ -146,7 +148,7 @@ class SampleAudit:
     report_ids = 100
     """How many ids of missing and of duplicated samples a report lists at most."""
 
-    def __init__(self, dataset_length: Optional[int]) -> None:
+    def __init__(self, dataset_length: int | None) -> None:
         if dataset_length is None:
             raise ValueError("an audit needs a sized dataset (len(dataset)); this loader's dataset has no length")
         self.dataset_length = int(dataset_length)
@@ -203,7 +205,7 @@ class SampleAudit:
         for epoch, seen, twice, padding in _checked_epochs(state_dict, self.dataset_length):
             self._epoch(epoch).add(seen, twice, padding)
 
-    def gathered(self) -> "SampleAudit":
+    def gathered(self) -> SampleAudit:
         """Every process's record combined (a collective: call it on every process).
 
         Per epoch, one sum of counts, then a bitwise-or all-reduce of the bitmaps in chunks of
@@ -226,22 +228,35 @@ class SampleAudit:
         n, limit = self.dataset_length, self.report_ids
         record = self.records.get(epoch)
         if record is None:  # nothing recorded: every sample missing
-            return AuditReport(epoch=epoch, dataset_length=n, seen=0, missing=list(range(min(n, limit))),
-                               missing_count=n)
+            return AuditReport(
+                epoch=epoch, dataset_length=n, seen=0, missing=list(range(min(n, limit))), missing_count=n
+            )
         seen = _popcount(record.seen)
         duplicated = _popcount(record.twice) if record.twice is not None else 0
         first_missing = _first_ids(record.seen, n, limit, set_bits=False) if seen < n else []
         first_duplicated = _first_ids(record.twice, n, limit, set_bits=True) if duplicated else []  # type: ignore[arg-type]
         return AuditReport(
-            epoch=epoch, dataset_length=n, seen=seen, missing=first_missing, duplicated=first_duplicated,
-            padding=record.padding, missing_count=n - seen, duplicated_count=duplicated,
+            epoch=epoch,
+            dataset_length=n,
+            seen=seen,
+            missing=first_missing,
+            duplicated=first_duplicated,
+            padding=record.padding,
+            missing_count=n - seen,
+            duplicated_count=duplicated,
         )
 
 
-def _gather_record(local: Optional[_EpochRecord], size: int) -> _EpochRecord:
+def _gather_record(local: _EpochRecord | None, size: int) -> _EpochRecord:
     """Every process's record of one epoch (``local``: this process's, if it has one) combined, in chunks."""
-    counts = torch.tensor([_popcount(local.seen) if local else 0, local.padding if local else 0,
-                           int(local is not None and local.twice is not None)], dtype=torch.int64)
+    counts = torch.tensor(
+        [
+            _popcount(local.seen) if local else 0,
+            local.padding if local else 0,
+            int(local is not None and local.twice is not None),
+        ],
+        dtype=torch.int64,
+    )
     dist.all_reduce(counts)
     out = _EpochRecord(0)
     out.seen, out.padding = torch.empty(size, dtype=torch.uint8), int(counts[1])
@@ -256,7 +271,7 @@ def _gather_record(local: Optional[_EpochRecord], size: int) -> _EpochRecord:
     return out
 
 
-def _or_reduced(piece: Optional[torch.Tensor], part: slice) -> torch.Tensor:
+def _or_reduced(piece: torch.Tensor | None, part: slice) -> torch.Tensor:
     """The bitwise or over every process of a chunk of a bitmap (``None``: this process has zeros)."""
     buffer = piece.clone() if piece is not None else torch.zeros(part.stop - part.start, dtype=torch.uint8)
     dist.all_reduce(buffer, op=dist.ReduceOp.BOR)
@@ -270,7 +285,9 @@ def _checked_epochs(state: Any, length: int) -> list[tuple[int, torch.Tensor, to
     """Every epoch of a saved audit ``state`` as (epoch, seen, twice, padding), all checked before
     any is used."""
     if not isinstance(state, dict) or "dataset_length" not in state or "epochs" not in state:
-        raise TypeError(f"the audit state {_short(state)} is not a dict with 'dataset_length' and 'epochs'; {_LOAD_FIX}")
+        raise TypeError(
+            f"the audit state {_short(state)} is not a dict with 'dataset_length' and 'epochs'; {_LOAD_FIX}"
+        )
     saved_length = state["dataset_length"]
     if not _is_int(saved_length) or saved_length != length:
         raise ValueError(
@@ -287,7 +304,11 @@ def _checked_epoch(epoch: Any, saved: Any, length: int) -> tuple[int, torch.Tens
     if not _is_int(epoch) or epoch < 0:
         raise ValueError(f"the audit state has a record for epoch {epoch!r}: epochs are integers >= 0; {_LOAD_FIX}")
     where = f"the audit state's epoch {epoch}"
-    if not isinstance(saved, dict) or "padding" not in saved or not ("counts" in saved or {"seen", "twice"} <= saved.keys()):
+    if (
+        not isinstance(saved, dict)
+        or "padding" not in saved
+        or not ("counts" in saved or {"seen", "twice"} <= saved.keys())
+    ):
         raise TypeError(f"{where} is {_short(saved)}, not a dict with 'seen', 'twice' and 'padding'; {_LOAD_FIX}")
     padding = saved["padding"]
     if not _is_int(padding):
@@ -309,7 +330,9 @@ def _checked_tensor(where: str, key: str, value: Any, shape: tuple[int, ...], in
     if not isinstance(value, torch.Tensor):
         raise TypeError(f"{where} has {key}={_short(value)}, which is not a tensor; {_LOAD_FIX}")
     if integer and (value.is_floating_point() or value.is_complex()):
-        raise TypeError(f"{where} has {key} of dtype {value.dtype}: they must be integer (or bool) tensors; {_LOAD_FIX}")
+        raise TypeError(
+            f"{where} has {key} of dtype {value.dtype}: they must be integer (or bool) tensors; {_LOAD_FIX}"
+        )
     if tuple(value.shape) != shape:
         raise ValueError(
             f"{where} has {key} of shape {tuple(value.shape)}, but this dataset needs {shape}; {_LOAD_FIX}"
@@ -323,7 +346,8 @@ def _checked_bitmap(where: str, key: str, value: Any, size: int, length: int) ->
         raise TypeError(f"{where} has {key} of dtype {bitmap.dtype}: bitmaps are uint8 tensors; {_LOAD_FIX}")
     if length % 8 and size and int(bitmap[-1]) >> (length % 8):
         raise ValueError(
-            f"{where} has {key} bits set beyond the dataset's {length} samples (last byte {int(bitmap[-1])}); {_LOAD_FIX}"
+            f"{where} has {key} bits set beyond the dataset's {length} samples "
+            f"(last byte {int(bitmap[-1])}); {_LOAD_FIX}"
         )
     return bitmap
 
@@ -344,7 +368,7 @@ def _pack(flags: torch.Tensor) -> torch.Tensor:
     return (padded.view(-1, 8).to(torch.uint8) * _BIT).sum(dim=1, dtype=torch.uint8)
 
 
-def _tree_merge(out: _EpochRecord, local: Optional[_EpochRecord], size: int) -> None:
+def _tree_merge(out: _EpochRecord, local: _EpochRecord | None, size: int) -> None:
     """Combine every process's ``local`` record into ``out`` exactly (seen by two processes = seen
     twice), chunk by chunk: a binary tree of point-to-point exchanges to process 0, then a broadcast."""
     for start in range(0, size, _GATHER_CHUNK):
@@ -353,10 +377,10 @@ def _tree_merge(out: _EpochRecord, local: Optional[_EpochRecord], size: int) -> 
         twice = local.twice[start:stop] if local and local.twice is not None else torch.zeros_like(seen)
         planes = _merged_along_tree(torch.cat([seen, twice]), stop - start)
         out.seen[start:stop] = planes[: stop - start]
-        if out.twice is None and bool(planes[stop - start:].any()):
+        if out.twice is None and bool(planes[stop - start :].any()):
             out.twice = torch.zeros(size, dtype=torch.uint8)
         if out.twice is not None:
-            out.twice[start:stop] = planes[stop - start:]
+            out.twice[start:stop] = planes[stop - start :]
 
 
 def _merged_along_tree(planes: torch.Tensor, half: int) -> torch.Tensor:

@@ -2,15 +2,22 @@
 
 from __future__ import annotations
 
-from typing import Any, Callable, Optional
+from collections.abc import Callable
+from typing import Any
 
 import torch
-
 import torch.distributed as dist
 
 from .topology import distributed_is_active
 
-__all__ = ["broadcast_object", "all_gather_objects", "world_size", "global_rank", "all_reduce_int_async", "communication_device"]
+__all__ = [
+    "broadcast_object",
+    "all_gather_objects",
+    "world_size",
+    "global_rank",
+    "all_reduce_int_async",
+    "communication_device",
+]
 
 
 def world_size() -> int:
@@ -21,7 +28,7 @@ def global_rank() -> int:
     return dist.get_rank() if distributed_is_active() else 0
 
 
-def broadcast_object(obj: Any, src: int = 0, group: Optional[Any] = None) -> Any:
+def broadcast_object(obj: Any, src: int = 0, group: Any | None = None) -> Any:
     """Return process ``src``'s ``obj`` on every process (``obj`` itself without a process group)."""
     if world_size() == 1:
         return obj
@@ -30,7 +37,7 @@ def broadcast_object(obj: Any, src: int = 0, group: Optional[Any] = None) -> Any
     return box[0]
 
 
-def all_gather_objects(obj: Any, group: Optional[Any] = None) -> list[Any]:
+def all_gather_objects(obj: Any, group: Any | None = None) -> list[Any]:
     """Every process's ``obj``, by rank (``[obj]`` without a process group)."""
     if world_size() == 1:
         return [obj]

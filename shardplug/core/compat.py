@@ -19,19 +19,35 @@ Example::
 
 from __future__ import annotations
 
-from typing import Any, Callable, Optional, TypeVar
+from collections.abc import Callable
+from typing import Any, TypeVar, cast
 
 from torch.utils.data._utils import collate as torch_collate
 
 __all__ = [
-    "PRIVATES", "CHECKED_AGAINST", "library_of",
-    "forget_iterator", "without_iterator", "is_dataloader_internal", "get_iterator_method",
-    "random_sampler_num_samples", "torch_collate",
-    "scaler_records", "opt_state", "step_inf_flag",
-    "OPTIMIZER_HOOK_REGISTRIES", "optimizer_hooks", "restore_hook_registries", "patch_step_function",
-    "steps_as_plain_optimizer", "runs_own_step_hooks",
-    "LR_SCHEDULER_FLAGS", "forwards_scheduler_flags",
-    "hf_example_iterable", "hf_node_split", "hf_legacy_shuffling",
+    "PRIVATES",
+    "CHECKED_AGAINST",
+    "library_of",
+    "forget_iterator",
+    "without_iterator",
+    "is_dataloader_internal",
+    "get_iterator_method",
+    "random_sampler_num_samples",
+    "torch_collate",
+    "scaler_records",
+    "opt_state",
+    "step_inf_flag",
+    "OPTIMIZER_HOOK_REGISTRIES",
+    "optimizer_hooks",
+    "restore_hook_registries",
+    "patch_step_function",
+    "steps_as_plain_optimizer",
+    "runs_own_step_hooks",
+    "LR_SCHEDULER_FLAGS",
+    "forwards_scheduler_flags",
+    "hf_example_iterable",
+    "hf_node_split",
+    "hf_legacy_shuffling",
 ]
 
 CHECKED_AGAINST: dict[str, str] = {"torch": "2.13.0", "torchdata": "0.11.0", "datasets": "5.2.0"}
@@ -126,18 +142,18 @@ def is_dataloader_internal(name: str) -> bool:
     return name == _ITERATOR or name.startswith("_DataLoader__")
 
 
-def get_iterator_method(obj: Any) -> Optional[Callable[..., Any]]:
+def get_iterator_method(obj: Any) -> Callable[..., Any] | None:
     """The ``_get_iterator`` of a loader class (or ``None``), to compare by identity."""
     return getattr(obj, "_get_iterator", None)
 
 
-def random_sampler_num_samples(sampler: Any) -> Optional[int]:
+def random_sampler_num_samples(sampler: Any) -> int | None:
     """The ``num_samples`` a ``RandomSampler`` was built with (``None``: one draw per element)."""
-    return sampler._num_samples
+    return cast("int | None", sampler._num_samples)
 
 
 # -- GradScaler ---------------------------------------------------------------------------------
-def scaler_records(scaler: Any) -> Optional[dict[int, dict[str, Any]]]:
+def scaler_records(scaler: Any) -> dict[int, dict[str, Any]] | None:
     """The scaler's per-optimizer records of this iteration (keyed by ``id(optimizer)``), or ``None``."""
     return getattr(scaler, "_per_optimizer_states", None)
 

@@ -18,8 +18,9 @@ from __future__ import annotations
 
 import dataclasses
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable, Optional
+from typing import Any
 
 from .rng import check_rng_types
 from .shuffle import check_seed, check_shuffle_algorithm
@@ -32,6 +33,7 @@ __all__ = ["ShardplugConfig", "FRONT_ENDS", "DATA_OPTIONS", "renamed_option"]
 #: them in optimizer steps (``trainer.estimated_stepping_batches``, ``len(loader)`` after setup).
 FRONT_ENDS: dict[str, bool] = {"pytorch": True, "lightning": False, "fabric": False, "ignite": False}
 
+
 def renamed_option(where: str, old: str, old_value: Any, new: str, new_value: Any) -> Any:
     """The value of option ``new``, also accepted under its deprecated name ``old`` for one release.
 
@@ -41,6 +43,7 @@ def renamed_option(where: str, old: str, old_value: Any, new: str, new_value: An
         return new_value
     warnings.warn(f"{where}: {old}= is deprecated, use {new}= (same meaning)", DeprecationWarning, stacklevel=3)
     return old_value
+
 
 #: The options ``prepare_data_loader`` reads (its keywords, or the fields of its ``config``).
 DATA_OPTIONS = (
@@ -119,25 +122,27 @@ class ShardplugConfig:
 
     split_batches: bool = False
     even_batches: bool = True
-    dispatch_batches: Optional[bool] = None
+    dispatch_batches: bool | None = None
     use_seedable_sampler: bool = False
-    data_seed: Optional[int] = None
+    data_seed: int | None = None
     non_blocking: bool = False
     use_stateful_dataloader: bool = False
     put_on_device: bool = False
-    rng_types: Optional[tuple[str, ...]] = None
-    slice_fn_for_dispatch: Optional[Callable[..., Any]] = None
+    rng_types: tuple[str, ...] | None = None
+    slice_fn_for_dispatch: Callable[..., Any] | None = None
     shuffle_algorithm: str = "randperm"
     gradient_accumulation_steps: int = 1
     step_scheduler_with_optimizer: bool = True
-    scale_scheduler_by_num_processes: Optional[bool] = None
+    scale_scheduler_by_num_processes: bool | None = None
 
     def __post_init__(self) -> None:
         for name in _BOOL_OPTIONS:
             value = getattr(self, name)
             if not isinstance(value, bool):
                 raise TypeError(f"{name}={value!r} is invalid: it must be True or False")
-        if self.scale_scheduler_by_num_processes is not None and not isinstance(self.scale_scheduler_by_num_processes, bool):
+        if self.scale_scheduler_by_num_processes is not None and not isinstance(
+            self.scale_scheduler_by_num_processes, bool
+        ):
             raise TypeError(
                 f"scale_scheduler_by_num_processes={self.scale_scheduler_by_num_processes!r} is invalid: it must be "
                 "True, False or None (the front end's convention)"
@@ -237,11 +242,11 @@ class ShardplugConfig:
             "shuffle_algorithm": self.shuffle_algorithm,
         }
 
-    def replace(self, **changes: Any) -> "ShardplugConfig":
+    def replace(self, **changes: Any) -> ShardplugConfig:
         """A copy with ``changes`` applied (and validated)."""
         return dataclasses.replace(self, **changes)
 
-    def for_loaders(self, **changes: Any) -> "ShardplugConfig":
+    def for_loaders(self, **changes: Any) -> ShardplugConfig:
         """The ``config`` of a ``prepare_data_loader`` call: this configuration's data options with
         ``changes`` (data options only) applied and validated; the stepping options, which loaders do
         not read, at their defaults (so ``split_batches=True`` for one loader never meets a stepping rule).

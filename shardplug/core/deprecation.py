@@ -18,7 +18,8 @@ from __future__ import annotations
 
 import functools
 import warnings
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 __all__ = ["warn_renamed", "renamed_function", "renamed_property"]
 

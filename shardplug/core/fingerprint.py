@@ -21,8 +21,8 @@ from __future__ import annotations
 import hashlib
 import logging
 import pickle
-from collections.abc import Mapping
-from typing import Any, Callable
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import torch
 

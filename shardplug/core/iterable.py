@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any, Iterator, Optional
+from collections.abc import Iterator
+from typing import Any, cast
 
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
@@ -16,7 +17,7 @@ from .streams import hf_shuffles, splits_by_worker
 __all__ = ["IterableDatasetShard"]
 
 
-class IterableDatasetShard(IterableDataset):
+class IterableDatasetShard(IterableDataset[Any]):
     """This process's part of every global batch of an iterable dataset.
 
     Every process reads the stream and keeps its slice of each global batch: the global batch is
@@ -26,9 +27,9 @@ class IterableDatasetShard(IterableDataset):
     worker ``w`` of ``W`` keeps only global batches ``w, w+W, ...``, so each element reaches
     exactly one worker and batches arrive in stream order; a dataset that splits itself across
     workers (Hugging Face, webdataset, ``splits_by_worker = True``: see ``streams.py``) is not split
-    again: each worker's part is shared by process, and padded from its own start.  ``even_batches=False``: a short final
-    global batch is not completed; the first processes get its leftovers.  The arithmetic is
-    :class:`~shardplug.core.plan.StreamPlan`'s.
+    again: each worker's part is shared by process, and padded from its own start.
+    ``even_batches=False``: a short final global batch is not completed; the first processes get
+    its leftovers.  The arithmetic is :class:`~shardplug.core.plan.StreamPlan`'s.
 
     Example::
 
@@ -54,7 +55,9 @@ class IterableDatasetShard(IterableDataset):
         if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
             raise ValueError(f"batch_size={batch_size!r} must be an integer >= 1")
         # A one-element batch cannot be cut: it is then read as N one-element slices.
-        layout = ShardLayout(num_processes, process_index, split_batches and batch_size > 1, even_batches, drop_last, batch_size)
+        layout = ShardLayout(
+            num_processes, process_index, split_batches and batch_size > 1, even_batches, drop_last, batch_size
+        )
         splits = splits_by_worker(dataset)
         # A stream that splits itself across workers pads each worker's part: its length is not the stream's.
         length = None if splits else sized_length(dataset)
@@ -65,8 +68,10 @@ class IterableDatasetShard(IterableDataset):
         self.split_batches = split_batches
         self.epoch = 0
         generator = getattr(dataset, "generator", None)
-        self._generator_seed: Optional[int] = (
-            generator.initial_seed() if isinstance(generator, torch.Generator) and not hasattr(dataset, "set_epoch") else None
+        self._generator_seed: int | None = (
+            generator.initial_seed()
+            if isinstance(generator, torch.Generator) and not hasattr(dataset, "set_epoch")
+            else None
         )
 
     splits_by_worker = property(lambda self: self.plan.splits_by_worker)
@@ -112,7 +117,7 @@ class IterableDatasetShard(IterableDataset):
         """Every process compares the first global batch of this pass (a collective: call it on every
         process, after the pass's first batch was fetched or the pass ended); a ``RuntimeError`` on
         every process when the streams differ.  The plan's ``pass_batches`` does it for the loader."""
-        self.plan.first_batch.agree()
+        cast(FirstBatchCheck, self.plan.first_batch).agree()  # set where there are several processes
 
     def state_at(self, elements: int) -> Any:
         """The dataset's ``state_dict()`` after its first ``elements`` elements of this pass, if recorded."""
@@ -133,7 +138,9 @@ class IterableDatasetShard(IterableDataset):
             read, skip = skip, 0
             self.dataset.load_state_dict(dataset_state)
         on_boundary = self._record_state if self.repositions_itself else None
-        on_first = self.plan.first_batch.recorder() if first_reader and self.num_processes > 1 else None
+        on_first = (
+            cast(FirstBatchCheck, self.plan.first_batch).recorder() if first_reader and self.num_processes > 1 else None
+        )
         yield from self.plan.elements(iter(self.dataset), worker, workers, skip, read, on_boundary, on_first)
 
     def _record_state(self, read: int) -> None:
@@ -148,8 +155,15 @@ class IterableDatasetShard(IterableDataset):
         return self.plan.num_elements()  # type: ignore[return-value]
 
     @classmethod
-    def from_layout(cls, dataset: Any, layout: ShardLayout) -> "IterableDatasetShard":
+    def from_layout(cls, dataset: Any, layout: ShardLayout) -> IterableDatasetShard:
         """The shard of ``dataset`` under ``layout`` (``prepare_data_loader``'s; a layout without batch
         size reads batches of one)."""
-        return cls(dataset, layout.batch_size or 1, layout.drop_last, layout.num_processes, layout.process_index,
-                   layout.split_batches, layout.even_batches)
+        return cls(
+            dataset,
+            layout.batch_size or 1,
+            layout.drop_last,
+            layout.num_processes,
+            layout.process_index,
+            layout.split_batches,
+            layout.even_batches,
+        )

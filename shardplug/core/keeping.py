@@ -15,7 +15,8 @@ What differs between kinds of sharding is the plan's: its unit, what it saves be
 from __future__ import annotations
 
 import copy
-from typing import Any, Iterable, Optional, Union
+from collections.abc import Iterable
+from typing import Any, cast
 
 from .plan import ShardPlan
 from .position import Position
@@ -34,11 +35,11 @@ class PositionKeeper:
 
     def __init__(self, loader: Any, skip: int = 0) -> None:
         self.loader = loader
-        self.pending: Optional[Position] = None
+        self.pending: Position | None = None
         self.skip = skip
         self.inner = InnerState()
 
-    def copy_for(self, loader: Any) -> "PositionKeeper":
+    def copy_for(self, loader: Any) -> PositionKeeper:
         """The same place, kept for ``loader`` (a ``skip_first_batches`` copy)."""
         new = copy.copy(self)
         new.loader = loader
@@ -51,7 +52,7 @@ class PositionKeeper:
 
     @property
     def plan(self) -> ShardPlan:
-        return self.loader.plan
+        return cast("ShardPlan", self.loader.plan)
 
     def shuffles(self) -> Shuffles:
         """The shuffles whose seeds and generator state a position records."""
@@ -69,7 +70,7 @@ class PositionKeeper:
                     "have no len(), or DataLoader workers split them in a way shardplug cannot count), so len() is "
                     "unknown"
                 )
-            return self.loader._inner_loader().__len__()  # the DataLoader's own answer, or its TypeError
+            return cast("int", self.loader._inner_loader().__len__())  # the DataLoader's own answer, or its TypeError
         return length
 
     def next_start(self) -> int:
@@ -87,10 +88,10 @@ class PositionKeeper:
         """Where (in the plan's unit) the pass in progress started, or where the next one starts."""
         current = self.loader._pass
         if current.open:
-            return current.consumed_at_start
+            return cast("int", current.consumed_at_start)
         return self.next_start() + self.skip * self.plan.consumed_per_batch
 
-    def same_layout_length(self) -> Optional[int]:
+    def same_layout_length(self) -> int | None:
         """Batches of a whole epoch on this loader's layout (``None`` when unknown)."""
         try:
             return self.batches_after(0)
@@ -103,7 +104,9 @@ class PositionKeeper:
         if total is None:
             return 0
         try:
-            rest = self.length() if self.pending is not None else self.batches_after(self.loader._pass.consumed_at_start)
+            rest = (
+                self.length() if self.pending is not None else self.batches_after(self.loader._pass.consumed_at_start)
+            )
         except TypeError:
             return 0
         return max(total - rest, 0)
@@ -121,7 +124,9 @@ class PositionKeeper:
             plan = self.plan
             current.consumed_at_start += skip * plan.consumed_per_batch
             current.resumed += skip
-            if self.loader.use_stateful_dataloader and self.inner_state_resumes():  # read through it: its state counts them
+            if (
+                self.loader.use_stateful_dataloader and self.inner_state_resumes()
+            ):  # read through it: its state counts them
                 discard += skip
                 current.record.fast_forwarded += skip  # their records are not the batches handed out
             elif self.workers_split_stream():  # only whole batches tell where each worker is: read and drop them
@@ -139,7 +144,9 @@ class PositionKeeper:
         current.consumed_at_start = position.consumed
         if self.inner.repositions:  # a StatefulDataLoader that loaded its own state
             current.resumed = position.batches_yielded
-            current.record.fast_forwarded = current.resumed  # drawn (and, where the sampler logs, logged) but not handed out
+            current.record.fast_forwarded = (
+                current.resumed
+            )  # drawn (and, where the sampler logs, logged) but not handed out
             return 0
         if same_layout:
             current.resumed = position.batches_yielded
@@ -147,8 +154,8 @@ class PositionKeeper:
                 return position.batches_yielded
         else:
             full, rest = plan.num_batches(0), plan.num_batches(position.consumed)
-            current.resumed = full - rest if full is not None and rest is not None else (
-                position.consumed // plan.consumed_per_batch
+            current.resumed = (
+                full - rest if full is not None and rest is not None else (position.consumed // plan.consumed_per_batch)
             )
         return plan.start_after(position.consumed, position.dataset_state)
 
@@ -182,16 +189,26 @@ class PositionKeeper:
         if generator_state is None and generator is not None:
             generator_state = generator.get_state()
         return Position(
-            epoch=epoch, batches_yielded=done, consumed=consumed, unit=plan.unit,
-            num_processes=layout.num_processes, split_batches=layout.split_batches,
-            even_batches=layout.even_batches, drop_last=layout.drop_last,
+            epoch=epoch,
+            batches_yielded=done,
+            consumed=consumed,
+            unit=plan.unit,
+            num_processes=layout.num_processes,
+            split_batches=layout.split_batches,
+            even_batches=layout.even_batches,
+            drop_last=layout.drop_last,
             dataset_length=None if plan.stream else loader.total_dataset_length,
-            batch_size=layout.batch_size, process_batch_size=layout.process_batch_size, step_batch_size=layout.step_batch_size,
-            sampler=shuffles.kind(plan.stream), num_workers=loader.num_workers,
-            seeds=shuffles.seeds(), generator_state=generator_state, dataset_state=dataset_state,
+            batch_size=layout.batch_size,
+            process_batch_size=layout.process_batch_size,
+            step_batch_size=layout.step_batch_size,
+            sampler=shuffles.kind(plan.stream),
+            num_workers=loader.num_workers,
+            seeds=shuffles.seeds(),
+            generator_state=generator_state,
+            dataset_state=dataset_state,
         )
 
-    def load(self, position: Union[Position, dict[str, Any]]) -> None:
+    def load(self, position: Position | dict[str, Any]) -> None:
         """Continue from ``position`` at the next pass; it is validated first, and nothing changes when
         it is refused."""
         if not isinstance(position, Position):
@@ -206,13 +223,18 @@ class PositionKeeper:
         self.pending = position
         self.skip = 0
 
-    def resume_at(self, epoch: int, batches_yielded: int, seeds: Optional[Iterable[Optional[int]]] = None) -> None:
+    def resume_at(self, epoch: int, batches_yielded: int, seeds: Iterable[int | None] | None = None) -> None:
         """Continue in ``epoch`` after this process's first ``batches_yielded`` batches, with this layout."""
         here = self.position()
-        self.load(here.replace(
-            epoch=epoch, batches_yielded=batches_yielded, consumed=batches_yielded * self.plan.consumed_per_batch,
-            seeds=tuple(here.seeds if seeds is None else seeds), dataset_state=None,
-        ))
+        self.load(
+            here.replace(
+                epoch=epoch,
+                batches_yielded=batches_yielded,
+                consumed=batches_yielded * self.plan.consumed_per_batch,
+                seeds=tuple(here.seeds if seeds is None else seeds),
+                dataset_state=None,
+            )
+        )
 
     # -- validation -------------------------------------------------------------------------
     def check_loadable(self, position: Position, stateful: bool) -> None:
@@ -240,7 +262,11 @@ class PositionKeeper:
         with another number of workers than this loader's."""
         inside = (position.consumed, position.batches_yielded) != (0, 0)
         workers = self.loader.num_workers
-        if not inside or not (self.plan.splits_by_worker or position.unit == "batches") or position.num_workers == workers:
+        if (
+            not inside
+            or not (self.plan.splits_by_worker or position.unit == "batches")
+            or position.num_workers == workers
+        ):
             return
         if position.num_workers is None:
             raise ValueError(
@@ -265,8 +291,10 @@ class PositionKeeper:
         (``inner_state``: a StatefulDataLoader's own state, each process's, is what resumes it)."""
         plan = self.plan
         moves = f"cannot move from {position.num_processes} to {plan.layout.num_processes} processes"
-        anew = (f"resume with num_processes={position.num_processes}, or from a position saved at an epoch's end (it "
-                "loads into any number of processes)")
+        anew = (
+            f"resume with num_processes={position.num_processes}, or from a position saved at an epoch's end (it "
+            "loads into any number of processes)"
+        )
         if plan.reads_ahead or plan.unit == "batches":
             raise ValueError(
                 "this stream is sharded natively (each process reads its own shards) or read by one process, so its "

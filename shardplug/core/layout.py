@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Optional
 
 from .config import ShardplugConfig
 from .topology import _check_processes
@@ -49,7 +48,7 @@ class ShardLayout:
     split_batches: bool = ShardplugConfig.split_batches
     even_batches: bool = ShardplugConfig.even_batches
     drop_last: bool = False
-    batch_size: Optional[int] = None
+    batch_size: int | None = None
 
     def __post_init__(self) -> None:
         _check_processes(self.num_processes, self.process_index)
@@ -58,7 +57,9 @@ class ShardLayout:
                 raise TypeError(f"{name}={getattr(self, name)!r} is invalid: it must be True or False")
         size = self.batch_size
         if size is not None and (not isinstance(size, int) or isinstance(size, bool) or size < 1):
-            raise ValueError(f"batch_size={size!r} is invalid: it must be an integer >= 1, or None for variable-size batches")
+            raise ValueError(
+                f"batch_size={size!r} is invalid: it must be an integer >= 1, or None for variable-size batches"
+            )
         if self.splits and size is not None and size % self.num_processes:
             raise ValueError(
                 f"split_batches=True needs a batch size that is a multiple of num_processes, got batch_size={size} "
@@ -69,13 +70,13 @@ class ShardLayout:
     @classmethod
     def for_batches(
         cls,
-        batch_size: Optional[int],
+        batch_size: int | None,
         num_processes: int = 1,
         process_index: int = 0,
         split_batches: bool = ShardplugConfig.split_batches,
         even_batches: bool = ShardplugConfig.even_batches,
         drop_last: bool = False,
-    ) -> "ShardLayout":
+    ) -> ShardLayout:
         """The layout of a loader whose global batches hold ``batch_size`` samples (``None``:
         variable size, which cannot be split)."""
         if split_batches and num_processes > 1 and batch_size is None:
@@ -86,7 +87,7 @@ class ShardLayout:
             )
         return cls(num_processes, process_index, split_batches, even_batches, drop_last, batch_size)
 
-    def reader(self) -> "ShardLayout":
+    def reader(self) -> ShardLayout:
         """The layout of one process reading every global batch (a dispatcher's process 0):
         the same batches, one process, nothing split or padded.
 
@@ -94,7 +95,7 @@ class ShardLayout:
 
             >>> ShardLayout.for_batches(8, 2, 1, split_batches=True).reader()
             ShardLayout(num_processes=1, process_index=0, split_batches=False, even_batches=True, drop_last=False, batch_size=8)
-        """
+        """  # noqa: E501 (the doctest's output is one line)
         return dataclasses.replace(self, num_processes=1, process_index=0, split_batches=False, even_batches=True)
 
     @property
@@ -113,14 +114,14 @@ class ShardLayout:
         return 1 if self.splits else self.num_processes
 
     @property
-    def process_batch_size(self) -> Optional[int]:
+    def process_batch_size(self) -> int | None:
         """Samples in one batch of this process (``None`` for variable-size batches)."""
         if self.batch_size is None:
             return None
         return self.batch_size // self.num_processes if self.splits else self.batch_size
 
     @property
-    def step_batch_size(self) -> Optional[int]:
+    def step_batch_size(self) -> int | None:
         """Samples all processes take together in one step (``None`` for variable-size batches)."""
         if self.batch_size is None:
             return None

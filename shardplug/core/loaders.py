@@ -23,7 +23,8 @@ from __future__ import annotations
 
 import copy
 import logging
-from typing import Any, Iterable, Iterator, Optional, Union
+from collections.abc import Iterable, Iterator
+from typing import Any
 
 import torch
 from torch.utils.data import DataLoader, IterableDataset
@@ -43,7 +44,11 @@ from .stateful import is_stateful, stateful_dataloader_class
 from .tracking import PaddingTracker
 
 __all__ = [
-    "PreparedDataLoader", "DataLoaderShard", "LengthMismatchWarning", "stateful_dataloader_class", "stateful_variant",
+    "PreparedDataLoader",
+    "DataLoaderShard",
+    "LengthMismatchWarning",
+    "stateful_dataloader_class",
+    "stateful_variant",
 ]
 
 logger = logging.getLogger(__name__)
@@ -72,7 +77,7 @@ def _variant_instance(bases: tuple[type, ...]) -> Any:
     return object.__new__(combined_class(*bases))
 
 
-class PreparedDataLoader(DataLoader):
+class PreparedDataLoader(DataLoader[Any]):
     """What every prepared loader does on top of ``DataLoader``.
 
     * each pass (:class:`~shardplug.core.passes.LoaderPass`): advance the epoch if the previous
@@ -92,7 +97,7 @@ class PreparedDataLoader(DataLoader):
     """:meth:`_inner_batches` yields ``(batch, is_last)`` pairs: the source knows where its pass ends
     (a dispatcher: process 0's end, on every process), so the pass neither counts nor reads ahead."""
 
-    def __new__(cls, *args: Any, use_stateful_dataloader: bool = False, **kwargs: Any) -> "PreparedDataLoader":
+    def __new__(cls, *args: Any, use_stateful_dataloader: bool = False, **kwargs: Any) -> PreparedDataLoader:
         if use_stateful_dataloader:
             cls = stateful_variant(cls)
         return super().__new__(cls)
@@ -109,12 +114,12 @@ class PreparedDataLoader(DataLoader):
     # -- set-up ---------------------------------------------------------------------------
     def _setup_prepared(
         self,
-        device: Union[str, torch.device, None] = None,
-        rng_types: Optional[Iterable[str]] = None,
-        synchronized_generator: Optional[torch.Generator] = None,
+        device: str | torch.device | None = None,
+        rng_types: Iterable[str] | None = None,
+        synchronized_generator: torch.Generator | None = None,
         skip_batches: int = 0,
         non_blocking: bool = False,
-        plan: Optional[ShardPlan] = None,
+        plan: ShardPlan | None = None,
     ) -> None:
         if not isinstance(skip_batches, int) or skip_batches < 0:
             raise ValueError(f"skip_batches={skip_batches!r} must be an integer >= 0")
@@ -127,8 +132,8 @@ class PreparedDataLoader(DataLoader):
         self.plan = plan if plan is not None else self._default_plan()
         self._pass = LoaderPass(self)  # the last pass begun (or none yet)
         self._keeping = PositionKeeper(self, skip_batches)  # skip_batches shortens the next pass
-        self._skipped_from: Optional[PreparedDataLoader] = None  # the loader this one is a skip_first_batches copy of
-        self._tracker: Optional[PaddingTracker] = None  # padding tracking (track_padding), with the audit
+        self._skipped_from: PreparedDataLoader | None = None  # the loader this one is a skip_first_batches copy of
+        self._tracker: PaddingTracker | None = None  # padding tracking (track_padding), with the audit
 
     def _default_plan(self) -> ShardPlan:
         """The plan of a loader built directly (``prepare_data_loader`` passes its own)."""
@@ -139,13 +144,13 @@ class PreparedDataLoader(DataLoader):
             return self.dataset.plan
         layout = ShardLayout(batch_size=self.batch_size, drop_last=bool(self.drop_last))
         try:
-            length: Optional[int] = DataLoader.__len__(self)
+            length: int | None = DataLoader.__len__(self)
         except (TypeError, NotImplementedError):
             length = None
         return LocalPlan(layout, length, stream=isinstance(self.dataset, IterableDataset))
 
     @property
-    def _batch_shard(self) -> Optional[BatchSamplerShard]:
+    def _batch_shard(self) -> BatchSamplerShard | None:
         """The batch sampler shard (also when it was passed as ``sampler=``, or under an index shard)."""
         for candidate in (self.batch_sampler, getattr(self, "sampler", None)):
             if isinstance(candidate, BatchSamplerShard):
@@ -157,7 +162,7 @@ class PreparedDataLoader(DataLoader):
     def _inner_loader(self) -> Any:
         """The loader under shardplug's class: ``DataLoader``, a ``StatefulDataLoader`` or the user's
         subclass (its ``__iter__``, ``__len__``, ``state_dict()`` / ``load_state_dict()``)."""
-        return super(PreparedDataLoader, self)
+        return super()
 
     @property
     def end_of_dataloader(self) -> bool:
@@ -187,7 +192,7 @@ class PreparedDataLoader(DataLoader):
         for target in self._epoch_targets():
             target.set_epoch(epoch)
 
-    def agree_at_prepare(self, data: Optional[tuple[Optional[int], Optional[int]]]) -> None:
+    def agree_at_prepare(self, data: tuple[int | None, int | None] | None) -> None:
         """Agree unset shuffle seeds with process 0 now, comparing every process's ``data`` (dataset
         length, batch size) in the same collective (:func:`shardplug.core.seeding.agree_at_prepare`)."""
         agree_at_prepare(self._keeping.shuffles().seedable, data)
@@ -199,20 +204,20 @@ class PreparedDataLoader(DataLoader):
         return self._keeping.length()
 
     @property
-    def total_batch_size(self) -> Optional[int]:
+    def total_batch_size(self) -> int | None:
         """Samples per step over all processes (``None`` for variable-size batches)."""
         return self.plan.layout.step_batch_size
 
     @property
-    def total_dataset_length(self) -> Optional[int]:
+    def total_dataset_length(self) -> int | None:
         dataset = self.dataset.dataset if isinstance(self.dataset, IterableDatasetShard) else self.dataset
         return sized_length(dataset)
 
     @property
     def remainder(self) -> int:
         """Real samples in the last global batch (0 when it is full, as with ``drop_last``; -1 when
-        unknown): the last step of the pass in progress, else of the next pass. A pass that resumed a position of another
-        number of processes (or was shortened by a skip) starts at another place in the epoch's
+        unknown): the last step of the pass in progress, else of the next pass. A pass that resumed a
+        position of another number of processes (or was shortened by a skip) starts at another place in the epoch's
         steps, so its last step holds another number of samples than an uninterrupted epoch's."""
         length, total = self.total_dataset_length, self.total_batch_size
         if length is None or not total:
@@ -223,7 +228,7 @@ class PreparedDataLoader(DataLoader):
         return max(length - (before or 0), 0) % total
 
     @property
-    def epoch_length(self) -> Optional[int]:
+    def epoch_length(self) -> int | None:
         """Batches of a whole epoch on this loader's layout (``None`` when unknown: a stream without
         ``len()``); ``len(loader)`` is the next pass's, shorter after a resume."""
         return self._keeping.same_layout_length()
@@ -238,7 +243,7 @@ class PreparedDataLoader(DataLoader):
         return self._keeping.resumed_batches()
 
     # -- iteration ------------------------------------------------------------------------
-    def __iter__(self) -> Iterator[Any]:
+    def __iter__(self) -> Iterator[Any]:  # type: ignore[override]  # a pass of its own, not a _BaseDataLoaderIter
         return iter(LoaderPass(self))
 
     def _inner_batches(self, discard: int) -> Iterator[Any]:
@@ -259,12 +264,12 @@ class PreparedDataLoader(DataLoader):
         """
         return self._keeping.position()
 
-    def load_position(self, position: Union[Position, dict[str, Any]]) -> None:
+    def load_position(self, position: Position | dict[str, Any]) -> None:
         """Continue from ``position`` at the next pass (see :meth:`position`); it is validated
         first, and nothing changes when it is refused."""
         self._keeping.load(position)
 
-    def resume_at(self, epoch: int, batches_yielded: int, seeds: Optional[Iterable[Optional[int]]] = None) -> None:
+    def resume_at(self, epoch: int, batches_yielded: int, seeds: Iterable[int | None] | None = None) -> None:
         """Continue in ``epoch`` after this process's first ``batches_yielded`` batches, with this
         loader's layout (a front end that counts batches itself, e.g. an engine's iteration)."""
         self._keeping.resume_at(epoch, batches_yielded, seeds)
@@ -285,7 +290,7 @@ class PreparedDataLoader(DataLoader):
     def _skip_pending(self, num_batches: int) -> None:
         self._keeping.skip = num_batches
 
-    def _skipped_copy(self, num_batches: int) -> "PreparedDataLoader":
+    def _skipped_copy(self, num_batches: int) -> PreparedDataLoader:
         """A copy of this loader whose next pass starts after its first ``num_batches`` batches
         (what :func:`~shardplug.core.prepare.skip_first_batches` returns): the same settings,
         plan, epoch and position. This loader follows the copy's passes (its epoch and position), so
@@ -348,18 +353,18 @@ class PreparedDataLoader(DataLoader):
         self._tracker.dropping = True  # type: ignore[union-attr]
 
     @property
-    def batch_indices(self) -> Optional[list[int]]:
+    def batch_indices(self) -> list[int] | None:
         """Dataset indices of the batch being processed (with :meth:`track_padding`)."""
         return self._pass.batch_indices
 
     @property
-    def batch_real_count(self) -> Optional[int]:
+    def batch_real_count(self) -> int | None:
         """How many leading samples of the batch being processed are real; the rest are
         wrap-around padding (with :meth:`track_padding`; ``None`` otherwise)."""
         return self._pass.batch_real
 
     @property
-    def audit(self) -> Optional[SampleAudit]:
+    def audit(self) -> SampleAudit | None:
         """The samples this process consumed, per epoch (after :meth:`enable_audit`; ``None`` before)."""
         return self._tracker.audit if self._tracker is not None else None
 
@@ -396,9 +401,9 @@ class DataLoaderShard(PreparedDataLoader):
     def __init__(
         self,
         dataset: Any,
-        device: Union[str, torch.device, None] = None,
-        rng_types: Optional[Iterable[str]] = None,
-        synchronized_generator: Optional[torch.Generator] = None,
+        device: str | torch.device | None = None,
+        rng_types: Iterable[str] | None = None,
+        synchronized_generator: torch.Generator | None = None,
         skip_batches: int = 0,
         use_stateful_dataloader: bool = False,
         non_blocking: bool = False,
@@ -409,12 +414,12 @@ class DataLoaderShard(PreparedDataLoader):
 
     def _finish_init(
         self,
-        device: Union[str, torch.device, None],
-        rng_types: Optional[Iterable[str]],
-        synchronized_generator: Optional[torch.Generator],
+        device: str | torch.device | None,
+        rng_types: Iterable[str] | None,
+        synchronized_generator: torch.Generator | None,
         skip_batches: int,
         non_blocking: bool,
-        plan: Optional[ShardPlan] = None,
+        plan: ShardPlan | None = None,
     ) -> None:
         # Own the (batch) sampler so skipping and resuming never load a skipped batch.
         if not isinstance(self.dataset, IterableDataset):
@@ -435,7 +440,7 @@ class DataLoaderShard(PreparedDataLoader):
                 # persistent workers hold their copies of the plan from when they started: a start set
                 # since cannot reach them, so this pass gets new workers (compat.forget_iterator)
                 compat.forget_iterator(self)
-            batches = self._inner_loader().__iter__()
+            batches: Iterator[Any] = self._inner_loader().__iter__()
         for _ in zip(range(discard), batches):
             pass  # read, but never handed out (data that shardplug cannot skip by index)
         return batches

@@ -18,7 +18,7 @@ Example::
 from __future__ import annotations
 
 import copy
-from typing import Any, NamedTuple, Optional
+from typing import Any, NamedTuple
 
 import torch
 from torch.utils.data import BatchSampler, DataLoader, RandomSampler
@@ -39,7 +39,7 @@ class MapOptions(NamedTuple):
 
     shuffle_algorithm: str = ShardplugConfig.shuffle_algorithm
     use_seedable_sampler: bool = ShardplugConfig.use_seedable_sampler
-    data_seed: Optional[int] = ShardplugConfig.data_seed
+    data_seed: int | None = ShardplugConfig.data_seed
 
 
 class MapShard(NamedTuple):
@@ -48,10 +48,10 @@ class MapShard(NamedTuple):
 
     loader_kwargs: dict[str, Any]
     plan: ShardPlan
-    synchronized_generator: Optional[torch.Generator]
+    synchronized_generator: torch.Generator | None
 
 
-def shard_map_style(dataloader: DataLoader, layout: ShardLayout, options: MapOptions) -> MapShard:
+def shard_map_style(dataloader: DataLoader[Any], layout: ShardLayout, options: MapOptions) -> MapShard:
     """This process's shard of ``dataloader``'s indices under ``layout`` (see the module)."""
     sampler = index_sampler(dataloader)
     if options.shuffle_algorithm == "bijective":
@@ -83,18 +83,22 @@ def is_batch_sampler(sampler: Any) -> bool:
     return isinstance(sampler, (BatchSampler, BatchSamplerShard)) or hasattr(sampler, "batch_size")
 
 
-def index_sampler(loader: DataLoader) -> Any:
+def index_sampler(loader: DataLoader[Any]) -> Any:
     """The sampler of single indices under the loader (under its batch sampler when there is one)."""
     if loader.batch_sampler is not None:
         return getattr(loader.batch_sampler, "sampler", loader.sampler)
     return getattr(loader.sampler, "sampler", loader.sampler)
 
 
-def bijective_sampler(sampler: Any, data_seed: Optional[int]) -> BijectiveRandomSampler:
+def bijective_sampler(sampler: Any, data_seed: int | None) -> BijectiveRandomSampler:
     """The :class:`BijectiveRandomSampler` that replaces a shuffling ``RandomSampler``."""
     if isinstance(sampler, BijectiveRandomSampler):
         return sampler
-    if not isinstance(sampler, RandomSampler) or sampler.replacement or compat.random_sampler_num_samples(sampler) is not None:
+    if (
+        not isinstance(sampler, RandomSampler)
+        or sampler.replacement
+        or compat.random_sampler_num_samples(sampler) is not None
+    ):
         raise ValueError(
             f"shuffle_algorithm='bijective' needs a shuffled DataLoader (shuffle=True: a RandomSampler without "
             f"replacement or num_samples), but its sampler is {type(sampler).__name__}; pass shuffle=True, or "
@@ -105,7 +109,9 @@ def bijective_sampler(sampler: Any, data_seed: Optional[int]) -> BijectiveRandom
     return BijectiveRandomSampler(sampler.data_source, data_seed=data_seed, generator=sampler.generator)
 
 
-def agreed_sampler(sampler: Any, use_seedable_sampler: bool, data_seed: Optional[int]) -> tuple[Any, Optional[torch.Generator]]:
+def agreed_sampler(
+    sampler: Any, use_seedable_sampler: bool, data_seed: int | None
+) -> tuple[Any, torch.Generator | None]:
     """Replace a shuffling sampler so every process draws the same order.
 
     Returns ``(sampler, generator to synchronise from process 0)``.  A ``RandomSampler`` without
@@ -123,7 +129,10 @@ def agreed_sampler(sampler: Any, use_seedable_sampler: bool, data_seed: Optional
         return sampler, None
     if isinstance(sampler, RandomSampler) and (sampler.generator is None or use_seedable_sampler):
         seedable = SeedableRandomSampler(
-            sampler.data_source, replacement=sampler.replacement, num_samples=compat.random_sampler_num_samples(sampler), data_seed=data_seed
+            sampler.data_source,
+            replacement=sampler.replacement,
+            num_samples=compat.random_sampler_num_samples(sampler),
+            data_seed=data_seed,
         )
         return seedable, None
     if not hasattr(sampler, "generator"):
@@ -141,11 +150,15 @@ def agreed_sampler(sampler: Any, use_seedable_sampler: bool, data_seed: Optional
 def _refuse_ignored_seed(sampler: Any, data_seed: int) -> None:
     """``data_seed`` would not reach ``sampler``: it draws its order from a generator of its own."""
     if isinstance(sampler, RandomSampler):
-        fix = ("pass use_seedable_sampler=True to shuffle by data_seed (every epoch a pure function of the seed), or "
-               "data_seed=None to keep the generator's order")
+        fix = (
+            "pass use_seedable_sampler=True to shuffle by data_seed (every epoch a pure function of the seed), or "
+            "data_seed=None to keep the generator's order"
+        )
     else:
-        fix = ("seed that generator yourself (generator.manual_seed(...), the same on every process), or pass "
-               "data_seed=None (use_seedable_sampler=True only replaces a RandomSampler)")
+        fix = (
+            "seed that generator yourself (generator.manual_seed(...), the same on every process), or pass "
+            "data_seed=None (use_seedable_sampler=True only replaces a RandomSampler)"
+        )
     raise ValueError(
         f"data_seed={data_seed} would be ignored: the {type(sampler).__name__} draws its order from its own "
         f"generator (the DataLoader's or the sampler's generator=), which is kept; {fix}"

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.distributed as dist
@@ -29,7 +29,7 @@ def _real_count(loader: Any) -> int:
             "the loader does not know which samples of this batch are padding: call loader.track_padding() "
             "(or loader.enable_audit()) before iterating it"
         )
-    return real
+    return cast("int", real)
 
 
 def drop_padding(data: Any, loader: Any) -> Any:

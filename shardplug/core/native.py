@@ -29,7 +29,8 @@ Example (5 shards of 2 elements over 2 processes, the last shard's rows shared):
 from __future__ import annotations
 
 import logging
-from typing import Any, Iterator, Optional
+from collections.abc import Iterator
+from typing import Any, cast
 
 import torch  # noqa: F401  (the docstring example)
 from torch.utils.data import IterableDataset, get_worker_info
@@ -44,7 +45,7 @@ __all__ = ["can_shard", "process_part", "ProcessPart", "native_shard", "loader_l
 logger = logging.getLogger(__name__)
 
 
-def process_part(dataset: Any, num_processes: int, process_index: int) -> Optional[Any]:
+def process_part(dataset: Any, num_processes: int, process_index: int) -> Any | None:
     """Process ``process_index``'s part of a stream that shards itself, or ``None`` when it has
     fewer shards than processes (then every process reads it), or shards that do not divide and
     that split themselves across workers without being a Hugging Face stream (their parts cannot
@@ -63,12 +64,14 @@ def process_part(dataset: Any, num_processes: int, process_index: int) -> Option
     return None
 
 
-class ProcessPart(IterableDataset):
+class ProcessPart(IterableDataset[Any]):
     """Whole shards ``own``, then every ``num_processes``-th element (from ``process_index``) of
     the shards ``rest`` (see the module).  ``join`` makes one dataset of several (and keeps their
     own split across workers); without it shardplug splits the shards across workers."""
 
-    def __init__(self, own: list[Any], rest: list[Any], num_processes: int, process_index: int, join: Any = None) -> None:
+    def __init__(
+        self, own: list[Any], rest: list[Any], num_processes: int, process_index: int, join: Any = None
+    ) -> None:
         self.num_processes, self.process_index = num_processes, process_index
         self.splits_by_worker = join is not None
         self.own = [join(own)] if join is not None and own else own
@@ -97,11 +100,12 @@ class ProcessPart(IterableDataset):
         lengths = [sized_length(part) for part in self.own + self.rest]
         if any(length is None for length in lengths):
             raise TypeError("a shard of this stream has no len()")
-        rest = sum(lengths[len(self.own):])
+        sizes = cast("list[int]", lengths)  # none is None (checked above)
+        rest = sum(sizes[len(self.own) :])
         mine = max(rest - self.process_index + self.num_processes - 1, 0) // self.num_processes
-        return sum(lengths[: len(self.own)]) + mine
+        return sum(sizes[: len(self.own)]) + mine
 
-    def worker_lengths(self, num_workers: int) -> Optional[list[int]]:
+    def worker_lengths(self, num_workers: int) -> list[int] | None:
         """Elements each of ``num_workers`` DataLoader workers reads of this part, when every shard
         has a length and shardplug splits the shards across workers (``None`` otherwise)."""
         if self.splits_by_worker:
@@ -123,10 +127,9 @@ class ProcessPart(IterableDataset):
                 part.set_epoch(epoch)
 
 
-
 def native_shard(
     dataset: Any, layout: ShardLayout, num_workers: int, drop_last: bool
-) -> Optional[tuple[Any, NativeStreamPlan]]:
+) -> tuple[Any, NativeStreamPlan] | None:
     """This process's part of a stream that shards itself, and its plan, or ``None`` when every
     process must read the whole stream.  A part is read once in all (the rows of shards that do not
     divide among the processes by every process) instead of by every process; equal step counts come
@@ -137,38 +140,51 @@ def native_shard(
     if own is None:
         return None
     batch_size = layout.process_batch_size
-    counts: Optional[list[Optional[int]]] = None
+    counts: list[int | None] | None = None
     if _batches_of_part(own, batch_size, drop_last, num_workers) is not None:
-        parts = (own if j == layout.process_index else process_part(dataset, layout.num_processes, j)
-                 for j in range(layout.num_processes))
+        parts = (
+            own if j == layout.process_index else process_part(dataset, layout.num_processes, j)
+            for j in range(layout.num_processes)
+        )
         counts = [_batches_of_part(part, batch_size, drop_last, num_workers) for part in parts]
-    known = None if counts is None or any(count is None for count in counts) else counts
+    known = None if counts is None or any(count is None for count in counts) else cast("list[int]", counts)
     return own, NativeStreamPlan(layout, known, agree=all_reduce_int_async)
 
 
-def _own_part(dataset: Any, layout: ShardLayout) -> Optional[Any]:
+def _own_part(dataset: Any, layout: ShardLayout) -> Any | None:
     """:func:`process_part` for this process, saying why when the stream cannot be sharded natively."""
     if not can_shard(dataset):
         return None
     n_shards, n = dataset.n_shards, layout.num_processes
     own = process_part(dataset, n, layout.process_index)
     if own is None:
-        why = (f"fewer than num_processes={n}" if n_shards < n else
-               f"not a multiple of num_processes={n}, and its parts cannot be joined keeping its own split across "
-               "DataLoader workers")
+        why = (
+            f"fewer than num_processes={n}"
+            if n_shards < n
+            else f"not a multiple of num_processes={n}, and its parts cannot be joined keeping its own split across "
+            "DataLoader workers"
+        )
         logger.warning(
             "the stream has n_shards=%s, %s: every process reads the whole stream (%dx the I/O of its part); give it "
-            "a number of shards that %d divides to shard it natively", n_shards, why, n, n,
+            "a number of shards that %d divides to shard it natively",
+            n_shards,
+            why,
+            n,
+            n,
         )
     elif n_shards % n:
         logger.info(
             "the stream has n_shards=%d over %d processes: each process reads %d shards by itself, and its rows of the "
-            "last %d (read by every process)", n_shards, n, n_shards // n, n_shards % n,
+            "last %d (read by every process)",
+            n_shards,
+            n,
+            n_shards // n,
+            n_shards % n,
         )
     return own
 
 
-def _batches_of_part(part: Any, batch_size: Optional[int], drop_last: bool, num_workers: int) -> Optional[int]:
+def _batches_of_part(part: Any, batch_size: int | None, drop_last: bool, num_workers: int) -> int | None:
     """Batches a DataLoader with ``num_workers`` workers yields over a process's part, when known
     without reading: each worker makes its own last batch, so the parts of the workers are counted
     (known only where shardplug splits the shards across workers: a part that splits itself does not say)."""
@@ -180,13 +196,13 @@ def _batches_of_part(part: Any, batch_size: Optional[int], drop_last: bool, num_
     return sum(_count_batches(n, batch_size, drop_last) for n in lengths)
 
 
-def _count_batches(n: int, batch_size: Optional[int], drop_last: bool) -> int:
+def _count_batches(n: int, batch_size: int | None, drop_last: bool) -> int:
     if batch_size is None:
         return n
     return n // batch_size if drop_last else -(-n // batch_size)
 
 
-def loader_length(dataset: Any, batch_size: Optional[int], drop_last: bool) -> Optional[int]:
+def loader_length(dataset: Any, batch_size: int | None, drop_last: bool) -> int | None:
     """Batches a DataLoader over ``dataset`` yields, when the dataset is sized (``None`` otherwise)."""
     n = sized_length(dataset)
     if n is None:

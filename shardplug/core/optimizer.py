@@ -12,7 +12,8 @@ Example::
 from __future__ import annotations
 
 import logging
-from typing import Any, Callable, Optional, Union
+from collections.abc import Callable
+from typing import Any, cast
 
 import torch
 from torch.optim import Optimizer
@@ -47,9 +48,9 @@ class PreparedOptimizer(Optimizer):
     Stepping: ``step()`` and ``zero_grad()`` act only when ``gradient_state.sync_gradients`` is
     true and do nothing on the other micro-batches. When a cut pass ends a cycle without an update
     (:class:`GradientState`: the end of a pass ends the cycle), :meth:`abandon_step` runs by itself:
-    the cycle's gradients are cleared, so the next update sums exactly ``num_steps`` micro-batches. Step hooks registered on this object run
-    around the steps that act (check :attr:`step_was_skipped` in a post-hook); global optimizer
-    hooks run for the wrapped optimizer's own ``step``, as torch decides.
+    the cycle's gradients are cleared, so the next update sums exactly ``num_steps`` micro-batches.
+    Step hooks registered on this object run around the steps that act (check :attr:`step_was_skipped`
+    in a post-hook); global optimizer hooks run for the wrapped optimizer's own ``step``, as torch decides.
 
     Skipped steps: a step counts as taken when the wrapped optimizer's ``step`` completed and the
     scaler did not skip it (:class:`~shardplug.core.amp.StepCounter`, the counter every front end
@@ -82,9 +83,9 @@ class PreparedOptimizer(Optimizer):
         self,
         optimizer: Optimizer,
         device_placement: bool = True,
-        scaler: Optional[Any] = None,
-        device: Union[str, torch.device, None] = None,
-        gradient_state: Optional[GradientState] = None,
+        scaler: Any | None = None,
+        device: str | torch.device | None = None,
+        gradient_state: GradientState | None = None,
     ) -> None:
         if not isinstance(optimizer, Optimizer):
             raise TypeError(
@@ -118,10 +119,12 @@ class PreparedOptimizer(Optimizer):
             self._place_state()
 
     # -- the wrapped optimizer's objects -----------------------------------------------------
-    @property  # type: ignore[override]
+    @property
     def param_groups(self) -> list[dict[str, Any]]:
         scratch = self.__dict__.get("_scratch")
-        return scratch["param_groups"] if scratch is not None else self.optimizer.param_groups
+        return cast(
+            "list[dict[str, Any]]", scratch["param_groups"] if scratch is not None else self.optimizer.param_groups
+        )
 
     @param_groups.setter
     def param_groups(self, value: list[dict[str, Any]]) -> None:
@@ -131,7 +134,7 @@ class PreparedOptimizer(Optimizer):
         else:
             self.optimizer.param_groups = value
 
-    @property  # type: ignore[override]
+    @property
     def state(self) -> Any:
         scratch = self.__dict__.get("_scratch")
         return scratch["state"] if scratch is not None else self.optimizer.state
@@ -144,10 +147,10 @@ class PreparedOptimizer(Optimizer):
         else:
             self.optimizer.state = value
 
-    @property  # type: ignore[override]
+    @property
     def defaults(self) -> dict[str, Any]:
         scratch = self.__dict__.get("_scratch")
-        return scratch["defaults"] if scratch is not None else self.optimizer.defaults
+        return cast("dict[str, Any]", scratch["defaults"] if scratch is not None else self.optimizer.defaults)
 
     @defaults.setter
     def defaults(self, value: dict[str, Any]) -> None:
@@ -169,7 +172,7 @@ class PreparedOptimizer(Optimizer):
         """Whether the last step that acted was skipped by the scaler (inf/NaN gradients)."""
         return self._step_was_skipped
 
-    def step(self, closure: Optional[Callable[[], Any]] = None) -> Any:  # type: ignore[override]
+    def step(self, closure: Callable[[], Any] | None = None) -> Any:
         """Update the parameters on a sync micro-batch; do nothing on the others."""
         state = self.gradient_state
         if not state.sync_gradients:
@@ -268,7 +271,7 @@ class PreparedOptimizer(Optimizer):
             result = post_hook(self, state_dict)
             if result is not None:
                 state_dict = result
-        return state_dict
+        return cast("dict[str, Any]", state_dict)
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Load into the wrapped optimizer, then place the state on the device."""

@@ -16,7 +16,8 @@ it).  A new pass starts from a new object: nothing of a pass left early leaks in
 from __future__ import annotations
 
 import warnings
-from typing import Any, Iterator, Optional
+from collections.abc import Iterator
+from typing import Any, cast
 
 import torch
 
@@ -41,24 +42,38 @@ class LoaderPass:
     plan's length is exact); ``length`` what ``len()`` said when the pass began.
     """
 
-    __slots__ = ("loader", "open", "length", "exhausted", "batches_yielded", "end_of_dataloader", "complete",
-                 "resumed", "consumed_at_start", "total", "record", "batch_indices", "batch_real", "generator_state")
+    __slots__ = (
+        "loader",
+        "open",
+        "length",
+        "exhausted",
+        "batches_yielded",
+        "end_of_dataloader",
+        "complete",
+        "resumed",
+        "consumed_at_start",
+        "total",
+        "record",
+        "batch_indices",
+        "batch_real",
+        "generator_state",
+    )
 
     def __init__(self, loader: Any) -> None:
         self.loader = loader
         self.open = False  # begun and not yet ended: len() is this pass's
-        self.length: Optional[int] = None  # len() when the pass began (None: unknown), checked at its end
+        self.length: int | None = None  # len() when the pass began (None: unknown), checked at its end
         self.exhausted = False  # the loop over it ended by itself (StopIteration)
         self.batches_yielded = 0
         self.end_of_dataloader = False
         self.complete = False
         self.resumed = 0
         self.consumed_at_start = 0
-        self.total: Optional[int] = None
+        self.total: int | None = None
         self.record = PassRecord()
-        self.batch_indices: Optional[list[int]] = None
-        self.batch_real: Optional[int] = None
-        self.generator_state: Optional[torch.Tensor] = None  # the shuffle generator's state at the pass start
+        self.batch_indices: list[int] | None = None
+        self.batch_real: int | None = None
+        self.generator_state: torch.Tensor | None = None  # the shuffle generator's state at the pass start
 
     def __iter__(self) -> Iterator[Any]:
         """The pass's batches as handed out (a generator: the pass begins at its first ``next()``)."""
@@ -112,16 +127,16 @@ class LoaderPass:
             self.length = len(loader)
         except TypeError:
             self.length = None
-        return discard
+        return cast("int", discard)
 
-    def _counted_total(self) -> Optional[int]:
+    def _counted_total(self) -> int | None:
         """The epoch's batches counted up to the end of this pass, when the plan's length is exact
         (map-style data with a sized batch sampler): the last batch is then known without looking ahead."""
         loader = self.loader
         if not loader.plan.exact_length:
             return None
         try:
-            return self.resumed + loader._keeping.batches_after(self.consumed_at_start)
+            return cast("int | None", self.resumed + loader._keeping.batches_after(self.consumed_at_start))
         except TypeError:  # a batch sampler without __len__
             return None
 
@@ -137,7 +152,7 @@ class LoaderPass:
             return self._deliver_counted(batches, transfer)
         return self._deliver_lookahead(batches, transfer)
 
-    def _hand_out(self, batch: Any, count: int, last: bool, transfer: Optional[DeviceTransfer]) -> Any:
+    def _hand_out(self, batch: Any, count: int, last: bool, transfer: DeviceTransfer | None) -> Any:
         self.batches_yielded = count
         if last:
             self.end_of_dataloader = self.complete = True
@@ -150,7 +165,7 @@ class LoaderPass:
             state._batch_ready(loader, last)
         return transfer(batch) if transfer is not None else batch
 
-    def _deliver_counted(self, batches: Iterator[Any], transfer: Optional[DeviceTransfer]) -> Iterator[Any]:
+    def _deliver_counted(self, batches: Iterator[Any], transfer: DeviceTransfer | None) -> Iterator[Any]:
         count, total = self.batches_yielded, self.total
         loader = self.loader
         if loader.gradient_state is None and transfer is None and loader._tracker is None:
@@ -166,12 +181,12 @@ class LoaderPass:
             count += 1
             yield self._hand_out(batch, count, count >= total, transfer)  # type: ignore[operator]
 
-    def _deliver_lookahead(self, batches: Iterator[Any], transfer: Optional[DeviceTransfer]) -> Iterator[Any]:
+    def _deliver_lookahead(self, batches: Iterator[Any], transfer: DeviceTransfer | None) -> Iterator[Any]:
         iterator = iter(batches)
         loader = self.loader
         inner = loader._keeping.inner if loader.use_stateful_dataloader else None
         count = self.batches_yielded
-        for upcoming in iterator:
+        for upcoming in iterator:  # noqa: B007 (the first item, read ahead: used after the loop)
             break
         else:
             return
@@ -187,7 +202,7 @@ class LoaderPass:
             count += 1
             yield self._hand_out(batch, count, False, transfer)
 
-    def _deliver_marked(self, steps: Iterator[tuple[Any, bool]], transfer: Optional[DeviceTransfer]) -> Iterator[Any]:
+    def _deliver_marked(self, steps: Iterator[tuple[Any, bool]], transfer: DeviceTransfer | None) -> Iterator[Any]:
         """``(batch, last)`` pairs from a source that knows where the pass ends (a dispatcher: process 0's
         end, on every process)."""
         count = self.batches_yielded
@@ -203,5 +218,6 @@ class LoaderPass:
             warnings.warn(
                 f"this pass of the prepared loader yielded {yielded} batches, but len() said {self.length} when it "
                 "began; if the dataset's __len__ is right, please report this to shardplug (with the options used)",
-                LengthMismatchWarning, stacklevel=3,
+                LengthMismatchWarning,
+                stacklevel=3,
             )

@@ -27,7 +27,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any
 
 import torch
 
@@ -73,7 +73,10 @@ _CHECKS: dict[str, tuple[Any, str]] = {
     "step_batch_size": (_optional_size, "an integer >= 1 or None"),
     "sampler": (lambda v: isinstance(v, str), "a string"),
     "num_workers": (_optional_count, "an integer >= 0 or None"),
-    "seeds": (lambda v: isinstance(v, (list, tuple)) and all(s is None or _is_int(s) for s in v), "a list of integers or None"),
+    "seeds": (
+        lambda v: isinstance(v, (list, tuple)) and all(s is None or _is_int(s) for s in v),
+        "a list of integers or None",
+    ),
     "generator_state": (
         lambda v: v is None or (isinstance(v, torch.Tensor) and v.dtype == torch.uint8 and v.dim() == 1),
         "None or a 1-d uint8 tensor (torch.Generator.get_state())",
@@ -99,15 +102,15 @@ class Position:
     split_batches: bool
     even_batches: bool
     drop_last: bool
-    dataset_length: Optional[int]
-    batch_size: Optional[int]
-    process_batch_size: Optional[int]
-    step_batch_size: Optional[int]
+    dataset_length: int | None
+    batch_size: int | None
+    process_batch_size: int | None
+    step_batch_size: int | None
     sampler: str
-    num_workers: Optional[int] = None
+    num_workers: int | None = None
     """DataLoader workers of the loader that saved it (``None``: not recorded, format 2)."""
-    seeds: tuple[Optional[int], ...] = ()
-    generator_state: Optional[torch.Tensor] = field(default=None, compare=False)
+    seeds: tuple[int | None, ...] = ()
+    generator_state: torch.Tensor | None = field(default=None, compare=False)
     dataset_state: Any = None
     format: int = POSITION_FORMAT
 
@@ -118,7 +121,7 @@ class Position:
         return state
 
     @classmethod
-    def from_dict(cls, state: Any) -> "Position":
+    def from_dict(cls, state: Any) -> Position:
         """Validate a saved position: a ``ValueError`` names what is wrong and how to fix it."""
         if not isinstance(state, Mapping):
             raise ValueError(f"a loader position must be a dict (from loader.state_dict()), got {type(state).__name__}")
@@ -154,7 +157,7 @@ class Position:
         values["seeds"] = tuple(values["seeds"])
         return cls(**values)
 
-    def check_resumable(self, current: "Position", epoch_size: Optional[int], same_layout_batches: Optional[int]) -> None:
+    def check_resumable(self, current: Position, epoch_size: int | None, same_layout_batches: int | None) -> None:
         """Refuse to load into a loader that ``current`` describes when the two would not continue
         at the same place: another identity, another number of shuffle seeds, a counter beyond the
         epoch (``epoch_size`` in ``unit``; ``same_layout_batches``: this process's batches per epoch)."""
@@ -198,5 +201,5 @@ class Position:
                 f"{same_layout_batches} batches per epoch; {_FIX}"
             )
 
-    def replace(self, **changes: Any) -> "Position":
+    def replace(self, **changes: Any) -> Position:
         return dataclasses.replace(self, **changes)

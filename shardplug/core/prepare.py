@@ -10,14 +10,16 @@ loader.
 from __future__ import annotations
 
 import logging
-from typing import Any, Callable, Iterable, NamedTuple, Optional, Union
+from collections.abc import Callable, Iterable
+from typing import Any, NamedTuple, cast
 
 import torch
 from torch.utils.data import DataLoader, IterableDataset
 
 from . import compat
 from .config import ShardplugConfig
-from .dispatch import DataLoaderDispatcher, DispatchOptions, check_slice_fn
+from .dispatch import DataLoaderDispatcher, DispatchOptions
+from .dispatch.loader import check_slice_fn
 from .iterable import IterableDatasetShard
 from .layout import ShardLayout
 from .loaders import DataLoaderShard, PreparedDataLoader, combined_class, stateful_dataloader_class
@@ -40,26 +42,29 @@ class _DataOptions(NamedTuple):
 
     split_batches: bool
     put_on_device: bool
-    rng_types: Optional[Iterable[str]]
-    dispatch_batches: Optional[bool]
+    rng_types: Iterable[str] | None
+    dispatch_batches: bool | None
     even_batches: bool
-    slice_fn_for_dispatch: Optional[Callable[..., Any]]
+    slice_fn_for_dispatch: Callable[..., Any] | None
     use_seedable_sampler: bool
-    data_seed: Optional[int]
+    data_seed: int | None
     non_blocking: bool
     use_stateful_dataloader: bool
     shuffle_algorithm: str
 
     @classmethod
-    def resolve(cls, config: Optional[ShardplugConfig], **keywords: Any) -> "_DataOptions":
+    def resolve(cls, config: ShardplugConfig | None, **keywords: Any) -> _DataOptions:
         """The keywords, or with ``config`` the config's values; a keyword that was given (it is not
         the default) and disagrees with ``config`` is a ``TypeError`` naming both and the fix."""
         if config is None:
             return cls(**keywords)
         if not isinstance(config, ShardplugConfig):
             raise TypeError(f"config={config!r} is invalid: pass a ShardplugConfig, or None to use the keywords")
-        clashes = [name for name, value in keywords.items()
-                   if not _same(value, getattr(ShardplugConfig, name)) and not _same(value, getattr(config, name))]
+        clashes = [
+            name
+            for name, value in keywords.items()
+            if not _same(value, getattr(ShardplugConfig, name)) and not _same(value, getattr(config, name))
+        ]
         if clashes:
             given = ", ".join(f"{name}={keywords[name]!r}" for name in clashes)
             says = ", ".join(f"{name}={getattr(config, name)!r}" for name in clashes)
@@ -79,7 +84,7 @@ def _same(a: Any, b: Any) -> bool:
     return type(a) is type(b) and a == b
 
 
-def _loader_settings(loader: DataLoader) -> dict[str, Any]:
+def _loader_settings(loader: DataLoader[Any]) -> dict[str, Any]:
     """Every ``DataLoader`` setting that does not describe which indices are read."""
     settings = {
         "num_workers": loader.num_workers,
@@ -99,17 +104,17 @@ def _loader_settings(loader: DataLoader) -> dict[str, Any]:
 
 
 def _rebuild(
-    loader: DataLoader, cls: type, dataset: Any, loader_kwargs: dict[str, Any], stateful: bool
-) -> PreparedDataLoader:
+    loader: DataLoader[Any], cls: type, dataset: Any, loader_kwargs: dict[str, Any], stateful: bool
+) -> DataLoaderShard:
     """A ``cls`` that is also the user's ``DataLoader`` subclass, with the user's extra attributes."""
-    user_cls = type(loader)
+    user_cls: type = type(loader)
     if issubclass(user_cls, PreparedDataLoader):
         user_cls = next(c for c in user_cls.__mro__ if not issubclass(c, PreparedDataLoader))
     bases: list[type] = [cls, user_cls]
     if stateful:
         bases.append(stateful_dataloader_class())
     new_cls = combined_class(*bases)
-    new = object.__new__(new_cls)
+    new = cast(DataLoaderShard, object.__new__(new_cls))  # cls: DataLoaderShard or a subclass
     stateful_base = stateful_dataloader_class() if stateful or _subclasses_stateful(user_cls) else None
     init = stateful_base.__init__ if stateful_base is not None else DataLoader.__init__
     init(new, dataset, **loader_kwargs)
@@ -124,23 +129,23 @@ def _subclasses_stateful(cls: type) -> bool:
 
 
 def prepare_data_loader(
-    dataloader: DataLoader,
-    device: Union[str, torch.device, None] = None,
-    num_processes: Optional[int] = None,
-    process_index: Optional[int] = None,
+    dataloader: DataLoader[Any],
+    device: str | torch.device | None = None,
+    num_processes: int | None = None,
+    process_index: int | None = None,
     split_batches: bool = ShardplugConfig.split_batches,
     put_on_device: bool = ShardplugConfig.put_on_device,
-    rng_types: Optional[Iterable[str]] = ShardplugConfig.rng_types,
-    dispatch_batches: Optional[bool] = ShardplugConfig.dispatch_batches,
+    rng_types: Iterable[str] | None = ShardplugConfig.rng_types,
+    dispatch_batches: bool | None = ShardplugConfig.dispatch_batches,
     even_batches: bool = ShardplugConfig.even_batches,
-    slice_fn_for_dispatch: Optional[Callable[..., Any]] = ShardplugConfig.slice_fn_for_dispatch,
+    slice_fn_for_dispatch: Callable[..., Any] | None = ShardplugConfig.slice_fn_for_dispatch,
     use_seedable_sampler: bool = ShardplugConfig.use_seedable_sampler,
-    data_seed: Optional[int] = ShardplugConfig.data_seed,
+    data_seed: int | None = ShardplugConfig.data_seed,
     non_blocking: bool = ShardplugConfig.non_blocking,
     use_stateful_dataloader: bool = ShardplugConfig.use_stateful_dataloader,
     torch_device_mesh: Any = None,
     shuffle_algorithm: str = ShardplugConfig.shuffle_algorithm,
-    config: Optional[ShardplugConfig] = None,
+    config: ShardplugConfig | None = None,
 ) -> PreparedDataLoader:
     """Return this process's loader for ``dataloader``, keeping all its settings and its class.
 
@@ -167,10 +172,18 @@ def prepare_data_loader(
         loader = prepare_data_loader(DataLoader(dataset, batch_size=16), config=ShardplugConfig(split_batches=True))
     """
     options = _DataOptions.resolve(
-        config, split_batches=split_batches, put_on_device=put_on_device, rng_types=rng_types,
-        dispatch_batches=dispatch_batches, even_batches=even_batches, slice_fn_for_dispatch=slice_fn_for_dispatch,
-        use_seedable_sampler=use_seedable_sampler, data_seed=data_seed, non_blocking=non_blocking,
-        use_stateful_dataloader=use_stateful_dataloader, shuffle_algorithm=shuffle_algorithm,
+        config,
+        split_batches=split_batches,
+        put_on_device=put_on_device,
+        rng_types=rng_types,
+        dispatch_batches=dispatch_batches,
+        even_batches=even_batches,
+        slice_fn_for_dispatch=slice_fn_for_dispatch,
+        use_seedable_sampler=use_seedable_sampler,
+        data_seed=data_seed,
+        non_blocking=non_blocking,
+        use_stateful_dataloader=use_stateful_dataloader,
+        shuffle_algorithm=shuffle_algorithm,
     )
     rng = _check_arguments(dataloader, options)
     num_processes, process_index = resolve_data_topology(num_processes, process_index, torch_device_mesh)
@@ -182,8 +195,11 @@ def prepare_data_loader(
     if iterable:
         dataset, plan = _plan_stream(dataloader, layout, dispatch, kwargs)
     else:  # map-style: a dispatcher's process 0 reads every batch
-        shard = shard_map_style(dataloader, layout.reader() if dispatch else layout, MapOptions(
-            options.shuffle_algorithm, options.use_seedable_sampler, options.data_seed))
+        shard = shard_map_style(
+            dataloader,
+            layout.reader() if dispatch else layout,
+            MapOptions(options.shuffle_algorithm, options.use_seedable_sampler, options.data_seed),
+        )
         kwargs.update(shard.loader_kwargs)
         plan, generator = shard.plan, shard.synchronized_generator
     if generator is None and "generator" in rng and dataloader.generator is not None:
@@ -191,14 +207,24 @@ def prepare_data_loader(
     finish: dict[str, Any] = {}
     if dispatch:
         finish["dispatch"] = DispatchOptions.from_layout(layout, options.slice_fn_for_dispatch, torch_device_mesh)
-    new = _rebuild(dataloader, DataLoaderDispatcher if dispatch else DataLoaderShard, dataset, kwargs,
-                   options.use_stateful_dataloader)
+    new = _rebuild(
+        dataloader,
+        DataLoaderDispatcher if dispatch else DataLoaderShard,
+        dataset,
+        kwargs,
+        options.use_stateful_dataloader,
+    )
     new._finish_init(_batch_device(device, options), rng, generator, 0, options.non_blocking, plan=plan, **finish)
     sharded_map_data = not iterable and not dispatch and num_processes > 1  # every process reads its part
     new.agree_at_prepare((sized_length(dataset), layout.batch_size) if sharded_map_data else None)
     logger.debug(
-        "prepared %s for process %d of %d (split_batches=%s, even_batches=%s, dispatch=%s)", type(dataloader).__name__,
-        process_index, num_processes, layout.split_batches, layout.even_batches, dispatch,
+        "prepared %s for process %d of %d (split_batches=%s, even_batches=%s, dispatch=%s)",
+        type(dataloader).__name__,
+        process_index,
+        num_processes,
+        layout.split_batches,
+        layout.even_batches,
+        dispatch,
     )
     return new
 
@@ -234,7 +260,7 @@ def _dispatches(iterable: bool, options: _DataOptions) -> bool:
     return bool(dispatch)
 
 
-def _layout(dataloader: DataLoader, num_processes: int, process_index: int, options: _DataOptions) -> ShardLayout:
+def _layout(dataloader: DataLoader[Any], num_processes: int, process_index: int, options: _DataOptions) -> ShardLayout:
     """The one layout of this loader: its global batch size and ``drop_last`` (the batch sampler's,
     also one passed as ``sampler=``), the topology and the options."""
     batch_size = dataloader.batch_size
@@ -249,7 +275,7 @@ def _layout(dataloader: DataLoader, num_processes: int, process_index: int, opti
     )
 
 
-def _batch_device(device: Union[str, torch.device, None], options: _DataOptions) -> Union[str, torch.device, None]:
+def _batch_device(device: str | torch.device | None, options: _DataOptions) -> str | torch.device | None:
     """Where batches go: ``device`` (default: the process's) with ``put_on_device``, else nowhere."""
     if not options.put_on_device:
         return None
@@ -257,7 +283,7 @@ def _batch_device(device: Union[str, torch.device, None], options: _DataOptions)
 
 
 def _plan_stream(
-    dataloader: DataLoader, layout: ShardLayout, dispatch: bool, kwargs: dict[str, Any]
+    dataloader: DataLoader[Any], layout: ShardLayout, dispatch: bool, kwargs: dict[str, Any]
 ) -> tuple[Any, ShardPlan]:
     """(the dataset this process's DataLoader reads, its plan) for a stream; ``kwargs`` get the
     DataLoader's batch size (per process when the stream is sharded) and ``drop_last``."""
@@ -277,7 +303,7 @@ def _plan_stream(
     return shard, shard.plan
 
 
-def skip_first_batches(dataloader: DataLoader, num_batches: int = 0) -> PreparedDataLoader:
+def skip_first_batches(dataloader: DataLoader[Any], num_batches: int = 0) -> PreparedDataLoader:
     """A loader of the same kind and settings that starts after its first ``num_batches`` batches.
 
     The skip applies to the next pass only and keeps the epoch counter; skipped map-style batches

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Optional
+from collections.abc import Iterable
+from typing import Any
 
 import torch
 
@@ -13,7 +14,7 @@ __all__ = ["RNG_TYPES", "check_rng_types", "rng_states", "apply_rng_states", "sy
 RNG_TYPES = ("torch", "cuda", "xla", "generator")
 
 
-def check_rng_types(rng_types: Optional[Iterable[str]]) -> tuple[str, ...]:
+def check_rng_types(rng_types: Iterable[str] | None) -> tuple[str, ...]:
     """Validate ``rng_types`` and return them as a new tuple (the caller's list is never touched)."""
     if rng_types is None:
         return ()
@@ -32,7 +33,7 @@ def check_rng_types(rng_types: Optional[Iterable[str]]) -> tuple[str, ...]:
     return checked
 
 
-def rng_states(rng_types: Iterable[str], generator: Optional[torch.Generator] = None) -> dict[str, Any]:
+def rng_states(rng_types: Iterable[str], generator: torch.Generator | None = None) -> dict[str, Any]:
     """This process's states of the named RNGs (those that exist here)."""
     states: dict[str, Any] = {}
     for name in rng_types:
@@ -42,7 +43,7 @@ def rng_states(rng_types: Iterable[str], generator: Optional[torch.Generator] = 
             states[name] = torch.cuda.get_rng_state()
         elif name == "xla":
             try:
-                import torch_xla.core.xla_model as xm  # type: ignore[import-not-found]
+                import torch_xla.core.xla_model as xm
             except ImportError:
                 continue
             states[name] = xm.get_rng_state()
@@ -51,21 +52,21 @@ def rng_states(rng_types: Iterable[str], generator: Optional[torch.Generator] = 
     return states
 
 
-def apply_rng_states(states: dict[str, Any], generator: Optional[torch.Generator] = None) -> None:
+def apply_rng_states(states: dict[str, Any], generator: torch.Generator | None = None) -> None:
     for name, state in states.items():
         if name == "torch":
             torch.set_rng_state(state)
         elif name == "cuda" and torch.cuda.is_available():
             torch.cuda.set_rng_state(state)
         elif name == "xla":
-            import torch_xla.core.xla_model as xm  # type: ignore[import-not-found]
+            import torch_xla.core.xla_model as xm
 
             xm.set_rng_state(state)
         elif name == "generator" and generator is not None:
             generator.set_state(state)
 
 
-def synchronize_rng_states(rng_types: Iterable[str], generator: Optional[torch.Generator] = None) -> None:
+def synchronize_rng_states(rng_types: Iterable[str], generator: torch.Generator | None = None) -> None:
     """Copy process 0's states of the named RNGs to every process (no-op without a process group)."""
     names = check_rng_types(rng_types)
     apply_rng_states(broadcast_object(rng_states(names, generator)), generator)

@@ -23,14 +23,24 @@ Example::
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping
-from typing import Any, Callable, Iterator, Optional
+from collections.abc import Callable, Collection, Iterator, Mapping
+from typing import Any
 
 import torch
 
 __all__ = [
-    "map_leaves", "iter_leaves", "first_leaf", "flatten", "unflatten", "batch_rows", "slice_rows", "take_rows", "concatenate_rows", "describe_path",
-    "leaf_spec", "OBJECT",
+    "map_leaves",
+    "iter_leaves",
+    "first_leaf",
+    "flatten",
+    "unflatten",
+    "batch_rows",
+    "slice_rows",
+    "take_rows",
+    "concatenate_rows",
+    "describe_path",
+    "leaf_spec",
+    "OBJECT",
 ]
 
 OBJECT = "object"
@@ -158,7 +168,7 @@ def _is_rows_tensor(leaf: Any) -> bool:
     return isinstance(leaf, torch.Tensor) and leaf.dim() > 0
 
 
-def batch_rows(leaves: list[Any]) -> Optional[int]:
+def batch_rows(leaves: list[Any]) -> int | None:
     """The rows of a flattened batch (``None``: nothing in it has rows)."""
     for leaf in leaves:
         if _is_rows_tensor(leaf):
@@ -169,7 +179,7 @@ def batch_rows(leaves: list[Any]) -> Optional[int]:
     return None
 
 
-def _per_row(leaf: Any, rows: Optional[int]) -> bool:
+def _per_row(leaf: Any, rows: int | None) -> bool:
     """Whether ``leaf`` has one entry per row (it is cut with the rows) or belongs to the batch."""
     if _is_rows_tensor(leaf):
         return True

@@ -4,9 +4,17 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from typing import Any, Iterable, Iterator, Optional
+from collections.abc import Iterable, Iterator
+from typing import Any
 
-from torch.utils.data import BatchSampler, RandomSampler, Sampler, SequentialSampler, SubsetRandomSampler, WeightedRandomSampler
+from torch.utils.data import (
+    BatchSampler,
+    RandomSampler,
+    Sampler,
+    SequentialSampler,
+    SubsetRandomSampler,
+    WeightedRandomSampler,
+)
 from torch.utils.data.distributed import DistributedSampler
 
 from .layout import ShardLayout
@@ -17,7 +25,14 @@ __all__ = ["SeedableRandomSampler", "BatchSamplerShard", "IndexSamplerShard", "d
 
 logger = logging.getLogger(__name__)
 
-_INDEX_SAMPLERS = (SequentialSampler, RandomSampler, SubsetRandomSampler, WeightedRandomSampler, DistributedSampler, range)
+_INDEX_SAMPLERS = (
+    SequentialSampler,
+    RandomSampler,
+    SubsetRandomSampler,
+    WeightedRandomSampler,
+    DistributedSampler,
+    range,
+)
 """Samplers known to yield single indices (what a batch sampler wraps, never one itself)."""
 
 
@@ -63,11 +78,13 @@ class BatchSamplerShard(Sampler[list[int]]):
         check_batch_sampler(batch_sampler)
         batch_size = getattr(batch_sampler, "batch_size", None)
         drop_last = bool(getattr(batch_sampler, "drop_last", False))
-        layout = ShardLayout.for_batches(batch_size, num_processes, process_index, split_batches, even_batches, drop_last)
+        layout = ShardLayout.for_batches(
+            batch_size, num_processes, process_index, split_batches, even_batches, drop_last
+        )
         self.batch_sampler = batch_sampler
         self.plan = BatchSamplerPlan(batch_sampler, layout)
         self.epoch = 0
-        self._record: Optional[PassRecord] = None
+        self._record: PassRecord | None = None
 
     @property
     def layout(self) -> ShardLayout:
@@ -80,7 +97,9 @@ class BatchSamplerShard(Sampler[list[int]]):
     drop_last = property(lambda self: self.layout.drop_last)
     batch_size = property(lambda self: self.layout.batch_size)
     per_process_batch_size = property(lambda self: self.layout.process_batch_size)
-    batches_per_step = property(lambda self: self.layout.batches_per_step, doc="Global batches per step of all processes.")
+    batches_per_step = property(
+        lambda self: self.layout.batches_per_step, doc="Global batches per step of all processes."
+    )
 
     @property
     def sampler(self) -> Any:
@@ -119,12 +138,17 @@ class BatchSamplerShard(Sampler[list[int]]):
         yield from self.plan.next_pass(record)
 
     @classmethod
-    def from_layout(cls, batch_sampler: Iterable[list[int]], layout: ShardLayout) -> "BatchSamplerShard":
+    def from_layout(cls, batch_sampler: Iterable[list[int]], layout: ShardLayout) -> BatchSamplerShard:
         """The shard of ``batch_sampler`` under a layout already built and validated
         (``prepare_data_loader``'s: its batch size and ``drop_last`` are the batch sampler's)."""
         check_batch_sampler(batch_sampler)
         shard = cls.__new__(cls)
-        shard.batch_sampler, shard.plan, shard.epoch, shard._record = batch_sampler, BatchSamplerPlan(batch_sampler, layout), 0, None
+        shard.batch_sampler, shard.plan, shard.epoch, shard._record = (
+            batch_sampler,
+            BatchSamplerPlan(batch_sampler, layout),
+            0,
+            None,
+        )
         return shard
 
 
@@ -140,8 +164,12 @@ class IndexSamplerShard(Sampler[int]):
         [[0, 2, 4], [1, 3, 0]]
     """
 
-    def __init__(self, sampler: Iterable[int], num_processes: int = 1, process_index: int = 0, even_batches: bool = True) -> None:
-        self.shard = BatchSamplerShard(BatchSampler(sampler, 1, False), num_processes, process_index, False, even_batches)
+    def __init__(
+        self, sampler: Iterable[int], num_processes: int = 1, process_index: int = 0, even_batches: bool = True
+    ) -> None:
+        self.shard = BatchSamplerShard(
+            BatchSampler(sampler, 1, False), num_processes, process_index, False, even_batches
+        )
 
     @property
     def sampler(self) -> Any:
@@ -158,7 +186,7 @@ class IndexSamplerShard(Sampler[int]):
             yield index
 
     @classmethod
-    def from_layout(cls, sampler: Iterable[int], layout: ShardLayout) -> "IndexSamplerShard":
+    def from_layout(cls, sampler: Iterable[int], layout: ShardLayout) -> IndexSamplerShard:
         """The shard of ``sampler`` under the processes and ``even_batches`` of ``layout`` (built by
         ``prepare_data_loader``; the indices go out as batches of one, never split)."""
         shard = cls.__new__(cls)

@@ -13,7 +13,8 @@ Example::
 from __future__ import annotations
 
 import logging
-from typing import Any, Iterable, Optional, Union
+from collections.abc import Iterable
+from typing import Any, cast
 
 from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LRScheduler, ReduceLROnPlateau
@@ -83,7 +84,7 @@ def _check_optimizers(scheduler: Any, optimizers: Any) -> list[Optimizer]:
     for opt in optimizers:
         if not isinstance(opt, Optimizer):
             raise TypeError(f"optimizers contains {opt!r}, which is not a torch.optim.Optimizer")
-    return optimizers
+    return cast("list[Optimizer]", optimizers)
 
 
 @compat.forwards_scheduler_flags  # flags LRScheduler keeps on its class: the wrapped scheduler's are used
@@ -127,27 +128,37 @@ class PreparedScheduler(LRScheduler):
         1
     """
 
+    # set through the instance dict in __init__ / load_state_dict (annotations only: no class attributes)
+    _seen_steps: list[int]
+    _warned_total_steps: bool
+
     def __init__(
         self,
         scheduler: Any,
-        optimizers: Union[Optimizer, Iterable[Optimizer], None] = None,
+        optimizers: Optimizer | Iterable[Optimizer] | None = None,
         step_scheduler_with_optimizer: bool = ShardplugConfig.step_scheduler_with_optimizer,
         split_batches: bool = ShardplugConfig.split_batches,
-        num_processes: Optional[int] = None,
+        num_processes: int | None = None,
         scale_scheduler_by_num_processes: bool = True,
-        gradient_state: Optional[GradientState] = None,
+        gradient_state: GradientState | None = None,
         *,
-        step_with_optimizer: Optional[bool] = None,
-        scale_by_num_processes: Optional[bool] = None,
+        step_with_optimizer: bool | None = None,
+        scale_by_num_processes: bool | None = None,
     ) -> None:
         # LRScheduler.__init__ is deliberately not run: it would step and patch the optimizer.
         step_scheduler_with_optimizer = renamed_option(
-            "PreparedScheduler", "step_with_optimizer", step_with_optimizer,
-            "step_scheduler_with_optimizer", step_scheduler_with_optimizer,
+            "PreparedScheduler",
+            "step_with_optimizer",
+            step_with_optimizer,
+            "step_scheduler_with_optimizer",
+            step_scheduler_with_optimizer,
         )
         scale_scheduler_by_num_processes = renamed_option(
-            "PreparedScheduler", "scale_by_num_processes", scale_by_num_processes,
-            "scale_scheduler_by_num_processes", scale_scheduler_by_num_processes,
+            "PreparedScheduler",
+            "scale_by_num_processes",
+            scale_by_num_processes,
+            "scale_scheduler_by_num_processes",
+            scale_scheduler_by_num_processes,
         )
         if isinstance(scheduler, Optimizer):
             raise TypeError(
@@ -179,10 +190,17 @@ class PreparedScheduler(LRScheduler):
                 "(e.g. run.gradient_state) or None"
             )
         if gradient_state is None:
-            gradient_state = next(
-                (o.gradient_state for o in optimizers if isinstance(getattr(o, "gradient_state", None), GradientState)),
-                None,
-            ) or GradientState()
+            gradient_state = (
+                next(
+                    (
+                        cast(Any, o).gradient_state
+                        for o in optimizers
+                        if isinstance(getattr(o, "gradient_state", None), GradientState)
+                    ),
+                    None,
+                )
+                or GradientState()
+            )
         own = self.__dict__
         own["scheduler"] = scheduler
         own["optimizers"] = optimizers
@@ -199,13 +217,13 @@ class PreparedScheduler(LRScheduler):
     def from_config(
         cls,
         scheduler: Any,
-        optimizers: Union[Optimizer, Iterable[Optimizer], None],
+        optimizers: Optimizer | Iterable[Optimizer] | None,
         config: ShardplugConfig,
         *,
         front_end: str,
         num_processes: int,
-        gradient_state: Optional[GradientState] = None,
-    ) -> "PreparedScheduler":
+        gradient_state: GradientState | None = None,
+    ) -> PreparedScheduler:
         """The scheduler wrapper every front end builds: its options come from ``config`` only
         (``step_scheduler_with_optimizer``, ``split_batches``, and the N-fold rule decided by
         :meth:`ShardplugConfig.scales_scheduler` for ``front_end``)."""
@@ -225,12 +243,12 @@ class PreparedScheduler(LRScheduler):
     @property
     def step_with_optimizer(self) -> bool:
         """Deprecated name of :attr:`step_scheduler_with_optimizer`."""
-        return self.step_scheduler_with_optimizer
+        return cast("bool", self.step_scheduler_with_optimizer)
 
     @property
     def scale_by_num_processes(self) -> bool:
         """Deprecated name of :attr:`scale_scheduler_by_num_processes`."""
-        return self.scale_scheduler_by_num_processes
+        return cast("bool", self.scale_scheduler_by_num_processes)
 
     # -- attribute pass-through --------------------------------------------------------------
     def __getattr__(self, name: str) -> Any:
@@ -248,14 +266,18 @@ class PreparedScheduler(LRScheduler):
     @property
     def steps_per_optimizer_step(self) -> int:
         """Scheduler steps taken per real optimizer step (``ReduceLROnPlateau``: always 1)."""
-        if isinstance(self.scheduler, ReduceLROnPlateau) or self.split_batches or not self.scale_scheduler_by_num_processes:
+        if (
+            isinstance(self.scheduler, ReduceLROnPlateau)
+            or self.split_batches
+            or not self.scale_scheduler_by_num_processes
+        ):
             return 1
-        return self.num_processes
+        return cast("int", self.num_processes)
 
     def _optimizer_steps(self) -> list[int]:
         return [counter.taken for counter in self._counters]
 
-    def step(self, *args: Any, **kwargs: Any) -> None:  # type: ignore[override]
+    def step(self, *args: Any, **kwargs: Any) -> None:
         """Step the wrapped scheduler if (and as often as) the optimizers really stepped."""
         if not self.step_scheduler_with_optimizer:
             self.scheduler.step(*args, **kwargs)
@@ -268,22 +290,25 @@ class PreparedScheduler(LRScheduler):
             logger.debug("scheduler not stepped: an optimizer made no update since the last scheduler step")
             return
         self._seen_steps = now
-        if advance_scheduler(self.scheduler, self.steps_per_optimizer_step, *args, **kwargs) and not self._warned_total_steps:
+        if (
+            advance_scheduler(self.scheduler, self.steps_per_optimizer_step, *args, **kwargs)
+            and not self._warned_total_steps
+        ):
             self._warned_total_steps = True
             logger.warning("%s reached total_steps; further scheduler steps are ignored", type(self.scheduler).__name__)
 
     # -- pass-through methods LRScheduler defines --------------------------------------------
     def get_last_lr(self) -> list[Any]:
         """The wrapped scheduler's ``get_last_lr()``."""
-        return self.scheduler.get_last_lr()
+        return cast("list[Any]", self.scheduler.get_last_lr())
 
     def get_lr(self) -> list[Any]:
         """The wrapped scheduler's ``get_lr()``."""
-        return self.scheduler.get_lr()
+        return cast("list[Any]", self.scheduler.get_lr())
 
     def state_dict(self) -> dict[str, Any]:
         """The wrapped scheduler's ``state_dict()``."""
-        return self.scheduler.state_dict()
+        return cast("dict[str, Any]", self.scheduler.state_dict())
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """The wrapped scheduler's ``load_state_dict()``."""

@@ -10,7 +10,8 @@ state goes into a position).
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Optional
+from collections.abc import Iterable
+from typing import Any
 
 import torch
 
@@ -41,7 +42,7 @@ class Shuffles:
         return found
 
     @property
-    def generator(self) -> Optional[torch.Generator]:
+    def generator(self) -> torch.Generator | None:
         """The generator a shuffling index sampler draws its order from (its ``generator``), if any."""
         sampler = self.plan_sampler
         if sampler is None or isinstance(sampler, SeedableRandomSampler):
@@ -49,10 +50,10 @@ class Shuffles:
         generator = getattr(sampler, "generator", None)
         return generator if isinstance(generator, torch.Generator) else None
 
-    def seeds(self) -> tuple[Optional[int], ...]:
+    def seeds(self) -> tuple[int | None, ...]:
         return tuple(s.seed for s in self.seedable)
 
-    def restore(self, seeds: Iterable[Optional[int]], generator_state: Optional[torch.Tensor]) -> None:
+    def restore(self, seeds: Iterable[int | None], generator_state: torch.Tensor | None) -> None:
         """Seeds and generator state as a position saved them."""
         for sampler, seed in zip(self.seedable, seeds):
             sampler.seed = seed
@@ -66,7 +67,7 @@ class Shuffles:
 
 
 def synchronize(
-    samplers: list[SeedableRandomSampler], rng_types: tuple[str, ...], synchronized_generator: Optional[torch.Generator]
+    samplers: list[SeedableRandomSampler], rng_types: tuple[str, ...], synchronized_generator: torch.Generator | None
 ) -> None:
     """Agree unset shuffle seeds and the named RNG states with process 0 (one broadcast)."""
     unseeded = [s for s in samplers if s.seed is None]
@@ -85,7 +86,7 @@ def synchronize(
     apply_rng_states(states, synchronized_generator)
 
 
-def agree_at_prepare(samplers: list[SeedableRandomSampler], data: Optional[tuple[Optional[int], Optional[int]]]) -> None:
+def agree_at_prepare(samplers: list[SeedableRandomSampler], data: tuple[int | None, int | None] | None) -> None:
     """Agree unset shuffle seeds with process 0 now, in one all-gather that also compares every
     process's ``data`` (dataset length, batch size): a mismatch is a ``ValueError`` on every process.
 
@@ -112,8 +113,11 @@ def check_same_data(data: list[Any], rank: int) -> None:
         return
     first, second = 0, other  # the same pair named on every process
     (n1, b1), (n2, b2) = data[first], data[second]
-    what = (f"a dataset of {n1} samples on process {first} and of {n2} on process {second}" if n1 != n2 else
-            f"batch_size={b1} on process {first} and batch_size={b2} on process {second}")
+    what = (
+        f"a dataset of {n1} samples on process {first} and of {n2} on process {second}"
+        if n1 != n2
+        else f"batch_size={b1} on process {first} and batch_size={b2} on process {second}"
+    )
     raise ValueError(
         f"prepare_data_loader was given {what} (this is process {rank}); the processes would yield different "
         "numbers of batches and the first collective after the shorter pass (a DDP all-reduce) would block until "

@@ -10,11 +10,11 @@ Example::
 
 from __future__ import annotations
 
-from typing import Any, Iterator, Optional, Sized
+from collections.abc import Iterator, Sized
+from typing import Any, cast
 
 import torch
 from torch.utils.data import RandomSampler
-
 
 __all__ = [
     "SeedableRandomSampler",
@@ -38,7 +38,7 @@ keyed bijection evaluated where it is needed (:class:`KeyedPermutation`), for da
 to hold a permutation per process."""
 
 
-def check_seed(name: str, seed: Any) -> Optional[int]:
+def check_seed(name: str, seed: Any) -> int | None:
     """``seed`` when it is ``None`` or an integer torch accepts as a seed, else a clear error."""
     if seed is None:
         return None
@@ -56,7 +56,7 @@ def check_shuffle_algorithm(algorithm: Any) -> str:
             f"shuffle_algorithm={algorithm!r} is invalid: it must be one of {list(SHUFFLE_ALGORITHMS)} "
             "('randperm': torch.randperm per epoch, the default; 'bijective': no permutation in memory)"
         )
-    return algorithm
+    return cast("str", algorithm)
 
 
 def epoch_seed(seed: int, epoch: int) -> int:
@@ -88,14 +88,14 @@ class SeedableRandomSampler(RandomSampler):
         self,
         data_source: Sized,
         replacement: bool = False,
-        num_samples: Optional[int] = None,
-        generator: Optional[torch.Generator] = None,
-        data_seed: Optional[int] = None,
+        num_samples: int | None = None,
+        generator: torch.Generator | None = None,
+        data_seed: int | None = None,
     ) -> None:
         super().__init__(data_source, replacement=replacement, num_samples=num_samples, generator=None)
         if data_seed is None and generator is not None:
             data_seed = generator.initial_seed()
-        self.seed: Optional[int] = check_seed("data_seed", data_seed)
+        self.seed: int | None = check_seed("data_seed", data_seed)
         self.epoch = 0
 
     def set_epoch(self, epoch: int) -> None:
@@ -109,7 +109,7 @@ class SeedableRandomSampler(RandomSampler):
     def _epoch_generator(self) -> torch.Generator:
         return torch.Generator().manual_seed(epoch_seed(self.resolve_seed(), self.epoch))
 
-    def index_order(self) -> Optional[torch.Tensor]:
+    def index_order(self) -> torch.Tensor | None:
         """This epoch's permutation, when the sampler draws exactly one (no replacement, all samples)."""
         if self.replacement or self.num_samples != len(self.data_source):
             return None
@@ -180,7 +180,9 @@ class KeyedPermutation:
             high = self.bits - low
             right = values & ((1 << low) - 1)
             # right ^ key < 2**32 and multiplier < 2**31: the product stays below 2**63 (no overflow)
-            mixed = torch.bitwise_xor(right, key).mul_(multiplier).bitwise_right_shift_(15).bitwise_and_((1 << high) - 1)
+            mixed = (
+                torch.bitwise_xor(right, key).mul_(multiplier).bitwise_right_shift_(15).bitwise_and_((1 << high) - 1)
+            )
             mixed.bitwise_xor_(values.bitwise_right_shift_(low))  # left ^ f(right)
             values = right.bitwise_left_shift_(high).bitwise_or_(mixed)  # (right, left ^ f(right))
             low = high  # the halves trade places (and sizes, when bits is odd)
@@ -213,14 +215,16 @@ class BijectiveRandomSampler(SeedableRandomSampler):
         (True, True)
     """
 
-    def __init__(self, data_source: Sized, data_seed: Optional[int] = None, generator: Optional[torch.Generator] = None) -> None:
+    def __init__(
+        self, data_source: Sized, data_seed: int | None = None, generator: torch.Generator | None = None
+    ) -> None:
         super().__init__(data_source, generator=generator, data_seed=data_seed)
 
     def permutation(self) -> KeyedPermutation:
         """This epoch's order, as a function of positions."""
         return KeyedPermutation(len(self.data_source), self.resolve_seed(), self.epoch)
 
-    def index_order(self) -> Optional[torch.Tensor]:
+    def index_order(self) -> torch.Tensor | None:
         return None  # never materialised: see permutation()
 
     def __iter__(self) -> Iterator[int]:

@@ -9,7 +9,10 @@ saved after a batch is the state after that batch, not after the one read ahead.
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, cast
+
+if TYPE_CHECKING:
+    from torch.utils.data import DataLoader
 
 __all__ = ["stateful_dataloader_class", "is_stateful", "InnerState", "POSITION_KEY"]
 
@@ -17,7 +20,7 @@ POSITION_KEY = "_shardplug_position"
 """The key of shardplug's position in the state of a loader backed by a ``StatefulDataLoader``."""
 
 
-def stateful_dataloader_class() -> type:
+def stateful_dataloader_class() -> type[DataLoader[Any]]:
     """torchdata's ``StatefulDataLoader``, or an ``ImportError`` that says what to install."""
     try:
         from torchdata.stateful_dataloader import StatefulDataLoader
@@ -26,7 +29,7 @@ def stateful_dataloader_class() -> type:
             "use_stateful_dataloader=True needs torchdata>=0.8 (StatefulDataLoader): "
             "pip install 'shardplug[stateful]' or pip install 'torchdata>=0.8'"
         ) from exc
-    return StatefulDataLoader
+    return cast("type[DataLoader[Any]]", StatefulDataLoader)  # torchdata has no type information
 
 
 def is_stateful(loader: Any) -> bool:
@@ -50,7 +53,7 @@ class InnerState:
     __slots__ = ("snapshot", "repositions")
 
     def __init__(self) -> None:
-        self.snapshot: Optional[dict[str, Any]] = None
+        self.snapshot: dict[str, Any] | None = None
         self.repositions = False
 
     def take_snapshot(self, inner: Any) -> None:

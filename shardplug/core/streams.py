@@ -1,9 +1,9 @@
 """What a stream already does by itself: split across DataLoader workers, split by node, shuffle.
 
 Recognised by duck typing (the package never imports ``datasets`` or ``webdataset``); this is
-the one place that uses their private attributes, reached through :mod:`shardplug.core.compat` (``datasets.IterableDataset._distributed``,
-``._ex_iterable``, its chain's ``BufferShuffledExamplesIterable`` and ``generator``s; webdataset's ``pipeline``
-stages by name), each checked by
+the one place that uses their private attributes, reached through :mod:`shardplug.core.compat`
+(``datasets.IterableDataset._distributed``, ``._ex_iterable``, its chain's ``BufferShuffledExamplesIterable``
+and ``generator``s; webdataset's ``pipeline`` stages by name), each checked by
 ``tests/test_streams.py::test_the_stream_attributes_shardplug_reads_still_exist``:
 
 * Hugging Face ``datasets.IterableDataset``: splits its shards across DataLoader workers by
@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import inspect
 import sys
-from typing import Any, Optional
+from typing import Any
 
 import torch  # noqa: F401  (the docstring example)
 import torch.distributed as dist
@@ -40,8 +40,18 @@ from . import compat
 from .collectives import world_size
 
 __all__ = [
-    "can_shard", "check_stream", "check_worker_split", "splits_by_worker", "declared_worker_split", "asks_for_its_worker", "node_split", "single_node_only",
-    "is_hf_iterable", "hf_concatenate", "hf_shuffles", "shuffle_fingerprint",
+    "can_shard",
+    "check_stream",
+    "check_worker_split",
+    "splits_by_worker",
+    "declared_worker_split",
+    "asks_for_its_worker",
+    "node_split",
+    "single_node_only",
+    "is_hf_iterable",
+    "hf_concatenate",
+    "hf_shuffles",
+    "shuffle_fingerprint",
 ]
 
 
@@ -52,8 +62,10 @@ def can_shard(dataset: Any) -> bool:
 
 def is_hf_iterable(dataset: Any) -> bool:
     """A Hugging Face ``datasets.IterableDataset``."""
-    return type(dataset).__module__.startswith("datasets.") and hasattr(dataset, "n_shards") and (
-        compat.hf_example_iterable(dataset) is not None
+    return (
+        type(dataset).__module__.startswith("datasets.")
+        and hasattr(dataset, "n_shards")
+        and (compat.hf_example_iterable(dataset) is not None)
     )
 
 
@@ -81,7 +93,7 @@ def splits_by_worker(dataset: Any) -> bool:
     return bool(declared_worker_split(dataset))
 
 
-def declared_worker_split(dataset: Any) -> Optional[bool]:
+def declared_worker_split(dataset: Any) -> bool | None:
     """Whether ``dataset`` is known to split itself across DataLoader workers (``True``), known not
     to (``False``: a webdataset pipeline without a worker splitter, ``splits_by_worker = False``), or
     not known (``None``: a dataset of your own that declares nothing)."""
@@ -96,7 +108,7 @@ def declared_worker_split(dataset: Any) -> Optional[bool]:
     return None
 
 
-def node_split(dataset: Any) -> Optional[str]:
+def node_split(dataset: Any) -> str | None:
     """How ``dataset`` is already split by node (process), in words, or ``None`` when it is not."""
     if getattr(dataset, "split_by_node", None) is True:
         return "it declares split_by_node = True"
@@ -141,7 +153,7 @@ def hf_shuffles(dataset: Any) -> bool:
     return any(type(node).__name__ == "BufferShuffledExamplesIterable" for node in _hf_chain(dataset))
 
 
-def shuffle_fingerprint(dataset: Any) -> Optional[str]:
+def shuffle_fingerprint(dataset: Any) -> str | None:
     """What a stream's shuffle depends on, to compare across processes (``None``: nothing known).
 
     A Hugging Face stream's ``shuffle(seed=None)`` draws a different seed in every process: its

@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -32,14 +32,16 @@ def distributed_is_active() -> bool:
     return dist.is_available() and dist.is_initialized()
 
 
-def _env_int(name: str) -> Optional[int]:
+def _env_int(name: str) -> int | None:
     value = os.environ.get(name)
     if value is None or value == "":
         return None
     try:
         return int(value)
     except ValueError as exc:
-        raise ValueError(f"environment variable {name}={value!r} is not an integer; unset it or fix the launcher") from exc
+        raise ValueError(
+            f"environment variable {name}={value!r} is not an integer; unset it or fix the launcher"
+        ) from exc
 
 
 def _default_device(local_index: int) -> torch.device:
@@ -72,7 +74,7 @@ class ProcessTopology:
         return self.process_index == 0
 
     @classmethod
-    def current(cls) -> "ProcessTopology":
+    def current(cls) -> ProcessTopology:
         """Topology of the running job: process group, else environment, else single process."""
         local = _env_int("LOCAL_RANK")
         if distributed_is_active():
@@ -117,8 +119,8 @@ def _mesh_data_topology(mesh: Any) -> tuple[int, int]:
 
 
 def resolve_data_topology(
-    num_processes: Optional[int] = None,
-    process_index: Optional[int] = None,
+    num_processes: int | None = None,
+    process_index: int | None = None,
     torch_device_mesh: Any = None,
 ) -> tuple[int, int]:
     """Return ``(num_processes, process_index)`` for data sharding.

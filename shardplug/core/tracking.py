@@ -9,7 +9,7 @@ rows off the batch.
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any
 
 from .audit import SampleAudit
 from .rows import batch_rows, flatten, slice_rows
@@ -27,7 +27,7 @@ class PaddingTracker:
 
     def __init__(self) -> None:
         self.dropping = False
-        self.audit: Optional[SampleAudit] = None
+        self.audit: SampleAudit | None = None
 
     def hand_out(self, batch: Any, current: Any, plan: Any, epoch: int) -> Any:
         """Record the batch ``current`` (a pass, see :class:`~shardplug.core.passes.LoaderPass`)
@@ -40,7 +40,7 @@ class PaddingTracker:
         return leading_rows(batch, real) if self.dropping else batch
 
 
-def leading_rows(batch: Any, real: Optional[int]) -> Any:
+def leading_rows(batch: Any, real: int | None) -> Any:
     """The first ``real`` rows of ``batch`` (unchanged when it has no more)."""
     if real is None:
         return batch

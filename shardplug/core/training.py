@@ -23,7 +23,8 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from typing import Any, Iterable, Iterator, Optional, Union
+from collections.abc import Iterable, Iterator
+from typing import Any
 
 import torch
 from torch.optim import Optimizer
@@ -73,12 +74,12 @@ class TrainingRun:
 
     def __init__(
         self,
-        config: Optional[ShardplugConfig] = None,
+        config: ShardplugConfig | None = None,
         *,
-        scaler: Optional[Any] = None,
-        device: Union[str, torch.device, None] = None,
-        num_processes: Optional[int] = None,
-        process_index: Optional[int] = None,
+        scaler: Any | None = None,
+        device: str | torch.device | None = None,
+        num_processes: int | None = None,
+        process_index: int | None = None,
         torch_device_mesh: Any = None,
         front_end: str = "pytorch",
     ) -> None:
@@ -88,9 +89,7 @@ class TrainingRun:
             raise TypeError(f"config={config!r} is not a ShardplugConfig; build one with ShardplugConfig(...)")
         self.config = config
         self.scaler = amp.check_scaler(scaler)
-        self.num_processes, self.process_index = resolve_data_topology(
-            num_processes, process_index, torch_device_mesh
-        )
+        self.num_processes, self.process_index = resolve_data_topology(num_processes, process_index, torch_device_mesh)
         self.torch_device_mesh = torch_device_mesh
         self.device = torch.device(device) if device is not None else ProcessTopology.current().device
         self.gradient_state = GradientState(num_steps=config.gradient_accumulation_steps)
@@ -164,9 +163,9 @@ class TrainingRun:
     def prepare_scheduler(
         self,
         scheduler: Any,
-        optimizers: Union[Optimizer, Iterable[Optimizer], None] = None,
+        optimizers: Optimizer | Iterable[Optimizer] | None = None,
         *,
-        scale_scheduler_by_num_processes: Optional[bool] = None,
+        scale_scheduler_by_num_processes: bool | None = None,
     ) -> PreparedScheduler:
         """Wrap ``scheduler``; it follows ``optimizers`` (default: the prepared optimizer of the
         scheduler's own optimizer, else every optimizer this run prepared).
@@ -251,8 +250,8 @@ class TrainingRun:
         loss.backward(**kwargs)
 
     def clip_grad_norm_(
-        self, parameters: Union[torch.Tensor, Iterable[torch.Tensor]], max_norm: float, norm_type: float = 2.0
-    ) -> Optional[torch.Tensor]:
+        self, parameters: torch.Tensor | Iterable[torch.Tensor], max_norm: float, norm_type: float = 2.0
+    ) -> torch.Tensor | None:
         """Unscale (when there is a scaler) and clip gradients, on sync micro-batches only.
 
         Only the prepared optimizers that hold some of ``parameters`` are unscaled, each once.

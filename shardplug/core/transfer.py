@@ -3,7 +3,7 @@ prepared loader (what each pass moves its batches with)."""
 
 from __future__ import annotations
 
-from typing import Any, Optional, Union
+from typing import Any
 
 import torch
 
@@ -14,9 +14,9 @@ __all__ = ["send_to_device", "DeviceTransfer"]
 
 def send_to_device(
     data: Any,
-    device: Union[str, torch.device, int, None],
+    device: str | torch.device | int | None,
     non_blocking: bool = False,
-    skip_keys: Optional[Union[str, list[str]]] = None,
+    skip_keys: str | list[str] | None = None,
 ) -> Any:
     """Move every tensor in ``data`` (nested lists, tuples, namedtuples, dicts, objects with ``.to()``) to ``device``.
 
@@ -60,12 +60,12 @@ class DeviceTransfer:
 
     __slots__ = ("device", "non_blocking")
 
-    def __init__(self, device: Union[str, torch.device], non_blocking: bool = False) -> None:
+    def __init__(self, device: str | torch.device, non_blocking: bool = False) -> None:
         self.device = torch.device(device)
         self.non_blocking = bool(non_blocking)
 
     @classmethod
-    def to(cls, device: Union[str, torch.device, None], non_blocking: bool = False) -> Optional["DeviceTransfer"]:
+    def to(cls, device: str | torch.device | None, non_blocking: bool = False) -> DeviceTransfer | None:
         """The transfer to ``device``, or ``None`` where batches stay where they are (no device)."""
         return None if device is None else cls(device, non_blocking)
 

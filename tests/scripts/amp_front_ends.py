@@ -106,8 +106,11 @@ def ignite(kind: str) -> dict[str, Any]:
     if kind != "two":
         holder: dict[str, Engine] = {}
         trainer = handler.create_trainer(
-            net, inner[0], lambda p, y: loss_of(p, y, holder["t"].state.iteration - 1),
-            autocast=True, autocast_dtype=torch.float16,
+            net,
+            inner[0],
+            lambda p, y: loss_of(p, y, holder["t"].state.iteration - 1),
+            autocast=True,
+            autocast_dtype=torch.float16,
         )
         holder["t"] = trainer
     else:
@@ -177,9 +180,15 @@ def lightning(kind: str) -> dict[str, Any]:
     grad_scaler = scaler()
     module = Module()
     trainer = pl.Trainer(
-        accelerator="cpu", devices=1, strategy=ShardplugDDPStrategy(), max_epochs=1,
+        accelerator="cpu",
+        devices=1,
+        strategy=ShardplugDDPStrategy(),
+        max_epochs=1,
         plugins=[MixedPrecision("16-mixed", "cpu", scaler=grad_scaler)],
-        logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
     )
     trainer.fit(module)
     sched = trainer.lr_scheduler_configs[0].scheduler
@@ -196,7 +205,9 @@ def fabric(kind: str) -> dict[str, Any]:
 
     grad_scaler = scaler()
     runner = Fabric(
-        accelerator="cpu", devices=1, strategy=ShardplugFabricDDPStrategy(),
+        accelerator="cpu",
+        devices=1,
+        strategy=ShardplugFabricDDPStrategy(),
         plugins=[MixedPrecision("16-mixed", "cpu", scaler=grad_scaler)],
     )
     runner.launch()
@@ -223,9 +234,13 @@ def fabric(kind: str) -> dict[str, Any]:
 
 
 def main() -> None:
-    results = {kind: {name: fn(kind) for name, fn in (("plain", plain), ("ignite", ignite),
-                                                        ("lightning", lightning), ("fabric", fabric))}
-               for kind in KINDS}
+    results = {
+        kind: {
+            name: fn(kind)
+            for name, fn in (("plain", plain), ("ignite", ignite), ("lightning", lightning), ("fabric", fabric))
+        }
+        for kind in KINDS
+    }
     with open(sys.argv[1], "w") as f:
         json.dump(results, f)
 

@@ -16,7 +16,8 @@ Example::
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any, cast
 
 from ignite.engine import _prepare_batch
 
@@ -32,5 +33,6 @@ PRIVATES: dict[str, str] = {
 }
 """Every private name above, with its use."""
 
-ignite_prepare_batch: Callable[..., tuple[Any, Any]] = _prepare_batch
+# its annotation says a tuple of any length; it returns the (x, y) pair
+ignite_prepare_batch = cast("Callable[..., tuple[Any, Any]]", _prepare_batch)
 """Ignite's default ``prepare_batch(batch, device=None, non_blocking=False) -> (x, y)``."""

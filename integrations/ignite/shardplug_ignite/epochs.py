@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import logging
 from collections import OrderedDict
-from typing import Any, Mapping, Optional
+from collections.abc import Mapping
+from typing import Any, cast
 
 import ignite.distributed as idist
 import torch
@@ -57,8 +58,8 @@ class EpochSync(Serializable):
     _state_dict_all_req_keys = ("loader",)
 
     def __init__(self) -> None:
-        self.loader: Optional[PreparedDataLoader] = None
-        self._pending: Optional[dict[str, Any]] = None
+        self.loader: PreparedDataLoader | None = None
+        self._pending: dict[str, Any] | None = None
         self._resumed_epoch = False
         self._ran = False  # iterations ran on this engine in this process: a new run() continues them
 
@@ -88,7 +89,7 @@ class EpochSync(Serializable):
             )
         self._check_epoch_length(engine, full)
 
-    def _align_engine(self, engine: Engine, loader: PreparedDataLoader, full: Optional[int]) -> None:
+    def _align_engine(self, engine: Engine, loader: PreparedDataLoader, full: int | None) -> None:
         """Make the engine's counters describe the loaded position on this layout."""
         if full is None:
             return  # a stream without len(): Ignite finds the epoch's end itself
@@ -99,17 +100,22 @@ class EpochSync(Serializable):
         if (state.epoch_length, state.iteration) != (full, iteration):
             logger.info(
                 "resumed position: epoch %d, %d of %d batches on this layout (the checkpoint's engine had "
-                "epoch_length=%s, iteration=%s)", position.epoch + 1, done, full, state.epoch_length, state.iteration,
+                "epoch_length=%s, iteration=%s)",
+                position.epoch + 1,
+                done,
+                full,
+                state.epoch_length,
+                state.iteration,
             )
         state.epoch_length = full
         state.iteration = iteration
         state.epoch = position.epoch
 
-    def _check_epoch_length(self, engine: Engine, length: Optional[int]) -> None:
+    def _check_epoch_length(self, engine: Engine, length: int | None) -> None:
         length = -1 if length is None else length
         epoch_length = engine.state.epoch_length if engine.state.epoch_length is not None else -1
         mine = torch.tensor([length, epoch_length], dtype=torch.int64, device=idist.device())
-        gathered = idist.all_gather(mine) if idist.get_world_size() > 1 else mine
+        gathered = cast(torch.Tensor, idist.all_gather(mine)) if idist.get_world_size() > 1 else mine
         per_rank = gathered.view(-1, 2).tolist()
         lengths = [row[0] for row in per_rank]
         epoch_lengths = [row[1] for row in per_rank]
@@ -146,7 +152,7 @@ class EpochSync(Serializable):
         self._ran = True
 
     # -- state -------------------------------------------------------------------------------
-    def state_dict(self) -> "OrderedDict[str, Any]":
+    def state_dict(self) -> OrderedDict[str, Any]:
         """``{"loader": the loader's state_dict()}`` (``None`` before a loader is known)."""
         return OrderedDict(loader=None if self.loader is None else self.loader.state_dict())
 

@@ -9,7 +9,8 @@ Example::
 
 from __future__ import annotations
 
-from typing import Any, Callable, Optional, Union
+from collections.abc import Callable
+from typing import Any
 
 import torch
 from ignite.engine import Engine, Events
@@ -35,7 +36,7 @@ def _prediction_and_target(x: Any, y: Any, y_pred: Any) -> tuple[Any, Any]:
     return y_pred, y
 
 
-def real_count(loader: Any) -> Optional[int]:
+def real_count(loader: Any) -> int | None:
     """The real count of the batch ``loader`` handed out last: how many of its leading rows are real samples.
 
     ``None`` means "unknown: all of them" (a loader that does not track padding: an iterable or
@@ -79,7 +80,7 @@ def _slice_rows(data: Any, rows: int) -> Any:
     return map_leaves(data, lambda leaf: leaf[:rows] if isinstance(leaf, torch.Tensor) and leaf.dim() > 0 else leaf)
 
 
-def _first_tensor(data: Any) -> Optional[torch.Tensor]:
+def _first_tensor(data: Any) -> torch.Tensor | None:
     return next((leaf for leaf in iter_leaves(data) if isinstance(leaf, torch.Tensor)), None)
 
 
@@ -110,17 +111,16 @@ class RealSamplesOnly(MetricUsage):
         )
 
 
-
 def evaluation_step(
     model: torch.nn.Module,
     *,
-    device: Union[str, torch.device, None] = None,
+    device: str | torch.device | None = None,
     non_blocking: bool = False,
     prepare_batch: Callable[..., tuple[Any, Any]] = ignite_prepare_batch,
     model_transform: Callable[[Any], Any] = _identity,
     output_transform: Callable[[Any, Any, Any], Any] = _prediction_and_target,
     model_fn: Callable[[torch.nn.Module, Any], Any] = _call_model,
-    autocast: Optional[Callable[[], Any]] = None,
+    autocast: Callable[[], Any] | None = None,
 ) -> Callable[[Engine, Any], Any]:
     """The process function of an evaluator over a prepared evaluation loader.
 

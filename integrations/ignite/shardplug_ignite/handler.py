@@ -20,7 +20,8 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections import OrderedDict
-from typing import Any, Callable, Iterator, Mapping, Optional, Sequence, Union
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any, cast
 
 import ignite.distributed as idist
 import torch
@@ -39,12 +40,25 @@ from shardplug.core.training import TrainingRun
 from .compat import ignite_prepare_batch
 from .epochs import EpochSync
 from .evaluation import (
-    RealSamplesOnly, _call_model, _identity, drop_padding, evaluation_step, real_count, real_samples, trim_padding,
+    RealSamplesOnly,
+    _call_model,
+    _identity,
+    drop_padding,
+    evaluation_step,
+    real_count,
+    real_samples,
+    trim_padding,
 )
 from .steps import SchedulerSteps, ShardplugEvents, StepEvents, register_step_events
 
 __all__ = [
-    "ShardplugEvents", "ShardplugHandler", "RealSamplesOnly", "drop_padding", "real_count", "real_samples", "trim_padding",
+    "ShardplugEvents",
+    "ShardplugHandler",
+    "RealSamplesOnly",
+    "drop_padding",
+    "real_count",
+    "real_samples",
+    "trim_padding",
 ]
 
 logger = logging.getLogger(__name__)
@@ -92,17 +106,19 @@ class ShardplugHandler(Serializable):
     """
 
     _state_dict_all_req_keys = (
-        EpochSync._state_dict_all_req_keys + StepEvents._state_dict_all_req_keys + SchedulerSteps._state_dict_all_req_keys
+        EpochSync._state_dict_all_req_keys
+        + StepEvents._state_dict_all_req_keys
+        + SchedulerSteps._state_dict_all_req_keys
     )  # ("loader", "gradient_state", "optimizer_step", "optimizer_step_skipped", "schedulers")
 
     def __init__(
         self,
-        config: Optional[ShardplugConfig] = None,
+        config: ShardplugConfig | None = None,
         *,
-        scaler: Optional[Any] = None,
-        device: Union[str, torch.device, None] = None,
-        num_processes: Optional[int] = None,
-        process_index: Optional[int] = None,
+        scaler: Any | None = None,
+        device: str | torch.device | None = None,
+        num_processes: int | None = None,
+        process_index: int | None = None,
         torch_device_mesh: Any = None,
     ) -> None:
         self.run = TrainingRun(
@@ -120,7 +136,7 @@ class ShardplugHandler(Serializable):
         self.schedulers = SchedulerSteps(self.run)
         #: the pieces whose states make the handler's (each saves and loads its own keys)
         self._pieces: tuple[Serializable, ...] = (self.epochs, self.steps, self.schedulers)
-        self._engine: Optional[Engine] = None
+        self._engine: Engine | None = None
 
     # -- properties --------------------------------------------------------------------------
     @property
@@ -134,7 +150,7 @@ class ShardplugHandler(Serializable):
         return self.run.gradient_state.sync_gradients
 
     @property
-    def scaler(self) -> Optional[Any]:
+    def scaler(self) -> Any | None:
         return self.run.scaler
 
     @property
@@ -157,7 +173,7 @@ class ShardplugHandler(Serializable):
         return self.steps.optimizer_step_skipped
 
     # -- preparing ---------------------------------------------------------------------------
-    def prepare_data_loader(self, dataloader: DataLoader, **overrides: Any) -> PreparedDataLoader:
+    def prepare_data_loader(self, dataloader: DataLoader[Any], **overrides: Any) -> PreparedDataLoader:
         """This process's training loader for ``dataloader`` (``overrides`` beat the config).
 
         Unlike ``idist.auto_dataloader`` it shards any batch sampler, keeps the batch size per
@@ -166,14 +182,14 @@ class ShardplugHandler(Serializable):
         """
         loader = self.run.prepare_data_loader(dataloader, **overrides)
         self.epochs.loader = loader
-        return loader
+        return cast("PreparedDataLoader", loader)
 
-    def prepare_eval_loader(self, dataloader: DataLoader, **overrides: Any) -> PreparedDataLoader:
+    def prepare_eval_loader(self, dataloader: DataLoader[Any], **overrides: Any) -> PreparedDataLoader:
         """This process's evaluation loader (``TrainingRun.prepare_eval_loader``): sharded like a
         training loader, not tied to the gradient state, padding tracked for every kind of data that
         has any. Use it with :meth:`create_evaluator` / :meth:`evaluation_step`, which drop the
         padding so every sample counts once."""
-        return self.run.prepare_eval_loader(dataloader, **overrides)
+        return cast("PreparedDataLoader", self.run.prepare_eval_loader(dataloader, **overrides))
 
     def auto_dataloader(self, dataset: Any, train: bool = True, **kwargs: Any) -> PreparedDataLoader:
         """Drop-in for ``idist.auto_dataloader(dataset, **kwargs)``, with its meaning of the arguments.
@@ -215,10 +231,10 @@ class ShardplugHandler(Serializable):
         self,
         engine: Engine,
         scheduler: Any,
-        optimizers: Union[Optimizer, Sequence[Optimizer], None] = None,
+        optimizers: Optimizer | Sequence[Optimizer] | None = None,
         *,
-        scale_scheduler_by_num_processes: Optional[bool] = None,
-        scale_by_num_processes: Optional[bool] = None,
+        scale_scheduler_by_num_processes: bool | None = None,
+        scale_by_num_processes: bool | None = None,
     ) -> PreparedScheduler:
         """Step a torch ``LRScheduler`` after every real optimizer step (never while accumulating,
         never after a step the scaler skipped); its state is part of the handler's.
@@ -238,8 +254,11 @@ class ShardplugHandler(Serializable):
                 "ReduceLROnPlateau needs a metric: call scheduler.step(metric) in an evaluator handler instead"
             )
         scale = renamed_option(
-            "attach_scheduler", "scale_by_num_processes", scale_by_num_processes,
-            "scale_scheduler_by_num_processes", scale_scheduler_by_num_processes,
+            "attach_scheduler",
+            "scale_by_num_processes",
+            scale_by_num_processes,
+            "scale_scheduler_by_num_processes",
+            scale_scheduler_by_num_processes,
         )
         prepared = self.run.prepare_scheduler(scheduler, optimizers, scale_scheduler_by_num_processes=scale)
         register_step_events(engine)
@@ -287,7 +306,7 @@ class ShardplugHandler(Serializable):
         """``loss.backward()`` averaged over the accumulation cycle and scaled by the scaler."""
         self.run.backward(loss, **kwargs)
 
-    def _autocast(self, enabled: Optional[bool], dtype: Optional[torch.dtype]) -> Any:
+    def _autocast(self, enabled: bool | None, dtype: torch.dtype | None) -> Any:
         if enabled is None:
             enabled = self.scaler is not None and bool(self.scaler.is_enabled())
         if not enabled:
@@ -301,15 +320,15 @@ class ShardplugHandler(Serializable):
         optimizer: Optimizer,
         loss_fn: Callable[..., torch.Tensor],
         *,
-        device: Union[str, torch.device, None] = None,
+        device: str | torch.device | None = None,
         non_blocking: bool = False,
         prepare_batch: Callable[..., tuple[Any, Any]] = ignite_prepare_batch,
         model_transform: Callable[[Any], Any] = _identity,
         output_transform: Callable[[Any, Any, Any, torch.Tensor], Any] = _loss_item,
         model_fn: Callable[[torch.nn.Module, Any], Any] = _call_model,
-        clip_grad_norm: Optional[float] = None,
-        autocast: Optional[bool] = None,
-        autocast_dtype: Optional[torch.dtype] = None,
+        clip_grad_norm: float | None = None,
+        autocast: bool | None = None,
+        autocast_dtype: torch.dtype | None = None,
     ) -> Callable[[Engine, Any], Any]:
         """The process function of a trainer: shardplug's ``supervised_training_step``.
 
@@ -351,7 +370,9 @@ class ShardplugHandler(Serializable):
 
         return update
 
-    def create_trainer(self, model: torch.nn.Module, optimizer: Optimizer, loss_fn: Callable[..., torch.Tensor], **kwargs: Any) -> Engine:
+    def create_trainer(
+        self, model: torch.nn.Module, optimizer: Optimizer, loss_fn: Callable[..., torch.Tensor], **kwargs: Any
+    ) -> Engine:
         """``Engine(self.training_step(...))`` with this handler attached: the counterpart of
         ``create_supervised_trainer``. ``kwargs`` go to :meth:`training_step`."""
         engine = Engine(self.training_step(model, optimizer, loss_fn, **kwargs))
@@ -362,8 +383,8 @@ class ShardplugHandler(Serializable):
         self,
         model: torch.nn.Module,
         *,
-        autocast: Optional[bool] = None,
-        autocast_dtype: Optional[torch.dtype] = None,
+        autocast: bool | None = None,
+        autocast_dtype: torch.dtype | None = None,
         **kwargs: Any,
     ) -> Callable[[Engine, Any], Any]:
         """The process function of an evaluator over a prepared evaluation loader:
@@ -373,7 +394,9 @@ class ShardplugHandler(Serializable):
         ``autocast=True``)."""
         return evaluation_step(model, autocast=lambda: self._autocast(autocast, autocast_dtype), **kwargs)
 
-    def create_evaluator(self, model: torch.nn.Module, metrics: Optional[Mapping[str, Metric]] = None, **kwargs: Any) -> Engine:
+    def create_evaluator(
+        self, model: torch.nn.Module, metrics: Mapping[str, Metric] | None = None, **kwargs: Any
+    ) -> Engine:
         """``Engine(self.evaluation_step(...))`` with ``metrics`` attached over real samples only: the
         counterpart of ``create_supervised_evaluator``. Run it on :meth:`prepare_eval_loader` output."""
         engine = Engine(self.evaluation_step(model, **kwargs))
@@ -382,16 +405,16 @@ class ShardplugHandler(Serializable):
         return engine
 
     # -- Serializable ------------------------------------------------------------------------
-    def state_dict(self) -> OrderedDict:
+    def state_dict(self) -> OrderedDict[str, Any]:
         """Rank-independent resume state (plain values and tensors; loads with ``weights_only=True``):
         the pieces' states together (the loader's full position, the gradient state, the step
         counters, the attached schedulers)."""
-        state: OrderedDict = OrderedDict()
+        state: OrderedDict[str, Any] = OrderedDict()
         for piece in self._pieces:
             state.update(piece.state_dict())
         return state
 
-    def load_state_dict(self, state_dict: Mapping) -> None:
+    def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
         """Load a :meth:`state_dict`: each piece gets its keys; applied when the trainer's next ``run`` starts."""
         if "batches_yielded" in state_dict and "loader" not in state_dict:
             raise ValueError(

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import logging
 from collections import OrderedDict
-from typing import Any, Mapping, Optional
+from collections.abc import Mapping
+from typing import Any
 
 from ignite.base.mixins import Serializable
 from ignite.engine import Engine, EventEnum, Events
@@ -87,7 +88,7 @@ class StepEvents(Serializable):
         self.optimizer_step_skipped = 0
         self.micro_batch_iteration = -1  #: the engine iteration whose micro-batch was begun last
         self._records: list[bool] = []
-        self._pending: Optional[dict[str, Any]] = None
+        self._pending: dict[str, Any] | None = None
 
     def watch(self, optimizer: PreparedOptimizer) -> None:
         """Count the steps of ``optimizer`` (a post-hook: it runs on the steps that act)."""
@@ -115,8 +116,8 @@ class StepEvents(Serializable):
             self.optimizer_step_skipped = pending["optimizer_step_skipped"]
         elif engine.state.iteration == 0:
             self.optimizer_step = self.optimizer_step_skipped = 0
-        engine.state.optimizer_step = self.optimizer_step
-        engine.state.optimizer_step_skipped = self.optimizer_step_skipped
+        engine.state.optimizer_step = self.optimizer_step  # type: ignore[attr-defined]  # ignite's State takes new attributes
+        engine.state.optimizer_step_skipped = self.optimizer_step_skipped  # type: ignore[attr-defined]  # ignite's State takes new attributes
 
     def _on_iteration_started(self, engine: Engine) -> None:
         self._records.clear()
@@ -129,14 +130,14 @@ class StepEvents(Serializable):
             return
         if all(records):
             self.optimizer_step_skipped += 1
-            engine.state.optimizer_step_skipped = self.optimizer_step_skipped
+            engine.state.optimizer_step_skipped = self.optimizer_step_skipped  # type: ignore[attr-defined]  # ignite's State takes new attributes
             engine.fire_event(ShardplugEvents.OPTIMIZER_STEP_SKIPPED)
         else:
             self.optimizer_step += 1
-            engine.state.optimizer_step = self.optimizer_step
+            engine.state.optimizer_step = self.optimizer_step  # type: ignore[attr-defined]  # ignite's State takes new attributes
             engine.fire_event(ShardplugEvents.OPTIMIZER_STEP_COMPLETED)
 
-    def state_dict(self) -> "OrderedDict[str, Any]":
+    def state_dict(self) -> OrderedDict[str, Any]:
         """The gradient state and the step counters (plain values)."""
         return OrderedDict(
             gradient_state=self.run.gradient_state.state_dict(),
@@ -175,7 +176,7 @@ class SchedulerSteps(Serializable):
 
     def __init__(self, run: TrainingRun) -> None:
         self.run = run
-        self._pending: Optional[list[Any]] = None
+        self._pending: list[Any] | None = None
 
     def attach(self, engine: Engine) -> None:
         engine.add_event_handler(Events.STARTED, self._on_started)
@@ -190,13 +191,13 @@ class SchedulerSteps(Serializable):
             return
         if len(states) != len(self.run.schedulers):
             raise ValueError(
-                f"the checkpoint holds {len(states)} scheduler state(s) but {len(self.run.schedulers)} scheduler(s) are "
-                "attached: attach the same schedulers (handler.attach_scheduler) before resuming"
+                f"the checkpoint holds {len(states)} scheduler state(s) but {len(self.run.schedulers)} scheduler(s) "
+                "are attached: attach the same schedulers (handler.attach_scheduler) before resuming"
             )
         for scheduler, state in zip(self.run.schedulers, states):
             scheduler.load_state_dict(state)
 
-    def state_dict(self) -> "OrderedDict[str, Any]":
+    def state_dict(self) -> OrderedDict[str, Any]:
         """``{"schedulers": [...]}``: the attached schedulers' states, in the order they were attached."""
         return OrderedDict(schedulers=[scheduler.state_dict() for scheduler in self.run.schedulers])
 

@@ -6,11 +6,12 @@ Fails when an Ignite release drops or renames one; shardplug_ignite/compat.py sa
 from __future__ import annotations
 
 import importlib
+from collections.abc import Callable
 from importlib.metadata import version
-from typing import Callable
 
 import pytest
 import torch
+
 from shardplug_ignite import compat
 
 

@@ -9,7 +9,8 @@ it summed (``k * -dw[1]``) and which ones (``k * -dw[0]``, in binary).
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 import torch

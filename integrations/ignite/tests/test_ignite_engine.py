@@ -7,12 +7,12 @@ the test process against references computed independently of shardplug.
 from __future__ import annotations
 
 import json
-import os
-import sys
 import math
+import os
 import socket
+import sys
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import ignite.distributed as idist
 import pytest
@@ -113,7 +113,9 @@ def _record_stream(out_dir: str, epochs: int) -> dict[str, Any]:
 
     context = multiprocessing.get_context("forkserver")
     context.set_forkserver_preload(["torch", "datasets"])
-    loader = handler.prepare_data_loader(DataLoader(stream, batch_size=3, num_workers=2, multiprocessing_context=context))
+    loader = handler.prepare_data_loader(
+        DataLoader(stream, batch_size=3, num_workers=2, multiprocessing_context=context)
+    )
     seen: dict[int, list[list[int]]] = {}
     trainer = Engine(lambda engine, batch: seen.setdefault(engine.state.epoch, []).append(batch["x"].tolist()))
     handler.attach(trainer)
@@ -145,7 +147,8 @@ def _worker_data(local_rank: int, out_dir: str) -> None:
 
 
 def _reference_shards(order: list[int], batch_size: int, split: bool) -> list[list[list[int]]]:
-    """Per-rank batches of one epoch, from the documented rule (docs/semantics.md) (pad the last step from the epoch start)."""
+    """Per-rank batches of one epoch, from the documented rule (docs/semantics.md)
+    (pad the last step from the epoch start)."""
     step = batch_size if split else batch_size * WORLD
     padded = list(order)
     while len(padded) % step:
@@ -245,14 +248,18 @@ def _stepping() -> dict[str, Any]:
     prepared = handler.optimizers[0]
     plain = handler.attach_scheduler(trainer, torch.optim.lr_scheduler.StepLR(prepared, step_size=1, gamma=0.9))
     n_fold = handler.attach_scheduler(
-        trainer, torch.optim.lr_scheduler.StepLR(torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0), 1),
-        optimizers=[prepared], scale_scheduler_by_num_processes=True,
+        trainer,
+        torch.optim.lr_scheduler.StepLR(torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0), 1),
+        optimizers=[prepared],
+        scale_scheduler_by_num_processes=True,
     )
     rec: dict[str, Any] = {"completed": [], "skipped": [], "every3": [], "sync": [], "lr": [], "grads_nonsync": []}
     trainer.add_event_handler(
         ShardplugEvents.OPTIMIZER_STEP_COMPLETED, lambda e: rec["completed"].append(e.state.iteration)
     )
-    trainer.add_event_handler(ShardplugEvents.OPTIMIZER_STEP_SKIPPED, lambda e: rec["skipped"].append(e.state.iteration))
+    trainer.add_event_handler(
+        ShardplugEvents.OPTIMIZER_STEP_SKIPPED, lambda e: rec["skipped"].append(e.state.iteration)
+    )
     trainer.add_event_handler(
         ShardplugEvents.OPTIMIZER_STEP_COMPLETED(every=3), lambda e: rec["every3"].append(e.state.optimizer_step)
     )
@@ -273,7 +280,9 @@ def _stepping() -> dict[str, Any]:
     return rec
 
 
-def _checkpointing(trainer: Engine, to_save: dict[str, Any], ckpt_dir: Path, save_at: Any, stop_at: Optional[int], resume: bool) -> None:
+def _checkpointing(
+    trainer: Engine, to_save: dict[str, Any], ckpt_dir: Path, save_at: Any, stop_at: int | None, resume: bool
+) -> None:
     """Save ``to_save`` on rank 0 at ``save_at`` and stop after iteration ``stop_at``; or load the one checkpoint."""
     if stop_at is not None:
         checkpoint = Checkpoint(to_save, DiskSaver(str(ckpt_dir), require_empty=False), n_saved=None, save_on_rank=0)
@@ -285,7 +294,7 @@ def _checkpointing(trainer: Engine, to_save: dict[str, Any], ckpt_dir: Path, sav
         Checkpoint.load_objects(to_save, str(files[0]))
 
 
-def _resume_parts(ckpt_dir: Path, stop_at: Optional[int], resume: bool) -> tuple[list[Any], list[float], dict[str, Any]]:
+def _resume_parts(ckpt_dir: Path, stop_at: int | None, resume: bool) -> tuple[list[Any], list[float], dict[str, Any]]:
     """3 epochs of 5 iterations (n=20, batch 2 per rank, shuffled, accumulation 2)."""
     handler = ShardplugHandler(ShardplugConfig(gradient_accumulation_steps=2))
     torch.manual_seed(1234 if resume else 7)  # a resumed run must take the seed from the checkpoint
@@ -299,7 +308,8 @@ def _resume_parts(ckpt_dir: Path, stop_at: Optional[int], resume: bool) -> tuple
     trainer = handler.create_trainer(model, optimizer, loss_fn, model_fn=_features)
     seen: list[Any] = []
     trainer.add_event_handler(
-        Events.ITERATION_COMPLETED, lambda e: seen.append([e.state.iteration, _indices(e.state.batch), handler.sync_gradients])
+        Events.ITERATION_COMPLETED,
+        lambda e: seen.append([e.state.iteration, _indices(e.state.batch), handler.sync_gradients]),
     )
     to_save = {"trainer": trainer, "model": model, "optimizer": handler.optimizers[0], "shardplug": handler}
     _checkpointing(trainer, to_save, ckpt_dir, ShardplugEvents.OPTIMIZER_STEP_COMPLETED(every=4), stop_at, resume)
@@ -361,14 +371,16 @@ def test_ignite_stepping_and_resume(tmp_path: Path) -> None:
 ELASTIC_N, ELASTIC_STOP = 24, 4  # 24 samples, batch 2 per rank; the 2-process run stops after iteration 4
 
 
-def _elastic_run(out_dir: str, stop_at: Optional[int], resume: bool) -> dict[str, Any]:
+def _elastic_run(out_dir: str, stop_at: int | None, resume: bool) -> dict[str, Any]:
     """2 epochs over 24 shuffled samples (seed 11), batch 2 per rank, a StepLR the handler saves."""
     handler = ShardplugHandler(ShardplugConfig(use_seedable_sampler=True, data_seed=11))
     loader = handler.prepare_data_loader(DataLoader(_dataset(ELASTIC_N), batch_size=2, shuffle=True))
     loader.track_padding()  # which rows are wrap-around padding (the end of an epoch is padded)
     model = idist.auto_model(_regression_model())
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    trainer = handler.create_trainer(model, optimizer, lambda p, y: F.mse_loss(p, _regression_target(y)), model_fn=_features)
+    trainer = handler.create_trainer(
+        model, optimizer, lambda p, y: F.mse_loss(p, _regression_target(y)), model_fn=_features
+    )
     handler.attach_scheduler(trainer, torch.optim.lr_scheduler.StepLR(handler.optimizers[0], step_size=1, gamma=0.9))
     rec: dict[str, Any] = {"rows": [], "lr_first": None}
 

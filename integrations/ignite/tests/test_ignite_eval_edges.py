@@ -92,8 +92,11 @@ def test_tiny_evaluation_sets_run_on_every_rank_and_count_each_sample_once(tmp_p
         parallel.run(_worker, str(tmp_path))
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(WORLD)]
     for label in ("default", "uneven"):
-        runs = [[(name, r[label][name]) for name in ("three", "five", "big")] + [
-            (name, run) for name, run in zip(("big", "three"), r[label]["two_loaders"])] for r in ranks]
+        runs = [
+            [(name, r[label][name]) for name in ("three", "five", "big")]
+            + [(name, run) for name, run in zip(("big", "three"), r[label]["two_loaders"])]
+            for r in ranks
+        ]
         for per_rank in zip(*runs):
             name = per_rank[0][0]
             n = SETS[name][0]

@@ -130,7 +130,7 @@ def test_ignite_evaluation_counts_every_stream_sample_once(sized: bool) -> None:
         loader = handler.prepare_eval_loader(DataLoader(_Stream(21, sized), batch_size=4))
         evaluator = handler.create_evaluator(torch.nn.Identity(), output_transform=lambda x, y, p: p)
         outputs = []
-        evaluator.add_event_handler(Events.ITERATION_COMPLETED, lambda e: outputs.append(e.state.output))
+        evaluator.add_event_handler(Events.ITERATION_COMPLETED, lambda e: outputs.append(e.state.output))  # noqa: B023 (run within this iteration)
         evaluator.run(loader)
         seen.extend(int(v) for out in outputs for v in out.flatten().tolist())
     assert sorted(seen) == list(range(21))  # padding dropped (sized) or never added (no len)
@@ -167,8 +167,16 @@ def test_ignite_mid_epoch_resume_without_the_handler_state_is_refused() -> None:
     with pytest.raises(RuntimeError, match="Put the ShardplugHandler in the Checkpoint's to_save"):
         trainer.run(handler.prepare_data_loader(DataLoader(_data(8), batch_size=2)))
     with pytest.raises(ValueError, match="older shardplug-ignite"):
-        handler.load_state_dict({"seeds": [1], "epoch": 0, "batches_yielded": 2, "optimizer_step": 0,
-                                 "optimizer_step_skipped": 0, "accumulation_step": 0})
+        handler.load_state_dict(
+            {
+                "seeds": [1],
+                "epoch": 0,
+                "batches_yielded": 2,
+                "optimizer_step": 0,
+                "optimizer_step_skipped": 0,
+                "accumulation_step": 0,
+            }
+        )
 
 
 def _resumable_run(stop_at: int | None, state: dict[str, Any] | None = None) -> tuple[list[int], dict[str, Any], float]:
@@ -178,7 +186,9 @@ def _resumable_run(stop_at: int | None, state: dict[str, Any] | None = None) -> 
     model = torch.nn.Linear(1, 1)
     handler = ShardplugHandler(ShardplugConfig(use_seedable_sampler=True, data_seed=4, gradient_accumulation_steps=2))
     loader = handler.prepare_data_loader(DataLoader(_data(12), batch_size=2, shuffle=True))
-    trainer = handler.create_trainer(model, torch.optim.SGD(model.parameters(), lr=1.0), lambda p, y: F.mse_loss(p.squeeze(1), y))
+    trainer = handler.create_trainer(
+        model, torch.optim.SGD(model.parameters(), lr=1.0), lambda p, y: F.mse_loss(p.squeeze(1), y)
+    )
     handler.attach_scheduler(trainer, torch.optim.lr_scheduler.StepLR(handler.optimizers[0].optimizer, 1, gamma=0.5))
     seen: list[int] = []
 

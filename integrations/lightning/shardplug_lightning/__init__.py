@@ -20,11 +20,22 @@ import logging
 from typing import Any
 
 from .fabric import ShardplugFabricDDPStrategy
-from .strategy import ShardplugDDPStrategy, ShardplugFSDPStrategy, ShardplugModelParallelStrategy, ShardplugStrategyMixin
+from .strategy import (
+    ShardplugDDPStrategy,
+    ShardplugFSDPStrategy,
+    ShardplugModelParallelStrategy,
+    ShardplugStrategyMixin,
+)
 
 __all__ = [
-    "ShardplugDDPStrategy", "ShardplugFSDPStrategy", "ShardplugModelParallelStrategy", "ShardplugFabricDDPStrategy",
-    "ShardplugStrategyMixin", "STRATEGY_NAMES", "OTHER_STRATEGIES", "register",
+    "ShardplugDDPStrategy",
+    "ShardplugFSDPStrategy",
+    "ShardplugModelParallelStrategy",
+    "ShardplugFabricDDPStrategy",
+    "ShardplugStrategyMixin",
+    "STRATEGY_NAMES",
+    "OTHER_STRATEGIES",
+    "register",
 ]
 
 __version__ = "0.1.0"
@@ -43,7 +54,10 @@ OTHER_STRATEGIES: dict[str, type] = {
 def _register_in(registry: Any, cls: type) -> None:
     for name, start_method in STRATEGY_NAMES.items():
         registry.register(
-            name, cls, description=f"shardplug DDP (start_method={start_method!r})", override=True,
+            name,
+            cls,
+            description=f"shardplug DDP (start_method={start_method!r})",
+            override=True,
             start_method=start_method,
         )
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import logging
-from typing import Any
+from typing import Any, cast
 
 from torch.utils.data import DataLoader
 from torch.utils.data.distributed import DistributedSampler
@@ -66,7 +66,7 @@ class ShardplugOptions:
         merged = resolve_config(config, {name: value for name, value in options.items() if value is not None})
         self._check_shardplug_config(merged)
         self.shardplug_config: ShardplugConfig = merged
-        super().__init__(**kwargs)  # type: ignore[call-arg]
+        super().__init__(**kwargs)
 
     def _check_shardplug_config(self, config: ShardplugConfig) -> None:
         """Refuse options this front end cannot honour (a ``ValueError`` naming the option and the fix)."""
@@ -84,10 +84,15 @@ def _signature(cls: type) -> inspect.Signature:
     ``ShardplugConfig`` field (``None``: the config's), the class's own keywords, ``**kwargs``."""
     keyword = inspect.Parameter.KEYWORD_ONLY
     shardplug = [inspect.Parameter("config", keyword, default=None, annotation="Optional[ShardplugConfig]")]
-    shardplug += [inspect.Parameter(f.name, keyword, default=None, annotation=_optional(str(f.type)))
-                  for f in dataclasses.fields(ShardplugConfig)]
-    own = [p for name, p in inspect.signature(cls.__init__).parameters.items()
-           if p.kind is keyword and name not in _FIELDS and name != "config"]
+    shardplug += [
+        inspect.Parameter(f.name, keyword, default=None, annotation=_optional(str(f.type)))
+        for f in dataclasses.fields(ShardplugConfig)
+    ]
+    own = [
+        p
+        for name, p in inspect.signature(cast(Any, cls).__init__).parameters.items()
+        if p.kind is keyword and name not in _FIELDS and name != "config"
+    ]
     return inspect.Signature([*shardplug, *own, inspect.Parameter("kwargs", inspect.Parameter.VAR_KEYWORD)])
 
 
@@ -95,7 +100,7 @@ def _optional(annotation: str) -> str:
     return annotation if annotation.startswith("Optional[") else f"Optional[{annotation}]"
 
 
-def _has_distributed_sampler(dataloader: DataLoader) -> bool:
+def _has_distributed_sampler(dataloader: DataLoader[Any]) -> bool:
     candidates = [getattr(dataloader, "sampler", None)]
     batch_sampler = getattr(dataloader, "batch_sampler", None)
     candidates.append(getattr(batch_sampler, "sampler", None))
@@ -104,7 +109,7 @@ def _has_distributed_sampler(dataloader: DataLoader) -> bool:
     return any(isinstance(s, DistributedSampler) for s in candidates)
 
 
-def refuse_distributed_sampler(dataloader: DataLoader, hook: str) -> None:
+def refuse_distributed_sampler(dataloader: DataLoader[Any], hook: str) -> None:
     """Raise when the loader already shards itself: shardplug would shard it a second time."""
     if _has_distributed_sampler(dataloader):
         raise ValueError(
@@ -115,7 +120,7 @@ def refuse_distributed_sampler(dataloader: DataLoader, hook: str) -> None:
         )
 
 
-def refuse_prepared(dataloader: DataLoader, hook: str) -> None:
+def refuse_prepared(dataloader: DataLoader[Any], hook: str) -> None:
     """Raise when the loader was already prepared by shardplug (it would be sharded twice)."""
     if isinstance(dataloader, PreparedDataLoader):
         raise ValueError(

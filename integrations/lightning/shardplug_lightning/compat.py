@@ -22,15 +22,23 @@ Example::
 from __future__ import annotations
 
 import importlib
-from typing import Any
+from typing import Any, cast
 
 from shardplug.core import compat as core_compat
 
 __all__ = [
-    "PRIVATES", "CHECKED_AGAINST",
-    "turn_off_distributed_sampler", "index_batch_sampler_wrapper", "wrapped_batch_sampler",
-    "set_wrapped_batch_sampler", "inner_batch_sampler", "apply_late_loader_states", "combined_loader",
-    "batch_progress", "set_epoch_length", "forget_iterator",
+    "PRIVATES",
+    "CHECKED_AGAINST",
+    "turn_off_distributed_sampler",
+    "index_batch_sampler_wrapper",
+    "wrapped_batch_sampler",
+    "set_wrapped_batch_sampler",
+    "inner_batch_sampler",
+    "apply_late_loader_states",
+    "combined_loader",
+    "batch_progress",
+    "set_epoch_length",
+    "forget_iterator",
 ]
 
 CHECKED_AGAINST: dict[str, str] = {"lightning": "2.6.6", "torch": core_compat.CHECKED_AGAINST["torch"]}
@@ -40,8 +48,9 @@ _LOOPS = "lightning.pytorch.loops"
 PRIVATES: dict[str, str] = {
     "lightning.pytorch.trainer.Trainer._accelerator_connector": "the Trainer's accelerator connector, which holds "
     "the DistributedSampler switch",
-    "lightning.pytorch.trainer.connectors.accelerator_connector._AcceleratorConnector.use_distributed_sampler":
-    "turned off so that Lightning never injects a DistributedSampler (shardplug shards every loader)",
+    "lightning.pytorch.trainer.connectors.accelerator_connector._AcceleratorConnector.use_distributed_sampler": (
+        "turned off so that Lightning never injects a DistributedSampler (shardplug shards every loader)"
+    ),
     "lightning.pytorch.overrides.distributed._IndexBatchSamplerWrapper": "the predict loop's index-recording batch "
     "sampler: the shard goes inside it, so that batch_indices are right",
     "lightning.pytorch.overrides.distributed._IndexBatchSamplerWrapper._batch_sampler": "the batch sampler inside "
@@ -88,7 +97,9 @@ def index_batch_sampler_wrapper(namespace: str) -> type:
     """The predict loop's index-recording batch sampler class of ``namespace`` (``lightning.pytorch`` /
     ``pytorch_lightning``)."""
     module = importlib.import_module(f"{namespace}.overrides.distributed")
-    return _required(module, "_IndexBatchSamplerWrapper", "the predict loop's index-recording batch sampler")
+    return cast(
+        "type", _required(module, "_IndexBatchSamplerWrapper", "the predict loop's index-recording batch sampler")
+    )
 
 
 def wrapped_batch_sampler(wrapper: Any) -> Any:
@@ -144,4 +155,3 @@ def set_epoch_length(trainer: Any, fit_loop: Any, limit: int) -> None:
 def forget_iterator(loader: Any) -> None:
     """Drop the persistent iterator of a (copied) ``DataLoader``."""
     core_compat.forget_iterator(loader)
-

@@ -19,9 +19,9 @@ Example::
 from __future__ import annotations
 
 import logging
-from typing import Any, Optional
+from typing import Any, cast
 
-from lightning.fabric.strategies import DDPStrategy
+from lightning.fabric.strategies.ddp import DDPStrategy
 from torch.nn import Module
 from torch.optim import Optimizer
 from torch.utils.data import DataLoader
@@ -59,7 +59,7 @@ class ShardplugFabricDDPStrategy(ShardplugOptions, DDPStrategy):
     """
 
     def __init__(self, **options: Any) -> None:
-        self._last_step: Optional[amp.StepAttempt] = None
+        self._last_step: amp.StepAttempt | None = None
         super().__init__(**options)  # ShardplugOptions: the shardplug keywords, then DDPStrategy's
 
     @override
@@ -81,7 +81,7 @@ class ShardplugFabricDDPStrategy(ShardplugOptions, DDPStrategy):
         """Whether the last ``optimizer.step()`` made no update (``GradScaler`` found inf/NaN gradients)."""
         return self._last_step is not None and self._last_step.skipped
 
-    def process_dataloader(self, dataloader: DataLoader) -> DataLoader:
+    def process_dataloader(self, dataloader: DataLoader[Any]) -> DataLoader[Any]:
         """This process's loader: ``prepare_data_loader`` with the strategy's options."""
         dataloader = super().process_dataloader(dataloader)
         if not isinstance(dataloader, DataLoader):
@@ -90,7 +90,7 @@ class ShardplugFabricDDPStrategy(ShardplugOptions, DDPStrategy):
         refuse_distributed_sampler(dataloader, "fabric.setup_dataloaders()")
         return prepare_data_loader(dataloader, **self._loader_arguments(self.world_size, self.global_rank))
 
-    def prepare_eval_loader(self, dataloader: DataLoader, *, drop_padding: bool = False) -> DataLoader:
+    def prepare_eval_loader(self, dataloader: DataLoader[Any], *, drop_padding: bool = False) -> DataLoader[Any]:
         """This process's evaluation loader, by the core's rule (``shardplug.core.evaluation``): the same
         number of batches on every process whatever ``even_batches`` says (a set smaller than one
         global batch, or more processes than batches, leaves no process out of a collective), the
@@ -103,7 +103,7 @@ class ShardplugFabricDDPStrategy(ShardplugOptions, DDPStrategy):
         refuse_prepared(dataloader, "fabric.strategy.prepare_eval_loader()")
         refuse_distributed_sampler(dataloader, "fabric.strategy.prepare_eval_loader()")
         arguments = self._loader_arguments(self.world_size, self.global_rank)
-        return prepare_eval_loader(dataloader, drop_padding=drop_padding, **arguments)
+        return cast("DataLoader[Any]", prepare_eval_loader(dataloader, drop_padding=drop_padding, **arguments))
 
     def setup_module_and_optimizers(
         self, module: Module, optimizers: list[Optimizer], scheduler: Any = None
@@ -129,6 +129,9 @@ class ShardplugFabricDDPStrategy(ShardplugOptions, DDPStrategy):
         """Register ``shardplug_ddp`` and ``shardplug_ddp_spawn`` in Fabric's registry."""
         for name, start_method in (("shardplug_ddp", "popen"), ("shardplug_ddp_spawn", "spawn")):
             strategy_registry.register(
-                name, cls, description=f"shardplug DDP (start_method={start_method!r})", override=True,
+                name,
+                cls,
+                description=f"shardplug DDP (start_method={start_method!r})",
+                override=True,
                 start_method=start_method,
             )

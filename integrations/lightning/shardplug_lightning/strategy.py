@@ -17,7 +17,8 @@ from __future__ import annotations
 import importlib
 import logging
 import types
-from typing import Any, Callable, Optional
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, cast
 
 from torch.optim import Optimizer
 from torch.utils.data import DataLoader
@@ -34,7 +35,10 @@ from . import compat
 from ._options import ShardplugOptions, refuse_distributed_sampler, refuse_prepared
 
 __all__ = [
-    "ShardplugDDPStrategy", "ShardplugFSDPStrategy", "ShardplugModelParallelStrategy", "ShardplugStrategyMixin",
+    "ShardplugDDPStrategy",
+    "ShardplugFSDPStrategy",
+    "ShardplugModelParallelStrategy",
+    "ShardplugStrategyMixin",
     "make_strategy_class",
 ]
 
@@ -87,11 +91,16 @@ class ShardplugStrategyMixin(ShardplugOptions):
     #: ``lightning.pytorch`` or ``pytorch_lightning``: the namespace this class belongs to.
     _pl_namespace: str = "lightning.pytorch"
 
+    if TYPE_CHECKING:  # given by the DDPStrategy this class is mixed into
+
+        @property
+        def global_rank(self) -> int: ...
+
     def __init__(self, *, eval_even_batches: bool = False, **options: Any) -> None:
         if not isinstance(eval_even_batches, bool):
             raise TypeError(f"eval_even_batches={eval_even_batches!r} is invalid: it must be True or False")
         self.eval_even_batches = eval_even_batches
-        self._last_step: Optional[amp.StepAttempt] = None
+        self._last_step: amp.StepAttempt | None = None
         super().__init__(**options)  # ShardplugOptions: the shardplug keywords, then the strategy's
 
     @override
@@ -168,11 +177,13 @@ class ShardplugStrategyMixin(ShardplugOptions):
         if stage == "train":
             prepared = prepare_data_loader(dataloader, **self._data_arguments())
         else:  # the core's evaluation rule: equal steps on every rank, padding marked (and dropped)
-            prepared = prepare_eval_loader(dataloader, drop_padding=not self.eval_even_batches, **self._data_arguments())
-        logger.debug("rank %d: %s loader prepared (%s)", self.global_rank, stage, type(prepared.plan).__name__)  # type: ignore[attr-defined]
+            prepared = prepare_eval_loader(
+                dataloader, drop_padding=not self.eval_even_batches, **self._data_arguments()
+            )
+        logger.debug("rank %d: %s loader prepared (%s)", self.global_rank, stage, type(prepared.plan).__name__)
         return prepared
 
-    def _prepare_predict(self, dataloader: DataLoader) -> DataLoader:
+    def _prepare_predict(self, dataloader: DataLoader[Any]) -> DataLoader[Any]:
         changes: dict[str, Any] = {"even_batches": False}  # predict loaders are never padded, never dispatch
         if self.shardplug_config.dispatch_batches:
             changes.update(dispatch_batches=False, slice_fn_for_dispatch=None)
@@ -206,15 +217,19 @@ class ShardplugStrategyMixin(ShardplugOptions):
             scheduler = scheduler_config.scheduler
             if scheduler_config.interval != "step" or scheduler_config.reduce_on_plateau:
                 continue  # epoch schedules and ReduceLROnPlateau are Lightning's
-            if isinstance(scheduler, PreparedScheduler) or not isinstance(getattr(scheduler, "optimizer", None), Optimizer):
+            if isinstance(scheduler, PreparedScheduler) or not isinstance(
+                getattr(scheduler, "optimizer", None), Optimizer
+            ):
                 continue
             scheduler_config.scheduler = PreparedScheduler.from_config(
-                scheduler, None, config, front_end="lightning", num_processes=self.world_size  # type: ignore[attr-defined]
+                scheduler,
+                None,
+                config,
+                front_end="lightning",
+                num_processes=self.world_size,  # type: ignore[attr-defined]
             )
 
-    def optimizer_step(
-        self, optimizer: Optimizer, closure: Callable[[], Any], model: Any = None, **kwargs: Any
-    ) -> Any:
+    def optimizer_step(self, optimizer: Optimizer, closure: Callable[[], Any], model: Any = None, **kwargs: Any) -> Any:
         """Lightning's optimizer step, counted by shardplug's real-step counter.
 
         ``GradScaler`` skips an update when the gradients hold inf/NaN (fused optimizers inside
@@ -239,7 +254,7 @@ class ShardplugStrategyMixin(ShardplugOptions):
         fit_loop = self._get_trainer().fit_loop
         applied = compat.apply_late_loader_states(fit_loop)
         if applied:
-            logger.debug("rank %d: applied %d training loader state(s) after restore", self.global_rank, applied)  # type: ignore[attr-defined]
+            logger.debug("rank %d: applied %d training loader state(s) after restore", self.global_rank, applied)
         self._align_batch_progress(fit_loop)
 
     def _align_batch_progress(self, fit_loop: Any) -> None:
@@ -261,7 +276,10 @@ class ShardplugStrategyMixin(ShardplugOptions):
         if not resumed and not progress.current.ready:
             return  # a pass from the epoch's start: nothing to align
         combined = compat.combined_loader(fit_loop)
-        limit = min([loader.epoch_length] + [int(x) for x in getattr(combined, "limits", None) or [] if x != float("inf")])
+        limit = min(
+            [cast(int, loader.epoch_length)]
+            + [int(x) for x in getattr(combined, "limits", None) or [] if x != float("inf")]
+        )
         compat.set_epoch_length(self._get_trainer(), fit_loop, limit)
         delta = resumed - progress.current.ready
         for tracker in (progress.current, progress.total):
@@ -272,7 +290,10 @@ class ShardplugStrategyMixin(ShardplugOptions):
         if delta:
             logger.info(
                 "rank %d: resumed on another layout: %d of %d batches of this epoch done (the checkpoint counted %d)",
-                self.global_rank, resumed, limit, resumed - delta,  # type: ignore[attr-defined]
+                self.global_rank,
+                resumed,
+                limit,
+                resumed - delta,
             )
 
     def on_train_batch_start(self, batch: Any, batch_idx: int, *args: Any, **kwargs: Any) -> None:
@@ -296,7 +317,7 @@ def _loaders_in(iterables: Any) -> list[Any]:
     return [iterables]
 
 
-def _with_batch_sampler(dataloader: DataLoader, batch_sampler: Any) -> DataLoader:
+def _with_batch_sampler(dataloader: DataLoader[Any], batch_sampler: Any) -> DataLoader[Any]:
     """A shallow copy of ``dataloader`` reading ``batch_sampler`` (only used as input of ``prepare_data_loader``)."""
     clone = object.__new__(type(dataloader))
     clone.__dict__.update(vars(dataloader))
@@ -310,9 +331,8 @@ def make_strategy_class(namespace: str, name: str, base: str = "DDPStrategy") ->
     ``pytorch_lightning``): the same data, stepping and resume on DDP, FSDP or model parallelism."""
     base_cls = getattr(importlib.import_module(f"{namespace}.strategies"), base)
     cls = type(name, (ShardplugStrategyMixin, base_cls), {"_pl_namespace": namespace, "__module__": __name__})
-    cls.__doc__ = (
-        f"``{namespace}.strategies.{base}`` with shardplug's data loading and stepping.\n\n"
-        + (ShardplugStrategyMixin.__doc__ or "")
+    cls.__doc__ = f"``{namespace}.strategies.{base}`` with shardplug's data loading and stepping.\n\n" + (
+        ShardplugStrategyMixin.__doc__ or ""
     )
     return cls
 

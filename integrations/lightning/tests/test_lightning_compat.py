@@ -7,8 +7,9 @@ is used for.
 from __future__ import annotations
 
 import importlib
+from collections.abc import Callable
 from importlib.metadata import version
-from typing import Any, Callable
+from typing import Any
 
 import pytest
 import torch
@@ -21,8 +22,14 @@ NAMESPACES = ["lightning.pytorch"] + (["pytorch_lightning"] if importlib.util.fi
 
 def _trainer(namespace: str) -> Any:
     pl = importlib.import_module(namespace)
-    return pl.Trainer(accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
-                      enable_progress_bar=False, enable_model_summary=False)
+    return pl.Trainer(
+        accelerator="cpu",
+        devices=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
 
 
 def _module(namespace: str, dotted: str) -> Any:
@@ -94,8 +101,9 @@ def _check_iterator(namespace: str) -> None:
 _LOOPS = "lightning.pytorch.loops"
 CHECKS: dict[str, Callable[[str], None]] = {
     "lightning.pytorch.trainer.Trainer._accelerator_connector": _check_connector,
-    "lightning.pytorch.trainer.connectors.accelerator_connector._AcceleratorConnector.use_distributed_sampler":
-    _check_connector,
+    "lightning.pytorch.trainer.connectors.accelerator_connector._AcceleratorConnector.use_distributed_sampler": (
+        _check_connector
+    ),
     "lightning.pytorch.overrides.distributed._IndexBatchSamplerWrapper": _check_wrapper,
     "lightning.pytorch.overrides.distributed._IndexBatchSamplerWrapper._batch_sampler": _check_wrapper,
     f"{_LOOPS}.fit_loop._FitLoop._combined_loader": _check_late_states,

@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
 from test_lightning_strategy import WORLD, _run_script
 
 
@@ -37,8 +36,14 @@ def _check(ranks: list[dict[str, Any]], scenario: str, sizes: tuple[int, ...]) -
 
 @pytest.mark.parametrize(
     "scenario, sizes",
-    [("three", (3,)), ("three_allow_zero", (3,)), ("five", (5,)), ("two_loaders", (27, 3)), ("test_three", (3,)),
-     ("padded", (3,))],
+    [
+        ("three", (3,)),
+        ("three_allow_zero", (3,)),
+        ("five", (5,)),
+        ("two_loaders", (27, 3)),
+        ("test_three", (3,)),
+        ("padded", (3,)),
+    ],
 )
 def test_tiny_evaluation_sets_run_on_every_rank_and_count_each_sample_once(edges, scenario, sizes) -> None:
     _check(edges, scenario, sizes)

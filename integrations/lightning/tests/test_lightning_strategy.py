@@ -203,8 +203,12 @@ def test_lightning_and_fabric_strategies_read_their_options_in_one_place() -> No
         strategy = cls(config=ShardplugConfig(data_seed=1), **options)
         assert strategy.shardplug_config == expected
         loader = strategy._loader_arguments(2, 1, even_batches=False)
-        assert loader == {"config": expected.replace(even_batches=False), "device": None, "num_processes": 2,
-                          "process_index": 1}
+        assert loader == {
+            "config": expected.replace(even_batches=False),
+            "device": None,
+            "num_processes": 2,
+            "process_index": 1,
+        }
         parameters = inspect.signature(cls).parameters  # what help() and argument parsers show
         assert {"config", *options, "gradient_accumulation_steps"} <= set(parameters)
         assert all(parameters[name].default is None for name in options)
@@ -269,7 +273,9 @@ def _run_elastic(out: Path, devices: int, *args: str) -> None:
 
 
 @pytest.mark.parametrize("before, after, index", [(2, 3, 0), (3, 2, 0), (2, 2, 1)], ids=["2to3", "3to2", "2to2"])
-def test_fit_resumes_mid_epoch_with_another_number_of_devices(elastic: dict[str, Any], before: int, after: int, index: int):
+def test_fit_resumes_mid_epoch_with_another_number_of_devices(
+    elastic: dict[str, Any], before: int, after: int, index: int
+):
     first = elastic[f"first{before}"]
     runs = elastic[f"resumed{after}"]
     done = [i for rank in first for epoch, _, real, _, _ in rank["rows"] if epoch == 0 for i in real]
@@ -306,7 +312,9 @@ def test_fsdp_and_model_parallel_names_build_shardplug_strategies() -> None:
 
     from shardplug_lightning import ShardplugFSDPStrategy, ShardplugModelParallelStrategy
 
-    assert issubclass(ShardplugFSDPStrategy, FSDPStrategy) and issubclass(ShardplugModelParallelStrategy, ModelParallelStrategy)
+    assert issubclass(ShardplugFSDPStrategy, FSDPStrategy) and issubclass(
+        ShardplugModelParallelStrategy, ModelParallelStrategy
+    )
     assert StrategyRegistry["shardplug_fsdp"]["strategy"] is ShardplugFSDPStrategy
     trainer = pl.Trainer(strategy="shardplug_model_parallel", accelerator="cpu", devices=2, logger=False)
     assert isinstance(trainer.strategy, ShardplugModelParallelStrategy)
@@ -328,9 +336,13 @@ def test_fabric_load_resumes_mid_epoch_with_another_number_of_devices(tmp_path: 
     assert len(before) == 2 * 2 * 4
     rest, step = 36 - len(before), 3 * 2
     padding = -(-rest // step) * step - rest
-    assert len(after) == rest + padding and sorted(set(before + after)) == list(range(36))  # every sample, padding only repeats
+    assert len(after) == rest + padding and sorted(set(before + after)) == list(
+        range(36)
+    )  # every sample, padding only repeats
     for run in runs:
-        assert [b for e, b in run["rows"] if e == 1] == [b for e, b in run["fresh"] if e == 1]  # next epoch = a fresh run
+        assert [b for e, b in run["rows"] if e == 1] == [
+            b for e, b in run["fresh"] if e == 1
+        ]  # next epoch = a fresh run
 
 
 def _json(path: Path) -> Any:
@@ -343,7 +355,11 @@ def _run_script(script: str, out: Path, *args: str) -> None:
     for key in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "NODE_RANK", "MASTER_ADDR", "MASTER_PORT"):
         env.pop(key, None)
     result = subprocess.run(
-        [sys.executable, str(SCRIPTS / script), str(out), *args], cwd=out, env=env, capture_output=True, text=True,
+        [sys.executable, str(SCRIPTS / script), str(out), *args],
+        cwd=out,
+        env=env,
+        capture_output=True,
+        text=True,
         timeout=240,
     )
     assert result.returncode == 0, f"{script} failed:\n{result.stdout[-3000:]}\n{result.stderr[-6000:]}"

@@ -15,4 +15,11 @@ from ..rows import concatenate_rows, slice_rows
 from .loader import DataLoaderDispatcher, DispatchOptions, check_slice_fn  # noqa: F401 (prepare_data_loader's)
 from .protocol import DispatchError, DispatchStats
 
-__all__ = ["DataLoaderDispatcher", "DispatchError", "DispatchOptions", "DispatchStats", "slice_rows", "concatenate_rows"]
+__all__ = [
+    "DataLoaderDispatcher",
+    "DispatchError",
+    "DispatchOptions",
+    "DispatchStats",
+    "slice_rows",
+    "concatenate_rows",
+]

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import os
 import weakref
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from functools import partial
-from typing import Any, Callable, Iterable, Iterator, Optional, Union
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -34,20 +35,28 @@ class DispatchOptions:
     """What a dispatcher needs beyond a loader's settings (see :class:`DataLoaderDispatcher`)."""
 
     split_batches: bool = ShardplugConfig.split_batches
-    slice_fn: Optional[SliceFn] = ShardplugConfig.slice_fn_for_dispatch
+    slice_fn: SliceFn | None = ShardplugConfig.slice_fn_for_dispatch
     torch_device_mesh: Any = None
-    num_processes: Optional[int] = None
-    process_index: Optional[int] = None
+    num_processes: int | None = None
+    process_index: int | None = None
     even_batches: bool = ShardplugConfig.even_batches
 
     def __post_init__(self) -> None:
         check_slice_fn(self.slice_fn)
 
     @classmethod
-    def from_layout(cls, layout: ShardLayout, slice_fn: Optional[SliceFn] = None, torch_device_mesh: Any = None) -> "DispatchOptions":
+    def from_layout(
+        cls, layout: ShardLayout, slice_fn: SliceFn | None = None, torch_device_mesh: Any = None
+    ) -> DispatchOptions:
         """The options of a dispatcher sharing its batches by ``layout`` (``prepare_data_loader``'s)."""
-        return cls(layout.split_batches, slice_fn, torch_device_mesh, layout.num_processes, layout.process_index,
-                   layout.even_batches)
+        return cls(
+            layout.split_batches,
+            slice_fn,
+            torch_device_mesh,
+            layout.num_processes,
+            layout.process_index,
+            layout.even_batches,
+        )
 
 
 def check_slice_fn(slice_fn: Any) -> None:
@@ -89,38 +98,44 @@ class DataLoaderDispatcher(DataLoaderShard):
             ...
     """
 
+    plan: DispatchPlan  # process 0's global batches, shared out by steps (set in _finish_init)
+
     def __init__(
         self,
         dataset: Any,
         split_batches: bool = ShardplugConfig.split_batches,
         skip_batches: int = 0,
         use_stateful_dataloader: bool = ShardplugConfig.use_stateful_dataloader,
-        slice_fn_for_dispatch: Optional[SliceFn] = ShardplugConfig.slice_fn_for_dispatch,
+        slice_fn_for_dispatch: SliceFn | None = ShardplugConfig.slice_fn_for_dispatch,
         torch_device_mesh: Any = None,
-        device: Union[str, torch.device, None] = None,
-        rng_types: Optional[Iterable[str]] = ShardplugConfig.rng_types,
-        synchronized_generator: Optional[torch.Generator] = None,
+        device: str | torch.device | None = None,
+        rng_types: Iterable[str] | None = ShardplugConfig.rng_types,
+        synchronized_generator: torch.Generator | None = None,
         non_blocking: bool = ShardplugConfig.non_blocking,
-        num_processes: Optional[int] = None,
-        process_index: Optional[int] = None,
+        num_processes: int | None = None,
+        process_index: int | None = None,
         even_batches: bool = ShardplugConfig.even_batches,
-        slice_fn: Optional[SliceFn] = None,
+        slice_fn: SliceFn | None = None,
         **dataloader_kwargs: Any,
     ) -> None:
-        slice_fn = renamed_option("DataLoaderDispatcher", "slice_fn", slice_fn, "slice_fn_for_dispatch", slice_fn_for_dispatch)
+        slice_fn = renamed_option(
+            "DataLoaderDispatcher", "slice_fn", slice_fn, "slice_fn_for_dispatch", slice_fn_for_dispatch
+        )
         super(DataLoaderShard, self).__init__(dataset, **dataloader_kwargs)
-        options = DispatchOptions(split_batches, slice_fn, torch_device_mesh, num_processes, process_index, even_batches)
+        options = DispatchOptions(
+            split_batches, slice_fn, torch_device_mesh, num_processes, process_index, even_batches
+        )
         self._finish_init(device, rng_types, synchronized_generator, skip_batches, non_blocking, dispatch=options)
 
-    def _finish_init(  # type: ignore[override]
+    def _finish_init(
         self,
-        device: Union[str, torch.device, None],
-        rng_types: Optional[Iterable[str]],
-        synchronized_generator: Optional[torch.Generator],
+        device: str | torch.device | None,
+        rng_types: Iterable[str] | None,
+        synchronized_generator: torch.Generator | None,
         skip_batches: int,
         non_blocking: bool,
-        plan: Optional[ShardPlan] = None,
-        dispatch: Optional[DispatchOptions] = None,
+        plan: ShardPlan | None = None,
+        dispatch: DispatchOptions | None = None,
     ) -> None:
         super()._finish_init(device, rng_types, synchronized_generator, skip_batches, non_blocking, plan)
         options = dispatch if dispatch is not None else DispatchOptions()
@@ -129,10 +144,14 @@ class DataLoaderDispatcher(DataLoaderShard):
         self.dispatch_stats = DispatchStats()
         self.num_processes, self.process_index = resolve_topology(options)
         layout = ShardLayout.for_batches(
-            self.batch_size, self.num_processes, self.process_index, self.split_batches, options.even_batches,
+            self.batch_size,
+            self.num_processes,
+            self.process_index,
+            self.split_batches,
+            options.even_batches,
             drop_last=bool(self.drop_last),
         )
-        source = self.plan  # process 0's global batches: a shard of the user's batches, or the stream's own
+        source: ShardPlan = self.plan  # process 0's global batches: a shard of the user's batches, or the stream's own
         try:
             length = source.num_batches(0)
         except TypeError:  # a batch sampler without __len__
@@ -146,15 +165,19 @@ class DataLoaderDispatcher(DataLoaderShard):
         self._wire.shm_targets = self._same_host_processes()
         self._collate = self._collate_into_rings()
 
-    def _collate_into_rings(self) -> Optional[CollateIntoRing]:
+    def _collate_into_rings(self) -> CollateIntoRing | None:
         """Process 0: a ``default_collate`` that stacks the other processes' batches straight into
         their ring slots (one copy less per step), where the batches are process ``j``'s rows as
         collated: ``default_collate``, no workers (collation happens in this process, one batch per
         fetch), whole batches per process (neither ``split_batches`` nor a ``slice_fn``), and the
         DataLoader's own iterator (no look-ahead that could hand back another batch)."""
         usable = (
-            global_rank() == 0 and bool(self._wire.shm_targets) and self.num_workers == 0
-            and self.collate_fn is default_collate and not self.split_batches and self.slice_fn is slice_rows
+            global_rank() == 0
+            and bool(self._wire.shm_targets)
+            and self.num_workers == 0
+            and self.collate_fn is default_collate
+            and not self.split_batches
+            and self.slice_fn is slice_rows
             and _plain_iteration(type(self), self.use_stateful_dataloader)
         )
         if not usable:
@@ -163,7 +186,7 @@ class DataLoaderDispatcher(DataLoaderShard):
         object.__setattr__(self, "collate_fn", collate)  # without a target it is default_collate
         return collate
 
-    shared_memory: Optional[bool] = None
+    shared_memory: bool | None = None
     """Processes on process 0's host receive their rows through shared memory (a ring in
     ``/dev/shm``); the process group carries the control messages only. ``None``: whenever
     possible (a CPU process group, a writable ``/dev/shm``, not ``SHARDPLUG_DISPATCH_SHM=0``);
@@ -188,7 +211,7 @@ class DataLoaderDispatcher(DataLoaderShard):
 
     _source_marks_last = True  # _receive yields (batch, last): the end of the pass is process 0's, on every process
 
-    overlap_reads: Optional[bool] = None
+    overlap_reads: bool | None = None
     """Process 0 reads the next step while the current one is sent: ``None`` decides by the cores
     available (see :func:`~shardplug.core.dispatch.sender.overlaps_reads`); ``True`` / ``False`` force it."""
 
@@ -216,13 +239,20 @@ class DataLoaderDispatcher(DataLoaderShard):
             if previous is not None:
                 previous.close()  # a pass still open: the others learn it ended here
             wire.check_group()
-            sender = StepSender(self._step_reader(skip), self.dispatch_stats, wire.passes_started,
-                                communication_device(), self.overlap_reads)
+            sender = StepSender(
+                self._step_reader(skip),
+                self.dispatch_stats,
+                wire.passes_started,
+                communication_device(),
+                self.overlap_reads,
+            )
             steps = sender.steps()
             wire.sending = weakref.ref(steps)  # weak: an abandoned pass is closed by the garbage collector
             return steps
         wire.check_group()
-        receiver = StepReceiver(wire, self.dispatch_stats, self.process_index, wire.passes_started, communication_device())
+        receiver = StepReceiver(
+            wire, self.dispatch_stats, self.process_index, wire.passes_started, communication_device()
+        )
         return receiver.steps()
 
     def _step_reader(self, discard: int) -> StepReader:
@@ -232,13 +262,18 @@ class DataLoaderDispatcher(DataLoaderShard):
         ``j`` is exactly process ``j``'s rows (and, with :meth:`_collate_into_rings`, it is collated
         straight into ``j``'s ring slot).
         """
-        load: Optional[Callable[[list[int]], Any]] = None
+        load: Callable[[list[int]], Any] | None = None
         if not isinstance(self.dataset, IterableDataset):  # padding of a pass begun mid-epoch: by index
             load = lambda indices: self.collate_fn([self.dataset[i] for i in indices])  # noqa: E731
         return StepReader(
-            self.plan, self._wire, partial(super()._inner_batches, discard), self.slice_fn,
-            uncut=not self.split_batches and self.slice_fn is slice_rows, collate=self._collate,
-            record=self._pass.record, load=load,
+            self.plan,
+            self._wire,
+            partial(super()._inner_batches, discard),
+            self.slice_fn,
+            uncut=not self.split_batches and self.slice_fn is slice_rows,
+            collate=self._collate,
+            record=self._pass.record,
+            load=load,
         )
 
     def close(self) -> None:
@@ -249,7 +284,9 @@ class DataLoaderDispatcher(DataLoaderShard):
 
 def resolve_topology(options: DispatchOptions) -> tuple[int, int]:
     """``(num_processes, process_index)`` of a dispatcher: one process per data shard."""
-    num_processes, process_index = resolve_data_topology(options.num_processes, options.process_index, options.torch_device_mesh)
+    num_processes, process_index = resolve_data_topology(
+        options.num_processes, options.process_index, options.torch_device_mesh
+    )
     if num_processes != world_size():
         raise ValueError(
             f"DataLoaderDispatcher needs one process per data shard: num_processes={num_processes} but "
@@ -263,8 +300,9 @@ def _plain_iteration(cls: type, stateful: bool) -> bool:
     ``StatefulDataLoader``) itself: one collation per batch handed back, in order, no look-ahead
     (``__iter__`` and ``_get_iterator`` not overridden by a subclass)."""
     after = super(PreparedDataLoader, cls)
-    known = [stateful_dataloader_class()] if stateful else [DataLoader]
+    known: list[type[DataLoader[Any]]] = [stateful_dataloader_class()] if stateful else [DataLoader]
     return any(
-        getattr(after, "__iter__", None) is getattr(base, "__iter__")
-        and compat.get_iterator_method(after) is compat.get_iterator_method(base) for base in known
+        getattr(after, "__iter__", None) is base.__iter__
+        and compat.get_iterator_method(after) is compat.get_iterator_method(base)
+        for base in known
     )

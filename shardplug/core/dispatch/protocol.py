@@ -32,7 +32,7 @@ Example::
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from typing import Any, NamedTuple, Optional
+from typing import Any, NamedTuple
 
 import torch
 import torch.distributed as dist
@@ -116,8 +116,15 @@ def new_control(device: torch.device) -> torch.Tensor:
 
 
 def announce(
-    control: torch.Tensor, kind: int, pass_number: int, rows: int = 0, last: bool = False, slot: int = 0, *,
-    group: Any, async_op: bool = False,
+    control: torch.Tensor,
+    kind: int,
+    pass_number: int,
+    rows: int = 0,
+    last: bool = False,
+    slot: int = 0,
+    *,
+    group: Any,
+    async_op: bool = False,
 ) -> Any:
     """Process 0: broadcast the message of the coming step (its work when ``async_op``)."""
     control[0], control[1], control[2], control[3], control[4] = kind, pass_number, rows, int(last), slot
@@ -136,7 +143,7 @@ def error_text(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"
 
 
-def control_for(header: Header, sent: Optional[Header]) -> tuple[int, int]:
+def control_for(header: Header, sent: Header | None) -> tuple[int, int]:
     """How to tell the other processes about ``header`` when ``sent`` is what they know."""
     if sent is None:
         return HEADER, 0
@@ -151,7 +158,11 @@ def control_for(header: Header, sent: Optional[Header]) -> tuple[int, int]:
 def with_rows(header: Header, rows: int) -> Header:
     """``header`` with ``rows`` rows on every tensor leaf."""
     skeleton, specs, rings = header
-    return skeleton, [(dtype, shape if dtype == OBJECT else (rows,) + tuple(shape[1:])) for dtype, shape in specs], rings
+    return (
+        skeleton,
+        [(dtype, shape if dtype == OBJECT else (rows,) + tuple(shape[1:])) for dtype, shape in specs],
+        rings,
+    )
 
 
 def has_objects(specs: list[tuple[Any, Any]]) -> bool:

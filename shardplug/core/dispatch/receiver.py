@@ -8,7 +8,8 @@ are received and dropped when its next pass starts.
 
 from __future__ import annotations
 
-from typing import Any, Iterator, Optional
+from collections.abc import Iterator
+from typing import Any, cast
 
 import torch
 import torch.distributed as dist
@@ -16,8 +17,22 @@ import torch.distributed as dist
 from ..collectives import broadcast_object
 from ..rows import OBJECT, unflatten
 from .protocol import (
-    CLOSE, END, ERROR, HEADER, ROWS, SAME, SEND_TAG, UNEVEN, DispatchError, DispatchStats, Header, Message,
-    has_objects, new_control, receive_message, with_rows,
+    CLOSE,
+    END,
+    ERROR,
+    HEADER,
+    ROWS,
+    SAME,
+    SEND_TAG,
+    UNEVEN,
+    DispatchError,
+    DispatchStats,
+    Header,
+    Message,
+    has_objects,
+    new_control,
+    receive_message,
+    with_rows,
 )
 from .transport import _Wire
 
@@ -31,14 +46,22 @@ class StepReceiver:
     :class:`DispatchError` that names process 0.
     """
 
-    def __init__(self, wire: _Wire, stats: DispatchStats, process_index: int, pass_number: int, device: torch.device) -> None:
-        self.wire, self.stats, self.process_index, self.pass_number, self.device = wire, stats, process_index, pass_number, device
+    def __init__(
+        self, wire: _Wire, stats: DispatchStats, process_index: int, pass_number: int, device: torch.device
+    ) -> None:
+        self.wire, self.stats, self.process_index, self.pass_number, self.device = (
+            wire,
+            stats,
+            process_index,
+            pass_number,
+            device,
+        )
         self.group = wire.group
 
     def steps(self) -> Iterator[tuple[Any, bool]]:
         """Receive each step's message, then this process's rows; until the pass's last step."""
         control = new_control(self.device)
-        header: Optional[Header] = None
+        header: Header | None = None
         while True:
             try:
                 kind, last, header, batch = self._next_step(control, header)
@@ -55,7 +78,7 @@ class StepReceiver:
             if last:
                 return
 
-    def _next_step(self, control: torch.Tensor, header: Optional[Header]) -> tuple[int, bool, Optional[Header], Any]:
+    def _next_step(self, control: torch.Tensor, header: Header | None) -> tuple[int, bool, Header | None, Any]:
         """The next message of this pass: (kind, last, the header now known, the batch).
 
         Messages of an earlier pass (one this process left early) are received and dropped.
@@ -80,7 +103,9 @@ class StepReceiver:
                 continue
             header = self._header(message, header)
             leaves = self._receive_rows(header, message)
-            header_after = None if kind == UNEVEN else header  # after uneven parts, the next step comes with a header of its own
+            header_after = (
+                None if kind == UNEVEN else header
+            )  # after uneven parts, the next step comes with a header of its own
             self.wire.send_receipt(self.device)
             if number < pass_number:
                 header = header_after
@@ -88,14 +113,14 @@ class StepReceiver:
             self.stats.steps += 1
             return kind, bool(message.last), header_after, unflatten(iter(leaves), header[0])
 
-    def _header(self, message: Message, header: Optional[Header]) -> Header:
+    def _header(self, message: Message, header: Header | None) -> Header:
         """This process's header of the step ``message`` announces (received when one follows)."""
         kind = message.kind
         if kind in (HEADER, UNEVEN):
             received = broadcast_object(None, group=self.group)
             self.stats.headers += 1
             if kind == HEADER:
-                return received
+                return cast("tuple[Any, list[tuple[Any, Any]], tuple[tuple[int, str, int, int], ...]]", received)
             first, part_rows = received
             return with_rows(first, part_rows[self.process_index])
         if kind == ROWS and header is not None:
@@ -119,7 +144,10 @@ class StepReceiver:
             tensors_in = iter(shared)
             received = [None if dtype == OBJECT else next(tensors_in) for dtype, _ in specs]
         else:
-            received = [None if dtype == OBJECT else torch.empty(shape, dtype=dtype, device=self.device) for dtype, shape in specs]
+            received = [
+                None if dtype == OBJECT else torch.empty(shape, dtype=dtype, device=self.device)
+                for dtype, shape in specs
+            ]
         for out in received:
             if shared is not None or out is None or (uneven and not out.numel()):
                 continue

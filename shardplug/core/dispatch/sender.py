@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import Any, Callable, Iterator, Optional
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -18,8 +19,25 @@ from ..collectives import broadcast_object, world_size
 from ..plan import DispatchPlan, PassRecord
 from ..rows import OBJECT, batch_rows, flatten, leaf_spec, slice_rows, unflatten
 from .protocol import (
-    CLOSE, END, ERROR, HEADER, SEND_TAG, UNEVEN, DispatchError, DispatchStats, Header, Step, announce, control_for,
-    error_text, has_objects, new_control, objects, tensors, transportable, wait_all,
+    CLOSE,
+    END,
+    ERROR,
+    HEADER,
+    SEND_TAG,
+    UNEVEN,
+    DispatchError,
+    DispatchStats,
+    Header,
+    Step,
+    announce,
+    control_for,
+    error_text,
+    has_objects,
+    new_control,
+    objects,
+    tensors,
+    transportable,
+    wait_all,
 )
 from .shm import CollateIntoRing
 from .transport import RECEIPT_LAG, _Wire
@@ -45,9 +63,16 @@ class StepReader:
     """
 
     def __init__(
-        self, plan: DispatchPlan, wire: _Wire, read_batches: Callable[[], Iterator[Any]], slice_fn: SliceFn, *,
-        uncut: bool, collate: Optional[CollateIntoRing], record: PassRecord,
-        load: Optional[Callable[[list[int]], Any]],
+        self,
+        plan: DispatchPlan,
+        wire: _Wire,
+        read_batches: Callable[[], Iterator[Any]],
+        slice_fn: SliceFn,
+        *,
+        uncut: bool,
+        collate: CollateIntoRing | None,
+        record: PassRecord,
+        load: Callable[[list[int]], Any] | None,
     ) -> None:
         self.plan, self.wire, self.read_batches, self.slice_fn = plan, wire, read_batches, slice_fn
         self.uncut, self.collate, self.record, self.load = uncut, collate, record, load
@@ -56,7 +81,7 @@ class StepReader:
         """The global batch of each step (padded to a multiple of N rows) and its ring slot."""
         batches = self.read_batches()
         per_step = self.plan.layout.batches_per_step
-        head: Optional[Any] = None  # a copy of the first rows: process 0 may change its own rows in place
+        head: Any | None = None  # a copy of the first rows: process 0 may change its own rows in place
         while True:
             slot = self.wire.take_slot()
             group = self._group(batches, per_step, slot)
@@ -123,10 +148,20 @@ class StepSender:
     """
 
     def __init__(
-        self, reader: StepReader, stats: DispatchStats, pass_number: int, device: torch.device,
-        overlap_reads: Optional[bool] = None,
+        self,
+        reader: StepReader,
+        stats: DispatchStats,
+        pass_number: int,
+        device: torch.device,
+        overlap_reads: bool | None = None,
     ) -> None:
-        self.reader, self.wire, self.stats, self.pass_number, self.device = reader, reader.wire, stats, pass_number, device
+        self.reader, self.wire, self.stats, self.pass_number, self.device = (
+            reader,
+            reader.wire,
+            stats,
+            pass_number,
+            device,
+        )
         self.group = self.wire.group
         self.on_cpu = device.type == "cpu"
         # Parts from the default slice_fn are disjoint row ranges, so process 0 may use its own
@@ -134,11 +169,11 @@ class StepSender:
         self.overlap = self.on_cpu and reader.slice_fn is slice_rows
         self.overlap_reads = self.overlap and overlaps_reads(overlap_reads)
         self.control = new_control(device)
-        self.sent: Optional[Header] = None
+        self.sent: Header | None = None
         self.pending: list[Any] = []  # the rows in flight to other hosts
         self.announced: list[Any] = []  # the step messages in flight (not waited for before a read: nothing to copy)
         self.ended = False  # the others know where this pass ends (its last step, its end or an error)
-        self.read_failure: Optional[BaseException] = None  # the dataset's own error: raised as it is
+        self.read_failure: BaseException | None = None  # the dataset's own error: raised as it is
 
     def steps(self) -> Iterator[tuple[Any, bool]]:
         """This pass's steps as ``(process 0's rows, last)``, each sent before it is handed out."""
@@ -249,7 +284,9 @@ class StepSender:
                 out = torch.empty(shape, dtype=dtype, device=self.device)
                 dist.scatter(out, sources, src=0, group=group)
                 sources[0] = out
-            self.stats.bytes_sent += sum(t.numel() * t.element_size() for j, t in enumerate(sources) if j and j not in targets)
+            self.stats.bytes_sent += sum(
+                t.numel() * t.element_size() for j, t in enumerate(sources) if j and j not in targets
+            )
             parts[0][k] = sources[0]
 
     def _finish(self) -> None:
@@ -267,7 +304,7 @@ class StepSender:
             logger.exception("the dispatcher could not tell the other processes that the pass ended")
 
 
-def overlaps_reads(setting: Optional[bool]) -> bool:
+def overlaps_reads(setting: bool | None) -> bool:
     """Whether process 0 reads step ``t + 1`` while step ``t`` is still being sent.
 
     ``setting`` (the loader's ``overlap_reads``) when set; otherwise only with more than two CPU
@@ -290,7 +327,7 @@ def _available_cores() -> int:
 def _flag_last(items: Iterator[Any]) -> Iterator[tuple[Any, bool]]:
     """``(item, is_last)`` for each item (one read ahead)."""
     iterator = iter(items)
-    for upcoming in iterator:
+    for upcoming in iterator:  # noqa: B007 (the first item, read ahead: used after the loop)
         break
     else:
         return

@@ -4,7 +4,8 @@ Process 0 writes each step's rows for process ``j`` into one slot of a ring it m
 (a file in ``/dev/shm``, memory-mapped); process ``j`` maps the same file, copies its rows out
 and counts the step in its :class:`ReceiptCounter` (shared memory too), after which the slot may
 be written again. The process group carries only the control messages. With the loader's
-``default_collate``, :class:`CollateIntoRing` makes the rows in the slot in the first place. The file is removed as soon as process ``j`` has mapped it
+``default_collate``, :class:`CollateIntoRing` makes the rows in the slot in the first place.
+The file is removed as soon as process ``j`` has mapped it
 (the mapping stays valid), so nothing is left in ``/dev/shm`` when a process exits, fails or is
 killed; a ring nobody mapped is removed by its owner when it is closed or at exit.
 
@@ -27,14 +28,20 @@ import mmap
 import os
 import struct
 import uuid
-from typing import Any, Optional
+from typing import Any, cast
 
 import torch
 from torch.utils.data import default_collate
+
 from ..compat import torch_collate as _torch_collate
 
 __all__ = [
-    "SharedRing", "RingReader", "ReceiptCounter", "CollateIntoRing", "ring_bytes", "shared_memory_dir",
+    "SharedRing",
+    "RingReader",
+    "ReceiptCounter",
+    "CollateIntoRing",
+    "ring_bytes",
+    "shared_memory_dir",
 ]
 
 logger = logging.getLogger(__name__)
@@ -42,7 +49,7 @@ logger = logging.getLogger(__name__)
 _OPEN: set[str] = set()  # rings made by this process whose file may still exist
 
 
-def shared_memory_dir() -> Optional[str]:
+def shared_memory_dir() -> str | None:
     """Where rings live (``/dev/shm``), or ``None`` where there is no such directory."""
     path = os.environ.get("SHARDPLUG_SHM_DIR", "/dev/shm")
     return path if os.path.isdir(path) and os.access(path, os.W_OK) else None
@@ -78,7 +85,7 @@ def _remove_unmapped_rings() -> None:
         _unlink(path)
 
 
-def _create_mapped(nbytes: int, directory: Optional[str]) -> tuple[str, mmap.mmap]:
+def _create_mapped(nbytes: int, directory: str | None) -> tuple[str, mmap.mmap]:
     """A new file of ``nbytes`` in the shared-memory directory, mapped; removed at exit unless a
     reader removed it first."""
     directory = directory or shared_memory_dir()
@@ -114,7 +121,7 @@ def _attach_mapped(path: str, nbytes: int) -> mmap.mmap:
 class SharedRing:
     """Process 0's side: ``slots`` slots of ``slot_bytes`` bytes in one memory-mapped file."""
 
-    def __init__(self, slots: int, slot_bytes: int, directory: Optional[str] = None) -> None:
+    def __init__(self, slots: int, slot_bytes: int, directory: str | None = None) -> None:
         self.slots, self.slot_bytes = slots, _padded(slot_bytes)  # every slot starts aligned
         self.path, self._map = _create_mapped(slots * self.slot_bytes, directory)
         self._bytes = torch.frombuffer(self._map, dtype=torch.uint8)
@@ -122,7 +129,7 @@ class SharedRing:
     def fits(self, nbytes: int) -> bool:
         return nbytes <= self.slot_bytes
 
-    def slot_view(self, slot: int, offset: int, dtype: torch.dtype, shape: tuple[int, ...]) -> Optional[torch.Tensor]:
+    def slot_view(self, slot: int, offset: int, dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor | None:
         """The ``dtype`` / ``shape`` tensor at byte ``offset`` of ``slot`` (a view: writing it writes
         the ring), or ``None`` where it would not fit or not be aligned for ``dtype``."""
         nbytes = _nbytes(dtype, shape)
@@ -149,10 +156,10 @@ class SharedRing:
             placed.append((offset, None if in_place else flat.clone() if self.holds(flat) else flat))
             offset += _padded(flat.numel())
         copied = 0
-        for start, flat in placed:
-            if flat is not None:
-                self._bytes[start : start + flat.numel()].copy_(flat)
-                copied += flat.numel()
+        for start, source in placed:
+            if source is not None:
+                self._bytes[start : start + source.numel()].copy_(source)
+                copied += source.numel()
         return copied
 
     def close(self, remove: bool = True) -> None:
@@ -212,7 +219,7 @@ class ReceiptCounter:
 
     _FORMAT = "q"
 
-    def __init__(self, path: Optional[str] = None, directory: Optional[str] = None) -> None:
+    def __init__(self, path: str | None = None, directory: str | None = None) -> None:
         if path is None:
             self.path, self._map = _create_mapped(_ALIGNMENT, directory)
         else:
@@ -220,7 +227,7 @@ class ReceiptCounter:
 
     @property
     def count(self) -> int:
-        return struct.unpack_from(self._FORMAT, self._map, 0)[0]
+        return cast("int", struct.unpack_from(self._FORMAT, self._map, 0)[0])
 
     @count.setter
     def count(self, value: int) -> None:
@@ -261,7 +268,7 @@ class CollateIntoRing:
     """
 
     def __init__(self) -> None:
-        self.target: Optional[tuple[SharedRing, int]] = None
+        self.target: tuple[SharedRing, int] | None = None
         self._offset = 0
         table = dict(_torch_collate.default_collate_fn_map)
         for kind, function in table.items():  # the entries that make a tensor without recursing
@@ -279,7 +286,7 @@ class CollateIntoRing:
         finally:
             self.target = None
 
-    def _slot(self, dtype: torch.dtype, shape: tuple[int, ...]) -> Optional[torch.Tensor]:
+    def _slot(self, dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor | None:
         """The next place in the target slot for a ``dtype`` / ``shape`` tensor, or ``None``
         (and no target any more: the tensors after this one would not be in their place)."""
         if self.target is not None:
@@ -296,7 +303,7 @@ class CollateIntoRing:
         out = self._slot(elem.dtype, (len(batch), *elem.shape)) if _stackable(batch) else None
         if out is None:
             self.target = None
-            return _torch_collate.collate_tensor_fn(batch, collate_fn_map=collate_fn_map)
+            return cast("torch.Tensor", _torch_collate.collate_tensor_fn(batch, collate_fn_map=collate_fn_map))
         return torch.stack(batch, 0, out=out)
 
     def _placed(self, function: Any) -> Any:
@@ -314,7 +321,9 @@ class CollateIntoRing:
 
 
 _NUMBER_FUNCTIONS = (
-    _torch_collate.collate_float_fn, _torch_collate.collate_int_fn, _torch_collate.collate_numpy_scalar_fn,
+    _torch_collate.collate_float_fn,
+    _torch_collate.collate_int_fn,
+    _torch_collate.collate_numpy_scalar_fn,
 )
 
 

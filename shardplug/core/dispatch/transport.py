@@ -15,7 +15,7 @@ import os
 import socket
 import time
 import weakref
-from typing import Any, Optional
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -60,20 +60,20 @@ class _Wire:
     def __init__(self, group: Any = None) -> None:
         self.group = group
         self.passes_started = 0  # passes begun on this process; every message names process 0's
-        self.sending: Optional["weakref.ref[Any]"] = None  # process 0: the pass whose steps are being sent
+        self.sending: weakref.ref[Any] | None = None  # process 0: the pass whose steps are being sent
         self.closing: list[Any] = []  # process 0: close messages not yet read by every process
         self.acks: dict[int, list[Any]] = {}  # process 0: per process elsewhere, receipts of steps not yet seen
         self.ack_sends: list[Any] = []  # the other processes: receipts in flight
         self.steps_received = 0  # the other processes: step messages received (all passes)
         self.counters: dict[int, ReceiptCounter] = {}  # process 0: per process of its host, its receipts
-        self.counter: Optional[ReceiptCounter] = None  # a process on process 0's host: where it counts
+        self.counter: ReceiptCounter | None = None  # a process on process 0's host: where it counts
         self.pids: dict[int, int] = {}  # process 0: the process id of every process of its host
         self.shm_targets: frozenset[int] = frozenset()  # the processes of process 0's host (shared memory)
         self.rings: dict[int, SharedRing] = {}  # process 0: a ring per process of its host
         self.steps_sent = 0  # process 0: steps announced (all passes)
         self.slot_steps = [-1] * RING_SLOTS  # process 0: the step last announced in each ring slot
         self.slots_taken = 0  # process 0: steps read, each given the next slot in turn
-        self.reader: Optional[RingReader] = None  # the others: process 0's ring for this process
+        self.reader: RingReader | None = None  # the others: process 0's ring for this process
 
     def close(self) -> None:
         """Release the shared-memory rings.
@@ -113,11 +113,14 @@ class _Wire:
         mine = (socket.gethostname(), wanted and shared_memory_dir() is not None, os.getpid())
         everyone: list[Any] = [None] * world_size()
         dist.all_gather_object(everyone, mine, group=self.group)
-        table: Optional[dict[int, str]] = None
+        table: dict[int, str] | None = None
         if global_rank() == 0:
             host, usable, _ = everyone[0]
-            chosen = [j for j, (h, u, pid) in enumerate(everyone) if j and usable and (h, u) == (host, True)
-                      and process_alive(pid)]
+            chosen = [
+                j
+                for j, (h, u, pid) in enumerate(everyone)
+                if j and usable and (h, u) == (host, True) and process_alive(pid)
+            ]
             self.pids = {j: everyone[j][2] for j in chosen}
             self.counters = {j: ReceiptCounter() for j in chosen}
             table = {j: counter.path for j, counter in self.counters.items()}
@@ -136,7 +139,7 @@ class _Wire:
             receipt = torch.zeros(1, dtype=torch.int64, device=device)
             self.acks.setdefault(j, []).append(dist.irecv(receipt, src=j, group=self.group, tag=ACK_TAG))
 
-    def await_receipts(self, slot: int) -> Optional[DispatchError]:
+    def await_receipts(self, slot: int) -> DispatchError | None:
         """Process 0: before the step taking ``slot`` goes out (step ``t``), wait until every
         process received step ``t - RECEIPT_LAG``, and the processes of its host the step last
         announced in ``slot``.
@@ -160,7 +163,7 @@ class _Wire:
                 return failure
         return None
 
-    def await_shared_receipts(self, j: int, count: int, timeout_s: Optional[float] = None) -> Optional[DispatchError]:
+    def await_shared_receipts(self, j: int, count: int, timeout_s: float | None = None) -> DispatchError | None:
         """Process 0: wait until process ``j`` of its host counted ``count`` steps received; the
         ``DispatchError`` to raise when it died or did not get there within ``timeout_s`` (the
         process group's default timeout)."""
@@ -234,9 +237,9 @@ class _Wire:
 
     def read_ring(
         self, process_index: int, rings: tuple[Any, ...], specs: list[tuple[Any, Any]], slot: int
-    ) -> Optional[list[torch.Tensor]]:
-        """The other processes: this step's tensors (of the leaf ``specs``) from ``slot`` of process 0's ring for this process, or ``None`` when they come through the
-        process group."""
+    ) -> list[torch.Tensor] | None:
+        """The other processes: this step's tensors (of the leaf ``specs``) from ``slot`` of process 0's ring
+        for this process, or ``None`` when they come through the process group."""
         entry = next((e for e in rings if e[0] == process_index), None)
         if entry is None:
             return None

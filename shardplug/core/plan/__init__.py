@@ -37,6 +37,17 @@ from .protocol import UNITS, PassRecord, ShardPlan, sized_length
 from .streams import LocalPlan, StreamPlan
 
 __all__ = [
-    "ShardPlan", "PassRecord", "BatchSamplerPlan", "StreamPlan", "LocalPlan", "NativeStreamPlan", "DispatchPlan", "UNITS",
-    "sized_length", "PaddingTag", "TaggedBatch", "TagCollate", "ShardLayout",
+    "ShardPlan",
+    "PassRecord",
+    "BatchSamplerPlan",
+    "StreamPlan",
+    "LocalPlan",
+    "NativeStreamPlan",
+    "DispatchPlan",
+    "UNITS",
+    "sized_length",
+    "PaddingTag",
+    "TaggedBatch",
+    "TagCollate",
+    "ShardLayout",
 ]

@@ -15,7 +15,7 @@ with the first indices of the epoch, and further padding batches continue that c
 from __future__ import annotations
 
 import itertools
-from typing import Callable, Iterable, Iterator, Optional, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 
 import torch
 
@@ -27,7 +27,7 @@ _ROWS_PER_CHUNK = 4096
 _FIRST_CHUNK = 4
 
 
-def _check_len(batch: Sequence[int], batch_size: Optional[int]) -> None:
+def _check_len(batch: Sequence[int], batch_size: int | None) -> None:
     try:
         size = len(batch)
     except TypeError:
@@ -50,7 +50,7 @@ def _cycle_fill(head: list[int], count: int, offset: int) -> list[int]:
 
 
 def walk_shard(
-    batches: Iterable[Sequence[int]], batch_size: Optional[int], layout: ShardLayout, skip: int = 0
+    batches: Iterable[Sequence[int]], batch_size: int | None, layout: ShardLayout, skip: int = 0
 ) -> Iterator[list[int]]:
     """Yield this process's batches by walking the global batches in order.
 
@@ -63,10 +63,10 @@ def walk_shard(
 
 def walk_shard_counted(
     batches: Iterable[Sequence[int]],
-    batch_size: Optional[int],
+    batch_size: int | None,
     layout: ShardLayout,
     skip: int = 0,
-    head: Optional["EpochHead"] = None,
+    head: EpochHead | None = None,
 ) -> Iterator[tuple[list[int], int]]:
     """Like :func:`walk_shard`, with the number of real (not padding) leading indices of each batch.
 
@@ -98,7 +98,7 @@ class EpochHead:
         self.batches: list[Sequence[int]] = []
 
     @classmethod
-    def for_layout(cls, batch_size: Optional[int], layout: ShardLayout) -> "EpochHead":
+    def for_layout(cls, batch_size: int | None, layout: ShardLayout) -> EpochHead:
         need = (batch_size or 0) * (1 if layout.split_batches else layout.num_processes)
         return cls(need, layout.num_processes)
 
@@ -115,7 +115,7 @@ class EpochHead:
 
 
 def _walk_whole(
-    batches: Iterator[Sequence[int]], batch_size: Optional[int], layout: ShardLayout, head: EpochHead
+    batches: Iterator[Sequence[int]], batch_size: int | None, layout: ShardLayout, head: EpochHead
 ) -> Iterator[tuple[list[int], int]]:
     n_proc, rank = layout.num_processes, layout.process_index
     group: list[Sequence[int]] = []
@@ -151,7 +151,7 @@ def _walk_whole(
 
 
 def _walk_split(
-    batches: Iterator[Sequence[int]], batch_size: Optional[int], layout: ShardLayout, head: EpochHead
+    batches: Iterator[Sequence[int]], batch_size: int | None, layout: ShardLayout, head: EpochHead
 ) -> Iterator[tuple[list[int], int]]:
     n_proc, rank = layout.num_processes, layout.process_index
     if batch_size is None:
@@ -174,7 +174,7 @@ def _walk_split(
             yield list(batch[lo:hi]), real
 
 
-def shard_length(num_batches: int, last_batch_size: Optional[int], batch_size: Optional[int], layout: ShardLayout) -> int:
+def shard_length(num_batches: int, last_batch_size: int | None, batch_size: int | None, layout: ShardLayout) -> int:
     """Number of batches this process yields for ``num_batches`` global batches.
 
     ``last_batch_size`` is the size of the final global batch (``None`` or ``batch_size`` when full).
@@ -214,8 +214,8 @@ class EpochOrder:
     def __init__(
         self,
         n: int,
-        permutation: Optional[torch.Tensor] = None,
-        bijection: Optional[Callable[[torch.Tensor], torch.Tensor]] = None,
+        permutation: torch.Tensor | None = None,
+        bijection: Callable[[torch.Tensor], torch.Tensor] | None = None,
     ) -> None:
         self.n = n
         self.permutation = permutation

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any, Callable, Optional
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -65,7 +66,7 @@ class DispatchPlan(Unchanged):
         "loader.remainder for the real rows of the last step, or dispatch_batches=False"
     )
 
-    def __init__(self, layout: ShardLayout, length: Optional[int] = None, source: Optional[ShardPlan] = None) -> None:
+    def __init__(self, layout: ShardLayout, length: int | None = None, source: ShardPlan | None = None) -> None:
         self.layout = layout
         self.length = length
         self.source = source
@@ -88,20 +89,20 @@ class DispatchPlan(Unchanged):
     def consumed_per_batch(self) -> int:
         return self.layout.batches_per_step
 
-    def epoch_size(self) -> Optional[int]:
+    def epoch_size(self) -> int | None:
         return self.length
 
-    def num_batches(self, consumed: int = 0) -> Optional[int]:
+    def num_batches(self, consumed: int = 0) -> int | None:
         if self.length is None:
             return None
         rest = max(self.length - check_consumed(consumed), 0)
         per_step = self.consumed_per_batch
         return rest // per_step if self.layout.drop_last else -(-rest // per_step)
 
-    def samples_before(self, consumed: int) -> Optional[int]:
+    def samples_before(self, consumed: int) -> int | None:
         return global_batch_samples(self.layout, consumed)
 
-    def finished(self, consumed: int) -> Optional[bool]:
+    def finished(self, consumed: int) -> bool | None:
         rest = self.num_batches(consumed)
         return None if rest is None else rest == 0
 
@@ -139,15 +140,16 @@ class DispatchPlan(Unchanged):
                 if isinstance(leaf, torch.Tensor) and leaf.dim() > 0 and leaf.shape[0] != count:
                     raise DispatchError(
                         f"dispatch_batches=True needs every tensor of a batch to have the same number of rows, but "
-                        f"{describe_path(skeleton, k)} has {leaf.shape[0]} and the batch {count}; pass dispatch_batches=False"
+                        f"{describe_path(skeleton, k)} has {leaf.shape[0]} and the batch {count}; "
+                        "pass dispatch_batches=False"
                     )
             signature = (skeleton, [leaf_spec(leaf)[1][1:] if leaf_spec(leaf)[1] else None for leaf in leaves])
             if first is None:
                 first = signature
             elif signature != first:
                 raise DispatchError(
-                    "dispatch_batches=True joins the batches of one step, but they differ in structure or in shape beyond "
-                    f"dim 0 within the step ({first[1]} vs {signature[1]}); {_FIX}"
+                    "dispatch_batches=True joins the batches of one step, but they differ in structure or in shape "
+                    f"beyond dim 0 within the step ({first[1]} vs {signature[1]}); {_FIX}"
                 )
             rows.append(count)
         return rows
@@ -192,7 +194,7 @@ class DispatchPlan(Unchanged):
         rows = concatenate_rows(pieces) if len(pieces) > 1 else pieces[0]
         return take_rows(rows, torch.arange(min(count, taken)))
 
-    def epoch_head(self, group: list[Any], record: PassRecord, load: Optional[Callable[[list[int]], Any]] = None) -> Any:
+    def epoch_head(self, group: list[Any], record: PassRecord, load: Callable[[list[int]], Any] | None = None) -> Any:
         """The rows padding cycles through: a copy of the epoch's first :attr:`head_size` rows.
 
         They are the first rows of ``group`` (the pass's first step), unless the pass starts
@@ -229,7 +231,9 @@ class DispatchPlan(Unchanged):
         for part in parts[1:]:
             leaves, skeleton = flatten(part)
             if skeleton != first_skeleton or [_trailing(l) for l in leaves] != [_trailing(l) for l in first_leaves]:
-                raise DispatchError("slice_fn_for_dispatch returned parts of different structure or shape for different processes")
+                raise DispatchError(
+                    "slice_fn_for_dispatch returned parts of different structure or shape for different processes"
+                )
         return parts
 
     # -- answers of the loader's protocol (position keeping, pass start) --

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Iterable, Iterator, Optional, Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any
 
 import torch
 from torch.utils.data import BatchSampler, RandomSampler, SequentialSampler
@@ -39,7 +40,7 @@ class BatchSamplerPlan(PlanDefaults):
         self.pending_start = check_consumed(consumed)
         return 0
 
-    def next_pass(self, record: Optional[PassRecord] = None) -> Iterator[list[int]]:
+    def next_pass(self, record: PassRecord | None = None) -> Iterator[list[int]]:
         """:meth:`index_batches` after the pending start, which it takes (one-shot)."""
         first, self.pending_start = self.pending_start, 0
         return self.index_batches(first, record)
@@ -61,7 +62,7 @@ class BatchSamplerPlan(PlanDefaults):
     def consumed_per_batch(self) -> int:
         return self.layout.batches_per_step
 
-    def _global_length(self) -> tuple[int, Optional[int]]:
+    def _global_length(self) -> tuple[int, int | None]:
         """(number of global batches, size of the last one or None when unknown / full)."""
         num = len(self.batch_sampler)  # type: ignore[arg-type]
         size = self.layout.batch_size
@@ -72,7 +73,7 @@ class BatchSamplerPlan(PlanDefaults):
             return num, None
         return num, len(sampler) - (num - 1) * size
 
-    def epoch_size(self) -> Optional[int]:
+    def epoch_size(self) -> int | None:
         try:
             return len(self.batch_sampler)  # type: ignore[arg-type]
         except TypeError:
@@ -83,10 +84,10 @@ class BatchSamplerPlan(PlanDefaults):
         num, last = self._global_length()
         return shard_length(num - check_consumed(consumed), last, self.layout.batch_size, self.layout)
 
-    def samples_before(self, consumed: int) -> Optional[int]:
+    def samples_before(self, consumed: int) -> int | None:
         return global_batch_samples(self.layout, consumed)
 
-    def finished(self, consumed: int) -> Optional[bool]:
+    def finished(self, consumed: int) -> bool | None:
         # Process 0 has the most batches (leftovers go to the first processes).
         try:
             num, last = self._global_length()
@@ -101,7 +102,7 @@ class BatchSamplerPlan(PlanDefaults):
             type(sampler) in (SequentialSampler, RandomSampler) or isinstance(sampler, SeedableRandomSampler)
         )
 
-    def batches(self, consumed: int = 0, record: Optional[PassRecord] = None) -> Iterator[tuple[list[int], int]]:
+    def batches(self, consumed: int = 0, record: PassRecord | None = None) -> Iterator[tuple[list[int], int]]:
         """This process's batches after ``consumed`` global batches, with their real counts.
 
         Draws the epoch's order as iterating the batch sampler would (one pass of its sampler).
@@ -110,7 +111,7 @@ class BatchSamplerPlan(PlanDefaults):
         for batch in self.index_batches(consumed, record):
             yield batch, record.batches.popleft()[1]  # type: ignore[union-attr]
 
-    def index_batches(self, consumed: int = 0, record: Optional[PassRecord] = None) -> Iterator[list[int]]:
+    def index_batches(self, consumed: int = 0, record: PassRecord | None = None) -> Iterator[list[int]]:
         """This process's batches after ``consumed`` global batches (what a batch sampler yields);
         ``record`` receives the pass's start, the epoch's order and, when tracking, each batch
         with its real count."""
@@ -140,7 +141,7 @@ class BatchSamplerPlan(PlanDefaults):
             yield batch
 
 
-def epoch_order(sampler: Any) -> tuple[Optional[EpochOrder], Optional[torch.Generator]]:
+def epoch_order(sampler: Any) -> tuple[EpochOrder | None, torch.Generator | None]:
     """The epoch order of a standard sampler, drawn exactly as iterating it would draw it.
 
     Returns ``(order, generator_to_advance)`` or ``(None, None)`` for other samplers.

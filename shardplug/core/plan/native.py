@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import logging
-from typing import Any, Callable, Iterator, Optional, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
 
 import torch
 
@@ -55,18 +56,18 @@ class NativeStreamPlan(PlanDefaults):
     def __init__(
         self,
         layout: ShardLayout,
-        counts: Optional[Sequence[int]] = None,
-        agree: Optional[Callable[[int, str], Callable[[], int]]] = None,
+        counts: Sequence[int] | None = None,
+        agree: Callable[[int, str], Callable[[], int]] | None = None,
     ) -> None:
         self.layout = layout
         self.counts = list(counts) if counts is not None else None
         self.agree = agree
         self.pending_start = 0
 
-    def epoch_size(self) -> Optional[int]:
+    def epoch_size(self) -> int | None:
         return self.num_batches(0)
 
-    def num_batches(self, consumed: int = 0) -> Optional[int]:
+    def num_batches(self, consumed: int = 0) -> int | None:
         if self.counts is None:
             return None
         if self.layout.pads:
@@ -77,7 +78,7 @@ class NativeStreamPlan(PlanDefaults):
             target = self.counts[self.layout.process_index]
         return max(target - check_consumed(consumed), 0)
 
-    def finished(self, consumed: int) -> Optional[bool]:
+    def finished(self, consumed: int) -> bool | None:
         if self.counts is None:
             return None
         if self.layout.pads or self.layout.drop_last:
@@ -88,11 +89,11 @@ class NativeStreamPlan(PlanDefaults):
         self.pending_start = check_consumed(consumed)
         return 0  # pass_batches reads past them (keeping the first one: padding reads it)
 
-    def samples_before(self, consumed: int) -> Optional[int]:
+    def samples_before(self, consumed: int) -> int | None:
         return None  # each process counts its own part's batches: no global batch boundary
 
-    def batch_record(self, record: PassRecord, batch: int) -> tuple[Optional[list[int]], int]:
-        return record.batches.popleft() if record.batches else (None, 0)  # type: ignore[return-value]
+    def batch_record(self, record: PassRecord, batch: int) -> tuple[list[int] | None, int]:
+        return record.batches.popleft() if record.batches else (None, 0)
 
     steps_per_agreement = 8
     """Steps agreed on by one collective: each process reads that many batches ahead and tells how
@@ -123,7 +124,7 @@ class NativeStreamPlan(PlanDefaults):
         def begin(taken: int) -> tuple[list[Any], Callable[[], int]]:
             """The next ``chunk`` batches this process has, and (waiting when called) how many steps
             every process takes of them."""
-            ahead = []
+            ahead: list[Any] = []
             while len(ahead) < chunk and not exhausted:
                 batch = fetch()
                 if batch is not _END:
@@ -142,8 +143,11 @@ class NativeStreamPlan(PlanDefaults):
             taken += steps
             if following is None:  # fewer than a chunk: some (or every) process ran out
                 if len(ahead) > steps:
-                    logger.info("stopped after %d batches: another process's part of the stream ran out first "
-                                "(drop_last=True); this process's remaining elements were not used", start + taken)
+                    logger.info(
+                        "stopped after %d batches: another process's part of the stream ran out first "
+                        "(drop_last=True); this process's remaining elements were not used",
+                        start + taken,
+                    )
                 return
             ahead, agreed = following
 
@@ -163,7 +167,7 @@ class NativeStreamPlan(PlanDefaults):
             record.batches.append((None, 0))  # type: ignore[arg-type]
         return head[0]
 
-    def _steps(self, available: int, taken: int, total: Optional[int]) -> Callable[[], int]:
+    def _steps(self, available: int, taken: int, total: int | None) -> Callable[[], int]:
         """How many of the next chunk's steps every process takes, as a function that waits for the
         answer: the counts decide when they are known, else an agreement (started now)."""
         if total is not None:  # the counts say how many steps: padding fills what this part lacks

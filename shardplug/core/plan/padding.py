@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterator, NamedTuple
+from collections.abc import Callable, Iterator
+from typing import Any, NamedTuple
 
 from .protocol import PassRecord
 
@@ -38,7 +39,9 @@ class TagCollate:
             element, position, real = data
             return TaggedBatch(self.collate_fn(element), (position,), int(real))
         if isinstance(data, list) and data and isinstance(data[0], PaddingTag):
-            return TaggedBatch(self.collate_fn([t[0] for t in data]), tuple(t[1] for t in data), sum(t[2] for t in data))
+            return TaggedBatch(
+                self.collate_fn([t[0] for t in data]), tuple(t[1] for t in data), sum(t[2] for t in data)
+            )
         return self.collate_fn(data)
 
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import contextlib
 from collections import deque
-from typing import Any, ContextManager, Iterator, Optional, Protocol, Union, runtime_checkable
+from collections.abc import Iterator
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 
@@ -16,7 +17,7 @@ __all__ = ["ShardPlan", "PlanDefaults", "PassRecord", "UNITS", "sized_length"]
 UNITS = ("global_batches", "elements", "batches")
 
 
-def sized_length(obj: Any) -> Optional[int]:
+def sized_length(obj: Any) -> int | None:
     """``len(obj)``, or ``None`` for an object without one (also when ``__len__`` raises
     ``TypeError`` / ``NotImplementedError``, as unsized ``DataLoader`` and stream wrappers do)."""
     try:
@@ -39,22 +40,25 @@ class ShardPlan(Protocol):
     unit: str
     """What a position counts: ``"global_batches"``, ``"elements"`` or ``"batches"``."""
 
-    stream: bool
-    """The plan shares out a stream (an iterable dataset): a position names no sampler and no dataset
-    length (its ``sampler`` is ``"stream"``)."""
+    # read-only to the loader: plans answer these with class attributes or properties
+    @property
+    def stream(self) -> bool:
+        """The plan shares out a stream (an iterable dataset): a position names no sampler and no dataset
+        length (its ``sampler`` is ``"stream"``)."""
 
-    sampler: Any
-    """The index sampler whose order the plan shares out (``None`` for a stream): the shuffle whose
-    seed is agreed and saved, or whose generator's state a position records."""
+    @property
+    def sampler(self) -> Any:
+        """The index sampler whose order the plan shares out (``None`` for a stream): the shuffle whose
+        seed is agreed and saved, or whose generator's state a position records."""
 
     @property
     def consumed_per_batch(self) -> int:
         """How much of the epoch, in ``unit``, the whole job consumes per batch of this process."""
 
-    def epoch_size(self) -> Optional[int]:
+    def epoch_size(self) -> int | None:
         """The epoch's size in ``unit`` (``None`` when unknown before the end, e.g. a stream)."""
 
-    def num_batches(self, consumed: int = 0) -> Optional[int]:
+    def num_batches(self, consumed: int = 0) -> int | None:
         """Batches this process yields after ``consumed`` (``None`` when unknown without reading)."""
 
     exact_length: bool
@@ -62,10 +66,10 @@ class ShardPlan(Protocol):
     counting. ``False`` where the data may end elsewhere than its ``len()`` says (a stream): the loader
     reads one batch ahead to know the last one."""
 
-    def finished(self, consumed: int) -> Optional[bool]:
+    def finished(self, consumed: int) -> bool | None:
         """Whether no process has a batch left after ``consumed`` (``None`` when unknown)."""
 
-    def samples_before(self, consumed: int) -> Optional[int]:
+    def samples_before(self, consumed: int) -> int | None:
         """Samples of the epoch the whole job consumed before a pass that starts after ``consumed``
         (``None`` when unknown): where the pass's global batches start, so also what its last one holds."""
 
@@ -78,7 +82,7 @@ class ShardPlan(Protocol):
         """This plan's own part of a position saved after ``consumed`` inside an epoch (the position's
         ``dataset_state``, which :meth:`start_after` takes back); ``None``: the counters say it all."""
 
-    def start_in_workers(self, num_workers: int) -> ContextManager[bool]:
+    def start_in_workers(self, num_workers: int) -> contextlib.AbstractContextManager[bool]:
         """The context in which the loader starts its pass's reader (``iter()`` of the DataLoader, which
         starts its ``num_workers`` workers with copies of the plan): it yields whether a start set by
         :meth:`start_after` waits to be taken in the workers (persistent workers, started before, would
@@ -90,8 +94,13 @@ class ShardPlan(Protocol):
         """A pass starts (in the loader's process, before its reader starts): what the plan keeps of the
         previous one no longer counts."""
 
-    untracked_reason: Optional[str]
-    """Why batches cannot be told apart from padding (``None``: :meth:`batch_record` works)."""
+    @property
+    def untracked_reason(self) -> str | None:
+        """Why batches cannot be told apart from padding (``None``: :meth:`batch_record` works)."""
+
+    identifies_samples: bool
+    """Batch records name each sample (dataset indices or stream positions), so an audit can count them
+    (:class:`PlanDefaults` answers ``True``)."""
 
     reads_ahead: bool
     """The plan reads batches ahead of those handed out (an agreement on when a process runs out): the
@@ -114,10 +123,11 @@ class ShardPlan(Protocol):
         """Have the readers tag each element (where :attr:`needs_tags`); ``True`` when that starts now
         (the loader then collates through :class:`~shardplug.core.plan.TagCollate`, with new workers)."""
 
-    def batch_record(self, record: "PassRecord", batch: int) -> tuple[list[int], int]:
-        """(indices or stream positions, real count) of the pass's ``batch``-th batch handed out."""
+    def batch_record(self, record: PassRecord, batch: int) -> tuple[list[int] | None, int]:
+        """(indices or stream positions, real count) of the pass's ``batch``-th batch handed out
+        (``None`` for the indices where the plan has none: a stream that sharded itself)."""
 
-    def pass_batches(self, batches: Iterator[Any], record: "PassRecord") -> Iterator[Any]:
+    def pass_batches(self, batches: Iterator[Any], record: PassRecord) -> Iterator[Any]:
         """The loader's batches of a pass as this plan hands them out (most plans: unchanged)."""
 
 
@@ -134,7 +144,7 @@ class PlanDefaults:
     needs_tags = False
     sampler: Any = None
 
-    def pass_batches(self, batches: Iterator[Any], record: "PassRecord") -> Iterator[Any]:
+    def pass_batches(self, batches: Iterator[Any], record: PassRecord) -> Iterator[Any]:
         return batches
 
     def begin_pass(self) -> None:
@@ -143,7 +153,7 @@ class PlanDefaults:
     def saved_state(self, consumed: int) -> Any:
         return None
 
-    def start_in_workers(self, num_workers: int) -> ContextManager[bool]:
+    def start_in_workers(self, num_workers: int) -> contextlib.AbstractContextManager[bool]:
         return contextlib.nullcontext(False)
 
     def start_tagging(self) -> bool:
@@ -169,8 +179,8 @@ class PassRecord:
 
     def __init__(self, track: bool = False) -> None:
         self.started_at = 0
-        self.head: Union[EpochOrder, EpochHead, None] = None
-        self.batches: Optional[deque[tuple[list[int], int]]] = deque() if track else None
+        self.head: EpochOrder | EpochHead | None = None
+        self.batches: deque[tuple[list[int], int]] | None = deque() if track else None
         self.fast_forwarded = 0
 
     def first_indices(self, count: int) -> list[int]:
@@ -181,7 +191,7 @@ class PassRecord:
         return head.first(count) if head is not None else []
 
 
-def global_batch_samples(layout: ShardLayout, consumed: int) -> Optional[int]:
+def global_batch_samples(layout: ShardLayout, consumed: int) -> int | None:
     """Samples in ``consumed`` global batches (every global batch before a pass's start is full)."""
     return None if layout.batch_size is None else check_consumed(consumed) * layout.batch_size
 

@@ -6,7 +6,8 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import itertools
-from typing import Any, Callable, Iterator, Optional
+from collections.abc import Callable, Iterator
+from typing import Any
 
 from ..collectives import world_size
 from ..fingerprint import FirstBatchCheck
@@ -46,9 +47,9 @@ class StreamPlan(PlanDefaults):
     def __init__(
         self,
         layout: ShardLayout,
-        length: Optional[int] = None,
+        length: int | None = None,
         splits_by_worker: bool = False,
-        first_batch: Optional[FirstBatchCheck] = None,
+        first_batch: FirstBatchCheck | None = None,
     ) -> None:
         if layout.batch_size is None:
             raise ValueError("a stream shard needs a batch size (elements per process batch); pass batch_size >= 1")
@@ -61,11 +62,11 @@ class StreamPlan(PlanDefaults):
         elements read (recorded where the dataset repositions itself and is read in this process)."""
         self.pending_start: tuple[int, Any] = (0, None)
         """(elements, dataset state) the next pass starts after (see :meth:`start_after`)."""
-        self.untracked_reason: Optional[str] = None
+        self.untracked_reason: str | None = None
         self.needs_tags = length is None
         """Without the stream's length (no ``len()``, or a stream that splits itself across workers, each
         worker padding its own part) the batches' places cannot be computed: tracking tags the elements."""
-        self.observed: Optional[int] = None
+        self.observed: int | None = None
         """Elements of the stream, counted when a pass read it to its end in this process (no DataLoader
         workers; reset when a pass begins): where ``length`` is unknown, the end of the epoch is then known."""
         self.tags = False
@@ -116,7 +117,7 @@ class StreamPlan(PlanDefaults):
     def width(self) -> int:
         return self.layout.process_batch_size  # type: ignore[return-value]
 
-    def epoch_size(self) -> Optional[int]:
+    def epoch_size(self) -> int | None:
         return self.length
 
     def _own_count(self, leftover: int) -> int:
@@ -124,7 +125,7 @@ class StreamPlan(PlanDefaults):
         width = self.width
         return min(max(leftover - self.layout.process_index * width, 0), width)
 
-    def num_elements(self, consumed: int = 0) -> Optional[int]:
+    def num_elements(self, consumed: int = 0) -> int | None:
         """Elements this process yields after ``consumed`` elements of the stream."""
         if self.length is None:
             return None
@@ -135,14 +136,14 @@ class StreamPlan(PlanDefaults):
             count += self.width if self.layout.even_batches else self._own_count(leftover)
         return count
 
-    def num_batches(self, consumed: int = 0) -> Optional[int]:
+    def num_batches(self, consumed: int = 0) -> int | None:
         elements = self.num_elements(consumed)
         return None if elements is None else -(-elements // self.width)
 
-    def samples_before(self, consumed: int) -> Optional[int]:
+    def samples_before(self, consumed: int) -> int | None:
         return check_consumed(consumed)
 
-    def finished(self, consumed: int) -> Optional[bool]:
+    def finished(self, consumed: int) -> bool | None:
         # Process 0 has the most elements (leftovers go to the first processes).
         length = self.length if self.length is not None else self.observed
         first = StreamPlan(dataclasses.replace(self.layout, process_index=0), length)
@@ -178,8 +179,8 @@ class StreamPlan(PlanDefaults):
         workers: int = 1,
         skip: int = 0,
         read: int = 0,
-        on_boundary: Optional[Callable[[int], None]] = None,
-        on_first: Optional[Callable[[list[Any]], None]] = None,
+        on_boundary: Callable[[int], None] | None = None,
+        on_first: Callable[[list[Any]], None] | None = None,
     ) -> Iterator[Any]:
         """This process's elements of ``stream`` (for DataLoader worker ``worker`` of ``workers``).
 
@@ -230,9 +231,11 @@ class StreamPlan(PlanDefaults):
     def _tagged_slice(own: slice, first: int) -> Callable[[list[Any], int, int], list[Any]]:
         """``cut(buffer, start, real)``: the slice ``own`` of a global batch read from position ``start``
         (its first ``real`` elements real, the rest cycled from the head, read from ``first``), tagged."""
+
         def cut(buffer: list[Any], start: int, real: int) -> list[Any]:
             places = [start + k if k < real else first + (k - real) for k in range(len(buffer))]
             return [PaddingTag(e, p, k < real) for k, e, p in zip(range(own.start, own.stop), buffer[own], places[own])]
+
         return cut
 
 
@@ -251,7 +254,7 @@ class LocalPlan(PlanDefaults):
         "cannot be told apart; use loader.remainder for the last global batch"
     )
 
-    def __init__(self, layout: ShardLayout, length: Optional[int] = None, stream: bool = True) -> None:
+    def __init__(self, layout: ShardLayout, length: int | None = None, stream: bool = True) -> None:
         self.layout = layout
         self.length = length
         self.stream = stream
@@ -262,16 +265,16 @@ class LocalPlan(PlanDefaults):
     def batch_record(self, record: PassRecord, batch: int) -> tuple[list[int], int]:
         raise ValueError(self.untracked_reason)
 
-    def epoch_size(self) -> Optional[int]:
+    def epoch_size(self) -> int | None:
         return self.length
 
-    def num_batches(self, consumed: int = 0) -> Optional[int]:
+    def num_batches(self, consumed: int = 0) -> int | None:
         return None if self.length is None else max(self.length - check_consumed(consumed), 0)
 
-    def samples_before(self, consumed: int) -> Optional[int]:
+    def samples_before(self, consumed: int) -> int | None:
         return global_batch_samples(self.layout, consumed)  # its batches are the global ones
 
-    def finished(self, consumed: int) -> Optional[bool]:
+    def finished(self, consumed: int) -> bool | None:
         rest = self.num_batches(consumed)
         return None if rest is None else rest == 0
 

@@ -14,14 +14,13 @@ import os
 import sys
 from typing import Any
 
+import lightning.pytorch as pl
 import torch
+from _exit import leave  # noqa: E402  (this directory: how a scenario process ends)
+from lightning.pytorch.callbacks import ModelCheckpoint
 from torch.utils.data import DataLoader, Dataset
 
-import lightning.pytorch as pl
-from lightning.pytorch.callbacks import ModelCheckpoint
-
 from shardplug_lightning import ShardplugDDPStrategy
-from _exit import leave  # noqa: E402  (this directory: how a scenario process ends)
 
 OUT, DEVICES, MODE, SOURCES = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4:]
 N, BATCH, STOP = 36, 2, 4
@@ -44,7 +43,6 @@ class Recorder(pl.LightningModule):
     def on_train_start(self) -> None:
         self.trainer.train_dataloader.track_padding()
 
-
     def training_step(self, batch: torch.Tensor, batch_idx: int) -> torch.Tensor:
         real = self.trainer.train_dataloader.batch_real_count
         ids = batch.tolist()
@@ -60,9 +58,15 @@ class Recorder(pl.LightningModule):
 
 def trainer(**kwargs: Any) -> pl.Trainer:
     return pl.Trainer(
-        accelerator="cpu", devices=DEVICES, max_epochs=2, logger=False, enable_progress_bar=False,
-        enable_model_summary=False, num_sanity_val_steps=0,
-        strategy=ShardplugDDPStrategy(use_seedable_sampler=True, data_seed=5), **kwargs,
+        accelerator="cpu",
+        devices=DEVICES,
+        max_epochs=2,
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+        strategy=ShardplugDDPStrategy(use_seedable_sampler=True, data_seed=5),
+        **kwargs,
     )
 
 

@@ -15,15 +15,14 @@ import os
 import sys
 from typing import Any
 
-import torch
-from torch.utils.data import DataLoader, TensorDataset
-
 import lightning.pytorch as pl
+import torch
+from _exit import leave  # noqa: E402  (this directory: how a scenario process ends)
+from torch.utils.data import DataLoader, TensorDataset
 
 import shardplug
 import shardplug_lightning  # noqa: F401  (registers the strategies)
 from shardplug_lightning import ShardplugDDPStrategy
-from _exit import leave  # noqa: E402  (this directory: how a scenario process ends)
 
 OUT = sys.argv[1]
 BATCH = 4
@@ -96,8 +95,15 @@ class CutCycle(pl.LightningModule):
 def trainer(**kwargs: Any) -> pl.Trainer:
     strategy = ShardplugDDPStrategy(timeout=datetime.timedelta(seconds=30), **kwargs.pop("strategy_kwargs", {}))
     settings: dict[str, Any] = dict(
-        accelerator="cpu", devices=2, strategy=strategy, max_epochs=1, logger=False, enable_checkpointing=False,
-        enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
+        accelerator="cpu",
+        devices=2,
+        strategy=strategy,
+        max_epochs=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
     )
     settings.update(kwargs)
     return pl.Trainer(**settings)

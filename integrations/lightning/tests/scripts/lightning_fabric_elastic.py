@@ -14,11 +14,11 @@ import sys
 from typing import Any
 
 import torch
+from _exit import leave  # noqa: E402  (this directory: how a scenario process ends)
 from lightning.fabric import Fabric
 from torch.utils.data import DataLoader
 
 from shardplug_lightning import ShardplugFabricDDPStrategy
-from _exit import leave  # noqa: E402  (this directory: how a scenario process ends)
 
 OUT, DEVICES, MODE, CKPT = sys.argv[1], int(sys.argv[2]), sys.argv[3], (sys.argv[4:] or [None])[0]
 N, BATCH, STOP, EPOCHS = 36, 2, 4, 2
@@ -46,7 +46,9 @@ def run(fabric: Fabric, load: Any = None, stop: Any = None) -> list[list[Any]]:
 
 
 def main() -> None:
-    fabric = Fabric(accelerator="cpu", devices=DEVICES, strategy=ShardplugFabricDDPStrategy(use_seedable_sampler=True, data_seed=5))
+    fabric = Fabric(
+        accelerator="cpu", devices=DEVICES, strategy=ShardplugFabricDDPStrategy(use_seedable_sampler=True, data_seed=5)
+    )
     fabric.launch()
     if MODE == "first":
         out = {"rows": run(fabric, stop=STOP)}

@@ -13,12 +13,12 @@ import os
 import sys
 
 import torch
+from _exit import leave  # noqa: E402  (this directory: how a scenario process ends)
 from lightning.fabric import Fabric
 from torch.utils.data import DataLoader
 
 import shardplug
 from shardplug_lightning import ShardplugFabricDDPStrategy
-from _exit import leave  # noqa: E402  (this directory: how a scenario process ends)
 
 SETS = {"three": 3, "five": 5, "big": 27, "three_after_big": 3}
 

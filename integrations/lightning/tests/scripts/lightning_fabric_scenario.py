@@ -10,12 +10,12 @@ import os
 import sys
 
 import torch
+from _exit import leave  # noqa: E402  (this directory: how a scenario process ends)
 from lightning.fabric import Fabric
 from torch.utils.data import DataLoader
 from torch.utils.data.distributed import DistributedSampler
 
 import shardplug_lightning  # noqa: F401  (registers "shardplug_ddp" for Fabric)
-from _exit import leave  # noqa: E402  (this directory: how a scenario process ends)
 
 
 def main() -> None:

@@ -12,13 +12,12 @@ import os
 import sys
 from typing import Any
 
+import lightning.pytorch as pl
 import torch
+from _exit import leave  # noqa: E402  (this directory: how a scenario process ends)
 from torch.utils.data import DataLoader
 
-import lightning.pytorch as pl
-
 from shardplug_lightning import ShardplugModelParallelStrategy
-from _exit import leave  # noqa: E402  (this directory: how a scenario process ends)
 
 
 class Recorder(pl.LightningModule):
@@ -47,8 +46,13 @@ def main() -> None:
     for name, (dp, tp) in {"tensor_parallel": (1, 2), "data_parallel": (2, 1)}.items():
         model = Recorder()
         trainer = pl.Trainer(
-            accelerator="cpu", devices=2, max_epochs=1, logger=False, enable_checkpointing=False,
-            enable_progress_bar=False, enable_model_summary=False,
+            accelerator="cpu",
+            devices=2,
+            max_epochs=1,
+            logger=False,
+            enable_checkpointing=False,
+            enable_progress_bar=False,
+            enable_model_summary=False,
             strategy=ShardplugModelParallelStrategy(data_parallel_size=dp, tensor_parallel_size=tp, data_seed=3),
         )
         trainer.fit(model)

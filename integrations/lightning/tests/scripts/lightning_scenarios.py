@@ -12,17 +12,16 @@ import sys
 import warnings
 from typing import Any
 
+import lightning.pytorch as pl
 import torch
+from _exit import leave  # noqa: E402  (this directory: how a scenario process ends)
+from lightning.pytorch.callbacks import BasePredictionWriter, ModelCheckpoint
+from lightning.pytorch.plugins import MixedPrecision
 from torch.utils.data import DataLoader, Dataset
 from torch.utils.data.distributed import DistributedSampler
 
-import lightning.pytorch as pl
-from lightning.pytorch.callbacks import BasePredictionWriter, ModelCheckpoint
-from lightning.pytorch.plugins import MixedPrecision
-
 import shardplug_lightning
 from shardplug_lightning import ShardplugDDPStrategy
-from _exit import leave  # noqa: E402  (this directory: how a scenario process ends)
 
 OUT = sys.argv[1]
 N_TRAIN, N_VAL, BATCH = 42, 21, 4
@@ -139,8 +138,9 @@ class Streamed(Recorder):
 
         context = multiprocessing.get_context("forkserver")
         context.set_forkserver_preload(["torch", "datasets"])
-        return DataLoader(stream.shuffle(seed=5, buffer_size=8), batch_size=BATCH, num_workers=2,
-                          multiprocessing_context=context)
+        return DataLoader(
+            stream.shuffle(seed=5, buffer_size=8), batch_size=BATCH, num_workers=2, multiprocessing_context=context
+        )
 
     def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
         return super().training_step(batch["x"], batch_idx)
@@ -182,12 +182,19 @@ def main() -> None:
     rank = t.global_rank
     seeds = seeds_of(t)
     t.test(model, verbose=False)
-    dump("default", rank, {
-        "strategy": type(t.strategy).__name__,
-        "world_size": t.world_size,
-        "train": model.train_batches, "val": model.val_batches, "test": model.test_batches,
-        "seeds": seeds, "loader": model.loader_info,
-    })
+    dump(
+        "default",
+        rank,
+        {
+            "strategy": type(t.strategy).__name__,
+            "world_size": t.world_size,
+            "train": model.train_batches,
+            "val": model.val_batches,
+            "test": model.test_batches,
+            "seeds": seeds,
+            "loader": model.loader_info,
+        },
+    )
 
     # 2. split_batches, sequential order
     model = Recorder(shuffle=False)
@@ -211,11 +218,18 @@ def main() -> None:
         warnings.simplefilter("always")
         t.fit(model)
     inner = t.lr_scheduler_configs[0].scheduler
-    dump("amp", rank, {
-        "grad_sync": model.grad_sync, "skipped": model.skipped, "scheduler_epochs": model.scheduler_epochs,
-        "global_step": t.global_step, "scheduler_type": type(inner).__name__,
-        "warnings": [str(w.message) for w in caught if "lr_scheduler.step()" in str(w.message)],
-    })
+    dump(
+        "amp",
+        rank,
+        {
+            "grad_sync": model.grad_sync,
+            "skipped": model.skipped,
+            "scheduler_epochs": model.scheduler_epochs,
+            "global_step": t.global_step,
+            "scheduler_type": type(inner).__name__,
+            "warnings": [str(w.message) for w in caught if "lr_scheduler.step()" in str(w.message)],
+        },
+    )
 
     # 5. resume mid-epoch, OneCycleLR sized with estimated_stepping_batches (lightning#20550)
     ckpt_dir = os.path.join(OUT, "ckpt")
@@ -229,11 +243,18 @@ def main() -> None:
     resumed = Recorder(schedule="onecycle")
     t = trainer(max_epochs=2)
     t.fit(resumed, ckpt_path=ckpt)
-    dump("resume", rank, {
-        "full": full, "resumed": resumed.train_batches, "full_scheduler": full_lr,
-        "resumed_scheduler": resumed.scheduler_epochs, "global_step": t.global_step,
-        "estimated_stepping_batches": int(t.estimated_stepping_batches),
-    })
+    dump(
+        "resume",
+        rank,
+        {
+            "full": full,
+            "resumed": resumed.train_batches,
+            "full_scheduler": full_lr,
+            "resumed_scheduler": resumed.scheduler_epochs,
+            "global_step": t.global_step,
+            "estimated_stepping_batches": int(t.estimated_stepping_batches),
+        },
+    )
 
     # 6. epochs cut short (limit_train_batches): the loader's epoch follows Lightning's
     model = Recorder()
