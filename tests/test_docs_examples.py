@@ -41,16 +41,25 @@ BLOCK = re.compile(r"^```python[ \t]*\n(.*?)^```[ \t]*$", re.S | re.M)
 MODULE_OF = {"pytorch-ignite": "ignite", "lightning": "lightning", "pytorch-lightning": "pytorch_lightning"}
 TIMEOUT_S = 240
 # the launcher's variables would make a block join a process group it cannot reach
-LAUNCHER_VARIABLES = ("WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
-                      "GROUP_RANK", "ROLE_RANK", "TORCHELASTIC_RUN_ID")
+LAUNCHER_VARIABLES = (
+    "WORLD_SIZE",
+    "RANK",
+    "LOCAL_RANK",
+    "LOCAL_WORLD_SIZE",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "GROUP_RANK",
+    "ROLE_RANK",
+    "TORCHELASTIC_RUN_ID",
+)
 
 
 @dataclass(frozen=True)
 class Example:
     page: Path
-    line: int                   # the line of the opening fence
+    line: int  # the line of the opening fence
     code: str
-    needs: tuple[str, ...]      # distributions named by `# needs:`
+    needs: tuple[str, ...]  # distributions named by `# needs:`
     expected: tuple[str, ...] | None  # the output shown by the block's last comment lines, if any
 
     @property
@@ -62,7 +71,7 @@ def parse(page: Path, line: int, code: str) -> Example:
     lines = code.rstrip("\n").splitlines()
     needs: tuple[str, ...] = ()
     if lines and lines[0].startswith("# needs:"):
-        needs = tuple(n.strip() for n in lines[0][len("# needs:"):].replace(",", " ").split() if n.strip())
+        needs = tuple(n.strip() for n in lines[0][len("# needs:") :].replace(",", " ").split() if n.strip())
     tail: list[str] = []
     for text in reversed(lines):
         if text.startswith("#"):
@@ -106,8 +115,9 @@ def run(example: Example) -> subprocess.CompletedProcess:
     with tempfile.TemporaryDirectory(prefix="shardplug-docs-") as cwd:
         script = Path(cwd) / "example.py"
         script.write_text(example.code, encoding="utf-8")
-        return subprocess.run([sys.executable, str(script)], cwd=cwd, env=environment(), capture_output=True,
-                              text=True, timeout=TIMEOUT_S)
+        return subprocess.run(
+            [sys.executable, str(script)], cwd=cwd, env=environment(), capture_output=True, text=True, timeout=TIMEOUT_S
+        )
 
 
 def run_forked(examples: list[Example], workers: int) -> dict[str, subprocess.CompletedProcess]:
@@ -125,19 +135,40 @@ def run_forked(examples: list[Example], workers: int) -> dict[str, subprocess.Co
             cwd = Path(root) / f"block{i}"
             cwd.mkdir()
             (cwd / "example.py").write_text(example.code, encoding="utf-8")
-            jobs.append({"name": example.name, "script": str(cwd / "example.py"), "cwd": str(cwd),
-                         "stdout": str(Path(root) / f"{i}.out"), "stderr": str(Path(root) / f"{i}.err")})
+            jobs.append(
+                {
+                    "name": example.name,
+                    "script": str(cwd / "example.py"),
+                    "cwd": str(cwd),
+                    "stdout": str(Path(root) / f"{i}.out"),
+                    "stderr": str(Path(root) / f"{i}.err"),
+                }
+            )
         spec = Path(root) / "jobs.json"
         spec.write_text(json.dumps({"workers": workers, "timeout": TIMEOUT_S, "preload": preload, "jobs": jobs}))
-        done = subprocess.run([sys.executable, str(Path(__file__).with_name("_docs_runner.py")), str(spec),
-                               str(Path(root) / "results.json")], env=environment(), capture_output=True, text=True,
-                              timeout=TIMEOUT_S * (1 + len(jobs) // workers))
+        done = subprocess.run(
+            [
+                sys.executable,
+                str(Path(__file__).with_name("_docs_runner.py")),
+                str(spec),
+                str(Path(root) / "results.json"),
+            ],
+            env=environment(),
+            capture_output=True,
+            text=True,
+            timeout=TIMEOUT_S * (1 + len(jobs) // workers),
+        )
         assert done.returncode == 0, f"tests/_docs_runner.py failed:\n{done.stderr[-4000:]}"
         codes = json.loads((Path(root) / "results.json").read_text())
-        return {job["name"]: subprocess.CompletedProcess(job["script"], codes[job["name"]],
-                                                         Path(job["stdout"]).read_text(errors="replace"),
-                                                         Path(job["stderr"]).read_text(errors="replace"))
-                for job in jobs}
+        return {
+            job["name"]: subprocess.CompletedProcess(
+                job["script"],
+                codes[job["name"]],
+                Path(job["stdout"]).read_text(errors="replace"),
+                Path(job["stderr"]).read_text(errors="replace"),
+            )
+            for job in jobs
+        }
 
 
 class Done:
@@ -155,8 +186,11 @@ def results(request):
     """Runs every selected, runnable block (a few at a time, the slowest kinds first): forked from one
     interpreter that imported the heavy modules once, or, with ``SHARDPLUG_DOCS_FRESH=1`` or where
     there is no ``fork``, each as a fresh ``python`` process."""
-    selected = {item.callspec.params["example"].name for item in request.session.items
-                if getattr(item, "callspec", None) and "example" in item.callspec.params}
+    selected = {
+        item.callspec.params["example"].name
+        for item in request.session.items
+        if getattr(item, "callspec", None) and "example" in item.callspec.params
+    }
     chosen = sorted((e for e in EXAMPLES if e.name in selected and not missing(e)), key=lambda e: not e.needs)
     workers = max(2, min(8, (os.cpu_count() or 2) * 2))
     if hasattr(os, "fork") and not os.environ.get("SHARDPLUG_DOCS_FRESH"):
@@ -183,4 +217,5 @@ def test_example_runs_and_prints_what_it_shows(example, results):
     assert done.returncode == 0, f"{example.name} exited with {done.returncode}:\n{done.stderr[-4000:]}"
     if example.expected is not None:
         assert done.stdout.splitlines() == list(example.expected), (
-            f"{example.name}: the block's closing comments are not what it printed:\n{done.stdout}")
+            f"{example.name}: the block's closing comments are not what it printed:\n{done.stdout}"
+        )

@@ -8,6 +8,7 @@ from typing import Any, cast
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
+from .config import ShardplugConfig
 from .fingerprint import FirstBatchCheck
 from .layout import ShardLayout
 from .plan import StreamPlan, sized_length
@@ -44,8 +45,8 @@ class IterableDatasetShard(IterableDataset[Any]):
         drop_last: bool = False,
         num_processes: int = 1,
         process_index: int = 0,
-        split_batches: bool = False,
-        even_batches: bool = True,
+        split_batches: bool = ShardplugConfig.split_batches,
+        even_batches: bool = ShardplugConfig.even_batches,
     ) -> None:
         if not hasattr(dataset, "__iter__"):
             raise TypeError(

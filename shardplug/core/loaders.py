@@ -31,6 +31,7 @@ from torch.utils.data import DataLoader, IterableDataset
 
 from . import compat
 from .audit import SampleAudit
+from .config import ShardplugConfig
 from .iterable import IterableDatasetShard
 from .keeping import PositionKeeper
 from .layout import ShardLayout
@@ -97,7 +98,9 @@ class PreparedDataLoader(DataLoader[Any]):
     """:meth:`_inner_batches` yields ``(batch, is_last)`` pairs: the source knows where its pass ends
     (a dispatcher: process 0's end, on every process), so the pass neither counts nor reads ahead."""
 
-    def __new__(cls, *args: Any, use_stateful_dataloader: bool = False, **kwargs: Any) -> PreparedDataLoader:
+    def __new__(
+        cls, *args: Any, use_stateful_dataloader: bool = ShardplugConfig.use_stateful_dataloader, **kwargs: Any
+    ) -> PreparedDataLoader:
         if use_stateful_dataloader:
             cls = stateful_variant(cls)
         return super().__new__(cls)
@@ -118,7 +121,7 @@ class PreparedDataLoader(DataLoader[Any]):
         rng_types: Iterable[str] | None = None,
         synchronized_generator: torch.Generator | None = None,
         skip_batches: int = 0,
-        non_blocking: bool = False,
+        non_blocking: bool = ShardplugConfig.non_blocking,
         plan: ShardPlan | None = None,
     ) -> None:
         if not isinstance(skip_batches, int) or skip_batches < 0:
@@ -405,8 +408,8 @@ class DataLoaderShard(PreparedDataLoader):
         rng_types: Iterable[str] | None = None,
         synchronized_generator: torch.Generator | None = None,
         skip_batches: int = 0,
-        use_stateful_dataloader: bool = False,
-        non_blocking: bool = False,
+        use_stateful_dataloader: bool = ShardplugConfig.use_stateful_dataloader,
+        non_blocking: bool = ShardplugConfig.non_blocking,
         **dataloader_kwargs: Any,
     ) -> None:
         super().__init__(dataset, **dataloader_kwargs)

@@ -17,6 +17,7 @@ from torch.utils.data import (
 )
 from torch.utils.data.distributed import DistributedSampler
 
+from .config import ShardplugConfig
 from .layout import ShardLayout
 from .plan import BatchSamplerPlan, PassRecord
 from .shuffle import SeedableRandomSampler, draw_seed
@@ -72,8 +73,8 @@ class BatchSamplerShard(Sampler[list[int]]):
         batch_sampler: Iterable[list[int]],
         num_processes: int = 1,
         process_index: int = 0,
-        split_batches: bool = False,
-        even_batches: bool = True,
+        split_batches: bool = ShardplugConfig.split_batches,
+        even_batches: bool = ShardplugConfig.even_batches,
     ) -> None:
         check_batch_sampler(batch_sampler)
         batch_size = getattr(batch_sampler, "batch_size", None)
@@ -165,7 +166,11 @@ class IndexSamplerShard(Sampler[int]):
     """
 
     def __init__(
-        self, sampler: Iterable[int], num_processes: int = 1, process_index: int = 0, even_batches: bool = True
+        self,
+        sampler: Iterable[int],
+        num_processes: int = 1,
+        process_index: int = 0,
+        even_batches: bool = ShardplugConfig.even_batches,
     ) -> None:
         self.shard = BatchSamplerShard(
             BatchSampler(sampler, 1, False), num_processes, process_index, False, even_batches

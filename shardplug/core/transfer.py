@@ -7,6 +7,7 @@ from typing import Any
 
 import torch
 
+from .config import ShardplugConfig
 from .rows import map_leaves
 
 __all__ = ["send_to_device", "DeviceTransfer"]
@@ -15,7 +16,7 @@ __all__ = ["send_to_device", "DeviceTransfer"]
 def send_to_device(
     data: Any,
     device: str | torch.device | int | None,
-    non_blocking: bool = False,
+    non_blocking: bool = ShardplugConfig.non_blocking,
     skip_keys: str | list[str] | None = None,
 ) -> Any:
     """Move every tensor in ``data`` (nested lists, tuples, namedtuples, dicts, objects with ``.to()``) to ``device``.
@@ -60,12 +61,14 @@ class DeviceTransfer:
 
     __slots__ = ("device", "non_blocking")
 
-    def __init__(self, device: str | torch.device, non_blocking: bool = False) -> None:
+    def __init__(self, device: str | torch.device, non_blocking: bool = ShardplugConfig.non_blocking) -> None:
         self.device = torch.device(device)
         self.non_blocking = bool(non_blocking)
 
     @classmethod
-    def to(cls, device: str | torch.device | None, non_blocking: bool = False) -> DeviceTransfer | None:
+    def to(
+        cls, device: str | torch.device | None, non_blocking: bool = ShardplugConfig.non_blocking
+    ) -> DeviceTransfer | None:
         """The transfer to ``device``, or ``None`` where batches stay where they are (no device)."""
         return None if device is None else cls(device, non_blocking)
 

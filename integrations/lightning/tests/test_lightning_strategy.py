@@ -181,7 +181,9 @@ def test_strategy_accepts_the_shared_config_value() -> None:
     held = strategy.shardplug_config
     assert held == config.replace(put_on_device=True)  # the config itself, keywords applied
     assert strategy._ddp_kwargs == {"find_unused_parameters": True}  # DDP keywords pass through
-    assert held.scales_scheduler("lightning") is False  # off by default (docs/lightning.md, integrations/lightning/README.md)
+    assert (
+        held.scales_scheduler("lightning") is False
+    )  # off by default (docs/lightning.md, integrations/lightning/README.md)
     with pytest.raises(ValueError, match="non_blocking=True has no effect"):
         ShardplugDDPStrategy(config=config, non_blocking=True)
     with pytest.raises(TypeError, match="unknown shardplug option"):
