@@ -52,8 +52,9 @@ class TrainingRun:
             it and :meth:`backward` scales the loss with it.
         device: the process's device; ``None`` = the one the topology picks (CUDA device of the
             local rank, else CPU).
-        num_processes, process_index: ``None`` = read from the running job (process group, else
-            the launcher's environment, else a single process).
+        num_processes: ``None`` = read from the running job (process group, else the launcher's
+            environment, else a single process).
+        process_index: ``None`` = read from the running job, as ``num_processes``.
         torch_device_mesh: a ``DeviceMesh`` whose data-parallel dimensions define the data topology.
         front_end: whose conventions the options left ``None`` follow
             (:meth:`ShardplugConfig.scales_scheduler`); integrations pass their name.
