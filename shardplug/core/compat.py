@@ -48,9 +48,15 @@ __all__ = [
     "hf_example_iterable",
     "hf_node_split",
     "hf_legacy_shuffling",
+    "streaming_rank_world",
 ]
 
-CHECKED_AGAINST: dict[str, str] = {"torch": "2.13.0", "torchdata": "0.11.0", "datasets": "5.2.0"}
+CHECKED_AGAINST: dict[str, str] = {
+    "torch": "2.13.0",
+    "torchdata": "0.11.0",
+    "datasets": "5.2.0",
+    "mosaicml-streaming": "0.13.0",
+}
 """The versions of the libraries whose private names :data:`PRIVATES` lists, as last checked."""
 
 PRIVATES: dict[str, str] = {
@@ -106,19 +112,28 @@ PRIVATES: dict[str, str] = {
     "and its buffer shuffle",
     "datasets.IterableDataset._distributed": "the node split split_dataset_by_node recorded (rank, world_size)",
     "datasets.IterableDataset._shuffling": "the shuffle of a stream of datasets < 3 (read only when present)",
+    # -- MosaicML streaming ---------------------------------------------------------------------
+    "streaming.StreamingDataset._parallel_rank_world": "the ranks the stream splits itself over (its rank and "
+    "num_ranks, replication applied): a stream split by rank is this process's part",
 }
 """Every private name above, with its use (``tests/test_compat.py`` fails when a library drops one)."""
 
 
 def library_of(name: str) -> str:
-    """The library a name of :data:`PRIVATES` belongs to (its first dotted part).
+    """The distribution a name of :data:`PRIVATES` belongs to (its first dotted part, or the
+    distribution that installs that package).
 
     Example::
 
-        >>> library_of("torch.amp.grad_scaler.OptState")
-        'torch'
+        >>> library_of("torch.amp.grad_scaler.OptState"), library_of("streaming.StreamingDataset.x")
+        ('torch', 'mosaicml-streaming')
     """
-    return name.split(".", 1)[0]
+    package = name.split(".", 1)[0]
+    return _DISTRIBUTIONS.get(package, package)
+
+
+_DISTRIBUTIONS = {"streaming": "mosaicml-streaming"}
+"""Import packages whose distribution has another name."""
 
 
 # -- DataLoader ---------------------------------------------------------------------------------
@@ -253,3 +268,10 @@ def hf_node_split(dataset: Any) -> Any:
 def hf_legacy_shuffling(dataset: Any) -> Any:
     """The shuffle of a Hugging Face stream of ``datasets < 3`` (``None``: none, or a newer release)."""
     return getattr(dataset, "_shuffling", None)
+
+
+def streaming_rank_world(dataset: Any) -> Any:
+    """The rank world a MosaicML ``streaming.StreamingDataset`` splits itself over (``rank``,
+    ``num_ranks``), or ``None`` for any other object."""
+    world = getattr(dataset, "_parallel_rank_world", None)
+    return world if hasattr(world, "num_ranks") and hasattr(world, "rank") else None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Iterator
 from typing import Any, cast
 
@@ -98,13 +99,14 @@ class IterableDatasetShard(IterableDataset[Any]):
 
     @property
     def repositions_itself(self) -> bool:
-        """The dataset has ``state_dict()`` / ``load_state_dict()`` and is read in this process
-        (no DataLoader workers), so a resume loads its state instead of re-reading the stream
+        """The dataset has ``state_dict()`` (callable without arguments) and ``load_state_dict()`` and
+        is read in this process (no DataLoader workers), so a resume loads its state instead of re-reading the stream
         (not a shuffled Hugging Face stream: its state loses the shuffle buffer, so it is skipped
         exactly instead)."""
         return (
             callable(getattr(self.dataset, "state_dict", None))
             and callable(getattr(self.dataset, "load_state_dict", None))
+            and takes_no_arguments(self.dataset.state_dict)  # litdata's, streaming's need what shardplug lacks
             and get_worker_info() is None
             and not hf_shuffles(self.dataset)  # its state does not restore the shuffle buffer: skip exactly instead
         )
@@ -168,3 +170,19 @@ class IterableDatasetShard(IterableDataset[Any]):
             layout.split_batches,
             layout.even_batches,
         )
+
+
+def takes_no_arguments(method: Any) -> bool:
+    """Whether ``method`` can be called without arguments (a signature that cannot be read counts as yes)."""
+    try:
+        signature = inspect.signature(method)
+    except (TypeError, ValueError):
+        return True
+    required = (
+        inspect.Parameter.POSITIONAL_ONLY,
+        inspect.Parameter.POSITIONAL_OR_KEYWORD,
+        inspect.Parameter.KEYWORD_ONLY,
+    )
+    return all(
+        p.default is not inspect.Parameter.empty or p.kind not in required for p in signature.parameters.values()
+    )

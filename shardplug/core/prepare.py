@@ -26,9 +26,10 @@ from .loaders import DataLoaderShard, PreparedDataLoader, combined_class, statef
 from .map_shards import MapOptions, is_batch_sampler, shard_map_style
 from .native import loader_length, native_shard
 from .plan import LocalPlan, ShardPlan, sized_length
+from .presplit import node_part
 from .rng import check_rng_types
 from .shuffle import check_seed, check_shuffle_algorithm
-from .streams import check_stream, check_worker_split
+from .streams import check_stream, check_worker_split, node_split
 from .topology import ProcessTopology, resolve_data_topology
 
 __all__ = ["prepare_data_loader", "skip_first_batches"]
@@ -188,8 +189,8 @@ def prepare_data_loader(
     rng = _check_arguments(dataloader, options)
     num_processes, process_index = resolve_data_topology(num_processes, process_index, torch_device_mesh)
     iterable = isinstance(dataloader.dataset, IterableDataset)  # the kind of sharding: decided here, once
-    dispatch = _dispatches(iterable, options)
     layout = _layout(dataloader, num_processes, process_index, options)
+    dispatch = _dispatches(iterable, options, dataloader.dataset if iterable and num_processes > 1 else None)
     kwargs = _loader_settings(dataloader)
     dataset, generator = dataloader.dataset, None
     if iterable:
@@ -247,11 +248,19 @@ def _check_arguments(dataloader: Any, options: _DataOptions) -> tuple[str, ...]:
     return rng
 
 
-def _dispatches(iterable: bool, options: _DataOptions) -> bool:
-    """Whether process 0 reads and sends each process its rows (``None``: for streams put on device)."""
+def _dispatches(iterable: bool, options: _DataOptions, stream: Any = None) -> bool:
+    """Whether process 0 reads and sends each process its rows (``None``: for streams put on device,
+    except a ``stream`` already split by node: every process reads its own part)."""
     dispatch = options.dispatch_batches
+    split = node_split(stream) if stream is not None else None
+    if dispatch and split is not None:
+        raise ValueError(
+            f"dispatch_batches=True has process 0 read the stream for every process, but this stream is already "
+            f"split by node ({split.how}): process 0 holds only its own part; pass dispatch_batches=False (each "
+            "process reads its part), or dispatch the stream before it is split"
+        )
     if dispatch is None:
-        dispatch = iterable and options.put_on_device
+        dispatch = iterable and options.put_on_device and split is None
     if dispatch and not options.put_on_device:
         raise ValueError(
             "dispatch_batches=True sends each process its rows, which needs put_on_device=True; "
@@ -294,6 +303,10 @@ def _plan_stream(
         return dataset, LocalPlan(layout.reader() if dispatch else layout, length)
     check_stream(dataset, layout.num_processes)
     check_worker_split(dataset, dataloader.num_workers)
+    split = node_split(dataset)
+    if split is not None:  # the stream reads only this process's part by itself
+        kwargs["batch_size"] = layout.process_batch_size if batch_size is not None else None
+        return node_part(dataset, split, layout, dataloader.num_workers, drop_last)
     native = native_shard(dataset, layout, dataloader.num_workers, drop_last)
     if native is not None:
         kwargs["batch_size"] = layout.process_batch_size

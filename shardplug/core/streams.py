@@ -12,6 +12,10 @@ and ``generator``s; webdataset's ``pipeline`` stages by name), each checked by
   the buffer).
 * webdataset pipelines (``DataPipeline`` / ``WebDataset``): stages ``split_by_worker`` (the
   default worker splitter) and ``split_by_node`` in their ``pipeline`` list.
+* litdata's ``StreamingDataset`` and MosaicML ``streaming``'s ``StreamingDataset``: split across
+  DataLoader workers by themselves, and by rank once they see several processes (litdata its
+  ``distributed_env``, read from ``torch.distributed`` when it is built; streaming the rank world
+  it read from the environment, ``RANK`` / ``WORLD_SIZE``, reached through :mod:`~shardplug.core.compat`).
 * A dataset of your own that reads only its DataLoader worker's part declares it with a class or
   instance attribute ``splits_by_worker = True`` (and ``split_by_node = True`` when it already reads
   only this process's part).
@@ -29,6 +33,7 @@ Example::
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import sys
 from typing import Any
@@ -46,7 +51,9 @@ __all__ = [
     "splits_by_worker",
     "declared_worker_split",
     "asks_for_its_worker",
+    "NodeSplit",
     "node_split",
+    "stream_library",
     "single_node_only",
     "is_hf_iterable",
     "hf_concatenate",
@@ -93,6 +100,17 @@ def splits_by_worker(dataset: Any) -> bool:
     return bool(declared_worker_split(dataset))
 
 
+def stream_library(dataset: Any) -> str | None:
+    """``"litdata"`` or ``"streaming"`` for those libraries' ``StreamingDataset`` (by duck typing:
+    the module and an attribute each has), ``None`` for anything else."""
+    module = type(dataset).__module__
+    if module.startswith("litdata.") and hasattr(dataset, "distributed_env"):
+        return "litdata"
+    if module.startswith("streaming.") and compat.streaming_rank_world(dataset) is not None:
+        return "streaming"
+    return None
+
+
 def declared_worker_split(dataset: Any) -> bool | None:
     """Whether ``dataset`` is known to split itself across DataLoader workers (``True``), known not
     to (``False``: a webdataset pipeline without a worker splitter, ``splits_by_worker = False``), or
@@ -100,7 +118,7 @@ def declared_worker_split(dataset: Any) -> bool | None:
     declared = getattr(dataset, "splits_by_worker", None)
     if isinstance(declared, bool):
         return declared
-    if is_hf_iterable(dataset):
+    if is_hf_iterable(dataset) or stream_library(dataset) is not None:
         return True
     stages = _wds_stages(dataset)
     if stages:
@@ -108,15 +126,43 @@ def declared_worker_split(dataset: Any) -> bool | None:
     return None
 
 
-def node_split(dataset: Any) -> str | None:
-    """How ``dataset`` is already split by node (process), in words, or ``None`` when it is not."""
+@dataclasses.dataclass(frozen=True)
+class NodeSplit:
+    """How a stream is already split by node (process): ``how`` in words, and the part it reads
+    (``rank`` of ``world_size``) where the stream says (``None``: it asks ``torch.distributed``
+    when it is read, so it is this process's)."""
+
+    how: str
+    rank: int | None = None
+    world_size: int | None = None
+
+
+def node_split(dataset: Any) -> NodeSplit | None:
+    """How ``dataset`` is already split by node (process), or ``None`` when it is not."""
     if getattr(dataset, "split_by_node", None) is True:
-        return "it declares split_by_node = True"
+        return NodeSplit("it declares split_by_node = True")
     if is_hf_iterable(dataset) and compat.hf_node_split(dataset) is not None:
         config = compat.hf_node_split(dataset)
-        return f"datasets.distributed.split_dataset_by_node(rank={config.rank}, world_size={config.world_size})"
+        return NodeSplit(
+            f"datasets.distributed.split_dataset_by_node(rank={config.rank}, world_size={config.world_size})",
+            config.rank,
+            config.world_size,
+        )
     if _stage_named(_wds_stages(dataset), "split_by_node"):
-        return "webdataset's nodesplitter=split_by_node"
+        return NodeSplit("webdataset's nodesplitter=split_by_node")
+    library = stream_library(dataset)
+    if library == "litdata" and getattr(dataset.distributed_env, "world_size", 1) > 1:
+        env = dataset.distributed_env
+        return NodeSplit(
+            f"litdata's StreamingDataset reads rank {env.global_rank} of {env.world_size}",
+            env.global_rank,
+            env.world_size,
+        )
+    if library == "streaming" and compat.streaming_rank_world(dataset).num_ranks > 1:
+        world = compat.streaming_rank_world(dataset)
+        return NodeSplit(
+            f"streaming's StreamingDataset reads rank {world.rank} of {world.num_ranks}", world.rank, world.num_ranks
+        )
     return None
 
 
@@ -170,16 +216,9 @@ def shuffle_fingerprint(dataset: Any) -> str | None:
 
 
 def check_stream(dataset: Any, num_processes: int) -> None:
-    """Refuse a stream that is already split by node, that shuffles differently on each process,
-    or that cannot run on several processes (a collective when a process group runs)."""
-    how = node_split(dataset)
-    if how is not None:
-        raise ValueError(
-            f"this stream is already split by node ({how}), and prepare_data_loader would split it a second time "
-            f"over num_processes={num_processes} (losing data, and giving the processes unequal numbers of "
-            "batches); pass the stream before that split: shardplug gives each process its part (by shard when "
-            "the stream can shard itself), or prepare with num_processes=1"
-        )
+    """Refuse a stream that shuffles differently on each process, or that cannot run on several
+    processes (a collective when a process group runs).  A stream already split by node is this
+    process's part (:mod:`shardplug.core.presplit`), not checked here."""
     fingerprint = shuffle_fingerprint(dataset)
     if fingerprint is not None and world_size() == num_processes > 1:
         fingerprints: list[Any] = [None] * num_processes
