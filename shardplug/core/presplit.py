@@ -106,8 +106,9 @@ def node_part(
     check_node_split(split, layout)
     part = NodePart(dataset, split_workers=num_workers > 0 and not splits_by_worker(dataset))
     own = _batches(part, layout.process_batch_size, drop_last, num_workers)
-    counts = all_gather_objects(own) if world_size() == layout.num_processes > 1 else [own]
-    known = None if len(counts) != layout.num_processes or any(c is None for c in counts) else counts
+    counts: list[int | None] = all_gather_objects(own) if world_size() == layout.num_processes > 1 else [own]
+    found = [c for c in counts if c is not None]
+    known = found if len(found) == layout.num_processes else None
     logger.info(
         "the stream is already split by node (%s): process %d reads its part as it is (%s batches; step counts %s)",
         split.how,
