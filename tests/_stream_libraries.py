@@ -19,7 +19,6 @@ import types
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pytest
 
 
@@ -63,7 +62,7 @@ def write_mds(directory: str | Path, n: int, samples_per_shard: int = 4) -> str:
     base = streaming_base()
     with base.MDSWriter(out=str(directory), columns={"index": "int"}, size_limit=64 * samples_per_shard) as writer:
         for i in range(n):
-            writer.write({"index": np.int64(i)})
+            writer.write({"index": i})
     return str(directory)
 
 

@@ -1,0 +1,266 @@
+"""Streams that split themselves by rank, read as each process's part (docs/streams.md): litdata's and
+MosaicML streaming's ``StreamingDataset`` written to local files, a Hugging Face stream after
+``split_dataset_by_node``, a webdataset pipeline with ``nodesplitter=split_by_node`` and a stream of
+your own that declares ``split_by_node = True``, on 2 real gloo processes, with and without
+DataLoader workers: every element once per epoch (or the library's own drop or repeat, as its
+plain DataLoader reads it), equal step counts, padding marked, an exact mid-epoch resume on the same
+number of processes, and a resume on another number refused with the fix."""
+
+from __future__ import annotations
+
+import itertools
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import torch.distributed as dist
+from _dist import run_gloo
+from _stream_libraries import litdata_module, streaming_base, streaming_world, write_litdata, write_mds
+from torch.utils.data import DataLoader
+
+from shardplug import prepare_data_loader
+
+datasets = pytest.importorskip("datasets")
+wds = pytest.importorskip("webdataset")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+N, BATCH, STOP = 31, 4, 2  # 31 samples, batches of 4 per process, a resume after 2 steps
+KINDS = ("litdata", "streaming", "hf", "wds", "declared")
+UNEVEN = [9, 7, 8, 7]  # the HF / webdataset shards: rank 0 reads shards 0 and 2 (17), rank 1 shards 1 and 3 (14)
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("presplit")
+    litdata_module()
+    streaming_base()
+    write_litdata(root / "litdata", N)
+    write_mds(root / "mds", N)
+    start = 0
+    for s, size in enumerate(UNEVEN):
+        values = list(range(start, start + size))
+        start += size
+        datasets.Dataset.from_dict({"index": values}).to_parquet(str(root / f"part-{s}.parquet"))
+        with wds.TarWriter(str(root / f"shard-{s}.tar")) as writer:
+            for v in values:
+                writer.write({"__key__": f"{v:05d}", "cls": str(v)})
+    return root
+
+
+class RankPart(torch.utils.data.IterableDataset):
+    """A stream of your own that reads only its process's elements (rank r of w: r, r+w, ...)."""
+
+    split_by_node = True
+    splits_by_worker = False  # every DataLoader worker would read all of it: shardplug splits it
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __iter__(self):
+        return ({"index": i} for i in range(dist.get_rank(), self.n, dist.get_world_size()))
+
+
+_COPIES = itertools.count()
+
+
+def _stream(kind: str, root: Path) -> Any:
+    """A new stream of ``kind`` for this process (streaming needs its own copy of the local directory
+    for every dataset that is alive at the same time)."""
+    if kind == "litdata":
+        return litdata_module().StreamingDataset(str(root / "litdata"), shuffle=True, seed=7)
+    if kind == "streaming":
+        local = root / "copies" / str(next(_COPIES))  # the same directory on every process (built in the same order)
+        if dist.get_rank() == 0:
+            shutil.copytree(root / "mds", local)
+        dist.barrier()
+        return streaming_base().StreamingDataset(local=str(local), shuffle=True, shuffle_seed=7, batch_size=BATCH)
+    if kind == "hf":
+        from datasets.distributed import split_dataset_by_node
+
+        files = sorted(str(p) for p in root.glob("part-*.parquet"))
+        stream = datasets.load_dataset("parquet", data_files=files, split="train", streaming=True)
+        return split_dataset_by_node(stream, rank=dist.get_rank(), world_size=dist.get_world_size())
+    if kind == "wds":
+        urls = sorted(str(p) for p in root.glob("shard-*.tar"))
+        pipeline = wds.WebDataset(urls, shardshuffle=False, nodesplitter=wds.split_by_node)
+        return pipeline.to_tuple("cls").map_tuple(int).map(lambda t: {"index": t[0]})
+    return RankPart(N)
+
+
+def _loader(kind: str, root: Path, workers: int, prepare: bool = True, **options: Any) -> Any:
+    context = "fork" if workers else None  # torchrun's default (see _stream_libraries)
+    loader = DataLoader(_stream(kind, root), batch_size=BATCH, num_workers=workers, multiprocessing_context=context)
+    if not prepare:
+        return loader
+    prepared = prepare_data_loader(loader, **options)
+    prepared.track_padding()
+    return prepared
+
+
+def _pass(loader: Any, stop: int | None = None) -> list[tuple[list[int], int | None]]:
+    """The batches of one pass (sample indices, real count), the first ``stop`` of them when given."""
+    out = []
+    for batch in loader:
+        out.append((batch["index"].tolist(), loader.batch_real_count))
+        if stop is not None and len(out) == stop:
+            break
+    return out
+
+
+def _native_pass(kind: str, root: Path, workers: int, epoch: int) -> list[int]:
+    """What the library's stream gives this process in ``epoch`` through a plain DataLoader (the
+    epoch set through the library's own API)."""
+    loader = _loader(kind, root, workers, prepare=False)
+    if hasattr(loader.dataset, "set_epoch"):
+        loader.dataset.set_epoch(epoch)
+    elif kind == "streaming":
+        loader.dataset.next_epoch = epoch
+    return [x for batch in loader for x in batch["index"].tolist()]
+
+
+def _scenarios(rank: int, world: int, root: str) -> dict[str, Any]:
+    streaming_world(rank, world)
+    streaming_base().util.clean_stale_shared_memory()
+    root_path = Path(root)
+    if rank == 0:
+        shutil.rmtree(root_path / "copies", ignore_errors=True)
+        (root_path / "copies").mkdir()
+    dist.barrier()
+    out: dict[str, Any] = {}
+    for kind in KINDS:
+        for workers in (0, 2):
+            loader = _loader(kind, root_path, workers)
+            epochs = []
+            for epoch in range(2):
+                loader.set_epoch(epoch)
+                epochs.append(_pass(loader))
+            try:
+                length = len(loader)
+            except TypeError:
+                length = None
+            first = _loader(kind, root_path, workers)
+            first.set_epoch(1)
+            head = _pass(first, STOP)
+            state = first.state_dict()
+            resumed = _loader(kind, root_path, workers)
+            resumed.load_state_dict(state)
+            out[kind, workers] = {
+                "native": [_native_pass(kind, root_path, workers, epoch) for epoch in range(2)],
+                "epochs": epochs,
+                "len": length,
+                "resume": {"head": head, "rest": _pass(resumed), "state": state},
+                "part": type(loader.dataset).__name__,
+            }
+    refusals = {}
+    for kind in ("litdata", "hf"):
+        try:
+            prepare_data_loader(
+                DataLoader(_stream(kind, root_path), batch_size=BATCH), dispatch_batches=True, put_on_device=True
+            )
+        except ValueError as exc:
+            refusals[kind, "dispatch"] = str(exc)
+    from datasets.distributed import split_dataset_by_node
+
+    files = sorted(str(p) for p in root_path.glob("part-*.parquet"))
+    other = split_dataset_by_node(
+        datasets.load_dataset("parquet", data_files=files, split="train", streaming=True), rank=0, world_size=4
+    )
+    try:
+        prepare_data_loader(DataLoader(other, batch_size=BATCH))
+    except ValueError as exc:
+        refusals["hf", "world"] = str(exc)
+    out["refusals"] = refusals
+    return out
+
+
+def _resize(rank: int, world: int, root: str, states: dict[str, Any]) -> dict[str, str | None]:
+    streaming_world(rank, world)
+    out: dict[str, str | None] = {}
+    for kind, state in states.items():
+        loader = _loader(kind, Path(root), 0)
+        try:
+            loader.load_state_dict(state)
+            out[kind] = None
+        except ValueError as exc:
+            out[kind] = str(exc)
+    return out
+
+
+@pytest.fixture(scope="module")
+def runs(files: Path) -> list[dict[str, Any]]:
+    return run_gloo(_scenarios, str(files), timeout=240)
+
+
+def _real(batches: list[tuple[list[int], int | None]]) -> list[int]:
+    return [x for ids, count in batches for x in (ids if count is None else ids[:count])]
+
+
+CASES = [(kind, workers) for kind in KINDS for workers in (0, 2)]
+
+
+@pytest.mark.parametrize("kind, workers", CASES, ids=[f"{k}-workers{w}" for k, w in CASES])
+def test_each_process_reads_its_own_part_once_with_equal_steps(runs, kind, workers):
+    """Not split a second time: every element of the epoch once (litdata drops what its split leaves
+    over, streaming repeats to fill its ranks, as their plain DataLoaders do), equal step counts."""
+    for epoch in range(2):
+        per_rank = [runs[rank][kind, workers]["epochs"][epoch] for rank in range(2)]
+        assert len(per_rank[0]) == len(per_rank[1]), "equal steps on both processes"
+        real = sorted(x for batches in per_rank for x in _real(batches))
+        if kind in ("litdata", "streaming"):
+            native = sorted(x for rank in range(2) for x in runs[rank][kind, workers]["native"][epoch])
+            assert real == native, f"epoch {epoch}: what the library gives its ranks, once"
+        else:
+            assert real == list(range(N)), f"epoch {epoch}: every element once"
+    assert all(runs[rank][kind, workers]["part"] == "NodePart" for rank in range(2))
+
+
+def test_the_library_s_own_tail_rule_is_what_the_processes_get(runs):
+    """litdata drops the samples its rank split leaves over; streaming repeats samples so that every
+    rank gets as many: stated in docs/streams.md."""
+    litdata = sorted(x for rank in range(2) for x in _real(runs[rank]["litdata", 0]["epochs"][0]))
+    streaming = sorted(x for rank in range(2) for x in _real(runs[rank]["streaming", 0]["epochs"][0]))
+    assert len(litdata) == len(set(litdata)) < N, "litdata drops the tail"
+    assert set(streaming) == set(range(N)) and len(streaming) > N, "streaming repeats to fill its ranks"
+
+
+def test_a_shorter_part_is_padded_and_the_padding_is_marked(runs):
+    """The HF parts hold 17 and 14 elements: rank 1's last step is padding, real count 0."""
+    for workers in (0, 2):
+        batches = [runs[rank]["hf", workers]["epochs"][0] for rank in range(2)]
+        counts = [[count for _, count in rank] for rank in batches]
+        assert len(_real(batches[0])) == 17 and len(_real(batches[1])) == 14
+        assert 0 in counts[1] and 0 not in counts[0], "the padding step is marked"
+
+
+def test_len_is_the_agreed_step_count_where_the_parts_have_a_length(runs):
+    for kind in ("litdata", "streaming"):
+        steps = {len(runs[rank][kind, 0]["epochs"][0]) for rank in range(2)}
+        assert {runs[rank][kind, 0]["len"] for rank in range(2)} == steps
+    assert runs[0]["hf", 0]["len"] is None, "an HF stream has no len(): its steps are agreed while reading"
+
+
+@pytest.mark.parametrize("kind, workers", CASES, ids=[f"{k}-workers{w}" for k, w in CASES])
+def test_a_mid_epoch_resume_on_the_same_number_of_processes_is_exact(runs, kind, workers):
+    for rank in range(2):
+        result = runs[rank][kind, workers]
+        resumed = result["resume"]["head"] + result["resume"]["rest"]
+        assert resumed == result["epochs"][1], "the resumed epoch is the uninterrupted one"
+
+
+def test_dispatch_and_a_split_for_other_processes_are_refused_with_the_fix(runs):
+    for rank in range(2):
+        refusals = runs[rank]["refusals"]
+        assert "pass dispatch_batches=False" in refusals["litdata", "dispatch"]
+        assert "pass dispatch_batches=False" in refusals["hf", "dispatch"]
+        assert "num_processes=4, process_index=0" in refusals["hf", "world"]
+
+
+def test_a_resume_on_another_number_of_processes_is_refused_at_load_with_the_fix(runs, files):
+    states = {kind: runs[0][kind, 0]["resume"]["state"] for kind in ("litdata", "hf")}
+    messages = run_gloo(_resize, str(files), states, world_size=3, timeout=120)
+    for message in messages:
+        assert all(m is not None and "resume with num_processes=2" in m for m in message.values()), message
