@@ -28,9 +28,9 @@ wds = pytest.importorskip("webdataset")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-N, BATCH, STOP = 31, 4, 2  # 31 samples, batches of 4 per process, a resume after 2 steps
+N, BATCH, STOP = 63, 4, 2  # 63 samples, batches of 4 per process, a resume after 2 steps
 KINDS = ("litdata", "streaming", "hf", "wds", "declared")
-UNEVEN = [9, 7, 8, 7]  # the HF / webdataset shards: rank 0 reads shards 0 and 2 (17), rank 1 shards 1 and 3 (14)
+UNEVEN = [17, 15, 16, 15]  # the HF / webdataset shards: rank 0 reads shards 0 and 2 (33), rank 1 shards 1 and 3 (30)
 
 
 @pytest.fixture(scope="module")
@@ -65,6 +65,7 @@ class RankPart(torch.utils.data.IterableDataset):
 
 
 _COPIES = itertools.count()
+_ALIVE: list[Any] = []  # every streaming dataset this process built (see _stream)
 
 
 def _stream(kind: str, root: Path) -> Any:
@@ -77,7 +78,9 @@ def _stream(kind: str, root: Path) -> Any:
         if dist.get_rank() == 0:
             shutil.copytree(root / "mds", local)
         dist.barrier()
-        return streaming_base().StreamingDataset(local=str(local), shuffle=True, shuffle_seed=7, batch_size=BATCH)
+        dataset = streaming_base().StreamingDataset(local=str(local), shuffle=True, shuffle_seed=7, batch_size=BATCH)
+        _ALIVE.append(dataset)  # streaming hands a freed dataset's shared memory to the next one: never free one
+        return dataset
     if kind == "hf":
         from datasets.distributed import split_dataset_by_node
 
@@ -111,10 +114,27 @@ def _pass(loader: Any, stop: int | None = None) -> list[tuple[list[int], int | N
     return out
 
 
+def _record_starts(loader: Any) -> list[int]:
+    """The batches each pass of ``loader`` started after through the stream's own state (the plan's hook, recorded)."""
+    starts: list[int] = []
+    hook = loader.plan.start
+
+    def recorded(batches: int) -> tuple[int, bool]:
+        result = hook(batches)
+        starts.append(result[0])
+        return result
+
+    loader.plan.start = recorded
+    return starts
+
+
 def _native_pass(kind: str, root: Path, workers: int, epoch: int) -> list[int]:
     """What the library's stream gives this process in ``epoch`` through a plain DataLoader (the
     epoch set through the library's own API)."""
     loader = _loader(kind, root, workers, prepare=False)
+    if kind == "litdata":  # what litdata's StreamingDataLoader tells its dataset
+        loader.dataset.set_batch_size(BATCH)
+        loader.dataset.set_num_workers(workers)
     if hasattr(loader.dataset, "set_epoch"):
         loader.dataset.set_epoch(epoch)
     elif kind == "streaming":
@@ -142,17 +162,21 @@ def _scenarios(rank: int, world: int, root: str) -> dict[str, Any]:
                 length = len(loader)
             except TypeError:
                 length = None
-            first = _loader(kind, root_path, workers)
-            first.set_epoch(1)
-            head = _pass(first, STOP)
-            state = first.state_dict()
-            resumed = _loader(kind, root_path, workers)
-            resumed.load_state_dict(state)
+            resumes = {}
+            for stop in sorted({1, STOP, len(epochs[1]) - 1}):
+                first = _loader(kind, root_path, workers)
+                first.set_epoch(1)
+                head = _pass(first, stop)
+                state = first.state_dict()
+                resumed = _loader(kind, root_path, workers)
+                resumed.load_state_dict(state)
+                starts = _record_starts(resumed)
+                resumes[stop] = {"head": head, "rest": _pass(resumed), "state": state, "own_state": starts}
             out[kind, workers] = {
                 "native": [_native_pass(kind, root_path, workers, epoch) for epoch in range(2)],
                 "epochs": epochs,
                 "len": length,
-                "resume": {"head": head, "rest": _pass(resumed), "state": state},
+                "resumes": resumes,
                 "part": type(loader.dataset).__name__,
             }
     refusals = {}
@@ -228,11 +252,11 @@ def test_the_library_s_own_tail_rule_is_what_the_processes_get(runs):
 
 
 def test_a_shorter_part_is_padded_and_the_padding_is_marked(runs):
-    """The HF parts hold 17 and 14 elements: rank 1's last step is padding, real count 0."""
+    """The HF parts hold 33 and 30 elements: rank 1's last step is padding, real count 0."""
     for workers in (0, 2):
         batches = [runs[rank]["hf", workers]["epochs"][0] for rank in range(2)]
         counts = [[count for _, count in rank] for rank in batches]
-        assert len(_real(batches[0])) == 17 and len(_real(batches[1])) == 14
+        assert len(_real(batches[0])) == 33 and len(_real(batches[1])) == 30
         assert 0 in counts[1] and 0 not in counts[0], "the padding step is marked"
 
 
@@ -245,10 +269,19 @@ def test_len_is_the_agreed_step_count_where_the_parts_have_a_length(runs):
 
 @pytest.mark.parametrize("kind, workers", CASES, ids=[f"{k}-workers{w}" for k, w in CASES])
 def test_a_mid_epoch_resume_on_the_same_number_of_processes_is_exact(runs, kind, workers):
+    """After 1, 2 and all but one of the epoch's steps: the resumed epoch is the uninterrupted one;
+    litdata and streaming start it through their own state (not re-reading) where every batch before
+    the place is full, the others read past what was consumed."""
     for rank in range(2):
         result = runs[rank][kind, workers]
-        resumed = result["resume"]["head"] + result["resume"]["rest"]
-        assert resumed == result["epochs"][1], "the resumed epoch is the uninterrupted one"
+        for stop, resume in result["resumes"].items():
+            assert resume["head"] + resume["rest"] == result["epochs"][1], f"resumed after {stop} steps"
+        own = {stop: resume["own_state"] for stop, resume in result["resumes"].items()}
+        if kind in ("litdata", "streaming"):
+            assert own[STOP] == [STOP], "the library's own state positions the stream"
+            assert own[1] == [0 if kind == "litdata" and workers else 1], "litdata: whole turns of the workers"
+        else:
+            assert all(starts in ([], [0]) for starts in own.values()), "read past, exactly"
 
 
 def test_dispatch_and_a_split_for_other_processes_are_refused_with_the_fix(runs):
@@ -260,7 +293,7 @@ def test_dispatch_and_a_split_for_other_processes_are_refused_with_the_fix(runs)
 
 
 def test_a_resume_on_another_number_of_processes_is_refused_at_load_with_the_fix(runs, files):
-    states = {kind: runs[0][kind, 0]["resume"]["state"] for kind in ("litdata", "hf")}
+    states = {kind: runs[0][kind, 0]["resumes"][STOP]["state"] for kind in ("litdata", "hf")}
     messages = run_gloo(_resize, str(files), states, world_size=3, timeout=120)
     for message in messages:
         assert all(m is not None and "resume with num_processes=2" in m for m in message.values()), message

@@ -1,6 +1,7 @@
 """Streams as users run them (docs/streams.md): Hugging Face ``datasets`` and webdataset built from local
 files, on 2 real gloo processes, with DataLoader workers: every element once per epoch, equal step
-counts, streams already split by node refused with the fix."""
+counts, streams that cannot run on several processes as they are refused with the fix (streams
+already split by node: tests/test_presplit_streams.py)."""
 
 from __future__ import annotations
 
@@ -174,14 +175,8 @@ def test_a_shuffled_hf_stream_is_consumed_once_and_agrees_across_processes(epoch
 
 
 def _prepare_split(rank, world, kind, root):
-    from datasets.distributed import split_dataset_by_node
-
     if kind == "hf_unseeded":
         stream = hf_stream(root).shuffle(buffer_size=8)  # seed=None: its own seed in every process
-    elif kind == "hf":
-        stream = split_dataset_by_node(hf_stream(root), rank=rank, world_size=world)
-    elif kind == "wds":
-        stream = wds_stream(root, nodesplitter=wds.split_by_node)
     else:
         stream = wds_stream(root)  # webdataset's default single_node_only
     try:
@@ -341,8 +336,6 @@ def test_a_dataset_of_your_own_that_shards_itself_is_read_once_with_workers(runs
 
 
 SPLIT_KINDS = [
-    ("hf", "split_dataset_by_node"),
-    ("wds", "split_by_node"),
     ("wds_default", "nodesplitter=None"),
     ("hf_unseeded", "shuffle(seed=...)"),
 ]
@@ -365,7 +358,7 @@ def others(runs):
 
 
 @pytest.mark.parametrize("kind, words", SPLIT_KINDS)
-def test_streams_already_split_by_node_or_shuffled_unseeded_are_refused_with_the_fix(others, kind, words):
+def test_streams_single_node_only_or_shuffled_unseeded_are_refused_with_the_fix(others, kind, words):
     messages = [others[rank]["split"][kind] for rank in range(2)]
     assert all(m is not None and words in m for m in messages), messages
 

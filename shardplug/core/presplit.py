@@ -30,9 +30,10 @@ from __future__ import annotations
 import itertools
 import logging
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, cast
 
 import torch  # noqa: F401  (the docstring example)
+import torch.distributed as dist
 from torch.utils.data import IterableDataset, get_worker_info
 
 from .collectives import all_gather_objects, all_reduce_int_async, world_size
@@ -49,12 +50,32 @@ logger = logging.getLogger(__name__)
 class NodePart(IterableDataset[Any]):
     """This process's part of a stream already split by node: ``dataset`` as it is, split across
     DataLoader workers when ``split_workers`` (worker ``w`` of ``W`` keeps elements ``w, w+W, ...``;
-    a stream that splits itself across workers is read whole in each worker)."""
+    a stream that splits itself across workers is read whole in each worker).
 
-    def __init__(self, dataset: Any, split_workers: bool) -> None:
+    A litdata or streaming ``StreamingDataset`` starts a resumed pass through its own state
+    (:meth:`start`), given the batches of ``batch_size`` its ``num_workers`` DataLoader workers make
+    on each of ``num_processes`` processes: litdata is told them (``set_batch_size``,
+    ``set_num_workers``, as its own ``StreamingDataLoader`` does), streaming must have been built
+    with ``batch_size`` (else the pass reads past what was consumed, exactly)."""
+
+    def __init__(
+        self,
+        dataset: Any,
+        split_workers: bool,
+        batch_size: int | None = None,
+        num_processes: int = 1,
+        num_workers: int = 0,
+    ) -> None:
         self.dataset = dataset
         self.split_workers = split_workers
         self.splits_by_worker = not split_workers
+        self.batch_size, self.num_processes, self.num_workers = batch_size, num_processes, num_workers
+        self.epoch = 0
+        self.library = stream_library(dataset) if batch_size is not None else None
+        self._loaded = False  # a state of the stream's own was loaded (a later pass from the start clears it)
+        if self.library == "litdata":
+            dataset.set_batch_size(batch_size)
+            dataset.set_num_workers(num_workers)
 
     def __iter__(self) -> Iterator[Any]:
         info = get_worker_info()
@@ -80,10 +101,52 @@ class NodePart(IterableDataset[Any]):
     def set_epoch(self, epoch: int) -> None:
         """Hand the loader's epoch to the stream: its ``set_epoch``, or streaming's ``next_epoch``
         (the epoch its next pass reads; it would otherwise count its passes itself)."""
+        self.epoch = int(epoch)
         if hasattr(self.dataset, "set_epoch"):
             self.dataset.set_epoch(epoch)
         elif stream_library(self.dataset) == "streaming":
             self.dataset.next_epoch = epoch
+
+    def start(self, batches: int) -> tuple[int, bool]:
+        """Before a pass's reader starts: position the stream after as many of this process's first
+        ``batches`` batches of the epoch as it can through its own state (litdata's and streaming's
+        ``state_dict`` with the arguments they need), and clear a state loaded before where the pass
+        starts from the beginning.  Returns (the batches the stream starts after by itself, the rest
+        the pass reads past; whether its state changed: workers started before do not have it)."""
+        if self.library == "streaming":
+            self.dataset.next_epoch = self.epoch  # streaming counts its passes: a pass cut short moved it on
+        if self.library is None or (batches == 0 and not self._loaded):
+            return 0, False
+        place = self._place(batches)
+        dataset, batch_size = self.dataset, cast(int, self.batch_size)
+        if self.library == "litdata":
+            if place:
+                dataset.load_state_dict(dataset.state_dict(place * batch_size, self.num_workers, batch_size))
+            else:
+                dataset.reset_state_dict()
+        else:
+            state = dict(
+                dataset.state_dict(num_samples=0, from_beginning=True),
+                epoch=self.epoch,
+                sample_in_epoch=place * batch_size * self.num_processes,  # streaming counts every rank's samples
+            )
+            if world_size() > 1:  # the processes of a node share one resume block: all read it before any writes
+                dist.barrier()
+            dataset.load_state_dict(state)
+        self._loaded = place > 0
+        return place, True
+
+    def _place(self, batches: int) -> int:
+        """The most of the first ``batches`` batches the library's own resume reproduces: only full
+        batches before any worker's last one (the library gives every rank as many samples, so this
+        holds on every process); for litdata, whole turns of the DataLoader's workers (a plain
+        DataLoader's next pass starts with worker 0).  Streaming needs its ``batch_size``."""
+        n, batch_size = sized_length(self.dataset), cast(int, self.batch_size)
+        if n is None or (self.library == "streaming" and getattr(self.dataset, "batch_size", None) != batch_size):
+            return 0
+        workers = max(self.num_workers, 1)
+        place = min(batches, max(n // batch_size - workers, 0))
+        return place - place % workers if self.library == "litdata" else place
 
 
 def check_node_split(split: NodeSplit, layout: ShardLayout) -> None:
@@ -104,7 +167,13 @@ def node_part(
     """This process's part of a stream already split by node, and its plan (a collective when
     several processes run: they exchange their parts' batch counts, ``None`` where unknown)."""
     check_node_split(split, layout)
-    part = NodePart(dataset, split_workers=num_workers > 0 and not splits_by_worker(dataset))
+    part = NodePart(
+        dataset,
+        split_workers=num_workers > 0 and not splits_by_worker(dataset),
+        batch_size=layout.process_batch_size,
+        num_processes=layout.num_processes,
+        num_workers=num_workers,
+    )
     own = _batches(part, layout.process_batch_size, drop_last, num_workers)
     counts: list[int | None] = all_gather_objects(own) if world_size() == layout.num_processes > 1 else [own]
     found = [c for c in counts if c is not None]
@@ -116,7 +185,7 @@ def node_part(
         "unknown" if own is None else own,
         "from the parts' lengths" if known is not None else "agreed while reading",
     )
-    return part, NativeStreamPlan(layout, known, agree=all_reduce_int_async)
+    return part, NativeStreamPlan(layout, known, agree=all_reduce_int_async, start=part.start)
 
 
 def _batches(part: NodePart, batch_size: int | None, drop_last: bool, num_workers: int) -> int | None:

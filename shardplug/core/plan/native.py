@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
@@ -58,11 +59,17 @@ class NativeStreamPlan(PlanDefaults):
         layout: ShardLayout,
         counts: Sequence[int] | None = None,
         agree: Callable[[int, str], Callable[[], int]] | None = None,
+        start: Callable[[int], tuple[int, bool]] | None = None,
     ) -> None:
         self.layout = layout
         self.counts = list(counts) if counts is not None else None
         self.agree = agree
+        self.start = start
+        """Called before each pass's reader starts with the batches a resume skips: how many of them the
+        stream starts after by itself (its own state; the pass reads past the rest), and whether its
+        state changed (see :meth:`~shardplug.core.presplit.NodePart.start`); ``None``: the pass reads past them."""
         self.pending_start = 0
+        self.placed_by_stream = 0
 
     def epoch_size(self) -> int | None:
         return self.num_batches(0)
@@ -88,6 +95,14 @@ class NativeStreamPlan(PlanDefaults):
     def start_after(self, consumed: int, dataset_state: Any = None) -> int:
         self.pending_start = check_consumed(consumed)
         return 0  # pass_batches reads past them (keeping the first one: padding reads it)
+
+    @contextlib.contextmanager
+    def start_in_workers(self, num_workers: int) -> Iterator[bool]:
+        """The stream positions itself here, before its reader starts, where it can (:attr:`start`)."""
+        changed = False
+        if self.start is not None:
+            self.placed_by_stream, changed = self.start(self.pending_start)
+        yield changed
 
     def samples_before(self, consumed: int) -> int | None:
         return None  # each process counts its own part's batches: no global batch boundary
@@ -115,7 +130,8 @@ class NativeStreamPlan(PlanDefaults):
                 head.append(_detached(batch))
             return batch
 
-        for _ in range(start):  # read past what the position consumed (padding steps included)
+        skip, self.placed_by_stream = start - self.placed_by_stream, 0
+        for _ in range(skip):  # read past what the position consumed (padding steps included)
             if fetch() is _END:
                 break
         total = self.num_batches(start)
