@@ -2,6 +2,11 @@
 PYTHON ?= python3
 # A CPU build of torch; bring your own torch to skip this (any torch>=2.2 is used as is).
 TORCH_SPEC ?= torch==2.13.0
+# Streams that split themselves by rank, tested for real. Installed without their declared dependencies
+# (the test extra lists what they import): both ask for torchvision, whose PyPI build needs torch's CUDA
+# libraries and, broken beside a CPU torch, breaks `import lightning`; streaming also asks for
+# transformers<5 (and so a huggingface-hub that datasets 5 refuses) and numpy<2.2.
+STREAM_LIBRARIES ?= litdata==0.2.76 mosaicml-streaming==0.13.0
 INTEGRATIONS := $(patsubst %/pyproject.toml,%,$(wildcard integrations/*/pyproject.toml))
 
 .PHONY: install demo test bench docs serve-docs
@@ -9,6 +14,7 @@ INTEGRATIONS := $(patsubst %/pyproject.toml,%,$(wildcard integrations/*/pyprojec
 install:
 	@$(PYTHON) -c "import torch" 2>/dev/null || $(PYTHON) -m pip install --quiet "$(TORCH_SPEC)"
 	$(PYTHON) -m pip install --quiet -e ".[test,stateful,lint,docs]" $(foreach d,$(INTEGRATIONS),-e $(d))
+	$(PYTHON) -m pip install --quiet --no-deps $(STREAM_LIBRARIES)
 
 demo: install
 	$(PYTHON) examples/demo.py
