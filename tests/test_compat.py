@@ -163,6 +163,18 @@ def _check_hf_shuffling() -> None:
     assert hasattr(stream, "_shuffling") or int(version("datasets").split(".")[0]) >= 3
 
 
+def _check_streaming_rank_world() -> None:
+    import tempfile
+
+    from _stream_libraries import streaming_base, write_mds
+
+    with tempfile.TemporaryDirectory() as directory:
+        dataset = streaming_base().StreamingDataset(local=write_mds(f"{directory}/mds", 4), batch_size=2)
+        world = compat.streaming_rank_world(dataset)
+        assert "_parallel_rank_world" in vars(dataset) and (world.rank, world.num_ranks) == (0, 1)
+        del dataset
+
+
 CHECKS: dict[str, Callable[[], None]] = {
     "torch.utils.data.DataLoader._iterator": _check_iterator(DataLoader),
     "torch.utils.data.DataLoader._get_iterator": _check_get_iterator(DataLoader),
@@ -196,6 +208,7 @@ CHECKS: dict[str, Callable[[], None]] = {
     "datasets.IterableDataset._ex_iterable": _check_hf_examples,
     "datasets.IterableDataset._distributed": _check_hf_distributed,
     "datasets.IterableDataset._shuffling": _check_hf_shuffling,
+    "streaming.StreamingDataset._parallel_rank_world": _check_streaming_rank_world,
 }
 
 
