@@ -365,3 +365,34 @@ def _run_script(script: str, out: Path, *args: str) -> None:
         timeout=240,
     )
     assert result.returncode == 0, f"{script} failed:\n{result.stdout[-3000:]}\n{result.stderr[-6000:]}"
+
+
+# -- streams that split themselves by rank ---------------------------------------------------------
+def test_litdata_and_streaming_train_once_per_epoch_with_equal_steps(tmp_path: Path) -> None:
+    """litdata's and streaming's StreamingDataset under the strategy on 2 processes: each rank trains on
+    its own part as the library splits it (litdata drops its split's tail, streaming repeats to fill its
+    ranks), the same number of steps on both, not split a second time."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "tests"))  # the core's test helpers
+    import _stream_libraries as helpers
+
+    helpers.litdata_module()
+    helpers.streaming_base()
+    n = 63
+    helpers.write_litdata(tmp_path / "litdata", n)
+    for name in ("mds", "mds_native0", "mds_native1"):
+        helpers.write_mds(tmp_path / name, n)
+    _run_script("lightning_presplit.py", tmp_path)
+    ranks = [_json(tmp_path / f"presplit_rank{r}.json") for r in range(WORLD)]
+    for kind in ("litdata", "streaming"):
+        assert all(r[kind]["part"] == "NodePart" for r in ranks), "read as each process's part"
+        for epoch in range(2):
+            batches = [[b for e, b in r[kind]["train"] if e == epoch] for r in ranks]
+            assert len(batches[0]) == len(batches[1]) > 0, "equal steps on both ranks"
+            for rank in range(WORLD):
+                trained = [x for batch in batches[rank] for x in batch]
+                assert trained == ranks[rank][kind]["native"][epoch], f"{kind} epoch {epoch}: the library's part"
+        seen = [x for r in ranks for e, b in r[kind]["train"] if e == 0 for x in b]
+        if kind == "litdata":
+            assert len(seen) == len(set(seen)) < n, "litdata drops its split's tail, never repeats"
+        else:
+            assert set(seen) == set(range(n)), "streaming: every sample (repeating to fill its ranks)"
