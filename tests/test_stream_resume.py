@@ -5,8 +5,10 @@ process), and padding marked wherever a mode pads.  The oracle is ``_combination
 from __future__ import annotations
 
 import os
+from typing import Any
 
 import pytest
+import torch
 from _combinations import Case, Resume, build, check, run_after, run_before, verify, write_wds
 from _dist import run_gloo
 
@@ -204,3 +206,43 @@ def test_a_stateful_loader_with_workers_tracks_padding_after_a_resume(case, resu
     """Item 7: a resumed tracked pass raised IndexError (pop from an empty deque); a second resume
     in one epoch failed inside torchdata (its fast-forward): shardplug's own skip is used."""
     check(case, resume)
+
+
+class _StateNeedsArguments(torch.utils.data.IterableDataset):
+    """A stream with a ``state_dict`` that needs arguments shardplug does not have (as litdata's and
+    streaming's do); its ``load_state_dict`` would reposition it."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+        self.loaded: list[Any] = []
+
+    def __iter__(self):
+        return iter(range(self.n))
+
+    def state_dict(self, num_samples_yielded: int, num_workers: int) -> dict[str, int]:
+        return {"yielded": num_samples_yielded}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.loaded.append(state)
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_a_stream_whose_state_dict_needs_arguments_resumes_by_exact_skip(rank):
+    """Read by every process (2, without a process group): its state_dict is never called without its
+    arguments (a TypeError before), and the resumed pass reads past what was consumed, exactly."""
+    from torch.utils.data import DataLoader
+
+    from shardplug import prepare_data_loader
+
+    def make():
+        return prepare_data_loader(
+            DataLoader(_StateNeedsArguments(21), batch_size=2), num_processes=2, process_index=rank
+        )
+
+    whole = [batch.tolist() for batch in make()]
+    first = make()
+    head = [batch.tolist() for _, batch in zip(range(2), first)]
+    resumed = make()
+    resumed.load_state_dict(first.state_dict())
+    assert head + [batch.tolist() for batch in resumed] == whole
+    assert resumed.dataset.dataset.loaded == [], "its own state is never loaded"
