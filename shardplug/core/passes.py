@@ -11,12 +11,18 @@ yielded with what ``len()`` said when it began (:class:`LengthMismatchWarning`).
 The pass is also the state the loader reads between batches (``end_of_dataloader``, the batch's
 padding record) and after the pass (where it stands: the position keeper builds the position from
 it).  A new pass starts from a new object: nothing of a pass left early leaks into the next.
+
+The loader keeps its last pass, so the pass holds its loader weakly (:func:`weakref.ref`): a loader
+and its pass are no reference cycle, and a loader dropped is freed at once, with its ``DataLoader``
+iterator and that iterator's worker processes (a ``StatefulDataLoader`` keeps its iterator), not at a
+later garbage collection.  The running pass (the generator ``iter()`` returns) holds it strongly.
 """
 
 from __future__ import annotations
 
 import warnings
-from collections.abc import Iterator
+import weakref
+from collections.abc import Callable, Iterator
 from typing import Any, cast
 
 import torch
@@ -25,7 +31,16 @@ from .plan import PassRecord
 from .seeding import synchronize
 from .transfer import DeviceTransfer
 
-__all__ = ["LoaderPass", "LengthMismatchWarning"]
+__all__ = ["LoaderPass", "LengthMismatchWarning", "weak_reference"]
+
+
+def _no_loader() -> None:
+    return None
+
+
+def weak_reference(obj: Any) -> Callable[[], Any]:
+    """A weak reference to ``obj`` (a callable that returns it, or ``None`` once it is gone)."""
+    return weakref.ref(obj) if obj is not None else _no_loader
 
 
 class LengthMismatchWarning(UserWarning):
@@ -43,7 +58,7 @@ class LoaderPass:
     """
 
     __slots__ = (
-        "loader",
+        "_loader",
         "open",
         "length",
         "exhausted",
@@ -60,7 +75,7 @@ class LoaderPass:
     )
 
     def __init__(self, loader: Any) -> None:
-        self.loader = loader
+        self._loader = weak_reference(loader)
         self.open = False  # begun and not yet ended: len() is this pass's
         self.length: int | None = None  # len() when the pass began (None: unknown), checked at its end
         self.exhausted = False  # the loop over it ended by itself (StopIteration)
@@ -75,9 +90,31 @@ class LoaderPass:
         self.batch_real: int | None = None
         self.generator_state: torch.Tensor | None = None  # the shuffle generator's state at the pass start
 
+    @property
+    def loader(self) -> Any:
+        """The loader of this pass (held weakly, see the module docstring)."""
+        return self._loader()
+
+    @loader.setter
+    def loader(self, loader: Any) -> None:
+        self._loader = weak_reference(loader)
+
+    def __getstate__(self) -> dict[str, Any]:
+        """A copy or a pickle of the pass carries its loader itself (a weak reference does not travel)."""
+        state = {name: getattr(self, name) for name in self.__slots__ if hasattr(self, name)}
+        state["_loader"] = self._loader()
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        for name, value in state.items():
+            setattr(self, name, value)
+        self._loader = weak_reference(state.get("_loader"))
+
     def __iter__(self) -> Iterator[Any]:
         """The pass's batches as handed out (a generator: the pass begins at its first ``next()``)."""
-        loader = self.loader
+        return self._run(self.loader)  # the generator holds the loader from here on
+
+    def _run(self, loader: Any) -> Iterator[Any]:
         discard = self._begin()
         keeping = loader._keeping
         state = loader.gradient_state
