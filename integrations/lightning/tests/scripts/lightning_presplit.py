@@ -1,10 +1,11 @@
 """litdata's and MosaicML streaming's ``StreamingDataset`` trained on by 2 CPU processes under
 ``strategy="shardplug_ddp"`` (run by ``test_lightning_strategy.py``).
 
-Usage: ``python lightning_presplit.py OUT_DIR`` (``OUT_DIR/litdata`` and ``OUT_DIR/mds`` (and its copies ``mds_native0``, ``mds_native1``) hold the
-samples ``{"index": i}``).  Each stream is built in ``train_dataloader``, once the process group is
-up, so it splits itself by rank; every rank writes ``OUT_DIR/presplit_rank<r>.json``: the batches
-it trained on by epoch, and what the library's own split gives it through a plain DataLoader.
+Usage: ``python lightning_presplit.py OUT_DIR``; ``OUT_DIR/litdata`` and ``OUT_DIR/mds`` (and
+its copies ``mds_native0``, ``mds_native1``) hold the samples ``{"index": i}``.  Each stream is
+built in ``train_dataloader``, once the process group is up, so it splits itself by rank; every
+rank writes ``OUT_DIR/presplit_rank<r>.json``: the batches it trained on by epoch, and what the
+library's own split gives it through a plain DataLoader.
 """
 
 from __future__ import annotations
