@@ -533,3 +533,25 @@ def test_shards_that_do_not_divide_are_read_once_and_balanced_by_rows():
     assert real == [[0, 1, 2, 3, 4, 200, 202, 204], [100, 101, 102, 103, 104, 201, 203]]
     assert [len(part) for part in seen] == [len(l) for l in loaders] == [4, 4], "equal counts from the parts' lengths"
     assert [batch for batch, _ in seen[1]] == [[100, 101], [102, 103], [104, 201], [203]]
+
+
+def test_a_dropped_prepared_loader_is_freed_without_the_garbage_collector():
+    """No reference cycle through its pass or its position keeper: a loader dropped (with a
+    StatefulDataLoader's iterator and workers it holds) is freed at once, not at a later collection
+    that could run inside a freshly forked worker."""
+    import gc
+    import weakref
+
+    loader = prepare_data_loader(DataLoader(list(range(10)), batch_size=2), num_processes=1, process_index=0)
+    for _ in loader:
+        pass
+    loader.state_dict()
+    dropped = weakref.ref(loader)
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        del loader
+        assert dropped() is None, "freed by its reference count alone"
+    finally:
+        if enabled:
+            gc.enable()
