@@ -18,7 +18,7 @@ import copy
 from collections.abc import Iterable
 from typing import Any, cast
 
-from .passes import weak_reference
+from .passes import WeakLoader, weak_reference
 from .plan import ShardPlan
 from .position import Position
 from .seeding import Shuffles
@@ -27,7 +27,7 @@ from .stateful import POSITION_KEY, InnerState
 __all__ = ["PositionKeeper"]
 
 
-class PositionKeeper:
+class PositionKeeper(WeakLoader):
     """The position of one prepared loader (``loader``; see the module docstring).
 
     ``pending``: a loaded position, applied when the next pass starts; ``skip``: batches the next pass
@@ -46,25 +46,6 @@ class PositionKeeper:
         new.loader = loader
         new.inner = copy.copy(self.inner)
         return new
-
-    @property
-    def loader(self) -> Any:
-        """The loader whose position this is (held weakly, as a pass holds it: see :mod:`shardplug.core.passes`)."""
-        return self._loader()
-
-    @loader.setter
-    def loader(self, loader: Any) -> None:
-        self._loader = weak_reference(loader)
-
-    def __getstate__(self) -> dict[str, Any]:
-        """A copy or a pickle of the keeper carries its loader itself (a weak reference does not travel)."""
-        state = dict(self.__dict__)
-        state["_loader"] = self._loader()
-        return state
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state)
-        self._loader = weak_reference(state.get("_loader"))
 
     def forget(self) -> None:
         """The loader follows another loader's pass (its copy's): nothing of its own is pending."""

@@ -31,7 +31,7 @@ from .plan import PassRecord
 from .seeding import synchronize
 from .transfer import DeviceTransfer
 
-__all__ = ["LoaderPass", "LengthMismatchWarning", "weak_reference"]
+__all__ = ["LoaderPass", "LengthMismatchWarning", "weak_reference", "WeakLoader"]
 
 
 def _no_loader() -> None:
@@ -43,12 +43,42 @@ def weak_reference(obj: Any) -> Callable[[], Any]:
     return weakref.ref(obj) if obj is not None else _no_loader
 
 
+class WeakLoader:
+    """Holds its ``loader`` weakly (in ``_loader``): the loader keeps this object, so a strong reference
+    back would make a cycle that only the garbage collector frees.  A copy or a pickle carries the
+    loader itself (a weak reference does not travel)."""
+
+    __slots__ = ()
+    _loader: Callable[[], Any]
+
+    @property
+    def loader(self) -> Any:
+        """The loader (``None`` once it is gone)."""
+        return self._loader()
+
+    @loader.setter
+    def loader(self, loader: Any) -> None:
+        self._loader = weak_reference(loader)
+
+    def __getstate__(self) -> dict[str, Any]:
+        slots = [name for cls in type(self).__mro__ for name in getattr(cls, "__slots__", ())]
+        state = {name: getattr(self, name) for name in slots if hasattr(self, name)}
+        state.update(getattr(self, "__dict__", {}))
+        state["_loader"] = self._loader()
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        for name, value in state.items():
+            setattr(self, name, value)
+        self._loader = weak_reference(state.get("_loader"))
+
+
 class LengthMismatchWarning(UserWarning):
     """A pass yielded another number of batches than ``len()`` said when it began (as torch's
     ``DataLoader`` warns for an iterable dataset whose ``len()`` is wrong)."""
 
 
-class LoaderPass:
+class LoaderPass(WeakLoader):
     """One pass (one iteration) of the prepared loader ``loader`` (see the module docstring).
 
     ``batches_yielded`` counts this process's batches of the epoch, including those before a
@@ -89,26 +119,6 @@ class LoaderPass:
         self.batch_indices: list[int] | None = None
         self.batch_real: int | None = None
         self.generator_state: torch.Tensor | None = None  # the shuffle generator's state at the pass start
-
-    @property
-    def loader(self) -> Any:
-        """The loader of this pass (held weakly, see the module docstring)."""
-        return self._loader()
-
-    @loader.setter
-    def loader(self, loader: Any) -> None:
-        self._loader = weak_reference(loader)
-
-    def __getstate__(self) -> dict[str, Any]:
-        """A copy or a pickle of the pass carries its loader itself (a weak reference does not travel)."""
-        state = {name: getattr(self, name) for name in self.__slots__ if hasattr(self, name)}
-        state["_loader"] = self._loader()
-        return state
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        for name, value in state.items():
-            setattr(self, name, value)
-        self._loader = weak_reference(state.get("_loader"))
 
     def __iter__(self) -> Iterator[Any]:
         """The pass's batches as handed out (a generator: the pass begins at its first ``next()``)."""
