@@ -179,6 +179,26 @@ def _scenarios(rank: int, world: int, root: str) -> dict[str, Any]:
                 "resumes": resumes,
                 "part": type(loader.dataset).__name__,
             }
+    for workers in (0, 2):  # the documented modes, on the HF parts of 33 and 30 elements
+        for mode, options in {"uneven": {"even_batches": False}, "stateful": {"use_stateful_dataloader": True}}.items():
+            out["hf", workers, mode] = _pass(_loader("hf", root_path, workers, **options))
+        dropping = DataLoader(
+            _stream("hf", root_path),
+            batch_size=BATCH,
+            drop_last=True,
+            num_workers=workers,
+            multiprocessing_context="fork" if workers else None,
+        )
+        prepared = prepare_data_loader(dropping)
+        prepared.track_padding()
+        out["hf", workers, "drop_last"] = _pass(prepared)
+        for kind in ("litdata", "hf"):  # a StatefulDataLoader resumed mid-epoch
+            first = _loader(kind, root_path, workers, use_stateful_dataloader=True)
+            whole = _pass(_loader(kind, root_path, workers, use_stateful_dataloader=True))
+            head = _pass(first, STOP)
+            resumed = _loader(kind, root_path, workers, use_stateful_dataloader=True)
+            resumed.load_state_dict(first.state_dict())
+            out[kind, workers, "stateful resume"] = {"whole": whole, "resumed": head + _pass(resumed)}
     refusals = {}
     for kind in ("litdata", "hf"):
         try:
@@ -258,6 +278,25 @@ def test_a_shorter_part_is_padded_and_the_padding_is_marked(runs):
         counts = [[count for _, count in rank] for rank in batches]
         assert len(_real(batches[0])) == 33 and len(_real(batches[1])) == 30
         assert 0 in counts[1] and 0 not in counts[0], "the padding step is marked"
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_even_batches_false_drop_last_and_a_stateful_loader_as_documented(runs, workers):
+    """even_batches=False: each process its own part (9 and 8 steps, no padding); drop_last: every
+    process stops at the first step some process cannot fill, full batches only; a StatefulDataLoader
+    reads the parts as the plain loader does, and a mid-epoch resume of it is exact."""
+    uneven = [runs[rank]["hf", workers, "uneven"] for rank in range(2)]
+    assert [len(_real(batches)) for batches in uneven] == [33, 30] and len(uneven[0]) > len(uneven[1])
+    assert all(count == len(ids) for batches in uneven for ids, count in batches), "no padding"
+    dropped = [runs[rank]["hf", workers, "drop_last"] for rank in range(2)]
+    assert len(dropped[0]) == len(dropped[1]) and all(len(ids) == count == BATCH for b in dropped for ids, count in b)
+    real = [x for batches in dropped for x in _real(batches)]
+    assert len(real) == len(set(real)), "nothing twice"
+    for rank in range(2):
+        assert runs[rank]["hf", workers, "stateful"] == runs[rank]["hf", workers]["epochs"][0]
+        for kind in ("litdata", "hf"):
+            result = runs[rank][kind, workers, "stateful resume"]
+            assert result["resumed"] == result["whole"], f"{kind}: the resumed stateful pass is the uninterrupted one"
 
 
 def test_len_is_the_agreed_step_count_where_the_parts_have_a_length(runs):

@@ -78,10 +78,13 @@ class NodePart(IterableDataset[Any]):
             dataset.set_num_workers(num_workers)
 
     def __iter__(self) -> Iterator[Any]:
+        """A generator, never the stream's own iterator: a ``StatefulDataLoader`` would call that
+        iterator's ``state_dict()`` (litdata's returns itself, whose ``state_dict`` needs arguments)."""
         info = get_worker_info()
-        if info is None or not self.split_workers:
-            return iter(self.dataset)
-        return itertools.islice(iter(self.dataset), info.id, None, info.num_workers)
+        items = iter(self.dataset)
+        if info is not None and self.split_workers:
+            items = itertools.islice(items, info.id, None, info.num_workers)
+        yield from items
 
     def __len__(self) -> int:
         """Elements of this part (a ``TypeError`` when the stream has no length)."""
