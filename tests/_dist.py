@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
 import faulthandler
 import os
 import pickle
+import re
+import signal
 import socket
 import tempfile
+import time
 import traceback
 from collections.abc import Callable
 from datetime import timedelta
@@ -16,6 +20,26 @@ from typing import Any
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+_FORKSERVER: Any = None
+
+
+def worker_context(workers: int) -> Any:
+    """The multiprocessing context for ``workers`` DataLoader workers in a gloo rank (None for none):
+    a fork server with torch, datasets, webdataset and shardplug imported.  Forking the rank itself
+    can deadlock a worker: on CPython without the fix of python/cpython#112275 (3.11.7 here; seen
+    with gdb, the child waits in ``_PyThreadState_DeleteExcept``) a forked child waits forever for
+    the thread-state lock when another thread held it at the fork, and gloo's and pyarrow's threads
+    run there.  Spawned workers would re-import torch and datasets for every pass."""
+    global _FORKSERVER
+    if not workers:
+        return None
+    if _FORKSERVER is None:
+        import multiprocessing
+
+        _FORKSERVER = multiprocessing.get_context("forkserver")
+        _FORKSERVER.set_forkserver_preload(["torch", "datasets", "webdataset", "shardplug"])
+    return _FORKSERVER
+
 
 def free_port() -> int:
     """A TCP port that was free a moment ago (bound to port 0, then released)."""
@@ -24,11 +48,24 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _entry(
-    rank: int, world_size: int, port: int, out_dir: str, fn: Callable[..., Any], args: tuple, timeout: float = 60.0
-) -> None:
-    # a rank that hangs prints where (every thread) just before the parent kills it
-    faulthandler.dump_traceback_later(max(timeout - 5.0, 1.0), exit=False)
+_STACK_FILES: list[Any] = []  # the open files a stack dump on SIGUSR1 writes to (faulthandler needs them open)
+
+
+def _dump_stacks_on_signal(path: Path) -> None:
+    """On SIGUSR1, write every thread's stack to ``path`` (run_gloo asks a hung process where it waits).
+    A signal, not ``faulthandler.dump_traceback_later``: its watchdog thread does not survive a fork,
+    and re-arming it in a forked DataLoader worker waits for that thread forever."""
+    stream = open(path, "w")  # noqa: SIM115 - faulthandler writes to it later
+    _STACK_FILES.append(stream)
+    faulthandler.register(signal.SIGUSR1, file=stream, all_threads=True)
+
+
+def _entry(rank: int, world_size: int, port: int, out_dir: str, fn: Callable[..., Any], args: tuple) -> None:
+    # a rank and every DataLoader worker it forks write where they are when run_gloo finds them hung
+    _dump_stacks_on_signal(Path(out_dir, f"rank{rank}.stacks"))
+    os.register_at_fork(
+        after_in_child=lambda: _dump_stacks_on_signal(Path(out_dir, f"rank{rank}-worker{os.getpid()}.stacks"))
+    )
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE=str(world_size), RANK=str(rank))
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     try:
@@ -57,27 +94,21 @@ def run_gloo(
     rank that failed, and ``TimeoutError`` (after killing them) when ranks outlive ``timeout``.
     With ``allow_deaths``, a rank that died without a result (killed) gives ``None`` instead.
     """
-    import time
-
     ctx = mp.get_context("spawn")
     with tempfile.TemporaryDirectory() as out_dir:
         port = free_port()
-        procs = [
-            ctx.Process(target=_entry, args=(r, world_size, port, out_dir, fn, args, timeout))
-            for r in range(world_size)
-        ]
+        procs = [ctx.Process(target=_entry, args=(r, world_size, port, out_dir, fn, args)) for r in range(world_size)]
         for p in procs:
             p.start()
         deadline = time.monotonic() + timeout
         for p in procs:
             p.join(max(0.0, deadline - time.monotonic()))
         hung = [r for r, p in enumerate(procs) if p.is_alive()]
+        where = _stop_hung([p.pid for p in procs if p.is_alive() and p.pid is not None], Path(out_dir))
         for p in procs:
-            if p.is_alive():
-                p.kill()
-                p.join()
+            p.join()
         if hung:
-            raise TimeoutError(f"ranks {hung} were still running after {timeout} s")
+            raise TimeoutError(f"ranks {hung} were still running after {timeout} s: {where}")
         results, errors = [], []
         for r, p in enumerate(procs):
             path = Path(out_dir, f"rank{r}.pkl")
@@ -94,3 +125,69 @@ def run_gloo(
         if errors:
             raise AssertionError("\n".join(errors))
     return results
+
+
+def _descendants(pids: list[int]) -> list[int]:
+    """``pids`` and every process they started, their DataLoader workers among them (Linux's /proc)."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            parent = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue  # it ended meanwhile
+        children.setdefault(parent, []).append(int(stat.parent.name))
+    found, todo = [], list(pids)
+    while todo:
+        pid = todo.pop()
+        found.append(pid)
+        todo.extend(children.get(pid, []))
+    return found
+
+
+def _stop_hung(pids: list[int], out_dir: Path) -> str:
+    """Ask the hung processes and their workers where they wait, kill them all (a worker left
+    behind would outlive the test), and say where they waited."""
+    if not pids:
+        return ""
+    processes = _descendants(pids)
+    for pid in processes:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGUSR1)
+    time.sleep(2.0)  # the dumps are written by the processes' signal handlers
+    for pid in processes:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    return _where_hung(out_dir)
+
+
+_FRAME = re.compile(r'^  File "(?P<path>[^"]+)", line (?P<line>\d+) in (?P<name>\S+)', re.MULTILINE)
+
+
+def _where_hung(out_dir: Path) -> str:
+    """Where each hung process waited, on one line (its main thread's innermost frame and the
+    innermost one in the project or its tests), then every dump in full."""
+    summaries, dumps = [], []
+    for path in sorted(out_dir.glob("*.stacks")):
+        text = path.read_text(errors="replace").strip()
+        if not text:
+            continue  # it ended before it was asked
+        dumps.append(f"--- {path.stem}\n{text}")
+        main = re.split(r"^(?:Current thread|Thread) 0x[0-9a-f]+ .*$", text, flags=re.MULTILINE)[-1]
+        frames = [(Path(m["path"]), m["line"], m["name"]) for m in _FRAME.finditer(main)]
+        if not frames:
+            continue
+        ours = next((f for f in frames if _ours(f[0])), None)
+        where = _frame(frames[0])
+        if ours is not None and ours != frames[0]:
+            where += f" (from {_frame(ours)})"
+        summaries.append(f"{path.stem} in {where}")
+    return ("; ".join(summaries) or "no Python stack was dumped") + "\n" + "\n".join(dumps)
+
+
+def _frame(frame: tuple[Path, str, str]) -> str:
+    return f"{frame[0].name}:{frame[1]} {frame[2]}"
+
+
+def _ours(path: Path) -> bool:
+    """A frame in the package or its tests (this helper's own frames aside)."""
+    return ("shardplug" in path.parts or "tests" in path.parts) and path.name != "_dist.py"

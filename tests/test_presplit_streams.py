@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 import torch
 import torch.distributed as dist
-from _dist import run_gloo
+from _dist import run_gloo, worker_context
 from _stream_libraries import litdata_module, streaming_base, streaming_world, write_litdata, write_mds
 from torch.utils.data import DataLoader
 
@@ -58,14 +58,18 @@ class RankPart(torch.utils.data.IterableDataset):
     splits_by_worker = False  # every DataLoader worker would read all of it: shardplug splits it
 
     def __init__(self, n: int) -> None:
-        self.n = n
+        self.n, self.rank, self.world_size = n, dist.get_rank(), dist.get_world_size()  # workers have no group
 
     def __iter__(self):
-        return ({"index": i} for i in range(dist.get_rank(), self.n, dist.get_world_size()))
+        return ({"index": i} for i in range(self.rank, self.n, self.world_size))
 
 
 _COPIES = itertools.count()
 _ALIVE: list[Any] = []  # every streaming dataset this process built (see _stream)
+
+
+def _as_index(sample: tuple[int]) -> dict[str, int]:
+    return {"index": sample[0]}  # a function, not a lambda: the pipeline is pickled to fork-server workers
 
 
 def _stream(kind: str, root: Path) -> Any:
@@ -90,12 +94,13 @@ def _stream(kind: str, root: Path) -> Any:
     if kind == "wds":
         urls = sorted(str(p) for p in root.glob("shard-*.tar"))
         pipeline = wds.WebDataset(urls, shardshuffle=False, nodesplitter=wds.split_by_node)
-        return pipeline.to_tuple("cls").map_tuple(int).map(lambda t: {"index": t[0]})
+        return pipeline.to_tuple("cls").map_tuple(int).map(_as_index)
     return RankPart(N)
 
 
 def _loader(kind: str, root: Path, workers: int, prepare: bool = True, **options: Any) -> Any:
-    context = "fork" if workers else None  # torchrun's default (see _stream_libraries)
+    # streaming's workers are forked (see _stream_libraries), the others come from a fork server (see runs)
+    context = ("fork" if workers else None) if kind == "streaming" else worker_context(workers)
     loader = DataLoader(_stream(kind, root), batch_size=BATCH, num_workers=workers, multiprocessing_context=context)
     if not prepare:
         return loader
@@ -142,7 +147,8 @@ def _native_pass(kind: str, root: Path, workers: int, epoch: int) -> list[int]:
     return [x for batch in loader for x in batch["index"].tolist()]
 
 
-def _scenarios(rank: int, world: int, root: str) -> dict[str, Any]:
+def _scenarios(rank: int, world: int, root: str, workers: int) -> dict[str, Any]:
+    """Every case with ``workers`` DataLoader workers (see :func:`runs` for why one worker count a run)."""
     streaming_world(rank, world)
     streaming_base().util.clean_stale_shared_memory()
     root_path = Path(root)
@@ -152,53 +158,54 @@ def _scenarios(rank: int, world: int, root: str) -> dict[str, Any]:
     dist.barrier()
     out: dict[str, Any] = {}
     for kind in KINDS:
-        for workers in (0, 2):
-            loader = _loader(kind, root_path, workers)
-            epochs = []
-            for epoch in range(2):
-                loader.set_epoch(epoch)
-                epochs.append(_pass(loader))
-            try:
-                length = len(loader)
-            except TypeError:
-                length = None
-            resumes = {}
-            for stop in sorted({1, STOP, len(epochs[1]) - 1}):
-                first = _loader(kind, root_path, workers)
-                first.set_epoch(1)
-                head = _pass(first, stop)
-                state = first.state_dict()
-                resumed = _loader(kind, root_path, workers)
-                resumed.load_state_dict(state)
-                starts = _record_starts(resumed)
-                resumes[stop] = {"head": head, "rest": _pass(resumed), "state": state, "own_state": starts}
-            out[kind, workers] = {
-                "native": [_native_pass(kind, root_path, workers, epoch) for epoch in range(2)],
-                "epochs": epochs,
-                "len": length,
-                "resumes": resumes,
-                "part": type(loader.dataset).__name__,
-            }
-    for workers in (0, 2):  # the documented modes, on the HF parts of 33 and 30 elements
-        for mode, options in {"uneven": {"even_batches": False}, "stateful": {"use_stateful_dataloader": True}}.items():
-            out["hf", workers, mode] = _pass(_loader("hf", root_path, workers, **options))
-        dropping = DataLoader(
-            _stream("hf", root_path),
-            batch_size=BATCH,
-            drop_last=True,
-            num_workers=workers,
-            multiprocessing_context="fork" if workers else None,
-        )
-        prepared = prepare_data_loader(dropping)
-        prepared.track_padding()
-        out["hf", workers, "drop_last"] = _pass(prepared)
-        for kind in ("litdata", "hf"):  # a StatefulDataLoader resumed mid-epoch
-            first = _loader(kind, root_path, workers, use_stateful_dataloader=True)
-            whole = _pass(_loader(kind, root_path, workers, use_stateful_dataloader=True))
-            head = _pass(first, STOP)
-            resumed = _loader(kind, root_path, workers, use_stateful_dataloader=True)
-            resumed.load_state_dict(first.state_dict())
-            out[kind, workers, "stateful resume"] = {"whole": whole, "resumed": head + _pass(resumed)}
+        loader = _loader(kind, root_path, workers)
+        epochs = []
+        for epoch in range(2):
+            loader.set_epoch(epoch)
+            epochs.append(_pass(loader))
+        try:
+            length = len(loader)
+        except TypeError:
+            length = None
+        resumes = {}
+        for stop in sorted({1, STOP, len(epochs[1]) - 1}):
+            first = _loader(kind, root_path, workers)
+            first.set_epoch(1)
+            head = _pass(first, stop)
+            state = first.state_dict()
+            resumed = _loader(kind, root_path, workers)
+            resumed.load_state_dict(state)
+            starts = _record_starts(resumed)
+            resumes[stop] = {"head": head, "rest": _pass(resumed), "state": state, "own_state": starts}
+        out[kind, workers] = {
+            "native": [_native_pass(kind, root_path, workers, epoch) for epoch in range(2)],
+            "epochs": epochs,
+            "len": length,
+            "resumes": resumes,
+            "part": type(loader.dataset).__name__,
+        }
+    # the documented modes, on the HF parts of 33 and 30 elements
+    for mode, options in {"uneven": {"even_batches": False}, "stateful": {"use_stateful_dataloader": True}}.items():
+        out["hf", workers, mode] = _pass(_loader("hf", root_path, workers, **options))
+    dropping = DataLoader(
+        _stream("hf", root_path),
+        batch_size=BATCH,
+        drop_last=True,
+        num_workers=workers,
+        multiprocessing_context=worker_context(workers),
+    )
+    prepared = prepare_data_loader(dropping)
+    prepared.track_padding()
+    out["hf", workers, "drop_last"] = _pass(prepared)
+    for kind in ("litdata", "hf"):  # a StatefulDataLoader resumed mid-epoch
+        first = _loader(kind, root_path, workers, use_stateful_dataloader=True)
+        whole = _pass(_loader(kind, root_path, workers, use_stateful_dataloader=True))
+        head = _pass(first, STOP)
+        resumed = _loader(kind, root_path, workers, use_stateful_dataloader=True)
+        resumed.load_state_dict(first.state_dict())
+        out[kind, workers, "stateful resume"] = {"whole": whole, "resumed": head + _pass(resumed)}
+    if workers:
+        return out
     refusals = {}
     for kind in ("litdata", "hf"):
         try:
@@ -236,7 +243,12 @@ def _resize(rank: int, world: int, root: str, states: dict[str, Any]) -> dict[st
 
 @pytest.fixture(scope="module")
 def runs(files: Path) -> list[dict[str, Any]]:
-    return run_gloo(_scenarios, str(files), timeout=240)
+    """Each process's results: the cases without DataLoader workers and those with 2, in two runs.
+    Workers come from a fork server (:func:`_dist.worker_context`); streaming's, which must be forked,
+    from a process that has read no stream itself (the libraries' reader threads make a deadlocked
+    fork likelier)."""
+    without, with_workers = (run_gloo(_scenarios, str(files), workers, timeout=150) for workers in (0, 2))
+    return [{**a, **b} for a, b in zip(without, with_workers, strict=True)]
 
 
 def _real(batches: list[tuple[list[int], int | None]]) -> list[int]:

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 from _datasets import Files, PlainShards
-from _dist import run_gloo
+from _dist import run_gloo, worker_context
 from torch.utils.data import DataLoader
 
 from shardplug import prepare_data_loader
@@ -69,7 +69,7 @@ def _native(rank, world, root, workers, mode):
             batch_size=2,
             num_workers=workers,
             drop_last=mode == "drop_last",
-            multiprocessing_context=_workers_context(workers),
+            multiprocessing_context=worker_context(workers),
         ),
         **options,
     )
@@ -81,24 +81,6 @@ def _native(rank, world, root, workers, mode):
 def wds_stream(root: Path, **kwargs):
     urls = sorted(str(p) for p in root.glob("shard-*.tar"))
     return wds.WebDataset(urls, shardshuffle=False, **kwargs).to_tuple("cls").map_tuple(int)
-
-
-_FORKSERVER = None
-
-
-def _workers_context(workers: int):
-    """DataLoader workers from a fork server that has torch and datasets imported: forking the test
-    process itself (gloo's and pyarrow's threads running) can deadlock a worker, and spawned workers
-    would re-import torch and datasets for every pass."""
-    global _FORKSERVER
-    if not workers:
-        return None
-    if _FORKSERVER is None:
-        import multiprocessing
-
-        _FORKSERVER = multiprocessing.get_context("forkserver")
-        _FORKSERVER.set_forkserver_preload(["torch", "datasets", "webdataset", "shardplug"])
-    return _FORKSERVER
 
 
 def _ids(batch) -> list[int]:
@@ -117,7 +99,7 @@ def _epochs(rank, world, kind, root, workers, persistent, shuffle):
             batch_size=2,
             num_workers=workers,
             persistent_workers=persistent,
-            multiprocessing_context=_workers_context(workers),
+            multiprocessing_context=worker_context(workers),
         )
     )
     seen = []
@@ -208,7 +190,7 @@ def _resume(rank, world, root, workers, shuffle, read_all=False, kind="hf"):
         else:
             stream = one_shard(root) if read_all else hf_stream(root, shuffle)
         return prepare_data_loader(
-            DataLoader(stream, batch_size=2, num_workers=workers, multiprocessing_context=_workers_context(workers))
+            DataLoader(stream, batch_size=2, num_workers=workers, multiprocessing_context=worker_context(workers))
         )
 
     def real(loader, batch):  # padding is marked where the plan knows it (native shards)
@@ -273,7 +255,7 @@ def _balanced(rank, world, root, workers, shuffle, mode):
             batch_size=2,
             num_workers=workers,
             drop_last=mode == "drop_last",
-            multiprocessing_context=_workers_context(workers),
+            multiprocessing_context=worker_context(workers),
         ),
         **options,
     )
@@ -311,7 +293,7 @@ OWN_SHARDS = [
 def _own_shards(rank, world, kind, shards, workers):
     dataset = (Files if kind == "splits_by_worker" else PlainShards)(range(shards))
     loader = prepare_data_loader(
-        DataLoader(dataset, batch_size=2, num_workers=workers, multiprocessing_context=_workers_context(workers))
+        DataLoader(dataset, batch_size=2, num_workers=workers, multiprocessing_context=worker_context(workers))
     )
     return {"part": type(loader.dataset).__name__, "batches": _real(loader)}
 
@@ -414,7 +396,7 @@ class _RankOrdered(torch.utils.data.IterableDataset):
 def _read_all(rank, world, workers, same_order):
     dataset = _RankOrdered(40, 0 if same_order else rank)
     loader = prepare_data_loader(
-        DataLoader(dataset, batch_size=2, num_workers=workers, multiprocessing_context=_workers_context(workers))
+        DataLoader(dataset, batch_size=2, num_workers=workers, multiprocessing_context=worker_context(workers))
     )
     try:
         return {"rows": sum(len(b) for b in loader), "error": None}
