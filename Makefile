@@ -8,21 +8,32 @@ TORCH_SPEC ?= torch==2.13.0
 # transformers<5 (and so a huggingface-hub that datasets 5 refuses) and numpy<2.2.
 STREAM_LIBRARIES ?= litdata==0.2.76 mosaicml-streaming==0.13.0
 INTEGRATIONS := $(patsubst %/pyproject.toml,%,$(wildcard integrations/*/pyproject.toml))
+# What is installed, once per interpreter: a stamp is remade only when the requirements it installs change
+# (`rm -r .make` or `make -B install` installs again).
+STAMPS := .make/$(shell $(PYTHON) -c "import hashlib, sys; print(hashlib.sha1(sys.prefix.encode()).hexdigest()[:10])")
 
-.PHONY: install demo test bench docs serve-docs
+.PHONY: install install-core demo test docs serve-docs lint
 
-install:
+install: $(STAMPS)/all  ## everything the tests, the linters and the docs need
+install-core: $(STAMPS)/core  ## torch (a CPU build if none is installed) and shardplug with numpy: what the demo needs
+
+$(STAMPS)/core: pyproject.toml
+	@mkdir -p $(STAMPS)
 	@$(PYTHON) -c "import torch" 2>/dev/null || $(PYTHON) -m pip install --quiet "$(TORCH_SPEC)"
+	$(PYTHON) -m pip install --quiet -e .
+	@touch $@
+
+$(STAMPS)/all: $(STAMPS)/core pyproject.toml $(wildcard integrations/*/pyproject.toml) Makefile
 	$(PYTHON) -m pip install --quiet -e ".[test,stateful,lint,docs]" $(foreach d,$(INTEGRATIONS),-e $(d))
 	$(PYTHON) -m pip install --quiet --no-deps $(STREAM_LIBRARIES)
+	@touch $@
 
-demo: install
+demo: install-core
 	$(PYTHON) examples/demo.py
 
 test: install
 	$(PYTHON) -m pytest -q
 
-.PHONY: lint
 lint: install  # ruff (lint, format) and mypy, with the versions of the lint extra
 	$(PYTHON) -m ruff check .
 	$(PYTHON) -m ruff format --check .
