@@ -6,10 +6,15 @@ The convention (written down in docs/internals.md, "The examples in these pages"
   temporary directory, and must exit with status 0;
 * a first line ``# needs: X`` skips the block when X (a distribution name: ``lightning``,
   ``pytorch-ignite``, ``datasets``, ``torchdata``, ...) cannot be imported;
-* a first line ``# launch: torchrun ...`` runs the block with plain ``python`` all the same;
 * the comment lines that end a block (after its last line of code) are the output of that one
   process run: the block's stdout, line by line, must be exactly those lines without their
-  leading ``# ``.
+  leading ``# ``;
+* a block written for several processes names that form and runs in it too
+  (:func:`several_processes`): a first line ``# launch: torchrun --nproc_per_node N NAME.py``
+  (run under torchrun), a line ``...devices=1...  # devices=N: ...`` (Lightning, run with
+  ``devices=N``) or ``...backend=None...  # ... backend="gloo", nproc_per_node=N`` (Ignite, run
+  so); its closing comments then go on with a line ``# N processes print (in any order):`` and the
+  lines all N processes print together, compared as a multiset (the processes' lines interleave).
 
 The blocks run in parallel: children forked from one interpreter that imported torch, Lightning and
 Ignite once (``tests/_docs_runner.py``), or, with ``SHARDPLUG_DOCS_FRESH=1``, fresh ``python`` processes.
@@ -54,6 +59,24 @@ LAUNCHER_VARIABLES = (
 )
 
 
+# the three ways a block names its multi-process form (see the module docstring)
+TORCHRUN = re.compile(r"^# launch: torchrun --nproc_per_node (\d+) \S+\.py$", re.M)
+DEVICES = re.compile(r"^(?P<before>.*)devices=1(?P<after>.*# devices=(?P<n>\d+): .*)$", re.M)
+IGNITE = re.compile(r'^(?P<before>.*)backend=None(?P<after>.*backend="gloo", nproc_per_node=(?P<n>\d+).*)$', re.M)
+SEVERAL_HEADER = re.compile(r"^(\d+) processes print \(in any order\):$")
+
+
+@dataclass(frozen=True)
+class SeveralProcesses:
+    """A block's multi-process form: how it is launched, and what its processes print together."""
+
+    how: str  # the form, as the block names it
+    processes: int
+    code: str  # the block's code in that form
+    torchrun: bool  # launched by torchrun (else the program starts its processes itself)
+    expected: tuple[str, ...] | None  # every line the processes print, in any order
+
+
 @dataclass(frozen=True)
 class Example:
     page: Path
@@ -61,10 +84,29 @@ class Example:
     code: str
     needs: tuple[str, ...]  # distributions named by `# needs:`
     expected: tuple[str, ...] | None  # the output shown by the block's last comment lines, if any
+    several: SeveralProcesses | None = None  # the multi-process form the block names, if any
 
     @property
     def name(self) -> str:
         return f"{self.page.relative_to(ROOT).as_posix()}:{self.line}"
+
+
+def several_processes(code: str, expected: tuple[str, ...] | None) -> SeveralProcesses | None:
+    """The multi-process form a block names (``None``: one process only), with its expected output."""
+    launch = TORCHRUN.search(code)
+    if launch:
+        n = int(launch.group(1))
+        form = SeveralProcesses(f"torchrun --nproc_per_node {n}", n, code, True, expected)
+    else:
+        for pattern, replacement in ((DEVICES, "devices={n}"), (IGNITE, 'backend="gloo", nproc_per_node={n}')):
+            match = pattern.search(code)
+            if match:
+                n = int(match.group("n"))
+                changed = match.group("before") + replacement.format(n=n) + match.group("after")
+                code = code[: match.start()] + changed + code[match.end() :]
+                return SeveralProcesses(replacement.format(n=n), n, code, False, expected)
+        return None
+    return form
 
 
 def parse(page: Path, line: int, code: str) -> Example:
@@ -79,8 +121,15 @@ def parse(page: Path, line: int, code: str) -> Example:
         else:
             break
     code_lines = len(lines) - len(tail)
-    expected = tuple(reversed(tail)) if tail and code_lines > 0 else None
-    return Example(page, line, code, needs, expected)
+    output = list(reversed(tail)) if tail and code_lines > 0 else None
+    several_output: tuple[str, ...] | None = None
+    if output is not None:
+        header = next((k for k, text in enumerate(output) if SEVERAL_HEADER.match(text)), None)
+        if header is not None:
+            several_output = tuple(output[header + 1 :])
+            output = output[:header]
+    expected = tuple(output) if output else None
+    return Example(page, line, code, needs, expected, several_processes(code, several_output))
 
 
 def collect() -> list[Example]:
@@ -106,6 +155,7 @@ def environment() -> dict[str, str]:
     paths = [str(ROOT), str(ROOT / "integrations" / "lightning"), str(ROOT / "integrations" / "ignite")]
     env["PYTHONPATH"] = os.pathsep.join(paths + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
     env.setdefault("OMP_NUM_THREADS", "1")
+    env.pop("PYTHONUNBUFFERED", None)  # unbuffered, the prints of several processes would interleave within a line
     env["PYTHONWARNINGS"] = "ignore::DeprecationWarning"
     return env
 
@@ -118,6 +168,36 @@ def run(example: Example) -> subprocess.CompletedProcess:
         return subprocess.run(
             [sys.executable, str(script)], cwd=cwd, env=environment(), capture_output=True, text=True, timeout=TIMEOUT_S
         )
+
+
+def run_several(example: Example) -> subprocess.CompletedProcess:
+    """A block's multi-process form, in an empty directory: under ``torchrun --standalone`` when the
+    block names torchrun, else as ``python example.py`` (the block starts its own processes).
+    torchrun starts its processes unbuffered (``python -u``), so their prints would interleave within
+    a line: each process's standard output goes to a file of its own, and the result holds them one
+    after the other, process 0 first."""
+    several = example.several
+    assert several is not None
+    with tempfile.TemporaryDirectory(prefix="shardplug-docs-") as cwd:
+        script = Path(cwd) / "example.py"
+        script.write_text(several.code, encoding="utf-8")
+        logs = Path(cwd) / "logs"
+        launcher = [
+            *("-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={several.processes}"),
+            *("--redirects", "1", "--log-dir", str(logs)),
+        ]
+        done = subprocess.run(
+            [sys.executable, *(launcher if several.torchrun else []), str(script)],
+            cwd=cwd,
+            env=environment(),
+            capture_output=True,
+            text=True,
+            timeout=TIMEOUT_S,
+        )
+        if several.torchrun:
+            outputs = sorted(logs.glob("*/attempt_*/*/stdout.log"), key=lambda path: int(path.parent.name))
+            done.stdout = "".join(path.read_text(errors="replace") for path in outputs) + done.stdout
+        return done
 
 
 def run_forked(examples: list[Example], workers: int) -> dict[str, subprocess.CompletedProcess]:
@@ -203,6 +283,27 @@ def results(request):
             f.cancel()
 
 
+@pytest.fixture(scope="module")
+def several_results(request):
+    """Runs the multi-process form of every selected, runnable block that has one, two at a time."""
+    selected = {
+        item.callspec.params["example"].name
+        for item in request.session.items
+        if getattr(item, "callspec", None)
+        and "example" in item.callspec.params
+        and item.originalname == "test_example_runs_on_several_processes_and_prints_what_it_shows"
+    }
+    chosen = [e for e in EXAMPLES if e.name in selected and e.several is not None and not missing(e)]
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        futures: dict[str, Future] = {e.name: pool.submit(run_several, e) for e in chosen}
+        yield futures
+        for f in futures.values():
+            f.cancel()
+
+
+SEVERAL = [e for e in EXAMPLES if e.several is not None]
+
+
 def test_the_pages_have_examples():
     assert len(EXAMPLES) >= 20, [e.name for e in EXAMPLES]
     assert any(e.page.name == "README.md" and e.page.parent == ROOT for e in EXAMPLES)
@@ -218,4 +319,32 @@ def test_example_runs_and_prints_what_it_shows(example, results):
     if example.expected is not None:
         assert done.stdout.splitlines() == list(example.expected), (
             f"{example.name}: the block's closing comments are not what it printed:\n{done.stdout}"
+        )
+
+
+def test_every_multi_process_form_shows_what_its_processes_print():
+    """A block that names a multi-process form states that form's output, for the right number of processes."""
+    assert len(SEVERAL) >= 10, [e.name for e in SEVERAL]
+    for example in SEVERAL:
+        assert example.several is not None and example.several.expected, (
+            f"{example.name} names the form {example.several.how!r} but not what it prints: end the block with "
+            f"'# {example.several.processes} processes print (in any order):' and those lines"
+        )
+        header = next(line for line in example.code.splitlines() if SEVERAL_HEADER.match(line.lstrip("# ")))
+        assert header.startswith(f"# {example.several.processes} processes"), (example.name, header)
+
+
+@pytest.mark.parametrize("example", SEVERAL, ids=[e.name for e in SEVERAL])
+def test_example_runs_on_several_processes_and_prints_what_it_shows(example, several_results):
+    absent = missing(example)
+    if absent:
+        pytest.skip(f"needs {', '.join(absent)}")
+    several = example.several
+    done = several_results[example.name].result()
+    assert done.returncode == 0, (
+        f"{example.name} as {several.how} exited with {done.returncode}:\n{done.stdout[-2000:]}\n{done.stderr[-4000:]}"
+    )
+    if several.expected is not None:
+        assert sorted(done.stdout.splitlines()) == sorted(several.expected), (
+            f"{example.name} as {several.how}: its closing comments are not what the processes printed:\n{done.stdout}"
         )
