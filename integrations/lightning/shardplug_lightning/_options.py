@@ -1,7 +1,8 @@
 """The shardplug options of a strategy, and the data-side checks the strategies share.
 
 The Lightning and Fabric strategies take their options through :class:`ShardplugOptions`: a
-``ShardplugConfig`` and/or its fields as keywords (keywords win), merged once into the
+``ShardplugConfig`` and/or its fields as keywords (keywords win), named in each strategy's
+``__init__`` (what ``LightningCLI`` reads) and merged once into the
 :class:`~shardplug.core.config.ShardplugConfig` the strategy holds; every option is read from it,
 never re-stated here, and every loader is prepared with ``prepare_data_loader(config=...)``.
 """
@@ -9,9 +10,9 @@ never re-stated here, and every loader is prepared with ``prepare_data_loader(co
 from __future__ import annotations
 
 import dataclasses
-import inspect
 import logging
-from typing import Any, cast
+from collections.abc import Mapping
+from typing import Any
 
 from torch.utils.data import DataLoader
 from torch.utils.data.distributed import DistributedSampler
@@ -25,13 +26,14 @@ __all__ = ["ShardplugOptions", "resolve_config", "refuse_distributed_sampler", "
 
 logger = logging.getLogger(__name__)
 
-_FIELDS = frozenset(f.name for f in dataclasses.fields(ShardplugConfig))
+#: The ``ShardplugConfig`` fields: the shardplug keywords of every strategy's ``__init__``.
+FIELD_NAMES = tuple(f.name for f in dataclasses.fields(ShardplugConfig))
 
 
 def resolve_config(config: Any, overrides: dict[str, Any]) -> ShardplugConfig:
     """``config`` (a ``ShardplugConfig`` or ``None``) with the keywords the user passed (not ``None``)
     applied; validated by ``ShardplugConfig`` (errors name the argument and the fix)."""
-    unknown = set(overrides) - _FIELDS
+    unknown = set(overrides) - set(FIELD_NAMES)
     if unknown:
         raise TypeError(f"unknown shardplug option(s): {sorted(unknown)}")
     if "rng_types" in overrides and not isinstance(overrides["rng_types"], str):
@@ -46,27 +48,57 @@ def resolve_config(config: Any, overrides: dict[str, Any]) -> ShardplugConfig:
 class ShardplugOptions:
     """The shardplug options of a strategy, mixed in before the strategy class it extends.
 
-    Keyword-only: ``config`` (a ``ShardplugConfig`` or ``None``) and every ``ShardplugConfig``
-    field (``None``: the config's value); any other keyword goes to the strategy class it is mixed
-    into. The merged value is ``strategy.shardplug_config``.
+    The ``__init__`` of each front end names ``config`` and every ``ShardplugConfig`` field as
+    keyword-only parameters, so jsonargparse (``LightningCLI``), editors and type checkers read them
+    (``tests/test_lightning_cli.py`` checks each against the dataclass); it hands its arguments to
+    :meth:`_take_options` and every other keyword to the strategy class it is mixed into. Each field
+    is ``None`` by default: the config's value (the field's default without ``config``). The
+    descriptions below are what ``--help`` shows; the full ones are ``ShardplugConfig``'s.
+
+    Args:
+        config: a ``ShardplugConfig``; the keywords override its fields, and the strategy holds the
+            merged value (``strategy.shardplug_config``).
+        split_batches: cut each batch of the loader into one slice per process (its batch size is the global one).
+        even_batches: pad the end of an epoch so that every process gets the same number of batches.
+        dispatch_batches: process 0 reads the data and sends each process its rows (the config's ``None``: automatic).
+        use_seedable_sampler: replace ``RandomSampler`` by a sampler whose order depends on the seed and the epoch only.
+        data_seed: the seed of the shuffles shardplug creates (the config's ``None``: agreed from process 0).
+        non_blocking: non-blocking host-to-device copies of the batches (with ``put_on_device``).
+        use_stateful_dataloader: back the loaders with ``torchdata``'s ``StatefulDataLoader``.
+        put_on_device: move each batch to the process's device.
+        rng_types: the RNGs synchronised from process 0 at each epoch start (``torch``, ``cuda``, ``xla``,
+            ``generator``).
+        slice_fn_for_dispatch: ``slice_fn(data, slice, process_index, num_processes)`` of dispatching loaders.
+        shuffle_algorithm: ``randperm`` (one ``torch.randperm`` per epoch) or ``bijective`` (a keyed bijection).
+        gradient_accumulation_steps: micro-batches per optimizer step.
+        step_scheduler_with_optimizer: prepared schedulers step only after real optimizer updates.
+        scale_scheduler_by_num_processes: step prepared schedulers once per process for each optimizer step
+            (the config's ``None``: the front end's convention).
 
     Example::
 
         class MyStrategy(ShardplugOptions, DDPStrategy):
+            def __init__(self, *, config: ShardplugConfig | None = None, split_batches: bool | None = None,
+                         ..., **kwargs: Any) -> None:  # every ShardplugConfig field
+                self._take_options(config, locals())
+                super().__init__(**kwargs)
+
             def _check_shardplug_config(self, config):
                 ...  # refuse what this front end cannot honour
     """
 
-    def __init_subclass__(cls, **kwargs: Any) -> None:
-        super().__init_subclass__(**kwargs)
-        cls.__signature__ = _signature(cls)  # type: ignore[attr-defined]
+    shardplug_config: ShardplugConfig
 
-    def __init__(self, *, config: Any = None, **kwargs: Any) -> None:
-        options = {name: kwargs.pop(name) for name in list(kwargs) if name in _FIELDS}
-        merged = resolve_config(config, {name: value for name, value in options.items() if value is not None})
+    def _take_options(self, config: ShardplugConfig | None, arguments: Mapping[str, Any]) -> None:
+        """Merge ``config`` and the ``ShardplugConfig`` fields among ``arguments`` (the ``__init__``'s
+        ``locals()``: every field is one of its parameters) that were given (not ``None``)."""
+        missing = [name for name in FIELD_NAMES if name not in arguments]
+        if missing:  # a front end whose __init__ lacks a field (tests/test_lightning_cli.py checks each)
+            raise TypeError(f"{type(self).__name__}.__init__ does not name the shardplug option(s) {missing}")
+        given = {name: arguments[name] for name in FIELD_NAMES if arguments[name] is not None}
+        merged = resolve_config(config, given)
         self._check_shardplug_config(merged)
-        self.shardplug_config: ShardplugConfig = merged
-        super().__init__(**kwargs)
+        self.shardplug_config = merged
 
     def _check_shardplug_config(self, config: ShardplugConfig) -> None:
         """Refuse options this front end cannot honour (a ``ValueError`` naming the option and the fix)."""
@@ -77,27 +109,6 @@ class ShardplugOptions:
         config = self.shardplug_config.for_loaders(**changes)
         device = self.root_device if config.put_on_device else None  # type: ignore[attr-defined]
         return {"config": config, "device": device, "num_processes": num_processes, "process_index": process_index}
-
-
-def _signature(cls: type) -> inspect.Signature:
-    """What ``help()``, IDEs and argument parsers show for a strategy: ``config``, every
-    ``ShardplugConfig`` field (``None``: the config's), the class's own keywords, ``**kwargs``."""
-    keyword = inspect.Parameter.KEYWORD_ONLY
-    shardplug = [inspect.Parameter("config", keyword, default=None, annotation="Optional[ShardplugConfig]")]
-    shardplug += [
-        inspect.Parameter(f.name, keyword, default=None, annotation=_optional(str(f.type)))
-        for f in dataclasses.fields(ShardplugConfig)
-    ]
-    own = [
-        p
-        for name, p in inspect.signature(cast(Any, cls).__init__).parameters.items()
-        if p.kind is keyword and name not in _FIELDS and name != "config"
-    ]
-    return inspect.Signature([*shardplug, *own, inspect.Parameter("kwargs", inspect.Parameter.VAR_KEYWORD)])
-
-
-def _optional(annotation: str) -> str:
-    return annotation if annotation.startswith("Optional[") else f"Optional[{annotation}]"
 
 
 def _has_distributed_sampler(dataloader: DataLoader[Any]) -> bool:

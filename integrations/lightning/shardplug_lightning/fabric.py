@@ -19,6 +19,7 @@ Example::
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Any, cast
 
 from lightning.fabric.strategies.ddp import DDPStrategy
@@ -43,24 +44,45 @@ logger = logging.getLogger(__name__)
 class ShardplugFabricDDPStrategy(ShardplugOptions, DDPStrategy):
     """Fabric's DDP strategy whose ``setup_dataloaders`` shards with ``shardplug.prepare_data_loader``.
 
-    Args:
-        config: a ``ShardplugConfig``; the keywords below override its fields, and the strategy
-            holds the merged value (``strategy.shardplug_config``).
-        split_batches, even_batches, dispatch_batches, use_seedable_sampler, data_seed,
-            non_blocking, use_stateful_dataloader, put_on_device, rng_types,
-            slice_fn_for_dispatch, shuffle_algorithm: the ``prepare_data_loader`` options of every loader.
-        step_scheduler_with_optimizer, scale_scheduler_by_num_processes: how the scheduler of
-            ``fabric.setup`` steps (``None``: the config's; the N-fold rule is off by default in
-            Fabric, whose ``len(loader)`` is already per process).
-        **ddp_kwargs: every ``lightning.fabric.strategies.DDPStrategy`` keyword.
+    Keyword-only arguments: ``config`` and every ``ShardplugConfig`` field (``None``: the config's
+    value; the ``prepare_data_loader`` options of every loader, and how the scheduler of
+    ``fabric.setup`` steps). Every other keyword goes to ``lightning.fabric``'s ``DDPStrategy``
+    (``accelerator``, ``process_group_backend``, ``start_method``, DDP's ``find_unused_parameters``, ...).
 
-    ``gradient_accumulation_steps`` other than 1 is refused: in a Fabric loop you decide when to
-    step (``fabric.no_backward_sync``), and the option would do nothing.
+    Args:
+        scale_scheduler_by_num_processes: ``None`` (here and in the config): off, Fabric's
+            convention, whose ``len(loader)`` is already per process.
+        gradient_accumulation_steps: other than 1 is refused: in a Fabric loop you decide when to
+            step (``fabric.no_backward_sync``), and the option would do nothing.
+
+    Example::
+
+        strategy = ShardplugFabricDDPStrategy(split_batches=True, process_group_backend="gloo")
     """
 
-    def __init__(self, **options: Any) -> None:
+    def __init__(
+        self,
+        *,
+        config: ShardplugConfig | None = None,
+        split_batches: bool | None = None,
+        even_batches: bool | None = None,
+        dispatch_batches: bool | None = None,
+        use_seedable_sampler: bool | None = None,
+        data_seed: int | None = None,
+        non_blocking: bool | None = None,
+        use_stateful_dataloader: bool | None = None,
+        put_on_device: bool | None = None,
+        rng_types: tuple[str, ...] | None = None,
+        slice_fn_for_dispatch: Callable[..., Any] | None = None,
+        shuffle_algorithm: str | None = None,
+        gradient_accumulation_steps: int | None = None,
+        step_scheduler_with_optimizer: bool | None = None,
+        scale_scheduler_by_num_processes: bool | None = None,
+        **kwargs: Any,
+    ) -> None:
+        self._take_options(config, locals())  # every ShardplugConfig field is a parameter above
         self._last_step: amp.StepAttempt | None = None
-        super().__init__(**options)  # ShardplugOptions: the shardplug keywords, then DDPStrategy's
+        super().__init__(**kwargs)  # Fabric's DDPStrategy keywords
 
     @override
     def _check_shardplug_config(self, config: ShardplugConfig) -> None:

@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
-from .strategy import make_strategy_class
+from pytorch_lightning.strategies import DDPStrategy
+
+from .strategy import ShardplugStrategyMixin
 
 __all__ = ["PLShardplugDDPStrategy"]
 
-#: ``ShardplugDDPStrategy`` for ``pytorch_lightning.Trainer`` (registered as ``"shardplug_ddp"`` there).
-PLShardplugDDPStrategy: type = make_strategy_class("pytorch_lightning", "PLShardplugDDPStrategy")
-PLShardplugDDPStrategy.__module__ = __name__
+
+class PLShardplugDDPStrategy(ShardplugStrategyMixin, DDPStrategy):
+    """``pytorch_lightning``'s ``DDPStrategy`` with shardplug, for ``pytorch_lightning.Trainer`` (registered as
+    ``"shardplug_ddp"`` there): ``ShardplugDDPStrategy``'s options and behaviour. Its keywords:
+    :class:`~shardplug_lightning.ShardplugStrategyMixin`'s and ``DDPStrategy``'s."""
+
+    _pl_namespace = "pytorch_lightning"

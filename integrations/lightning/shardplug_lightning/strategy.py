@@ -20,6 +20,7 @@ import types
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, cast
 
+from lightning.pytorch.strategies import DDPStrategy, FSDPStrategy, ModelParallelStrategy
 from torch.optim import Optimizer
 from torch.utils.data import DataLoader
 from typing_extensions import override
@@ -39,7 +40,6 @@ __all__ = [
     "ShardplugFSDPStrategy",
     "ShardplugModelParallelStrategy",
     "ShardplugStrategyMixin",
-    "make_strategy_class",
 ]
 
 logger = logging.getLogger(__name__)
@@ -54,18 +54,20 @@ _STAGE_HOOKS = {
 
 
 class ShardplugStrategyMixin(ShardplugOptions):
-    """The shardplug behaviour, mixed into a ``DDPStrategy`` of one Lightning namespace.
+    """The shardplug behaviour, mixed into a strategy of one Lightning namespace (``DDPStrategy``,
+    ``FSDPStrategy``, ``ModelParallelStrategy``): ``class S(ShardplugStrategyMixin, DDPStrategy)``.
 
-    Keyword-only arguments (all DDP keywords pass through to ``DDPStrategy``):
+    Keyword-only arguments: ``config`` and every ``ShardplugConfig`` field (``None``: the config's
+    value; the ``prepare_data_loader`` options of the training loaders, and the stepping options),
+    and ``eval_even_batches``. Every other keyword goes to the strategy class it is mixed into (all
+    of ``DDPStrategy``'s: ``accelerator``, ``process_group_backend``, ``timeout``, ``start_method``,
+    DDP's ``find_unused_parameters``, ...).
 
     Args:
-        config: a ``shardplug.core.config.ShardplugConfig``; the keywords below override its fields,
-            and the strategy holds the merged value (``strategy.shardplug_config``).
-        **options: the ``prepare_data_loader`` options used for training loaders, by name
-            (``split_batches``, ``even_batches``, ``dispatch_batches``, ``use_seedable_sampler``,
-            ``data_seed``, ``non_blocking``, ``use_stateful_dataloader``, ``put_on_device``,
-            ``rng_types``, ``slice_fn_for_dispatch``, ``shuffle_algorithm``).
-            ``even_batches=False`` is refused: Lightning cannot join ranks that run out of batches
+        config: a ``shardplug.core.config.ShardplugConfig``; the keywords override its fields, and
+            the strategy holds the merged value (``strategy.shardplug_config``).
+        even_batches: pad the end of an epoch so that every rank gets the same number of batches;
+            ``False`` is refused for training: Lightning cannot join ranks that run out of batches
             at different steps.
         eval_even_batches: what validation / test batches hold. Every rank always runs the same
             number of evaluation steps (the core's rule, ``shardplug.core.evaluation``: an
@@ -96,12 +98,33 @@ class ShardplugStrategyMixin(ShardplugOptions):
         @property
         def global_rank(self) -> int: ...
 
-    def __init__(self, *, eval_even_batches: bool = False, **options: Any) -> None:
+    def __init__(
+        self,
+        *,
+        config: ShardplugConfig | None = None,
+        split_batches: bool | None = None,
+        even_batches: bool | None = None,
+        dispatch_batches: bool | None = None,
+        use_seedable_sampler: bool | None = None,
+        data_seed: int | None = None,
+        non_blocking: bool | None = None,
+        use_stateful_dataloader: bool | None = None,
+        put_on_device: bool | None = None,
+        rng_types: tuple[str, ...] | None = None,
+        slice_fn_for_dispatch: Callable[..., Any] | None = None,
+        shuffle_algorithm: str | None = None,
+        gradient_accumulation_steps: int | None = None,
+        step_scheduler_with_optimizer: bool | None = None,
+        scale_scheduler_by_num_processes: bool | None = None,
+        eval_even_batches: bool = False,
+        **kwargs: Any,
+    ) -> None:
         if not isinstance(eval_even_batches, bool):
             raise TypeError(f"eval_even_batches={eval_even_batches!r} is invalid: it must be True or False")
+        self._take_options(config, locals())  # every ShardplugConfig field is a parameter above
         self.eval_even_batches = eval_even_batches
         self._last_step: amp.StepAttempt | None = None
-        super().__init__(**options)  # ShardplugOptions: the shardplug keywords, then the strategy's
+        super().__init__(**kwargs)  # the Lightning strategy's keywords
 
     @override
     def _check_shardplug_config(self, config: ShardplugConfig) -> None:
@@ -326,23 +349,26 @@ def _with_batch_sampler(dataloader: DataLoader[Any], batch_sampler: Any) -> Data
     return clone
 
 
-def make_strategy_class(namespace: str, name: str, base: str = "DDPStrategy") -> type:
-    """``ShardplugStrategyMixin`` over the strategy ``base`` of ``namespace`` (``lightning.pytorch`` /
-    ``pytorch_lightning``): the same data, stepping and resume on DDP, FSDP or model parallelism."""
-    base_cls = getattr(importlib.import_module(f"{namespace}.strategies"), base)
-    cls = type(name, (ShardplugStrategyMixin, base_cls), {"_pl_namespace": namespace, "__module__": __name__})
-    cls.__doc__ = f"``{namespace}.strategies.{base}`` with shardplug's data loading and stepping.\n\n" + (
-        ShardplugStrategyMixin.__doc__ or ""
-    )
-    return cls
+class ShardplugDDPStrategy(ShardplugStrategyMixin, DDPStrategy):
+    """Lightning's ``DDPStrategy`` with shardplug's data loading and stepping (``strategy="shardplug_ddp"``).
+
+    Its keywords: :class:`ShardplugStrategyMixin`'s (``config``, every ``ShardplugConfig`` field,
+    ``eval_even_batches``) and ``DDPStrategy``'s.
+
+    Example::
+
+        trainer = Trainer(strategy=ShardplugDDPStrategy(split_batches=True, process_group_backend="gloo"), ...)
+        # LightningCLI:
+        #   --trainer.strategy shardplug_lightning.ShardplugDDPStrategy --trainer.strategy.split_batches true
+    """
 
 
-#: The strategy for ``lightning.pytorch.Trainer`` (``strategy="shardplug_ddp"``).
-ShardplugDDPStrategy: type = make_strategy_class("lightning.pytorch", "ShardplugDDPStrategy")
-#: ``FSDPStrategy`` with shardplug (``strategy="shardplug_fsdp"``; Lightning runs FSDP on GPUs only).
-ShardplugFSDPStrategy: type = make_strategy_class("lightning.pytorch", "ShardplugFSDPStrategy", "FSDPStrategy")
-#: ``ModelParallelStrategy`` with shardplug (``strategy="shardplug_model_parallel"``): the data is
-#: sharded over the mesh's ``data_parallel`` dimension only.
-ShardplugModelParallelStrategy: type = make_strategy_class(
-    "lightning.pytorch", "ShardplugModelParallelStrategy", "ModelParallelStrategy"
-)
+class ShardplugFSDPStrategy(ShardplugStrategyMixin, FSDPStrategy):
+    """Lightning's ``FSDPStrategy`` with shardplug's data loading and stepping (``strategy="shardplug_fsdp"``;
+    Lightning runs FSDP on GPUs only). Its keywords: :class:`ShardplugStrategyMixin`'s and ``FSDPStrategy``'s."""
+
+
+class ShardplugModelParallelStrategy(ShardplugStrategyMixin, ModelParallelStrategy):
+    """Lightning's ``ModelParallelStrategy`` with shardplug (``strategy="shardplug_model_parallel"``): the data
+    is sharded over the mesh's ``data_parallel`` dimension only. Its keywords: :class:`ShardplugStrategyMixin`'s
+    and ``ModelParallelStrategy``'s (``data_parallel_size``, ``tensor_parallel_size``, ...)."""
