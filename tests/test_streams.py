@@ -381,6 +381,19 @@ def test_the_stream_attributes_shardplug_reads_still_exist(files):
     assert single_node_only(wds_stream(files)) and not single_node_only(wds_stream(files, nodesplitter=None))
 
 
+def test_without_a_process_group_a_shuffled_hf_stream_is_refused(files):
+    """Its shuffle seeds are compared through the process group: without one they cannot be, seeded or not."""
+    shuffled = DataLoader(hf_stream(files, shuffle=True), batch_size=2)
+    with pytest.raises(ValueError, match="comparing the seeds of the stream's shuffle") as refused:
+        prepare_data_loader(shuffled, num_processes=2, process_index=1)
+    assert "no process group is initialised" in str(refused.value) and "init_process_group" in str(refused.value)
+    loaders = [
+        prepare_data_loader(DataLoader(hf_stream(files), batch_size=2), num_processes=2, process_index=r)
+        for r in range(2)
+    ]
+    assert sorted(int(x) for loader in loaders for batch in loader for x in batch["x"]) == list(range(40))
+
+
 class _RankOrdered(torch.utils.data.IterableDataset):
     """A stream whose order depends on the process, as with an unseeded shuffle of a plain IterableDataset."""
 

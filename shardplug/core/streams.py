@@ -42,7 +42,7 @@ import torch  # noqa: F401  (the docstring example)
 import torch.distributed as dist
 
 from . import compat
-from .collectives import world_size
+from .collectives import require_group, world_size
 
 __all__ = [
     "can_shard",
@@ -215,11 +215,20 @@ def shuffle_fingerprint(dataset: Any) -> str | None:
     return "|".join(states) if states else None
 
 
-def check_stream(dataset: Any, num_processes: int) -> None:
-    """Refuse a stream that shuffles differently on each process, or that cannot run on several
-    processes (a collective when a process group runs).  A stream already split by node is this
-    process's part (:mod:`shardplug.core.presplit`), not checked here."""
+def check_stream(dataset: Any, num_processes: int, process_index: int) -> None:
+    """Refuse a stream that shuffles differently on each process (compared with a collective; a
+    shuffle is refused where no process group runs to compare it), or that cannot run on several
+    processes.  A stream already split by node is this process's part
+    (:mod:`shardplug.core.presplit`), not checked here."""
     fingerprint = shuffle_fingerprint(dataset)
+    if fingerprint is not None:
+        require_group(
+            num_processes,
+            process_index,
+            "comparing the seeds of the stream's shuffle",
+            "shardplug cannot tell a shuffle(seed=...) from a shuffle() without seed, which draws its own seed in "
+            "every process: their parts would overlap and miss elements",
+        )
     if fingerprint is not None and world_size() == num_processes > 1:
         fingerprints: list[Any] = [None] * num_processes
         dist.all_gather_object(fingerprints, fingerprint)
