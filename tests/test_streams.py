@@ -381,16 +381,16 @@ def test_the_stream_attributes_shardplug_reads_still_exist(files):
     assert single_node_only(wds_stream(files)) and not single_node_only(wds_stream(files, nodesplitter=None))
 
 
-def test_without_a_process_group_a_shuffled_hf_stream_is_refused(files):
-    """Its shuffle seeds are compared through the process group: without one they cannot be, seeded or not."""
-    shuffled = DataLoader(hf_stream(files, shuffle=True), batch_size=2)
-    with pytest.raises(ValueError, match="comparing the seeds of the stream's shuffle") as refused:
-        prepare_data_loader(shuffled, num_processes=2, process_index=1)
+def test_without_a_process_group_an_hf_stream_shuffled_without_seed_is_refused(files):
+    """Without a group its seeds cannot be compared: a shuffle that drew its own seed is refused, a seeded one
+    shards as ever."""
+    unseeded = DataLoader(hf_stream(files).shuffle(buffer_size=8), batch_size=2)
+    with pytest.raises(ValueError, match="agreeing on the seed of the stream's shuffle") as refused:
+        prepare_data_loader(unseeded, num_processes=2, process_index=1)
     assert "no process group is initialised" in str(refused.value) and "init_process_group" in str(refused.value)
-    loaders = [
-        prepare_data_loader(DataLoader(hf_stream(files), batch_size=2), num_processes=2, process_index=r)
-        for r in range(2)
-    ]
+    assert "or pass shuffle(seed=...) the same seed on every process" in str(refused.value)
+    seeded = [DataLoader(hf_stream(files, shuffle=True), batch_size=2) for _ in range(2)]
+    loaders = [prepare_data_loader(loader, num_processes=2, process_index=r) for r, loader in enumerate(seeded)]
     assert sorted(int(x) for loader in loaders for batch in loader for x in batch["x"]) == list(range(40))
 
 

@@ -215,19 +215,37 @@ def shuffle_fingerprint(dataset: Any) -> str | None:
     return "|".join(states) if states else None
 
 
+_GIVEN_SEEDS = 2**64
+"""numpy's seed sequence of a drawn seed holds 128 bits of entropy; one of a given seed, that seed."""
+
+
+def drew_its_seed(dataset: Any) -> bool:
+    """Whether a Hugging Face stream's shuffle drew its seed itself (``shuffle()`` without ``seed=``,
+    or a generator of ``np.random.default_rng()``): the entropy of its generator's seed sequence is
+    not an integer below 2**64, which a given seed is.  Without a process group nothing else tells."""
+    for node in _hf_chain(dataset):
+        bit_generator = getattr(getattr(node, "generator", None), "bit_generator", None)
+        if bit_generator is not None:
+            entropy = getattr(getattr(bit_generator, "seed_seq", None), "entropy", None)
+            if not isinstance(entropy, int) or not 0 <= entropy < _GIVEN_SEEDS:
+                return True
+    return False
+
+
 def check_stream(dataset: Any, num_processes: int, process_index: int) -> None:
-    """Refuse a stream that shuffles differently on each process (compared with a collective; a
-    shuffle is refused where no process group runs to compare it), or that cannot run on several
+    """Refuse a stream that shuffles differently on each process (compared with a collective; where
+    no process group runs, a shuffle that drew its own seed), or that cannot run on several
     processes.  A stream already split by node is this process's part
     (:mod:`shardplug.core.presplit`), not checked here."""
     fingerprint = shuffle_fingerprint(dataset)
-    if fingerprint is not None:
+    if fingerprint is not None and drew_its_seed(dataset):
         require_group(
             num_processes,
             process_index,
-            "comparing the seeds of the stream's shuffle",
-            "shardplug cannot tell a shuffle(seed=...) from a shuffle() without seed, which draws its own seed in "
-            "every process: their parts would overlap and miss elements",
+            "agreeing on the seed of the stream's shuffle",
+            "its shuffle() without seed draws its own seed in every process, and their parts would overlap and miss "
+            "elements",
+            ", or pass shuffle(seed=...) the same seed on every process",
         )
     if fingerprint is not None and world_size() == num_processes > 1:
         fingerprints: list[Any] = [None] * num_processes
