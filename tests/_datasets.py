@@ -19,6 +19,20 @@ class Stream(IterableDataset):
         return self.n
 
 
+class Unsized(IterableDataset):
+    """The integers ``0 .. n-1`` as a stream without ``__len__``."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __iter__(self):
+        return iter(range(self.n))
+
+
+NO_LEN = "the Unsized has no __len__; give Unsized a __len__"
+"""What ``len()`` of a prepared loader over :class:`Unsized` says (with the other fix: iterate without len())."""
+
+
 class Files(IterableDataset):
     """A stream that shards itself: `n_shards` files of `size` records, split by DataLoader worker too."""
 

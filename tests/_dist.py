@@ -9,6 +9,8 @@ import pickle
 import re
 import signal
 import socket
+import subprocess
+import sys
 import tempfile
 import time
 import traceback
@@ -125,6 +127,21 @@ def run_gloo(
         if errors:
             raise AssertionError("\n".join(errors))
     return results
+
+
+def run_torchrun(script: Path, *args: str, nproc: int = 2, timeout: float = 90.0) -> subprocess.CompletedProcess[str]:
+    """Run ``script`` under a real ``torchrun --standalone --nproc_per_node nproc`` (the project on
+    ``PYTHONPATH``), its output captured; the caller reads the exit code and the output."""
+    root = Path(__file__).resolve().parents[1]
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")]),
+        "OMP_NUM_THREADS": "1",
+    }
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc)]
+    return subprocess.run(
+        [*command, str(script), *args], capture_output=True, text=True, timeout=timeout, env=env, cwd=root
+    )
 
 
 def _descendants(pids: list[int]) -> list[int]:

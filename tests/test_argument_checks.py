@@ -85,7 +85,9 @@ def _state(**epoch):
     "state, error, pattern",
     [
         (_state(counts=torch.ones(7, dtype=torch.int32)), ValueError, r"counts.*shape \(7,\).*\(10,\)"),
-        (_state(counts=-torch.ones(10, dtype=torch.int32)), ValueError, r"negative counts.*-1"),
+        (_state(counts=-torch.ones(10, dtype=torch.int32)), ValueError, r"counts out of range: counts\[0\]=-1 \(10 of"),
+        (_state(counts=torch.full((10,), 2**40)), ValueError, r"counts\[0\]=1099511627776 .*\[0, 2\*\*31\)"),
+        (_state(counts=torch.tensor([1] * 9 + [2**31])), ValueError, r"counts\[9\]=2147483648 \(1 of 10 samples"),
         (_state(counts=2**40), TypeError, r"counts=1099511627776, which is not a tensor"),
         (_state(counts=None), TypeError, r"counts=None, which is not a tensor"),
         (_state(counts=torch.full((10,), 0.5)), TypeError, r"counts.*torch.float32.*integer"),
@@ -101,9 +103,19 @@ def _state(**epoch):
         ),
         (_state(seen=None, twice=torch.zeros(2, dtype=torch.uint8)), TypeError, r"seen=None, which is not a tensor"),
         (
+            _state(seen=torch.tensor([3, 0], dtype=torch.uint8), twice=torch.tensor([6, 0], dtype=torch.uint8)),
+            ValueError,
+            r"twice bits set for samples its seen bitmap does not have \(byte 0: twice=6, seen=3\)",
+        ),
+        (
             {"dataset_length": 10, "epochs": {0: {"counts": torch.ones(10, dtype=torch.int32), "padding": -3}}},
             ValueError,
-            r"padding=-3",
+            r"padding=-3: it must be an integer in \[0, 2\*\*63\)",
+        ),
+        (
+            {"dataset_length": 10, "epochs": {0: {"counts": torch.ones(10, dtype=torch.int32), "padding": 2**63}}},
+            ValueError,
+            r"padding=9223372036854775808: it must be an integer in \[0, 2\*\*63\)",
         ),
         (
             {"dataset_length": 10, "epochs": {0: {"counts": torch.ones(10, dtype=torch.int32), "padding": None}}},
@@ -130,7 +142,7 @@ def test_a_bad_audit_state_is_refused_and_nothing_is_loaded(state, error, patter
 def test_a_good_audit_state_still_loads():
     counts = torch.zeros(10, dtype=torch.int64)
     counts[[1, 2]] = 1
-    counts[3] = 2**40  # any count above one is "seen twice"
+    counts[3] = 2**31 - 1  # any count above one is "seen twice" (up to 0.1's largest, an int32's)
     audit = SampleAudit(10)
     audit.load_state_dict(_state(counts=counts))
     report = audit.report(0)

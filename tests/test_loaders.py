@@ -6,7 +6,7 @@ import sys
 
 import pytest
 import torch
-from _datasets import Files, PlainShards, Stream, rows
+from _datasets import NO_LEN, Files, PlainShards, Stream, Unsized, rows
 from torch.utils.data import BatchSampler, DataLoader, Dataset, IterableDataset, SequentialSampler
 from torch.utils.data.distributed import DistributedSampler
 
@@ -156,6 +156,17 @@ def test_len_is_exact_for_split_uneven():
             even_batches=False,
         )
         assert len(loader) == len(rows(loader)) == expected
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_len_of_a_stream_without_len_on_one_process_says_what_to_do(workers):
+    loader = prepare_data_loader(DataLoader(Unsized(5), batch_size=2, num_workers=workers))
+    with pytest.raises(TypeError, match=NO_LEN) as unknown:  # a TypeError still: what len() callers expect
+        len(loader)
+    assert "or iterate without len()" in str(unknown.value)
+    assert rows(loader) == rows(DataLoader(Unsized(5), batch_size=2, num_workers=workers)), "it iterates as ever"
+    with pytest.raises(TypeError, match=NO_LEN):
+        len(shardplug.skip_first_batches(loader, 1))
 
 
 def test_iterable_batch_size_none():

@@ -6,7 +6,7 @@ from collections import namedtuple
 
 import pytest
 import torch
-from _datasets import Stream, rows
+from _datasets import NO_LEN, Stream, Unsized, rows
 from _dist import run_gloo
 from torch.utils.data import DataLoader, Dataset
 
@@ -96,6 +96,13 @@ def _scenarios(rank: int, world: int) -> dict:
     loader = shardplug.prepare_data_loader(DataLoader(Stream(23), batch_size=2, num_workers=2))
     out["iterable_workers"] = [b.tolist() for b in loader]
     out["iterable_workers_len"] = len(loader)
+    out["unsized_len"] = {}
+    for name, options in (("read_all", {}), ("dispatch", {"put_on_device": True})):
+        unsized = shardplug.prepare_data_loader(DataLoader(Unsized(5), batch_size=2, num_workers=2), **options)
+        try:
+            out["unsized_len"][name] = len(unsized)
+        except TypeError as exc:  # the type torch and len() callers expect
+            out["unsized_len"][name] = str(exc)
 
     loader = shardplug.prepare_data_loader(DataLoader(range(11), batch_size=2))
     loader.track_padding()
@@ -207,6 +214,13 @@ def test_iterable_with_two_workers_reads_each_sample_once(runs):
     flat = _round_robin(per_rank)
     assert flat[:23] == list(range(23))
     assert flat[23:] == list(range(len(flat) - 23))
+
+
+def test_len_of_a_stream_without_len_says_what_to_do_on_every_process(runs):
+    world, results = runs
+    for res in results:
+        for name, said in res["unsized_len"].items():
+            assert NO_LEN in said and "iterate without len()" in said, (name, said)
 
 
 def test_iterable_dispatch_is_the_default_with_put_on_device(runs):

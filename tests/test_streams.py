@@ -381,6 +381,19 @@ def test_the_stream_attributes_shardplug_reads_still_exist(files):
     assert single_node_only(wds_stream(files)) and not single_node_only(wds_stream(files, nodesplitter=None))
 
 
+def test_without_a_process_group_an_hf_stream_shuffled_without_seed_is_refused(files):
+    """Without a group its seeds cannot be compared: a shuffle that drew its own seed is refused, a seeded one
+    shards as ever."""
+    unseeded = DataLoader(hf_stream(files).shuffle(buffer_size=8), batch_size=2)
+    with pytest.raises(ValueError, match="agreeing on the seed of the stream's shuffle") as refused:
+        prepare_data_loader(unseeded, num_processes=2, process_index=1)
+    assert "no process group is initialised" in str(refused.value) and "init_process_group" in str(refused.value)
+    assert "or pass shuffle(seed=...) the same seed on every process" in str(refused.value)
+    seeded = [DataLoader(hf_stream(files, shuffle=True), batch_size=2) for _ in range(2)]
+    loaders = [prepare_data_loader(loader, num_processes=2, process_index=r) for r, loader in enumerate(seeded)]
+    assert sorted(int(x) for loader in loaders for batch in loader for x in batch["x"]) == list(range(40))
+
+
 class _RankOrdered(torch.utils.data.IterableDataset):
     """A stream whose order depends on the process, as with an unseeded shuffle of a plain IterableDataset."""
 

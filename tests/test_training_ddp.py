@@ -8,7 +8,7 @@ import copy
 import pytest
 import torch
 import torch.nn.functional as F
-from _dist import run_gloo
+from _dist import run_gloo, run_torchrun
 from torch.utils.data import DataLoader, TensorDataset
 
 from shardplug.core.accumulation import GradientState
@@ -251,35 +251,10 @@ def test_ddp_accumulation_equals_large_batch_steps_and_skips_all_reduce():
 
 
 def test_example_runs_under_torchrun():
-    import os
-    import subprocess
-    import sys
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[1]
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")]),
-        "OMP_NUM_THREADS": "1",
-    }
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--standalone",
-            "--nproc_per_node",
-            "2",
-            str(root / "examples" / "train_accumulation.py"),
-            "--epochs",
-            "2",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=90,
-        env=env,
-        cwd=root,
-    )
+    done = run_torchrun(root / "examples" / "train_accumulation.py", "--epochs", "2")
     assert done.returncode == 0, done.stderr[-3000:]
     lines = [line for line in done.stderr.splitlines() if line.startswith("epoch ")]
     assert len(lines) == 2, done.stderr[-3000:]

@@ -312,17 +312,24 @@ def _checked_epoch(epoch: Any, saved: Any, length: int) -> tuple[int, torch.Tens
         raise TypeError(f"{where} is {_short(saved)}, not a dict with 'seen', 'twice' and 'padding'; {_LOAD_FIX}")
     padding = saved["padding"]
     if not _is_int(padding):
-        raise TypeError(f"{where} has padding={padding!r}: it must be an integer >= 0; {_LOAD_FIX}")
-    if padding < 0:
-        raise ValueError(f"{where} has padding={padding}: it must be an integer >= 0; {_LOAD_FIX}")
+        raise TypeError(f"{where} has padding={padding!r}: it must be an integer in [0, 2**63); {_LOAD_FIX}")
+    if not 0 <= padding < 2**63:  # (gathered as an int64)
+        raise ValueError(f"{where} has padding={padding}: it must be an integer in [0, 2**63); {_LOAD_FIX}")
     if "counts" in saved:  # shardplug 0.1: a count per sample
         counts = _checked_tensor(where, "counts", saved["counts"], (length,), integer=True)
-        if counts.numel() and int(counts.min()) < 0:
-            raise ValueError(f"{where} has negative counts (the smallest is {int(counts.min())}); {_LOAD_FIX}")
+        _check_counts(where, counts)
         return int(epoch), _pack(counts > 0), _pack(counts > 1), int(padding)
     size = (length + 7) // 8
     seen = _checked_bitmap(where, "seen", saved["seen"], size, length)
     twice = _checked_bitmap(where, "twice", saved["twice"], size, length)
+    for start in range(0, size, _CHUNK):  # a sample seen twice is seen
+        unseen = torch.nonzero(twice[start : start + _CHUNK] & ~seen[start : start + _CHUNK]).flatten()
+        if unseen.numel():
+            byte = start + int(unseen[0])
+            raise ValueError(
+                f"{where} has twice bits set for samples its seen bitmap does not have (byte {byte}: "
+                f"twice={int(twice[byte])}, seen={int(seen[byte])}); {_LOAD_FIX}"
+            )
     return int(epoch), seen, twice, int(padding)
 
 
@@ -338,6 +345,25 @@ def _checked_tensor(where: str, key: str, value: Any, shape: tuple[int, ...], in
             f"{where} has {key} of shape {tuple(value.shape)}, but this dataset needs {shape}; {_LOAD_FIX}"
         )
     return value
+
+
+_COUNT_LIMIT = 2**31
+"""shardplug 0.1 counted each sample's uses in an int32: its counts lie in ``[0, 2**31)``."""
+
+
+def _check_counts(where: str, counts: torch.Tensor) -> None:
+    """Refuse 0.1 counts outside ``[0, 2**31)``, naming the first sample out of range and its count."""
+    if not counts.numel():
+        return
+    wide = counts.to(torch.int64)
+    outside = torch.nonzero((wide < 0) | (wide >= _COUNT_LIMIT)).flatten()
+    if outside.numel():
+        sample = int(outside[0])
+        raise ValueError(
+            f"{where} has counts out of range: counts[{sample}]={int(wide[sample])} ({outside.numel()} of "
+            f"{counts.numel()} samples outside [0, 2**31)); a record of shardplug 0.1 holds each sample's number of "
+            f"uses in [0, 2**31); {_LOAD_FIX}"
+        )
 
 
 def _checked_bitmap(where: str, key: str, value: Any, size: int, length: int) -> torch.Tensor:

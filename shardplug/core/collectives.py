@@ -1,4 +1,5 @@
-"""The few collectives the engine needs, safe without a process group."""
+"""The few collectives the engine needs, safe without a process group, and the one rule for
+what cannot be done without one (:func:`require_group`)."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ __all__ = [
     "global_rank",
     "all_reduce_int_async",
     "communication_device",
+    "require_group",
 ]
 
 
@@ -26,6 +28,27 @@ def world_size() -> int:
 
 def global_rank() -> int:
     return dist.get_rank() if distributed_is_active() else 0
+
+
+def require_group(num_processes: int, process_index: int, needs: str, without: str, fix: str = "") -> None:
+    """Refuse to share data among ``num_processes > 1`` processes that need a process group for
+    ``needs``, where none of several processes runs (the topology then came from the
+    launcher's environment or from explicit arguments): ``without`` says what would go wrong, silently,
+    and ``fix`` the way that needs no group (``""``: none), after "initialise the process group first".
+
+    Example::
+
+        >>> require_group(1, 0, "agreeing on the seed of its shuffle", "each process would draw its own order")
+    """
+    if num_processes == 1 or world_size() > 1:
+        return
+    group = "no process group is initialised" if not distributed_is_active() else "its process group has 1 process"
+    raise ValueError(
+        f"prepare_data_loader shares this DataLoader among num_processes={num_processes} processes (this is process "
+        f"{process_index}), and they need the process group for {needs}, but {group}: {without}. "
+        "Initialise the process group first (torch.distributed.init_process_group(...) before prepare_data_loader)"
+        + fix
+    )
 
 
 def broadcast_object(obj: Any, src: int = 0, group: Any | None = None) -> Any:

@@ -18,6 +18,8 @@ import copy
 from collections.abc import Iterable
 from typing import Any, cast
 
+from torch.utils.data import IterableDataset
+
 from .passes import WeakLoader, weak_reference
 from .plan import ShardPlan
 from .position import Position
@@ -25,6 +27,16 @@ from .seeding import Shuffles
 from .stateful import POSITION_KEY, InnerState
 
 __all__ = ["PositionKeeper"]
+
+
+_WITHOUT_LEN = "iterate without len() (for batch in loader: ..., with a step budget of your own where one is needed)"
+
+
+def _user_stream(dataset: Any) -> Any:
+    """The user's stream under shardplug's wrappers of it (each keeps it as ``.dataset``)."""
+    while type(dataset).__module__.startswith("shardplug.") and hasattr(dataset, "dataset"):
+        dataset = dataset.dataset
+    return dataset
 
 
 class PositionKeeper(WeakLoader):
@@ -69,9 +81,19 @@ class PositionKeeper(WeakLoader):
                 raise TypeError(
                     "the number of batches of this natively sharded stream is agreed while it is read (its parts "
                     "have no len(), or DataLoader workers split them in a way shardplug cannot count), so len() is "
-                    "unknown"
+                    f"unknown; {_WITHOUT_LEN}"
                 )
-            return cast("int", self.loader._inner_loader().__len__())  # the DataLoader's own answer, or its TypeError
+            try:
+                return cast("int", self.loader._inner_loader().__len__())  # the DataLoader's own answer
+            except TypeError:
+                stream = _user_stream(self.loader.dataset)
+                if not isinstance(stream, IterableDataset) or hasattr(stream, "__len__"):
+                    raise  # a sampler without len() (torch's message names it), or a __len__ that failed
+                name = type(stream).__name__
+                raise TypeError(
+                    f"len() of this loader needs the length of its stream, and the {name} has no __len__; give {name} "
+                    f"a __len__ (the number of elements the whole stream yields), or {_WITHOUT_LEN}"
+                ) from None
         return length
 
     def next_start(self) -> int:

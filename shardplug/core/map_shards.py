@@ -31,7 +31,16 @@ from .plan import ShardPlan
 from .samplers import BatchSamplerShard, IndexSamplerShard
 from .shuffle import BijectiveRandomSampler, SeedableRandomSampler, draw_seed
 
-__all__ = ["MapOptions", "MapShard", "shard_map_style", "agreed_sampler", "is_batch_sampler", "index_sampler"]
+__all__ = [
+    "Agreement",
+    "MapOptions",
+    "MapShard",
+    "order_agreement",
+    "shard_map_style",
+    "agreed_sampler",
+    "is_batch_sampler",
+    "index_sampler",
+]
 
 
 class MapOptions(NamedTuple):
@@ -42,30 +51,71 @@ class MapOptions(NamedTuple):
     data_seed: int | None = ShardplugConfig.data_seed
 
 
+class Agreement(NamedTuple):
+    """What the processes need the process group for to draw one order (``needs``), what goes wrong
+    without it (``without``) and the way to one order without a group (``fix``):
+    :func:`~shardplug.core.collectives.require_group`'s arguments."""
+
+    needs: str
+    without: str
+    fix: str
+
+
 class MapShard(NamedTuple):
-    """What :func:`shard_map_style` decided: the loader's (batch) sampler keywords, its plan, and
-    the generator to synchronise from process 0 at each pass (``None``: none)."""
+    """What :func:`shard_map_style` decided: the loader's (batch) sampler keywords, its plan, the
+    generator to synchronise from process 0 at each pass (``None``: none), and what the processes
+    must agree on through the process group (``None``: their order is one without it)."""
 
     loader_kwargs: dict[str, Any]
     plan: ShardPlan
     synchronized_generator: torch.Generator | None
+    agreement: Agreement | None = None
 
 
 def shard_map_style(dataloader: DataLoader[Any], layout: ShardLayout, options: MapOptions) -> MapShard:
     """This process's shard of ``dataloader``'s indices under ``layout`` (see the module)."""
-    sampler = index_sampler(dataloader)
+    sampler = original = index_sampler(dataloader)
     if options.shuffle_algorithm == "bijective":
         sampler = bijective_sampler(sampler, options.data_seed)
     sampler, generator = agreed_sampler(sampler, options.use_seedable_sampler, options.data_seed)
+    agreement = order_agreement(original, sampler, generator if options.data_seed is None else None)
     if dataloader.batch_sampler is not None:
         shard = _batch_sampler_shard(dataloader.batch_sampler, sampler, layout)
-        return MapShard({"batch_sampler": shard}, shard.plan, generator)
+        return MapShard({"batch_sampler": shard}, shard.plan, generator, agreement)
     if is_batch_sampler(dataloader.sampler):  # a batch sampler passed as ``sampler=``
         shard = _batch_sampler_shard(dataloader.sampler, sampler, layout)
-        return MapShard({"sampler": shard, "batch_size": None}, shard.plan, generator)
+        return MapShard({"sampler": shard, "batch_size": None}, shard.plan, generator, agreement)
     # DataLoader(batch_size=None): single samples, shared out as batches of one
     single = IndexSamplerShard.from_layout(sampler, layout)
-    return MapShard({"sampler": single, "batch_size": None}, single.shard.plan, generator)
+    return MapShard({"sampler": single, "batch_size": None}, single.shard.plan, generator, agreement)
+
+
+_DIVERGE = "each process would draw its own order, and their shards would overlap and miss samples"
+
+
+def order_agreement(original: Any, sampler: Any, generator: torch.Generator | None) -> Agreement | None:
+    """What the processes need the process group for to draw ``sampler``'s order alike, or ``None``
+    when the order is one without a group: unshuffled, seeded (``data_seed``, a seeded sampler), or
+    drawn from a generator of the user's own (seeded alike on every process, as a seed is given).
+    ``original`` is the DataLoader's own sampler, ``generator`` one synchronised from process 0 that
+    no ``data_seed`` seeded.
+
+    Example::
+
+        >>> order_agreement(RandomSampler(range(4)), SeedableRandomSampler(range(4)), None).fix
+        ', or pass data_seed=... (the same on every process)'
+        >>> order_agreement(RandomSampler(range(4)), SeedableRandomSampler(range(4), data_seed=1), None) is None
+        True
+    """
+    fix = ", or pass data_seed=... (the same on every process)"
+    if isinstance(sampler, SeedableRandomSampler) and sampler.seed is None:
+        if sampler is original:  # the user's own seedable sampler: data_seed does not reach it
+            fix = f", or give the {type(sampler).__name__} a data_seed=... (the same on every process)"
+        return Agreement("agreeing on the seed of its shuffle (process 0 draws it)", _DIVERGE, fix)
+    if generator is not None and getattr(original, "generator", None) is None:  # one shardplug seeded by chance
+        needs = f"agreeing on the generator its {type(original).__name__} draws from (process 0 sends its state)"
+        return Agreement(needs, _DIVERGE, fix)
+    return None
 
 
 def _batch_sampler_shard(batch_sampler: Any, sampler: Any, layout: ShardLayout) -> BatchSamplerShard:

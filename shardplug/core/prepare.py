@@ -17,6 +17,7 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset
 
 from . import compat
+from .collectives import require_group
 from .config import ShardplugConfig
 from .dispatch import DataLoaderDispatcher, DispatchOptions
 from .dispatch.loader import check_slice_fn
@@ -201,6 +202,8 @@ def prepare_data_loader(
             layout.reader() if dispatch else layout,
             MapOptions(options.shuffle_algorithm, options.use_seedable_sampler, options.data_seed),
         )
+        if shard.agreement is not None and not dispatch:  # a dispatcher's order is process 0's alone
+            require_group(num_processes, process_index, *shard.agreement)
         kwargs.update(shard.loader_kwargs)
         plan, generator = shard.plan, shard.synchronized_generator
     if generator is None and "generator" in rng and dataloader.generator is not None:
@@ -301,7 +304,7 @@ def _plan_stream(
     if dispatch or layout.num_processes == 1:  # one process reads the stream as it is
         length = loader_length(dataset, batch_size, drop_last)
         return dataset, LocalPlan(layout.reader() if dispatch else layout, length)
-    check_stream(dataset, layout.num_processes)
+    check_stream(dataset, layout.num_processes, layout.process_index)
     check_worker_split(dataset, dataloader.num_workers)
     split = node_split(dataset)
     if split is not None:  # the stream reads only this process's part by itself

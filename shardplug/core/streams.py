@@ -42,7 +42,7 @@ import torch  # noqa: F401  (the docstring example)
 import torch.distributed as dist
 
 from . import compat
-from .collectives import world_size
+from .collectives import require_group, world_size
 
 __all__ = [
     "can_shard",
@@ -215,11 +215,38 @@ def shuffle_fingerprint(dataset: Any) -> str | None:
     return "|".join(states) if states else None
 
 
-def check_stream(dataset: Any, num_processes: int) -> None:
-    """Refuse a stream that shuffles differently on each process, or that cannot run on several
-    processes (a collective when a process group runs).  A stream already split by node is this
-    process's part (:mod:`shardplug.core.presplit`), not checked here."""
+_GIVEN_SEEDS = 2**64
+"""numpy's seed sequence of a drawn seed holds 128 bits of entropy; one of a given seed, that seed."""
+
+
+def drew_its_seed(dataset: Any) -> bool:
+    """Whether a Hugging Face stream's shuffle drew its seed itself (``shuffle()`` without ``seed=``,
+    or a generator of ``np.random.default_rng()``): the entropy of its generator's seed sequence is
+    not an integer below 2**64, which a given seed is.  Without a process group nothing else tells."""
+    for node in _hf_chain(dataset):
+        bit_generator = getattr(getattr(node, "generator", None), "bit_generator", None)
+        if bit_generator is not None:
+            entropy = getattr(getattr(bit_generator, "seed_seq", None), "entropy", None)
+            if not isinstance(entropy, int) or not 0 <= entropy < _GIVEN_SEEDS:
+                return True
+    return False
+
+
+def check_stream(dataset: Any, num_processes: int, process_index: int) -> None:
+    """Refuse a stream that shuffles differently on each process (compared with a collective; where
+    no process group runs, a shuffle that drew its own seed), or that cannot run on several
+    processes.  A stream already split by node is this process's part
+    (:mod:`shardplug.core.presplit`), not checked here."""
     fingerprint = shuffle_fingerprint(dataset)
+    if fingerprint is not None and drew_its_seed(dataset):
+        require_group(
+            num_processes,
+            process_index,
+            "agreeing on the seed of the stream's shuffle",
+            "its shuffle() without seed draws its own seed in every process, and their parts would overlap and miss "
+            "elements",
+            ", or pass shuffle(seed=...) the same seed on every process",
+        )
     if fingerprint is not None and world_size() == num_processes > 1:
         fingerprints: list[Any] = [None] * num_processes
         dist.all_gather_object(fingerprints, fingerprint)

@@ -14,7 +14,7 @@ import torch.distributed as dist
 from torch.utils.data import DataLoader, IterableDataset, default_collate
 
 from .. import compat
-from ..collectives import broadcast_object, communication_device, global_rank, world_size
+from ..collectives import broadcast_object, communication_device, global_rank, require_group, world_size
 from ..config import ShardplugConfig, renamed_option
 from ..layout import ShardLayout
 from ..loaders import DataLoaderShard, PreparedDataLoader, stateful_dataloader_class
@@ -286,6 +286,13 @@ def resolve_topology(options: DispatchOptions) -> tuple[int, int]:
     """``(num_processes, process_index)`` of a dispatcher: one process per data shard."""
     num_processes, process_index = resolve_data_topology(
         options.num_processes, options.process_index, options.torch_device_mesh
+    )
+    require_group(
+        num_processes,
+        process_index,
+        "every batch (process 0 reads it and sends each process its rows)",
+        "process 0 could not send the other processes their rows",
+        ", or pass dispatch_batches=False (each process reads the data and keeps its own rows)",
     )
     if num_processes != world_size():
         raise ValueError(
