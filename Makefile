@@ -12,7 +12,7 @@ INTEGRATIONS := $(patsubst %/pyproject.toml,%,$(wildcard integrations/*/pyprojec
 # (`rm -r .make` or `make -B install` installs again).
 STAMPS := .make/$(shell $(PYTHON) -c "import hashlib, sys; print(hashlib.sha1(sys.prefix.encode()).hexdigest()[:10])")
 
-.PHONY: install install-core demo test docs serve-docs lint
+.PHONY: install install-core demo test test-fast docs serve-docs lint
 
 install: $(STAMPS)/all  ## everything the tests, the linters and the docs need
 install-core: $(STAMPS)/core  ## torch (a CPU build if none is installed) and shardplug with numpy: what the demo needs
@@ -31,8 +31,11 @@ $(STAMPS)/all: $(STAMPS)/core pyproject.toml $(wildcard integrations/*/pyproject
 demo: install-core
 	$(PYTHON) examples/demo.py
 
-test: install
+test: install  # the whole suite: what CI runs
 	$(PYTHON) -m pytest -q
+
+test-fast: install  # the inner loop: every test that starts no process (no process group, no program)
+	SHARDPLUG_TESTS=fast $(PYTHON) -m pytest -q
 
 lint: install  # ruff (lint, format) and mypy, with the versions of the lint extra
 	$(PYTHON) -m ruff check .
