@@ -111,7 +111,11 @@ class FirstBatchCheck:
                 f"(fingerprints per process: {[hex(v) for v in gathered.tolist()]}). Every process reads the whole "
                 "stream and keeps its own slice, so the stream must yield the same elements in the same order on "
                 "every process: seed its shuffle the same way everywhere (e.g. dataset.shuffle(seed=...)), list its "
-                "files in a fixed order, or let the stream shard itself (n_shards divisible by the processes)"
+                "files in a fixed order, or let the stream shard itself (n_shards divisible by the processes). If it "
+                "already reads only its process's part (e.g. it iterates litdata's or streaming's StreamingDataset, "
+                "which split themselves by rank), declare split_by_node = True on its class, and splits_by_worker = "
+                "True if it also reads only its DataLoader worker's part (as those do): shardplug then reads each "
+                "process's part as it is"
             )
         if not known:
             logger.debug("no fingerprint of the first global batch on any process (an empty pass?)")

@@ -9,7 +9,10 @@ DataLoader workers where the stream does not do that itself, and hands the loade
 Equal step counts come from the parts' batch counts when every process knows its own (its part
 has ``len()`` and shardplug knows what each DataLoader worker reads: the processes exchange them
 once, when the loader is prepared), else from the agreement of
-:class:`~shardplug.core.plan.NativeStreamPlan` on when the first part runs out.
+:class:`~shardplug.core.plan.NativeStreamPlan` on when the first part runs out.  Where the library
+itself drops or repeats samples to give its ranks equal parts (litdata's forced ``drop_last``,
+streaming's even-out), process 0 says so in one warning when the first pass begins, with the count
+where the parts' lengths and the library's epoch tell it (:func:`tail_notice`).
 
 Example (a stream of your own that reads rank ``r`` of ``w``; every worker would read all of it,
 so shardplug splits it across workers)::
@@ -29,6 +32,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import warnings
 from collections.abc import Iterator
 from typing import Any, cast
 
@@ -40,9 +44,9 @@ from .collectives import all_gather_objects, all_reduce_int_async, world_size
 from .layout import ShardLayout
 from .native import loader_length
 from .plan import NativeStreamPlan, sized_length
-from .streams import NodeSplit, splits_by_worker, stream_library
+from .streams import NodeSplit, library_epoch_samples, splits_by_worker, stream_library
 
-__all__ = ["NodePart", "node_part", "check_node_split"]
+__all__ = ["NodePart", "node_part", "check_node_split", "tail_notice"]
 
 logger = logging.getLogger(__name__)
 
@@ -56,7 +60,15 @@ class NodePart(IterableDataset[Any]):
     (:meth:`start`), given the batches of ``batch_size`` its ``num_workers`` DataLoader workers make
     on each of ``num_processes`` processes: litdata is told them (``set_batch_size``,
     ``set_num_workers``, as its own ``StreamingDataLoader`` does), streaming must have been built
-    with ``batch_size`` (else the pass reads past what was consumed, exactly)."""
+    with ``batch_size`` (else the pass reads past what was consumed, exactly).  Only where every
+    rank's part holds as many samples (:attr:`equal_parts`): litdata with ``drop_last=False`` gives
+    its last rank what is left over (to one of its workers), and a shorter part is padded with its
+    first batch, which a stream started by its own state would not read; such parts are read past."""
+
+    equal_parts = False
+    """Every process's part holds as many samples (their ``len()``, exchanged by :func:`node_part`)."""
+    notice: str | None = None
+    """A warning the first pass gives, once (set by :func:`node_part`: see :func:`tail_notice`)."""
 
     def __init__(
         self,
@@ -115,7 +127,11 @@ class NodePart(IterableDataset[Any]):
         ``batches`` batches of the epoch as it can through its own state (litdata's and streaming's
         ``state_dict`` with the arguments they need), and clear a state loaded before where the pass
         starts from the beginning.  Returns (the batches the stream starts after by itself, the rest
-        the pass reads past; whether its state changed: workers started before do not have it)."""
+        the pass reads past; whether its state changed: workers started before do not have it).
+        The first call gives :attr:`notice`, if any."""
+        if self.notice is not None:
+            notice, self.notice = self.notice, None
+            warnings.warn(notice, UserWarning, stacklevel=2)
         if self.library == "streaming":
             self.dataset.next_epoch = self.epoch  # streaming counts its passes: a pass cut short moved it on
         if self.library is None or (batches == 0 and not self._loaded):
@@ -141,11 +157,14 @@ class NodePart(IterableDataset[Any]):
 
     def _place(self, batches: int) -> int:
         """The most of the first ``batches`` batches the library's own resume reproduces: only full
-        batches before any worker's last one (the library gives every rank as many samples, so this
-        holds on every process); for litdata, whole turns of the DataLoader's workers (a plain
-        DataLoader's next pass starts with worker 0).  Streaming needs its ``batch_size``."""
+        batches before any worker's last one, where every rank holds as many samples (the library
+        then shares them alike among each rank's workers, so this holds on every process; nothing
+        otherwise); for litdata, whole turns of the DataLoader's workers (a plain DataLoader's next
+        pass starts with worker 0).  Streaming needs its ``batch_size``."""
         n, batch_size = sized_length(self.dataset), cast(int, self.batch_size)
-        if n is None or (self.library == "streaming" and getattr(self.dataset, "batch_size", None) != batch_size):
+        if n is None or not self.equal_parts:
+            return 0
+        if self.library == "streaming" and getattr(self.dataset, "batch_size", None) != batch_size:
             return 0
         workers = max(self.num_workers, 1)
         place = min(batches, max(n // batch_size - workers, 0))
@@ -168,7 +187,7 @@ def node_part(
     dataset: Any, split: NodeSplit, layout: ShardLayout, num_workers: int, drop_last: bool
 ) -> tuple[NodePart, NativeStreamPlan]:
     """This process's part of a stream already split by node, and its plan (a collective when
-    several processes run: they exchange their parts' batch counts, ``None`` where unknown)."""
+    several processes run: they exchange their parts' batch and sample counts, ``None`` where unknown)."""
     check_node_split(split, layout)
     part = NodePart(
         dataset,
@@ -178,9 +197,13 @@ def node_part(
         num_workers=num_workers,
     )
     own = _batches(part, layout.process_batch_size, drop_last, num_workers)
-    counts: list[int | None] = all_gather_objects(own) if world_size() == layout.num_processes > 1 else [own]
-    found = [c for c in counts if c is not None]
-    known = found if len(found) == layout.num_processes else None
+    mine = (own, sized_length(dataset))  # (batches, samples) of this part, None where unknown
+    parts = all_gather_objects(mine) if world_size() == layout.num_processes > 1 else [mine]
+    known = _all_known([batches for batches, _ in parts], layout.num_processes)
+    samples = _all_known([n for _, n in parts], layout.num_processes)
+    part.equal_parts = samples is not None and len(set(samples)) == 1
+    if layout.process_index == 0:
+        part.notice = tail_notice(dataset, samples)
     logger.info(
         "the stream is already split by node (%s): process %d reads its part as it is (%s batches; step counts %s)",
         split.how,
@@ -189,6 +212,46 @@ def node_part(
         "from the parts' lengths" if known is not None else "agreed while reading",
     )
     return part, NativeStreamPlan(layout, known, agree=all_reduce_int_async, start=part.start)
+
+
+def _all_known(values: list[int | None], num_processes: int) -> list[int] | None:
+    """``values`` of every process, when each is known (``None`` otherwise)."""
+    found = [v for v in values if v is not None]
+    return found if len(found) == num_processes else None
+
+
+def tail_notice(dataset: Any, parts: list[int] | None) -> str | None:
+    """What a litdata or streaming ``StreamingDataset`` does to the epoch by itself, where it drops
+    or repeats samples so that its ranks read as many (``None`` where it reads each sample once):
+    counted from its ranks' ``parts`` (their ``len()``, ``None`` when not every one is known) and
+    the samples its epoch is drawn from, with the fix where there is one.
+
+    Example (streaming's ``len()`` of 32 on each of 2 ranks, for an epoch of 63 samples)::
+
+        part 0: 32 samples, part 1: 32 samples -> "... repeats 1 of its 63 samples ..."
+    """
+    library = stream_library(dataset)
+    if library is None or (library == "litdata" and getattr(dataset, "drop_last", None) is False):
+        return None  # not a library's stream, or litdata told to keep every sample
+    total = library_epoch_samples(dataset)
+    fix = (
+        "; pass drop_last=False to litdata's StreamingDataset to read every sample (shardplug then evens the steps, "
+        "the padding marked)"
+        if library == "litdata"
+        else "; they are real samples to shardplug, not padding (metrics gathered over the epoch count them twice)"
+    )
+    how = "it forces drop_last=True when distributed" if library == "litdata" else "it evens out its ranks"
+    if total is None or parts is None:
+        verb = "may drop" if library == "litdata" else "may repeat"
+        return f"{library}'s StreamingDataset {verb} samples every epoch so that its ranks read as many ({how}){fix}"
+    extra = sum(parts) - total
+    if extra == 0:
+        return None
+    verb = "drops" if extra < 0 else "repeats"
+    return (
+        f"{library}'s StreamingDataset {verb} {abs(extra)} of its {total} samples every epoch, so that its "
+        f"{len(parts)} ranks read as many ({how}: {', '.join(map(str, parts))} samples per rank){fix}"
+    )
 
 
 def _batches(part: NodePart, batch_size: int | None, drop_last: bool, num_workers: int) -> int | None:

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import operator
 import sys
 from typing import Any
 
@@ -54,6 +55,7 @@ __all__ = [
     "NodeSplit",
     "node_split",
     "stream_library",
+    "library_epoch_samples",
     "single_node_only",
     "is_hf_iterable",
     "hf_concatenate",
@@ -108,6 +110,26 @@ def stream_library(dataset: Any) -> str | None:
         return "litdata"
     if module.startswith("streaming.") and compat.streaming_rank_world(dataset) is not None:
         return "streaming"
+    return None
+
+
+def library_epoch_samples(dataset: Any) -> int | None:
+    """The samples an epoch of a litdata or streaming ``StreamingDataset`` is drawn from, over all
+    its ranks (their public attributes: litdata's ``region_of_interest``, the sample range it reads
+    of each chunk; streaming's ``epoch_size``), ``None`` for any other stream or where not found.
+    Its ranks' parts (their ``len()``) hold fewer where the library drops samples, more where it repeats."""
+    library = stream_library(dataset)
+    if library == "litdata":
+        region = getattr(dataset, "region_of_interest", None)
+        try:
+            return sum(int(end) - int(start) for start, end in region) if region else None
+        except (TypeError, ValueError):
+            return None
+    if library == "streaming":
+        try:
+            return operator.index(getattr(dataset, "epoch_size", None))  # type: ignore[arg-type]
+        except TypeError:
+            return None
     return None
 
 
