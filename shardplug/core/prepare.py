@@ -152,8 +152,9 @@ def prepare_data_loader(
 
     Map-style data gets a :class:`BatchSamplerShard`; iterable data an
     :class:`IterableDatasetShard`, or with ``dispatch_batches`` a :class:`DataLoaderDispatcher`
-    in which only process 0 reads.  A shuffling sampler without a generator is replaced by a
-    :class:`SeedableRandomSampler` whose seed process 0 chooses, so every process shuffles alike.
+    in which only process 0 reads.  Torch's own ``RandomSampler`` without a generator is replaced by
+    a :class:`SeedableRandomSampler` whose seed process 0 chooses, so every process shuffles alike
+    (a sampler of the user's own keeps its order, with a generator agreed from process 0).
     ``shuffle_algorithm="bijective"`` replaces it with a :class:`BijectiveRandomSampler` instead:
     no permutation in memory, each process computes only its own rows (for very large datasets).
     The layout (:class:`ShardLayout`) is validated once, here, and the loader is built with its
