@@ -67,7 +67,7 @@ def _scenarios(rank: int, world: int) -> dict:
     for workers in (0, 2):  # a user's RandomSampler subclass (even indices) without a generator
         sampler = EvenRandomSampler(range(40))
         context = worker_context(workers)
-        user = DataLoader(range(40), batch_size=4, sampler=sampler, num_workers=workers, multiprocessing_context=context)
+        user = DataLoader(range(40), 4, sampler=sampler, num_workers=workers, multiprocessing_context=context)
         loader = shardplug.prepare_data_loader(user)
         out[f"subclass_workers{workers}"] = [[b.tolist() for b in loader] for _ in range(2)]
         out[f"subclass_epochs{workers}"] = sampler.epochs
