@@ -174,7 +174,7 @@ def replaceable(sampler: Any) -> bool:
         >>> replaceable(RandomSampler(range(4))), replaceable(Mine(range(4)))
         (True, False)
     """
-    return type(sampler) is RandomSampler and not hasattr(sampler, "set_epoch")
+    return type(sampler) is RandomSampler and "set_epoch" not in vars(sampler)
 
 
 def _own_sampler(sampler: Any) -> str:
