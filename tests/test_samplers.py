@@ -179,14 +179,21 @@ class EvenRandomSampler(RandomSampler):
         self.epochs.append(epoch)
 
 
-def test_a_random_sampler_of_the_users_own_is_sharded_as_it_is():
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_random_sampler_of_the_users_own_is_sharded_as_it_is(workers):
     """Only torch's own RandomSampler is replaced by shardplug's shuffle: a subclass keeps its order
-    and its set_epoch, and so does a plain RandomSampler given a set_epoch (Lightning's tests do that)."""
+    and its set_epoch, and so does a plain RandomSampler given a set_epoch (Lightning's tests do that).
+    Across processes (2 here, with data_seed; agreed from process 0 in tests/test_multiprocess.py)
+    its indices are shared out, each once."""
     sampler = EvenRandomSampler(range(10))
-    loader = prepare_data_loader(DataLoader(range(10), batch_size=2, sampler=sampler), num_processes=1)
-    epochs = [sorted(i for batch in loader for i in batch.tolist()) for _ in range(2)]
-    assert epochs == [[0, 2, 4, 6, 8]] * 2  # what plain torch gives; not all 10
-    assert sampler.epochs == [0, 1] and sampler.generator is None  # each pass's epoch; the user's sampler untouched
+    user = DataLoader(range(10), batch_size=2, sampler=sampler, num_workers=workers)
+    loaders = [prepare_data_loader(user, num_processes=2, process_index=i, data_seed=3) for i in range(2)]
+    for epoch in range(2):
+        per_rank = [[batch.tolist() for batch in loader] for loader in loaders]
+        order = [i for step in zip(*per_rank) for batch in step for i in batch]  # the global batches in turn
+        assert sorted(order[:5]) == [0, 2, 4, 6, 8], f"epoch {epoch}: each index the subclass yields, once"
+        assert order[5:] == order[:3], "then padding from the epoch's start (both ranks drew one order)"
+    assert sampler.epochs == [0, 0, 1, 1] and sampler.generator is None  # each pass's epoch; the user's untouched
     given = RandomSampler(range(10))
     calls: list[int] = []
     given.set_epoch = calls.append  # any set_epoch makes a RandomSampler the user's
