@@ -195,6 +195,27 @@ def test_sampler_that_is_a_batch_sampler():
     assert [len(l) for l in loaders] == [2, 2]
 
 
+def test_batch_size_and_drop_last_read_as_torch_says():
+    """A loader built with a batch_sampler reports batch_size None and drop_last False in torch; the
+    prepared one too (its batches still follow the batch sampler's size and drop_last). A loader built
+    with batch_size reports the batch size of this process."""
+    for drop_last in (False, True):
+        user = DataLoader(range(10), batch_sampler=BatchSampler(SequentialSampler(range(10)), 3, drop_last))
+        prepared = [prepare_data_loader(user, num_processes=2, process_index=i) for i in range(2)]
+        assert (
+            [(p.batch_size, p.drop_last) for p in prepared]
+            == [(user.batch_size, user.drop_last)] * 2
+            == [(None, False)] * 2
+        )
+        # drop_last: the step that process 1 cannot fill ([6, 7, 8] alone) is dropped; else the last one is padded
+        expected = [[[0, 1, 2]], [[3, 4, 5]]] if drop_last else [[[0, 1, 2], [6, 7, 8]], [[3, 4, 5], [9, 0, 1]]]
+        assert [rows(p) for p in prepared] == expected
+    sized = DataLoader(range(10), batch_size=4, drop_last=True)
+    assert prepare_data_loader(sized, num_processes=2, process_index=0).batch_size == 4
+    split = prepare_data_loader(sized, num_processes=2, process_index=0, split_batches=True)
+    assert (split.batch_size, split.drop_last) == (2, True)
+
+
 # -- keeping what the user gave ----------------------------------------------------------------------
 class MyLoader(DataLoader):
     kind = "mine"

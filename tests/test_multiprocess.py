@@ -8,6 +8,7 @@ import pytest
 import torch
 from _datasets import NO_LEN, Stream, Unsized, rows
 from _dist import run_gloo
+from test_samplers import EvenRandomSampler
 from torch.utils.data import DataLoader, Dataset
 
 import shardplug
@@ -62,6 +63,11 @@ def _scenarios(rank: int, world: int) -> dict:
     gen = torch.Generator().manual_seed(rank)  # a user generator, seeded differently per process
     loader = shardplug.prepare_data_loader(DataLoader(range(40), batch_size=4, shuffle=True, generator=gen))
     out["shuffle_user_generator"] = [[b.tolist() for b in loader] for _ in range(2)]
+
+    sampler = EvenRandomSampler(range(40))  # a user's RandomSampler subclass (even indices) without a generator
+    loader = shardplug.prepare_data_loader(DataLoader(range(40), batch_size=4, sampler=sampler))
+    out["subclass"] = [[b.tolist() for b in loader] for _ in range(2)]
+    out["subclass_epochs"] = sampler.epochs
 
     loader = shardplug.prepare_data_loader(
         DataLoader(Records(11), batch_size=3), put_on_device=True, device="cpu", dispatch_batches=True
@@ -155,6 +161,22 @@ def test_user_generators_seeded_per_rank_are_synchronised(runs):
     for epoch in range(2):
         order = _round_robin([r["shuffle_user_generator"][epoch] for r in results])
         assert sorted(order[:40]) == list(range(40))
+
+
+def test_a_random_sampler_subclass_is_shared_out_as_it_yields(runs):
+    """A RandomSampler subclass is the user's: the processes share out its own order (one order on
+    every process, though they were seeded differently), each index it yields once, and its
+    set_epoch gets each pass's epoch (with DataLoader workers: tests/test_samplers.py)."""
+    world, results = runs
+    evens = list(range(0, 40, 2))
+    orders = []
+    for epoch in range(2):
+        order = _round_robin([r["subclass"][epoch] for r in results])
+        assert sorted(order[:20]) == evens, f"epoch {epoch}: the subclass's indices, each once"
+        assert order[20:] == order[: len(order) - 20], "only the documented padding may repeat"
+        orders.append(order)
+    assert orders[0] != orders[1], "the order changes with the epoch"
+    assert all(r["subclass_epochs"] == [0, 1] for r in results)
 
 
 def test_dispatch_gives_each_process_its_rows_incl_padded_final_step(runs):

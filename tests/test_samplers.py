@@ -6,9 +6,9 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from torch.utils.data import BatchSampler, RandomSampler, SequentialSampler
+from torch.utils.data import BatchSampler, DataLoader, RandomSampler, SequentialSampler
 
-from shardplug import BatchSamplerShard, SeedableRandomSampler
+from shardplug import BatchSamplerShard, SeedableRandomSampler, prepare_data_loader
 from shardplug.core.plan.arithmetic import ArithmeticShard, EpochOrder, ShardLayout, walk_shard
 
 
@@ -160,6 +160,54 @@ def test_shard_exposes_sampler_and_forwards_set_epoch():
     assert shard.sampler is sampler
     shard.set_epoch(3)
     assert sampler.epoch == 3
+
+
+class EvenRandomSampler(RandomSampler):
+    """A user's RandomSampler subclass: the even indices only; it records the epochs it is given."""
+
+    def __init__(self, data, **kwargs):
+        super().__init__(data, **kwargs)
+        self.epochs = []
+
+    def __iter__(self):
+        return (i for i in super().__iter__() if i % 2 == 0)
+
+    def __len__(self):
+        return (len(self.data_source) + 1) // 2
+
+    def set_epoch(self, epoch):
+        self.epochs.append(epoch)
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_random_sampler_of_the_users_own_is_sharded_as_it_is(workers):
+    """Only torch's own RandomSampler is replaced by shardplug's shuffle: a subclass keeps its order
+    and its set_epoch, and so does a plain RandomSampler given a set_epoch (Lightning's tests do that).
+    Across processes (2 here, with data_seed; agreed from process 0 in tests/test_multiprocess.py)
+    its indices are shared out, each once."""
+    sampler = EvenRandomSampler(range(10))
+    user = DataLoader(range(10), batch_size=2, sampler=sampler, num_workers=workers)
+    loaders = [prepare_data_loader(user, num_processes=2, process_index=i, data_seed=3) for i in range(2)]
+    for epoch in range(2):
+        per_rank = [[batch.tolist() for batch in loader] for loader in loaders]
+        order = [i for step in zip(*per_rank) for batch in step for i in batch]  # the global batches in turn
+        assert sorted(order[:5]) == [0, 2, 4, 6, 8], f"epoch {epoch}: each index the subclass yields, once"
+        assert order[5:] == order[:3], "then padding from the epoch's start (both ranks drew one order)"
+    assert sampler.epochs == [0, 0, 1, 1] and sampler.generator is None  # each pass's epoch; the user's untouched
+    given = RandomSampler(range(10))
+    calls: list[int] = []
+    given.set_epoch = calls.append  # any set_epoch makes a RandomSampler the user's
+    loader = prepare_data_loader(DataLoader(range(10), batch_size=2, sampler=given), num_processes=1)
+    loader.set_epoch(4)
+    assert calls == [0, 4]  # the loader's first epoch, then the one set
+    assert not isinstance(loader.batch_sampler.sampler, SeedableRandomSampler)
+    plain = prepare_data_loader(DataLoader(range(10), batch_size=2, shuffle=True), num_processes=1)
+    assert isinstance(plain.batch_sampler.sampler, SeedableRandomSampler)  # torch's own: replaced, as before
+    with pytest.raises(ValueError, match="EvenRandomSampler, a RandomSampler subclass of your own"):
+        prepare_data_loader(DataLoader(range(10), sampler=sampler), shuffle_algorithm="bijective")
+    with pytest.raises(ValueError, match="use_seedable_sampler=True only replaces torch's own RandomSampler"):
+        seeded = EvenRandomSampler(range(10), generator=torch.Generator().manual_seed(1))
+        prepare_data_loader(DataLoader(range(10), sampler=seeded), data_seed=3)
 
 
 def test_seedable_sampler_is_a_pure_function_of_seed_and_epoch():

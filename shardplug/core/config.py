@@ -83,8 +83,9 @@ class ShardplugConfig:
         even_batches: pad the end of an epoch so that every process gets the same number of batches.
         dispatch_batches: only process 0 reads the data and sends each process its rows;
             ``None`` = only for iterable datasets with ``put_on_device=True``.
-        use_seedable_sampler: replace ``RandomSampler`` with a sampler whose order is a pure
-            function of the seed and the epoch.
+        use_seedable_sampler: replace torch's own ``RandomSampler`` with a sampler whose order is a
+            pure function of the seed and the epoch (a subclass, or one given a ``set_epoch``, is
+            the user's and is kept).
         data_seed: seed of every shuffle shardplug creates (the seedable sampler, and the sampler
             that replaces a ``RandomSampler`` without generator); ``None``: agreed from process 0.
         non_blocking: non-blocking host-to-device copies of the batches.

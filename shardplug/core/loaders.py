@@ -245,6 +245,14 @@ class PreparedDataLoader(DataLoader[Any]):
         iteration, a trainer's batch progress)."""
         return self._keeping.resumed_batches()
 
+    @property
+    def resumed_inside_epoch(self) -> bool:
+        """Whether the pass in progress (else the next one) starts inside its epoch: after a position
+        saved inside it was loaded, or with a skip. ``False`` for a pass from the epoch's beginning,
+        also after a position saved at the end of the previous epoch (which loads as the next
+        epoch's start); ``resumed_batches`` may be 0 either way (a few samples of another layout)."""
+        return self._keeping.pass_start() > 0
+
     # -- iteration ------------------------------------------------------------------------
     def __iter__(self) -> Iterator[Any]:  # type: ignore[override]  # a pass of its own, not a _BaseDataLoaderIter
         return iter(LoaderPass(self))

@@ -38,6 +38,7 @@ __all__ = [
     "order_agreement",
     "shard_map_style",
     "agreed_sampler",
+    "replaceable",
     "is_batch_sampler",
     "index_sampler",
 ]
@@ -144,6 +145,12 @@ def bijective_sampler(sampler: Any, data_seed: int | None) -> BijectiveRandomSam
     """The :class:`BijectiveRandomSampler` that replaces a shuffling ``RandomSampler``."""
     if isinstance(sampler, BijectiveRandomSampler):
         return sampler
+    if isinstance(sampler, RandomSampler) and not replaceable(sampler):
+        raise ValueError(
+            f"shuffle_algorithm='bijective' replaces the DataLoader's RandomSampler, but its sampler is "
+            f"{_own_sampler(sampler)}, whose order would be lost; pass shuffle_algorithm='randperm' (your sampler "
+            "is sharded as it is), or shuffle=True without a sampler of your own"
+        )
     if (
         not isinstance(sampler, RandomSampler)
         or sampler.replacement
@@ -164,11 +171,12 @@ def agreed_sampler(
 ) -> tuple[Any, torch.Generator | None]:
     """Replace a shuffling sampler so every process draws the same order.
 
-    Returns ``(sampler, generator to synchronise from process 0)``.  A ``RandomSampler`` without
-    generator becomes a :class:`SeedableRandomSampler`; any other sampler that draws its order from
-    a ``generator`` attribute (``SubsetRandomSampler``, ``WeightedRandomSampler``, ...) gets a
-    generator of its own (seeded with ``data_seed``), synchronised from process 0 at each pass.
-    The user's sampler is never modified.
+    Returns ``(sampler, generator to synchronise from process 0)``.  Torch's own ``RandomSampler``
+    (:func:`replaceable`) without generator becomes a :class:`SeedableRandomSampler`; any other
+    sampler that draws its order from a ``generator`` attribute (``SubsetRandomSampler``,
+    ``WeightedRandomSampler``, a ``RandomSampler`` subclass, ...) keeps its own ``__iter__`` and
+    ``set_epoch`` and, without a generator, gets one (seeded with ``data_seed``), synchronised from
+    process 0 at each pass.  The user's sampler is never modified.
     """
     if isinstance(sampler, DistributedSampler):
         raise ValueError(
@@ -177,7 +185,7 @@ def agreed_sampler(
         )
     if isinstance(sampler, SeedableRandomSampler):
         return sampler, None
-    if isinstance(sampler, RandomSampler) and (sampler.generator is None or use_seedable_sampler):
+    if replaceable(sampler) and (sampler.generator is None or use_seedable_sampler):
         seedable = SeedableRandomSampler(
             sampler.data_source,
             replacement=sampler.replacement,
@@ -197,9 +205,31 @@ def agreed_sampler(
     return sampler, generator if isinstance(generator, torch.Generator) else None
 
 
+def replaceable(sampler: Any) -> bool:
+    """Whether ``sampler`` is torch's own ``RandomSampler``, which shardplug may replace by its own
+    shuffle: exactly that class, with no ``set_epoch`` given to it.  A subclass, or a sampler given a
+    ``set_epoch``, is the user's: it is sharded as it is (its order, its ``set_epoch`` calls).
+
+    Example::
+
+        >>> class Mine(RandomSampler):
+        ...     pass
+        >>> replaceable(RandomSampler(range(4))), replaceable(Mine(range(4)))
+        (True, False)
+    """
+    return type(sampler) is RandomSampler and "set_epoch" not in vars(sampler)
+
+
+def _own_sampler(sampler: Any) -> str:
+    """How an error names a ``RandomSampler`` that is the user's own (:func:`replaceable`)."""
+    if type(sampler) is RandomSampler:
+        return "a RandomSampler given a set_epoch"
+    return f"{type(sampler).__name__}, a RandomSampler subclass of your own"
+
+
 def _refuse_ignored_seed(sampler: Any, data_seed: int) -> None:
     """``data_seed`` would not reach ``sampler``: it draws its order from a generator of its own."""
-    if isinstance(sampler, RandomSampler):
+    if replaceable(sampler):
         fix = (
             "pass use_seedable_sampler=True to shuffle by data_seed (every epoch a pure function of the seed), or "
             "data_seed=None to keep the generator's order"
@@ -207,7 +237,7 @@ def _refuse_ignored_seed(sampler: Any, data_seed: int) -> None:
     else:
         fix = (
             "seed that generator yourself (generator.manual_seed(...), the same on every process), or pass "
-            "data_seed=None (use_seedable_sampler=True only replaces a RandomSampler)"
+            "data_seed=None (use_seedable_sampler=True only replaces torch's own RandomSampler)"
         )
     raise ValueError(
         f"data_seed={data_seed} would be ignored: the {type(sampler).__name__} draws its order from its own "

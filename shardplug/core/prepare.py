@@ -153,8 +153,9 @@ def prepare_data_loader(
 
     Map-style data gets a :class:`BatchSamplerShard`; iterable data an
     :class:`IterableDatasetShard`, or with ``dispatch_batches`` a :class:`DataLoaderDispatcher`
-    in which only process 0 reads.  A shuffling sampler without a generator is replaced by a
-    :class:`SeedableRandomSampler` whose seed process 0 chooses, so every process shuffles alike.
+    in which only process 0 reads.  Torch's own ``RandomSampler`` without a generator is replaced by
+    a :class:`SeedableRandomSampler` whose seed process 0 chooses, so every process shuffles alike
+    (a sampler of the user's own keeps its order, with a generator agreed from process 0).
     ``shuffle_algorithm="bijective"`` replaces it with a :class:`BijectiveRandomSampler` instead:
     no permutation in memory, each process computes only its own rows (for very large datasets).
     The layout (:class:`ShardLayout`) is validated once, here, and the loader is built with its
@@ -219,6 +220,8 @@ def prepare_data_loader(
         options.use_stateful_dataloader,
     )
     new._finish_init(_batch_device(device, options), rng, generator, 0, options.non_blocking, plan=plan, **finish)
+    if dataloader.batch_size is None and dataloader.batch_sampler is not None:
+        _report_like_torch(new)
     sharded_map_data = not iterable and not dispatch and num_processes > 1  # every process reads its part
     new.agree_at_prepare((sized_length(dataset), layout.batch_size) if sharded_map_data else None)
     logger.debug(
@@ -231,6 +234,15 @@ def prepare_data_loader(
         dispatch,
     )
     return new
+
+
+def _report_like_torch(loader: DataLoader[Any]) -> None:
+    """What torch's ``DataLoader`` reports when it was built with a ``batch_sampler=``: ``batch_size``
+    ``None`` and ``drop_last`` ``False`` (the batch sampler decides both; the layout keeps its values).
+
+    Example: ``prepare_data_loader(DataLoader(data, batch_sampler=bs)).batch_size is None``."""
+    object.__setattr__(loader, "batch_size", None)  # DataLoader forbids setting them after __init__
+    object.__setattr__(loader, "drop_last", False)
 
 
 def _check_arguments(dataloader: Any, options: _DataOptions) -> tuple[str, ...]:

@@ -197,11 +197,13 @@ class ShardplugHandler(Serializable):
         ``batch_size`` is the **global** batch (``idist.auto_dataloader`` divides it by the world
         size): each process gets ``batch_size / num_processes`` rows of every batch
         (``split_batches=True``), and a ``batch_size`` that does not divide is a ``ValueError``
-        instead of idist's silent rounding down. ``num_workers`` is divided by the processes per
-        node, rounded up, as idist does. Sharding, shuffling and padding are shardplug's.
+        instead of idist's silent rounding down. A ``batch_sampler=`` (which idist leaves unsharded,
+        so that every process would read every batch) is sharded as :meth:`prepare_data_loader`
+        shards it: each process gets whole batches of it. ``num_workers`` is divided by the
+        processes per node, rounded up, as idist does. Sharding, shuffling and padding are shardplug's.
         """
         n = self.run.num_processes
-        batch_size = kwargs.get("batch_size", 1)
+        batch_size = kwargs.get("batch_size", 1) if kwargs.get("batch_sampler") is None else None
         if batch_size is not None and batch_size % n:
             raise ValueError(
                 f"batch_size={batch_size} is the global batch of auto_dataloader and does not divide by the "

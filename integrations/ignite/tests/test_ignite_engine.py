@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from ignite.engine import DeterministicEngine, Engine, Events
 from ignite.handlers import Checkpoint, DiskSaver
 from ignite.metrics import Accuracy, Loss
-from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.data import BatchSampler, DataLoader, SequentialSampler, TensorDataset
 
 from shardplug.core.config import ShardplugConfig
 from shardplug_ignite import ShardplugEvents, ShardplugHandler
@@ -70,6 +70,10 @@ def _record_epochs(config: ShardplugConfig, n: int, batch_size: int, shuffle: bo
     """Run a trainer whose process function only records the indices it receives."""
     handler = ShardplugHandler(config)
     loader = handler.prepare_data_loader(DataLoader(_dataset(n), batch_size=batch_size, shuffle=shuffle))
+    return _record_run(handler, loader, epochs)
+
+
+def _record_run(handler: ShardplugHandler, loader: Any, epochs: int) -> dict[str, Any]:
     seen: dict[int, list[list[int]]] = {}
 
     def step(engine: Engine, batch: Any) -> None:
@@ -128,6 +132,9 @@ def _worker_data(local_rank: int, out_dir: str) -> None:
     res: dict[str, Any] = {}
     res["default"] = _record_epochs(ShardplugConfig(), 21, 3, False, 2)
     res["split"] = _record_epochs(ShardplugConfig(split_batches=True), 22, 4, False, 2)
+    handler = ShardplugHandler(ShardplugConfig())  # idist.auto_dataloader's arguments, with a batch sampler
+    loader = handler.auto_dataloader(_dataset(21), batch_sampler=BatchSampler(SequentialSampler(range(21)), 3, False))
+    res["auto_batch_sampler"] = {**_record_run(handler, loader, 2), "batch_size": loader.batch_size}
     res["shuffle"] = _record_epochs(ShardplugConfig(), 20, 3, True, 3)
     try:
         _record_epochs(ShardplugConfig(even_batches=False), 21, 3, False, 1)
@@ -185,10 +192,13 @@ def test_ignite_sharding_length_check_and_evaluation(tmp_path: Path, parquet_sha
         seen = [x for rank in batches for batch in rank for x in batch]
         assert set(seen) == set(range(sum(shards))), f"epoch {epoch}: every row"
 
-    for name, n, b, split in (("default", 21, 3, False), ("split", 22, 4, True)):
+    for name, n, b, split in (("default", 21, 3, False), ("split", 22, 4, True), ("auto_batch_sampler", 21, 3, False)):
         expected = _reference_shards(list(range(n)), b, split)
         for r in range(WORLD):
             assert ranks[r][name]["batches"] == [expected[r]] * 2, (name, r)
+    # handler.auto_dataloader(dataset, batch_sampler=...): its batches shared out whole, as prepare_data_loader
+    # does; batch_size None, as torch's DataLoader built with a batch sampler says
+    assert all(ranks[r]["auto_batch_sampler"]["batch_size"] is None for r in range(WORLD))
 
     # shuffle: one seed agreed from rank 0, epoch e draws perm(seed + e), a new order every epoch
     seeds = [ranks[r]["shuffle"]["seeds"] for r in range(WORLD)]

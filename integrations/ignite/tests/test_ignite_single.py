@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from ignite.engine import Engine, Events
-from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.data import BatchSampler, DataLoader, SequentialSampler, TensorDataset
 
 from shardplug_ignite import ShardplugConfig, ShardplugEvents, ShardplugHandler
 
@@ -106,6 +106,15 @@ def test_ignite_auto_dataloader_takes_the_global_batch_as_idist_does() -> None:
     assert sorted(rows) == list(range(16))
     with pytest.raises(ValueError, match="batch_size=7 is the global batch"):
         ShardplugHandler(num_processes=2, process_index=0).auto_dataloader(_data(16), batch_size=7)
+    shares = [[[0, 1, 2], [6, 7, 8], [12, 13, 14]], [[3, 4, 5], [9, 10, 11], [15, 0, 1]]]  # the last one padded
+    for rank in range(2):  # a batch sampler (idist leaves it unsharded): its batches shared out whole
+        handler = ShardplugHandler(num_processes=2, process_index=rank)
+        loader = handler.auto_dataloader(_data(16), batch_sampler=BatchSampler(SequentialSampler(range(16)), 3, False))
+        seen: list[list[int]] = []
+        trainer = Engine(lambda engine, batch, seen=seen: seen.append(batch[0].flatten().int().tolist()))
+        handler.attach(trainer)
+        trainer.run(loader, max_epochs=1)
+        assert seen == shares[rank] and loader.batch_size is None
 
 
 class _Stream(torch.utils.data.IterableDataset):

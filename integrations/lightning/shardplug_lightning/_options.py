@@ -120,14 +120,15 @@ def _has_distributed_sampler(dataloader: DataLoader[Any]) -> bool:
     return any(isinstance(s, DistributedSampler) for s in candidates)
 
 
-def refuse_distributed_sampler(dataloader: DataLoader[Any], hook: str) -> None:
-    """Raise when the loader already shards itself: shardplug would shard it a second time."""
+def refuse_distributed_sampler(dataloader: DataLoader[Any], hook: str, keep_it: str = "") -> None:
+    """Raise when the loader already shards itself: shardplug would shard it a second time
+    (``keep_it``: how this front end uses such a loader as it is, the error's second fix)."""
     if _has_distributed_sampler(dataloader):
         raise ValueError(
             f"the DataLoader returned by {hook} already uses a DistributedSampler, and the shardplug strategy "
             "shards every loader itself: each process would see only 1/N of its 1/N share. Remove the "
             "DistributedSampler from the DataLoader (use shuffle=True, or a plain sampler) and let shardplug "
-            "shard it; shardplug's shuffle already agrees across processes and changes every epoch."
+            f"shard it; shardplug's shuffle already agrees across processes and changes every epoch.{keep_it}"
         )
 
 

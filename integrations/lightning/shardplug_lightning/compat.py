@@ -30,6 +30,7 @@ __all__ = [
     "PRIVATES",
     "CHECKED_AGAINST",
     "turn_off_distributed_sampler",
+    "user_distributed_sampler",
     "index_batch_sampler_wrapper",
     "wrapped_batch_sampler",
     "set_wrapped_batch_sampler",
@@ -49,6 +50,7 @@ PRIVATES: dict[str, str] = {
     "lightning.pytorch.trainer.Trainer._accelerator_connector": "the Trainer's accelerator connector, which holds "
     "the DistributedSampler switch",
     "lightning.pytorch.trainer.connectors.accelerator_connector._AcceleratorConnector.use_distributed_sampler": (
+        "the user's Trainer(use_distributed_sampler=...), read (False: the loaders are used as they are), then "
         "turned off so that Lightning never injects a DistributedSampler (shardplug shards every loader)"
     ),
     "lightning.pytorch.overrides.distributed._IndexBatchSamplerWrapper": "the predict loop's index-recording batch "
@@ -86,11 +88,28 @@ def _required(obj: Any, name: str, what: str) -> Any:
     return getattr(obj, name)
 
 
-def turn_off_distributed_sampler(trainer: Any) -> None:
-    """Keep ``trainer`` from injecting a ``DistributedSampler`` into any loader."""
+_USER_CHOICE = "_shardplug_use_distributed_sampler"  # shardplug's own note on the connector (not Lightning's)
+
+
+def turn_off_distributed_sampler(trainer: Any) -> bool:
+    """Keep ``trainer`` from injecting a ``DistributedSampler`` into any loader; return what the user
+    passed as ``Trainer(use_distributed_sampler=...)`` (noted on the connector the first time, so
+    later calls, after the switch is off, return it too)."""
     connector = _required(trainer, "_accelerator_connector", "the Trainer's accelerator connector")
-    _required(connector, "use_distributed_sampler", "switch for Lightning's DistributedSampler injection")
+    user = bool(_required(connector, "use_distributed_sampler", "switch for Lightning's DistributedSampler injection"))
+    user = connector.__dict__.setdefault(_USER_CHOICE, user)
     connector.use_distributed_sampler = False
+    return cast(bool, user)
+
+
+def user_distributed_sampler(trainer: Any) -> bool:
+    """The user's ``Trainer(use_distributed_sampler=...)``, also after :func:`turn_off_distributed_sampler`
+    (``False``: the user's loaders shard themselves and are used as they are)."""
+    connector = _required(trainer, "_accelerator_connector", "the Trainer's accelerator connector")
+    noted = connector.__dict__.get(_USER_CHOICE)
+    if noted is None:
+        noted = _required(connector, "use_distributed_sampler", "switch for Lightning's DistributedSampler injection")
+    return bool(noted)
 
 
 def index_batch_sampler_wrapper(namespace: str) -> type:

@@ -44,6 +44,16 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
+_AS_THEY_ARE = (
+    "rank %d: Trainer(use_distributed_sampler=False): shardplug does not shard the loaders, they are used as they "
+    "are (each must shard itself, e.g. with a DistributedSampler); padding marks and shardplug's resume positions "
+    "do not apply to them"
+)
+
+_KEEP_IT = (
+    " To shard your loaders yourself, pass Trainer(use_distributed_sampler=False): every loader is then used as it is."
+)
+
 _STAGE_HOOKS = {
     "train": "train_dataloader()",
     "sanity_check": "val_dataloader()",
@@ -163,9 +173,12 @@ class ShardplugStrategyMixin(ShardplugOptions):
 
     # -- data ---------------------------------------------------------------------------
     def setup_environment(self) -> None:
-        """Turn Lightning's ``DistributedSampler`` injection off: shardplug shards every loader."""
-        compat.turn_off_distributed_sampler(self._get_trainer())
+        """Turn Lightning's ``DistributedSampler`` injection off: shardplug shards every loader (unless
+        ``Trainer(use_distributed_sampler=False)``: the loaders are then used as they are)."""
+        shards = compat.turn_off_distributed_sampler(self._get_trainer())
         super().setup_environment()  # type: ignore[misc]
+        if not shards:
+            logger.info(_AS_THEY_ARE, self.global_rank)
 
     def _data_topology(self) -> tuple[int, int]:
         """(processes sharing the data, this one's index): the strategy's own data-parallel view
@@ -187,14 +200,17 @@ class ShardplugStrategyMixin(ShardplugOptions):
         the core's evaluation rule (the same number of steps on every rank; padding dropped from the
         batches unless ``eval_even_batches=True``: each sample exactly once); predict loaders are
         sharded inside Lightning's index-recording batch sampler so ``batch_indices`` are right.
+        With ``Trainer(use_distributed_sampler=False)`` every loader is used as it is, as Lightning
+        does: it shards itself (a ``DistributedSampler`` or a sampler of the user's own).
         """
         dataloader = super().process_dataloader(dataloader)  # type: ignore[misc]
-        if not isinstance(dataloader, DataLoader):
+        trainer = self._get_trainer()
+        if not isinstance(dataloader, DataLoader) or not compat.user_distributed_sampler(trainer):
             return dataloader
-        stage = self._stage_name(self._get_trainer())
+        stage = self._stage_name(trainer)
         hook = _STAGE_HOOKS.get(stage, "the *_dataloader() hook")
         refuse_prepared(dataloader, hook)
-        refuse_distributed_sampler(dataloader, hook)
+        refuse_distributed_sampler(dataloader, hook, _KEEP_IT)
         if stage == "predict":
             return self._prepare_predict(dataloader)
         if stage == "train":
@@ -288,22 +304,25 @@ class ShardplugStrategyMixin(ShardplugOptions):
         checkpoint (on the checkpoint's layout: with another number of devices the epoch would end
         too early or too late). The loader knows both on this layout (``epoch_length``,
         ``resumed_batches``): the epoch's length is set back and the progress counters shifted,
-        keeping their relations.
+        keeping their relations. Only where both describe the same place in Lightning's epoch
+        (:func:`_batches_done`): a checkpoint saved after the epoch's last batch (in its validation)
+        finds the loader at the next epoch's start, with every batch of Lightning's epoch done.
         """
-        loaders = [dl for dl in _loaders_in(self._get_trainer().train_dataloader) if isinstance(dl, PreparedDataLoader)]
+        trainer = self._get_trainer()
+        loaders = [dl for dl in _loaders_in(trainer.train_dataloader) if isinstance(dl, PreparedDataLoader)]
         if len(loaders) != 1 or loaders[0].epoch_length is None:
             return
         loader = loaders[0]
         progress = compat.batch_progress(fit_loop)
-        resumed = loader.resumed_batches
-        if not resumed and not progress.current.ready:
-            return  # a pass from the epoch's start: nothing to align
         combined = compat.combined_loader(fit_loop)
         limit = min(
             [cast(int, loader.epoch_length)]
             + [int(x) for x in getattr(combined, "limits", None) or [] if x != float("inf")]
         )
-        compat.set_epoch_length(self._get_trainer(), fit_loop, limit)
+        resumed = _batches_done(loader, trainer.current_epoch, limit, progress.current.ready)
+        if resumed is None:
+            return  # Lightning starts its epoch from the beginning: nothing to align
+        compat.set_epoch_length(trainer, fit_loop, limit)
         delta = resumed - progress.current.ready
         for tracker in (progress.current, progress.total):
             for name in ("ready", "started", "processed", "completed"):
@@ -327,6 +346,24 @@ class ShardplugStrategyMixin(ShardplugOptions):
         for loader in _loaders_in(trainer.train_dataloader):
             if isinstance(loader, PreparedDataLoader) and loader.epoch != epoch and not loader.end_of_dataloader:
                 loader.epoch = epoch
+
+
+def _batches_done(loader: PreparedDataLoader, epoch: int, limit: int, counted: int) -> int | None:
+    """The batches of Lightning's running ``epoch`` done, on the loader's layout, where the loader and
+    Lightning (which ``counted`` batches of it done) describe the same place in it: the loader resumes
+    inside that epoch (its ``resumed_batches``), or it stands at the next epoch's start while Lightning
+    still counts batches of this one (a checkpoint saved after the epoch's last batch, e.g. in its
+    validation: all ``limit`` batches are done). ``None``: Lightning starts its epoch from the beginning
+    (its current counters, if any, are the previous epoch's, which Lightning resets itself).
+
+    Example: 4 batches an epoch, saved while epoch 1 validated, resumed: ``_batches_done(loader, 1, 4, 4)``
+    is 4 (the loader stands at epoch 2's start); a pass from epoch 1's start gives ``None``.
+    """
+    if loader.epoch == epoch and loader.resumed_inside_epoch:
+        return loader.resumed_batches
+    if loader.epoch == epoch + 1 and not loader.resumed_inside_epoch and counted:
+        return limit
+    return None
 
 
 def _loaders_in(iterables: Any) -> list[Any]:

@@ -20,7 +20,7 @@ from shardplug_lightning import compat
 NAMESPACES = ["lightning.pytorch"] + (["pytorch_lightning"] if importlib.util.find_spec("pytorch_lightning") else [])
 
 
-def _trainer(namespace: str) -> Any:
+def _trainer(namespace: str, **kwargs: Any) -> Any:
     pl = importlib.import_module(namespace)
     return pl.Trainer(
         accelerator="cpu",
@@ -29,6 +29,7 @@ def _trainer(namespace: str) -> Any:
         enable_checkpointing=False,
         enable_progress_bar=False,
         enable_model_summary=False,
+        **kwargs,
     )
 
 
@@ -37,10 +38,14 @@ def _module(namespace: str, dotted: str) -> Any:
 
 
 def _check_connector(namespace: str) -> None:
-    trainer = _trainer(namespace)
-    assert trainer._accelerator_connector.use_distributed_sampler is True
-    compat.turn_off_distributed_sampler(trainer)
-    assert trainer._accelerator_connector.use_distributed_sampler is False
+    for users in (True, False):  # Trainer(use_distributed_sampler=...): still known after the switch is off
+        trainer = _trainer(namespace, use_distributed_sampler=users)
+        assert trainer._accelerator_connector.use_distributed_sampler is users
+        assert compat.user_distributed_sampler(trainer) is users
+        assert compat.turn_off_distributed_sampler(trainer) is users
+        assert trainer._accelerator_connector.use_distributed_sampler is False
+        assert compat.turn_off_distributed_sampler(trainer) is users  # called again: still the user's
+        assert compat.user_distributed_sampler(trainer) is users
 
 
 def _check_wrapper(namespace: str) -> None:

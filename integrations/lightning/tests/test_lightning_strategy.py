@@ -38,7 +38,8 @@ def runs(tmp_path_factory: pytest.TempPathFactory, parquet_shards: Any) -> dict[
     shards = parquet_shards(out / "hf")
     _run("lightning_scenarios.py", out)
     data: dict[str, Any] = {}
-    for name in ("default", "split", "predict", "amp", "resume", "limited", "errors", "stream"):
+    names = ("default", "split", "predict", "amp", "resume", "limited", "errors", "stream")
+    for name in (*names, "user_samplers", "own_sharding", "validation_resume"):
         data[name] = [json.loads((out / f"{name}_rank{r}.json").read_text()) for r in range(WORLD)]
     data["stream_rows"] = sum(shards)
     return data
@@ -101,6 +102,53 @@ def test_cut_short_epochs_keep_the_loader_epoch_and_shuffle(runs: dict[str, Any]
         assert record["positions"] == [[e, e, k] for e in range(2) for k in range(1, 4)]
 
 
+def test_a_random_sampler_subclass_is_sharded_as_it_is_and_gets_set_epoch(runs: dict[str, Any]) -> None:
+    """A user's RandomSampler subclass (only the even indices) is not replaced by shardplug's shuffle:
+    its own order is shared out (disjoint, complete, the same order on both ranks) and Lightning's
+    set_epoch reaches it; a RandomSampler given a set_epoch (validation) gets Lightning's calls too."""
+    ranks = runs["user_samplers"]
+    evens = list(range(0, N_TRAIN, 2))
+    orders = []
+    for epoch in range(2):
+        per_rank = [[b for e, b in r["train"] if e == epoch] for r in ranks]
+        assert len(per_rank[0]) == len(per_rank[1]) == 3  # 21 indices, 4 per batch, 2 ranks
+        order = [i for k in range(3) for batch in (per_rank[0][k], per_rank[1][k]) for i in batch]
+        assert sorted(order[: len(evens)]) == evens, f"epoch {epoch}: each even index exactly once"
+        assert order[len(evens) :] == order[: len(order) - len(evens)], "only padding from the epoch's start repeats"
+        orders.append(order)
+    assert orders[0] != orders[1], "the subclass's shuffle changes with the epoch"
+    for record in ranks:
+        assert sorted(set(record["train_epochs"])) == [0, 1] and record["train_epochs"][-1] == 1
+        assert sorted(set(record["val_epochs"])) == [0, 1]  # Lightning's set_epoch at each validation
+    seen = [i for r in ranks for batch in r["val"] for i in batch]
+    assert sorted(seen) == sorted(list(range(N_VAL)) * 2)  # 2 validations, every sample once each
+
+
+def test_use_distributed_sampler_false_uses_the_loaders_as_they_are(runs: dict[str, Any]) -> None:
+    """Trainer(use_distributed_sampler=False): a loader that shards itself (a rank-aware sampler, a
+    DistributedSampler) is used as it is, as Lightning does, not sharded a second time."""
+    for rank, record in enumerate(runs["own_sharding"]):
+        assert record["type"] == "DataLoader"
+        own = list(range(rank, N_TRAIN, WORLD))
+        assert [b for _, b in record["train"]] == [own[k : k + BATCH] for k in range(0, len(own), BATCH)]
+        share = [*range(N_VAL), 0][rank::WORLD]  # DistributedSampler(shuffle=False) pads with the first index
+        assert record["val"] == [share[k : k + BATCH] for k in range(0, len(share), BATCH)]
+
+
+@pytest.mark.parametrize("saved", ["validation", "epoch_end"])
+def test_resume_from_an_epochs_end_keeps_the_batch_progress(runs: dict[str, Any], saved: str) -> None:
+    """Checkpoints saved when validation at an epoch's end failed, and at an epoch's end (validation
+    every 8 batches across epochs of 4): the resumed fit trains each remaining epoch once (reruns
+    the failed validation) and ends with Lightning's own ddp's counters and validation steps."""
+    first = {"validation": 2, "epoch_end": 1}[saved]  # the first epoch the resumed fit trains
+    for record in runs["validation_resume"]:
+        ours, native = record["shardplug_ddp"][saved], record["ddp"][saved]
+        for key in ("validated_at", "global_step", "total_ready", "total_batch_idx", "current_epoch"):
+            assert ours[key] == native[key], key
+        assert ours["validated_at"] == [8, 16] and ours["total_ready"] == 16 and ours["total_batch_idx"] == 15
+        assert [e for e, _ in ours["train"]] == [e for e in range(first, 4) for _ in range(4)]  # each epoch once
+
+
 # -- evaluation ------------------------------------------------------------------------------------
 def test_validation_and_test_see_every_sample_once(runs: dict[str, Any]) -> None:
     for key, passes in (("val", 2), ("test", 1)):
@@ -147,6 +195,7 @@ def test_distributed_sampler_is_refused_with_the_fix(runs: dict[str, Any]) -> No
     for record in runs["errors"]:
         message = record["distributed_sampler"]
         assert "DistributedSampler" in message and "Remove the DistributedSampler" in message
+        assert "pass Trainer(use_distributed_sampler=False)" in message  # the other fix, which keeps it
 
 
 def test_even_batches_false_is_refused_for_training() -> None:

@@ -15,9 +15,9 @@ from typing import Any
 import lightning.pytorch as pl
 import torch
 from _exit import leave  # noqa: E402  (this directory: how a scenario process ends)
-from lightning.pytorch.callbacks import BasePredictionWriter, ModelCheckpoint
+from lightning.pytorch.callbacks import BasePredictionWriter, ModelCheckpoint, OnExceptionCheckpoint
 from lightning.pytorch.plugins import MixedPrecision
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader, Dataset, RandomSampler, Sampler
 from torch.utils.data.distributed import DistributedSampler
 
 import shardplug_lightning
@@ -174,6 +174,137 @@ def dump(name: str, rank: int, data: dict[str, Any]) -> None:
         json.dump(data, f)
 
 
+class EvenRandomSampler(RandomSampler):
+    """A user's ``RandomSampler`` subclass: the even indices only, in its own shuffled order; it
+    records the epochs it is given (the list is shared by any copy of the sampler)."""
+
+    def __init__(self, data: Any) -> None:
+        super().__init__(data)
+        self.epochs: list[int] = []
+
+    def __iter__(self) -> Any:
+        return (i for i in super().__iter__() if i % 2 == 0)
+
+    def __len__(self) -> int:
+        return (len(self.data_source) + 1) // 2
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epochs.append(epoch)
+
+
+class UserSamplers(Recorder):
+    """Training reads an ``EvenRandomSampler``; validation a plain ``RandomSampler`` given a
+    ``set_epoch`` (as Lightning's own test of ``set_epoch`` calls does)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.train_sampler = EvenRandomSampler(Indices(N_TRAIN))
+        self.val_sampler = RandomSampler(Indices(N_VAL))
+        self.val_epochs: list[int] = []
+        self.val_sampler.set_epoch = self.val_epochs.append  # type: ignore[attr-defined]
+
+    def train_dataloader(self) -> DataLoader:
+        return DataLoader(Indices(N_TRAIN), batch_size=BATCH, sampler=self.train_sampler)
+
+    def val_dataloader(self) -> DataLoader:
+        return DataLoader(Indices(N_VAL), batch_size=BATCH, sampler=self.val_sampler)
+
+    def validation_step(self, batch: torch.Tensor, batch_idx: int) -> None:
+        self.val_batches.append(batch.tolist())
+
+
+class RankSampler(Sampler[int]):
+    """A user's own rank-aware sampler (not a ``DistributedSampler``): this rank's indices ``rank::world``."""
+
+    def __init__(self, n: int, rank: int, world: int) -> None:
+        self.indices = list(range(rank, n, world))
+
+    def __iter__(self) -> Any:
+        return iter(self.indices)
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+
+class OwnSharding(Recorder):
+    """Trains on a loader that shards itself (``RankSampler``), validates with a ``DistributedSampler``."""
+
+    def train_dataloader(self) -> DataLoader:
+        sampler = RankSampler(N_TRAIN, self.global_rank, self.trainer.world_size)
+        return DataLoader(Indices(N_TRAIN), batch_size=BATCH, sampler=sampler)
+
+    def val_dataloader(self) -> DataLoader:
+        data = Indices(N_VAL)
+        sampler = DistributedSampler(data, self.trainer.world_size, self.global_rank, shuffle=False)
+        return DataLoader(data, batch_size=BATCH, sampler=sampler)
+
+    def validation_step(self, batch: torch.Tensor, batch_idx: int) -> None:
+        self.val_batches.append(batch.tolist())
+
+    def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
+        pass  # a plain DataLoader: no position to record
+
+
+RESUME_N, RESUME_EPOCHS, RESUME_VAL_EVERY = 32, 4, 8  # 4 batches per rank and epoch: validate every 2 epochs
+
+
+class FailsInValidation(Recorder):
+    """Validates every ``RESUME_VAL_EVERY`` batches across epochs; raises in the first validation (the
+    end of epoch 1) when ``fail``. Records the global steps validation ran at."""
+
+    def __init__(self, fail: bool) -> None:
+        super().__init__(shuffle=False)
+        self.fail = fail
+        self.validated_at: list[int] = []
+
+    def train_dataloader(self) -> DataLoader:
+        return DataLoader(Indices(RESUME_N), batch_size=BATCH)
+
+    def validation_step(self, batch: torch.Tensor, batch_idx: int) -> None:
+        if self.fail:
+            raise RuntimeError("fails in validation")
+        if batch_idx == 0:
+            self.validated_at.append(self.trainer.global_step)
+
+    def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
+        pass  # also run with Lightning's own ddp strategy
+
+    def configure_optimizers(self) -> Any:
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+def resume_from_validation(strategy: str, root: str) -> dict[str, Any]:
+    """Checkpoints saved at the end of epoch 0 and when validation at the end of epoch 1 failed; what
+    ``fit(ckpt_path=...)`` from each trains and counts."""
+    settings: dict[str, Any] = dict(
+        strategy=strategy,
+        max_epochs=RESUME_EPOCHS,
+        val_check_interval=RESUME_VAL_EVERY,
+        check_val_every_n_epoch=None,
+        default_root_dir=root,
+    )
+    epoch_end = ModelCheckpoint(os.path.join(root, "epochs"), save_on_train_epoch_end=True, save_top_k=-1)
+    try:
+        callbacks = [OnExceptionCheckpoint(root), epoch_end]
+        trainer(callbacks=callbacks, enable_checkpointing=True, **settings).fit(FailsInValidation(fail=True))
+    except RuntimeError as exc:
+        assert "fails in validation" in str(exc), exc
+    resumed = {}
+    for name, path in (("validation", "on_exception.ckpt"), ("epoch_end", "epochs/epoch=0-step=4.ckpt")):
+        model = FailsInValidation(fail=False)
+        t = trainer(**settings)
+        t.fit(model, ckpt_path=os.path.join(root, path))
+        resumed[name] = {
+            "train": model.train_batches,
+            "validated_at": model.validated_at,
+            "global_step": t.global_step,
+            "total_ready": t.fit_loop.epoch_loop.batch_progress.total.ready,
+            "total_batch_idx": t.fit_loop.epoch_loop.total_batch_idx,
+            "current_epoch": t.current_epoch,
+        }
+    return resumed
+
+
 def main() -> None:
     # 1. default options, shuffled, 2 epochs, validation after each epoch, then test
     model = Recorder()
@@ -280,6 +411,41 @@ def main() -> None:
     t = trainer(max_epochs=2)
     t.fit(model)
     dump("stream", rank, {"train": model.train_batches, "dataset": type(t.train_dataloader.dataset).__module__})
+
+    # 9. a user's RandomSampler subclass (training) and a RandomSampler given a set_epoch (validation)
+    model = UserSamplers()
+    t = trainer(max_epochs=2)
+    t.fit(model)
+    dump(
+        "user_samplers",
+        rank,
+        {
+            "train": model.train_batches,
+            "train_epochs": model.train_sampler.epochs,
+            "val": model.val_batches,
+            "val_epochs": model.val_epochs,
+        },
+    )
+
+    # 10. Trainer(use_distributed_sampler=False): the loaders shard themselves and are used as they are
+    model = OwnSharding()
+    t = trainer(max_epochs=1, use_distributed_sampler=False)
+    t.fit(model)
+    dump(
+        "own_sharding",
+        rank,
+        {"train": model.train_batches, "val": model.val_batches, "type": type(t.train_dataloader).__name__},
+    )
+
+    # 11. resumed from a checkpoint saved in end-of-epoch validation, with shardplug and with Lightning's ddp
+    dump(
+        "validation_resume",
+        rank,
+        {
+            name: resume_from_validation(name, os.path.join(OUT, f"validation_resume_{name}"))
+            for name in ("shardplug_ddp", "ddp")
+        },
+    )
 
 
 if __name__ == "__main__":
