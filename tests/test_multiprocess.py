@@ -7,10 +7,11 @@ from collections import namedtuple
 import pytest
 import torch
 from _datasets import NO_LEN, Stream, Unsized, rows
-from _dist import run_gloo
+from _dist import run_gloo, worker_context
 from torch.utils.data import DataLoader, Dataset
 
 import shardplug
+from shardplug.core.shuffle import BijectiveRandomSampler
 
 Pair = namedtuple("Pair", ["a", "b"])
 
@@ -52,6 +53,13 @@ def _ids(batch):
     return batch["x"][:, 0].tolist()
 
 
+USER_GENERATOR_SHUFFLES = {
+    "randperm": {},
+    "seedable": {"use_seedable_sampler": True},
+    "bijective": {"shuffle_algorithm": "bijective"},  # with 2 DataLoader workers
+}
+
+
 def _scenarios(rank: int, world: int) -> dict:
     torch.manual_seed(100 + rank)  # processes seeded differently on purpose
     out: dict = {}
@@ -59,9 +67,23 @@ def _scenarios(rank: int, world: int) -> dict:
     loader = shardplug.prepare_data_loader(DataLoader(range(40), batch_size=4, shuffle=True))
     out["shuffle"] = [[b.tolist() for b in loader] for _ in range(3)]
 
-    gen = torch.Generator().manual_seed(rank)  # a user generator, seeded differently per process
-    loader = shardplug.prepare_data_loader(DataLoader(range(40), batch_size=4, shuffle=True, generator=gen))
-    out["shuffle_user_generator"] = [[b.tolist() for b in loader] for _ in range(2)]
+    out["shuffle_user_generator"] = {}
+    for name, options in USER_GENERATOR_SHUFFLES.items():
+        gen = torch.Generator().manual_seed(rank)  # a user generator, seeded differently per process
+        workers = 2 if name == "bijective" else 0
+        loader = shardplug.prepare_data_loader(
+            DataLoader(
+                range(40),
+                batch_size=4,
+                shuffle=True,
+                generator=gen,
+                num_workers=workers,
+                persistent_workers=workers > 0,
+                multiprocessing_context=worker_context(workers),
+            ),
+            **options,
+        )
+        out["shuffle_user_generator"][name] = [[b.tolist() for b in loader] for _ in range(2)]
 
     loader = shardplug.prepare_data_loader(
         DataLoader(Records(11), batch_size=3), put_on_device=True, device="cpu", dispatch_batches=True
@@ -150,11 +172,20 @@ def test_shuffle_without_seed_gives_disjoint_covering_shards_every_epoch(runs):
     assert epochs[0] != epochs[1] != epochs[2], "the shuffle must change with the epoch"
 
 
-def test_user_generators_seeded_per_rank_are_synchronised(runs):
+@pytest.mark.parametrize("shuffle", list(USER_GENERATOR_SHUFFLES))
+def test_user_generators_seeded_per_rank_are_synchronised(runs, shuffle):
     world, results = runs
+    orders = []
     for epoch in range(2):
-        order = _round_robin([r["shuffle_user_generator"][epoch] for r in results])
-        assert sorted(order[:40]) == list(range(40))
+        order = _round_robin([r["shuffle_user_generator"][shuffle][epoch] for r in results])
+        assert sorted(order[:40]) == list(range(40)), f"epoch {epoch}: shards overlap or miss samples"
+        orders.append(order[:40])
+    assert orders[0] != orders[1], "the shuffle must change with the epoch"
+    if shuffle == "bijective":  # the bijection is keyed by process 0's generator's seed
+        sampler = BijectiveRandomSampler(range(40), data_seed=torch.Generator().manual_seed(0).initial_seed())
+        for epoch, order in enumerate(orders):
+            sampler.set_epoch(epoch)
+            assert order == list(sampler)
 
 
 def test_dispatch_gives_each_process_its_rows_incl_padded_final_step(runs):
