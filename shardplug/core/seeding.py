@@ -2,10 +2,10 @@
 
 Every process must draw the same order: a :class:`SeedableRandomSampler` whose seed is unset or its
 generator's (``seed_to_agree``) gets process 0's seed, and the named RNGs (and a synchronised
-generator) process 0's states, once per pass (:func:`synchronize`) or once when the loader is prepared (:func:`agree_at_prepare`, which also
-compares what each process was given).  :class:`Shuffles` finds them under a loader: its seedable
-samplers (their seeds go into a position) and the generator a shuffling sampler draws from (its
-state goes into a position).
+generator) process 0's states, once per pass (:func:`synchronize`) or once when the loader is
+prepared (:func:`agree_at_prepare`, which also compares what each process was given).
+:class:`Shuffles` finds them under a loader: its seedable samplers (their seeds go into a position)
+and the generator a shuffling sampler draws from (its state goes into a position).
 """
 
 from __future__ import annotations
