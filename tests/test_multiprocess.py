@@ -11,7 +11,7 @@ from _dist import run_gloo, worker_context
 from torch.utils.data import DataLoader, Dataset
 
 import shardplug
-from shardplug.core.shuffle import BijectiveRandomSampler
+from shardplug.core.shuffle import BijectiveRandomSampler, SeedableRandomSampler
 
 Pair = namedtuple("Pair", ["a", "b"])
 
@@ -53,10 +53,11 @@ def _ids(batch):
     return batch["x"][:, 0].tolist()
 
 
-USER_GENERATOR_SHUFFLES = {
+USER_GENERATOR_SHUFFLES = {  # prepare_data_loader's options (None: a SeedableRandomSampler of your own)
     "randperm": {},
     "seedable": {"use_seedable_sampler": True},
     "bijective": {"shuffle_algorithm": "bijective"},  # with 2 DataLoader workers
+    "own_seedable_sampler": None,  # SeedableRandomSampler(range(40), generator=the generator)
 }
 
 
@@ -71,17 +72,21 @@ def _scenarios(rank: int, world: int) -> dict:
     for name, options in USER_GENERATOR_SHUFFLES.items():
         gen = torch.Generator().manual_seed(rank)  # a user generator, seeded differently per process
         workers = 2 if name == "bijective" else 0
+        sampling = (
+            {"shuffle": True, "generator": gen}
+            if options is not None
+            else {"sampler": SeedableRandomSampler(range(40), generator=gen)}
+        )
         loader = shardplug.prepare_data_loader(
             DataLoader(
                 range(40),
                 batch_size=4,
-                shuffle=True,
-                generator=gen,
                 num_workers=workers,
                 persistent_workers=workers > 0,
                 multiprocessing_context=worker_context(workers),
+                **sampling,
             ),
-            **options,
+            **(options or {}),
         )
         out["shuffle_user_generator"][name] = [[b.tolist() for b in loader] for _ in range(2)]
 
@@ -181,8 +186,9 @@ def test_user_generators_seeded_per_rank_are_synchronised(runs, shuffle):
         assert sorted(order[:40]) == list(range(40)), f"epoch {epoch}: shards overlap or miss samples"
         orders.append(order[:40])
     assert orders[0] != orders[1], "the shuffle must change with the epoch"
-    if shuffle == "bijective":  # the bijection is keyed by process 0's generator's seed
-        sampler = BijectiveRandomSampler(range(40), data_seed=torch.Generator().manual_seed(0).initial_seed())
+    keyed = {"bijective": BijectiveRandomSampler, "own_seedable_sampler": SeedableRandomSampler}
+    if shuffle in keyed:  # keyed by process 0's generator's seed (its initial_seed())
+        sampler = keyed[shuffle](range(40), data_seed=torch.Generator().manual_seed(0).initial_seed())
         for epoch, order in enumerate(orders):
             sampler.set_epoch(epoch)
             assert order == list(sampler)
