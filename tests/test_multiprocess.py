@@ -7,11 +7,12 @@ from collections import namedtuple
 import pytest
 import torch
 from _datasets import NO_LEN, Stream, Unsized, rows
-from _dist import run_gloo
+from _dist import run_gloo, worker_context
 from test_samplers import EvenRandomSampler
 from torch.utils.data import DataLoader, Dataset
 
 import shardplug
+from shardplug.core.shuffle import BijectiveRandomSampler, SeedableRandomSampler
 
 Pair = namedtuple("Pair", ["a", "b"])
 
@@ -53,6 +54,14 @@ def _ids(batch):
     return batch["x"][:, 0].tolist()
 
 
+USER_GENERATOR_SHUFFLES = {  # prepare_data_loader's options (None: a SeedableRandomSampler of your own)
+    "randperm": {},
+    "seedable": {"use_seedable_sampler": True},
+    "bijective": {"shuffle_algorithm": "bijective"},  # with 2 DataLoader workers
+    "own_seedable_sampler": None,  # SeedableRandomSampler(range(40), generator=the generator)
+}
+
+
 def _scenarios(rank: int, world: int) -> dict:
     torch.manual_seed(100 + rank)  # processes seeded differently on purpose
     out: dict = {}
@@ -60,9 +69,27 @@ def _scenarios(rank: int, world: int) -> dict:
     loader = shardplug.prepare_data_loader(DataLoader(range(40), batch_size=4, shuffle=True))
     out["shuffle"] = [[b.tolist() for b in loader] for _ in range(3)]
 
-    gen = torch.Generator().manual_seed(rank)  # a user generator, seeded differently per process
-    loader = shardplug.prepare_data_loader(DataLoader(range(40), batch_size=4, shuffle=True, generator=gen))
-    out["shuffle_user_generator"] = [[b.tolist() for b in loader] for _ in range(2)]
+    out["shuffle_user_generator"] = {}
+    for name, options in USER_GENERATOR_SHUFFLES.items():
+        gen = torch.Generator().manual_seed(rank)  # a user generator, seeded differently per process
+        workers = 2 if name == "bijective" else 0
+        sampling = (
+            {"shuffle": True, "generator": gen}
+            if options is not None
+            else {"sampler": SeedableRandomSampler(range(40), generator=gen)}
+        )
+        loader = shardplug.prepare_data_loader(
+            DataLoader(
+                range(40),
+                batch_size=4,
+                num_workers=workers,
+                persistent_workers=workers > 0,
+                multiprocessing_context=worker_context(workers),
+                **sampling,
+            ),
+            **(options or {}),
+        )
+        out["shuffle_user_generator"][name] = [[b.tolist() for b in loader] for _ in range(2)]
 
     sampler = EvenRandomSampler(range(40))  # a user's RandomSampler subclass (even indices) without a generator
     loader = shardplug.prepare_data_loader(DataLoader(range(40), batch_size=4, sampler=sampler))
@@ -156,11 +183,21 @@ def test_shuffle_without_seed_gives_disjoint_covering_shards_every_epoch(runs):
     assert epochs[0] != epochs[1] != epochs[2], "the shuffle must change with the epoch"
 
 
-def test_user_generators_seeded_per_rank_are_synchronised(runs):
+@pytest.mark.parametrize("shuffle", list(USER_GENERATOR_SHUFFLES))
+def test_user_generators_seeded_per_rank_are_synchronised(runs, shuffle):
     world, results = runs
+    orders = []
     for epoch in range(2):
-        order = _round_robin([r["shuffle_user_generator"][epoch] for r in results])
-        assert sorted(order[:40]) == list(range(40))
+        order = _round_robin([r["shuffle_user_generator"][shuffle][epoch] for r in results])
+        assert sorted(order[:40]) == list(range(40)), f"epoch {epoch}: shards overlap or miss samples"
+        orders.append(order[:40])
+    assert orders[0] != orders[1], "the shuffle must change with the epoch"
+    keyed = {"bijective": BijectiveRandomSampler, "own_seedable_sampler": SeedableRandomSampler}
+    if shuffle in keyed:  # keyed by process 0's generator's seed (its initial_seed())
+        sampler = keyed[shuffle](range(40), data_seed=torch.Generator().manual_seed(0).initial_seed())
+        for epoch, order in enumerate(orders):
+            sampler.set_epoch(epoch)
+            assert order == list(sampler)
 
 
 def test_a_random_sampler_subclass_is_shared_out_as_it_yields(runs):

@@ -156,13 +156,21 @@ def test_a_shuffled_hf_stream_is_consumed_once_and_agrees_across_processes(epoch
     assert epochs[0][scenario][0] != epochs[0][scenario][1], "the shuffle changes with the epoch"
 
 
+def _replicas(world):
+    """A device mesh of one data process that every rank reads (its ``tp`` ranks: they share the data)."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    return init_device_mesh("cpu", (1, world), mesh_dim_names=("dp", "tp"))
+
+
 def _prepare_split(rank, world, kind, root):
-    if kind == "hf_unseeded":
+    options = {"torch_device_mesh": _replicas(world)} if kind.endswith("_replicas") else {}
+    if kind.startswith("hf_unseeded"):
         stream = hf_stream(root).shuffle(buffer_size=8)  # seed=None: its own seed in every process
     else:
         stream = wds_stream(root)  # webdataset's default single_node_only
     try:
-        prepare_data_loader(DataLoader(stream, batch_size=2))
+        prepare_data_loader(DataLoader(stream, batch_size=2), **options)
     except ValueError as exc:
         return str(exc)
     return None
@@ -320,6 +328,7 @@ def test_a_dataset_of_your_own_that_shards_itself_is_read_once_with_workers(runs
 SPLIT_KINDS = [
     ("wds_default", "nodesplitter=None"),
     ("hf_unseeded", "shuffle(seed=...)"),
+    ("hf_unseeded_replicas", "shuffle(seed=...)"),  # ranks that share a data index read the same stream
 ]
 RESUMES = [
     (0, False),
@@ -407,21 +416,30 @@ class _RankOrdered(torch.utils.data.IterableDataset):
 
 
 def _read_all(rank, world, workers, same_order):
+    """The stream shared out over the processes, and read whole by the ranks of one data process."""
     dataset = _RankOrdered(40, 0 if same_order else rank)
-    loader = prepare_data_loader(
-        DataLoader(dataset, batch_size=2, num_workers=workers, multiprocessing_context=worker_context(workers))
-    )
-    try:
-        return {"rows": sum(len(b) for b in loader), "error": None}
-    except RuntimeError as exc:
-        return {"rows": None, "error": str(exc)}
+    out = {}
+    for name, options in (("sharded", {}), ("replicas", {"torch_device_mesh": _replicas(world)})):
+        loader = prepare_data_loader(
+            DataLoader(dataset, batch_size=2, num_workers=workers, multiprocessing_context=worker_context(workers)),
+            **options,
+        )
+        try:
+            out[name] = {"rows": [int(v) for b in loader for v in b], "error": None}
+        except RuntimeError as exc:
+            out[name] = {"rows": None, "error": str(exc)}
+    return out
 
 
 @pytest.mark.parametrize("workers", [0, 2])
 def test_streams_that_differ_between_processes_are_refused_on_every_process(workers):
     mixed = run_gloo(_read_all, workers, False, world_size=2, timeout=120)
-    for res in mixed:
-        assert res["error"] is not None and "the processes read different streams" in res["error"], res
+    for res in (run[name] for run in mixed for name in ("sharded", "replicas")):
+        assert res["error"] is not None and "read different streams" in res["error"], res
         assert "seed its shuffle the same way everywhere" in res["error"]
     same = run_gloo(_read_all, workers, True, world_size=2, timeout=120)
-    assert [res["rows"] for res in same] == [20, 20] and all(res["error"] is None for res in same)
+    assert all(run[name]["error"] is None for run in same for name in ("sharded", "replicas"))
+    sharded = [run["sharded"]["rows"] for run in same]
+    assert [len(rows) for rows in sharded] == [20, 20] and sorted(sharded[0] + sharded[1]) == list(range(40))
+    replicas = [run["replicas"]["rows"] for run in same]  # read as one process reads it (each worker: all of it)
+    assert replicas[0] == replicas[1] and sorted(set(replicas[0])) == list(range(40)), "every rank reads it alike"

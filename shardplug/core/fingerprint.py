@@ -71,13 +71,15 @@ class FirstBatchCheck:
     """The fingerprint of each pass's first global batch, from wherever it is read, and its comparison.
 
     ``slots`` (shared memory, so DataLoader workers can write it): the pass the loader started, the
-    pass the fingerprint is of, the fingerprint (0: none yet).
+    pass the fingerprint is of, the fingerprint (0: none yet).  ``replicas``: every process reads the
+    stream whole as the one data process (the ranks of a device mesh that share its data index).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, replicas: bool = False) -> None:
         # shared now: forked workers inherit it, spawned ones receive it shared
         self.slots = torch.zeros(3, dtype=torch.int64).share_memory_()
         self._pass = 0
+        self.replicas = replicas
 
     def begin_pass(self) -> None:
         """The loader (its own process) starts a pass: fingerprints of earlier passes no longer count."""
@@ -106,16 +108,23 @@ class FirstBatchCheck:
         dist.all_gather_into_tensor(gathered, torch.tensor([mine], dtype=torch.int64, device=gathered.device))
         known = [v for v in gathered.tolist() if v]
         if len(set(known)) > 1:
+            if self.replicas:
+                how = "Every process reads the whole stream as the device mesh's one data index (its tp / cp ranks)"
+                fixes = "or list its files in a fixed order"
+            else:
+                how = "Every process reads the whole stream and keeps its own slice"
+                fixes = (
+                    "list its files in a fixed order, or let the stream shard itself (n_shards divisible by the "
+                    "processes). If it already reads only its process's part (e.g. it iterates litdata's or "
+                    "streaming's StreamingDataset, which split themselves by rank), declare split_by_node = True on "
+                    "its class, and splits_by_worker = True if it also reads only its DataLoader worker's part (as "
+                    "those do): shardplug then reads each process's part as it is"
+                )
             raise RuntimeError(
                 "the processes read different streams: the first global batch of this pass differs between them "
-                f"(fingerprints per process: {[hex(v) for v in gathered.tolist()]}). Every process reads the whole "
-                "stream and keeps its own slice, so the stream must yield the same elements in the same order on "
-                "every process: seed its shuffle the same way everywhere (e.g. dataset.shuffle(seed=...)), list its "
-                "files in a fixed order, or let the stream shard itself (n_shards divisible by the processes). If it "
-                "already reads only its process's part (e.g. it iterates litdata's or streaming's StreamingDataset, "
-                "which split themselves by rank), declare split_by_node = True on its class, and splits_by_worker = "
-                "True if it also reads only its DataLoader worker's part (as those do): shardplug then reads each "
-                "process's part as it is"
+                f"(fingerprints per process: {[hex(v) for v in gathered.tolist()]}). {how}, so the stream must yield "
+                "the same elements in the same order on every process: seed its shuffle the same way everywhere "
+                f"(e.g. dataset.shuffle(seed=...)), {fixes}"
             )
         if not known:
             logger.debug("no fingerprint of the first global batch on any process (an empty pass?)")

@@ -161,9 +161,10 @@ def bijective_sampler(sampler: Any, data_seed: int | None) -> BijectiveRandomSam
             f"replacement or num_samples), but its sampler is {type(sampler).__name__}; pass shuffle=True, or "
             "shuffle_algorithm='randperm'"
         )
+    bijective = BijectiveRandomSampler(sampler.data_source, data_seed=data_seed, generator=sampler.generator)
     if data_seed is None and isinstance(sampler, SeedableRandomSampler):
-        data_seed = sampler.seed
-    return BijectiveRandomSampler(sampler.data_source, data_seed=data_seed, generator=sampler.generator)
+        bijective.take_seed(sampler)
+    return bijective
 
 
 def agreed_sampler(

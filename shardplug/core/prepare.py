@@ -21,6 +21,7 @@ from .collectives import require_group
 from .config import ShardplugConfig
 from .dispatch import DataLoaderDispatcher, DispatchOptions
 from .dispatch.loader import check_slice_fn
+from .fingerprint import FirstBatchCheck
 from .iterable import IterableDatasetShard
 from .layout import ShardLayout
 from .loaders import DataLoaderShard, PreparedDataLoader, combined_class, stateful_dataloader_class
@@ -31,7 +32,7 @@ from .presplit import node_part
 from .rng import check_rng_types
 from .shuffle import check_seed, check_shuffle_algorithm
 from .streams import check_stream, check_worker_split, node_split
-from .topology import ProcessTopology, resolve_data_topology
+from .topology import ProcessTopology, Readers, resolve_data_topology
 
 __all__ = ["prepare_data_loader", "skip_first_batches"]
 
@@ -196,7 +197,7 @@ def prepare_data_loader(
     kwargs = _loader_settings(dataloader)
     dataset, generator = dataloader.dataset, None
     if iterable:
-        dataset, plan = _plan_stream(dataloader, layout, dispatch, kwargs)
+        dataset, plan = _plan_stream(dataloader, layout, dispatch, kwargs, Readers.of(num_processes, torch_device_mesh))
     else:  # map-style: a dispatcher's process 0 reads every batch
         shard = shard_map_style(
             dataloader,
@@ -307,16 +308,22 @@ def _batch_device(device: str | torch.device | None, options: _DataOptions) -> s
 
 
 def _plan_stream(
-    dataloader: DataLoader[Any], layout: ShardLayout, dispatch: bool, kwargs: dict[str, Any]
+    dataloader: DataLoader[Any], layout: ShardLayout, dispatch: bool, kwargs: dict[str, Any], readers: Readers
 ) -> tuple[Any, ShardPlan]:
     """(the dataset this process's DataLoader reads, its plan) for a stream; ``kwargs`` get the
-    DataLoader's batch size (per process when the stream is sharded) and ``drop_last``."""
+    DataLoader's batch size (per process when the stream is sharded) and ``drop_last``.  ``readers``:
+    the ranks that read it, which must all see the same stream (they are compared)."""
     dataset, batch_size, drop_last = dataloader.dataset, dataloader.batch_size, dataloader.drop_last
     kwargs.update(batch_size=batch_size, drop_last=drop_last)
     if dispatch or layout.num_processes == 1:  # one process reads the stream as it is
         length = loader_length(dataset, batch_size, drop_last)
-        return dataset, LocalPlan(layout.reader() if dispatch else layout, length)
-    check_stream(dataset, layout.num_processes, layout.process_index)
+        if dispatch or readers.size == 1:
+            return dataset, LocalPlan(layout.reader() if dispatch else layout, length)
+        # the ranks of a device mesh's one data index each read it whole: alike, or refused
+        check_stream(dataset, 1, 0, readers)
+        check = FirstBatchCheck(replicas=True) if readers.group is None else None  # compared over the group
+        return dataset, LocalPlan(layout, length, first_batch=check)
+    check_stream(dataset, layout.num_processes, layout.process_index, readers)
     check_worker_split(dataset, dataloader.num_workers)
     split = node_split(dataset)
     if split is not None:  # the stream reads only this process's part by itself

@@ -1,11 +1,11 @@
 """The shuffles under a prepared loader, and their agreement with process 0.
 
-Every process must draw the same order: an unseeded :class:`SeedableRandomSampler` gets process 0's
-seed, and the named RNGs (and a synchronised generator) process 0's states, once per pass
-(:func:`synchronize`) or once when the loader is prepared (:func:`agree_at_prepare`, which also
-compares what each process was given).  :class:`Shuffles` finds them under a loader: its seedable
-samplers (their seeds go into a position) and the generator a shuffling sampler draws from (its
-state goes into a position).
+Every process must draw the same order: a :class:`SeedableRandomSampler` whose seed is unset or its
+generator's (``seed_to_agree``) gets process 0's seed, and the named RNGs (and a synchronised
+generator) process 0's states, once per pass (:func:`synchronize`) or once when the loader is
+prepared (:func:`agree_at_prepare`, which also compares what each process was given).
+:class:`Shuffles` finds them under a loader: its seedable samplers (their seeds go into a position)
+and the generator a shuffling sampler draws from (its state goes into a position).
 """
 
 from __future__ import annotations
@@ -69,8 +69,8 @@ class Shuffles:
 def synchronize(
     samplers: list[SeedableRandomSampler], rng_types: tuple[str, ...], synchronized_generator: torch.Generator | None
 ) -> None:
-    """Agree unset shuffle seeds and the named RNG states with process 0 (one broadcast)."""
-    unseeded = [s for s in samplers if s.seed is None]
+    """Agree the shuffle seeds still to agree and the named RNG states with process 0 (one broadcast)."""
+    unseeded = [s for s in samplers if s.seed_to_agree]
     names = rng_types
     if synchronized_generator is not None and "generator" not in names:
         names = names + ("generator",)
@@ -87,13 +87,15 @@ def synchronize(
 
 
 def agree_at_prepare(samplers: list[SeedableRandomSampler], data: tuple[int | None, int | None] | None) -> None:
-    """Agree unset shuffle seeds with process 0 now, in one all-gather that also compares every
-    process's ``data`` (dataset length, batch size): a mismatch is a ``ValueError`` on every process.
+    """Agree the shuffle seeds still to agree (unset, or a generator's: see
+    :attr:`~shardplug.core.shuffle.SeedableRandomSampler.seed_to_agree`) with process 0 now, in one
+    all-gather that also compares every process's ``data`` (dataset length, batch size): a mismatch
+    is a ``ValueError`` on every process.
 
-    Only where a seed must be agreed (an unseeded shuffle and a process group): the collective then
+    Only where a seed must be agreed (such a shuffle and a process group): the collective then
     replaces the one the first pass would make (:func:`synchronize`), so there is none extra; without
     one nothing is compared (``data=None``: also where only process 0 reads, i.e. dispatch)."""
-    unseeded = [s for s in samplers if s.seed is None]
+    unseeded = [s for s in samplers if s.seed_to_agree]
     if not unseeded or world_size() == 1:
         return
     seeds = [s.resolve_seed() for s in unseeded] if global_rank() == 0 else None

@@ -74,14 +74,19 @@ class SeedableRandomSampler(RandomSampler):
     """A ``RandomSampler`` whose order in epoch ``e`` is a pure function of ``seed + e``.
 
     Every process that uses the same seed draws the same order, every epoch and every rerun.
-    With ``data_seed=None`` the seed is drawn from the global torch RNG at the first iteration;
-    a prepared loader agrees it from process 0 first, so all processes share it.
+    With ``data_seed=None`` the seed is ``generator.initial_seed()`` when a ``generator`` is given,
+    else drawn from the global torch RNG at the first iteration.  Neither is known to be the same
+    on every process (:attr:`seed_to_agree`): a prepared loader takes process 0's where a process
+    group runs, so all processes share it; a seed set later (``data_seed``, a position) is kept.
 
     Example::
 
         >>> a, b = SeedableRandomSampler(range(6), data_seed=3), SeedableRandomSampler(range(6), data_seed=3)
         >>> list(a) == list(b)
         True
+        >>> s = SeedableRandomSampler(range(6), generator=torch.Generator().manual_seed(5))
+        >>> s.seed, s.seed_to_agree
+        (5, True)
     """
 
     def __init__(
@@ -93,10 +98,32 @@ class SeedableRandomSampler(RandomSampler):
         data_seed: int | None = None,
     ) -> None:
         super().__init__(data_source, replacement=replacement, num_samples=num_samples, generator=None)
+        from_generator = data_seed is None and generator is not None
         if data_seed is None and generator is not None:
             data_seed = generator.initial_seed()
-        self.seed: int | None = check_seed("data_seed", data_seed)
+        self.seed = check_seed("data_seed", data_seed)
+        self._from_generator = from_generator
         self.epoch = 0
+
+    @property
+    def seed(self) -> int | None:
+        """The seed of epoch 0's order (``None``: not drawn yet)."""
+        return self._seed
+
+    @seed.setter
+    def seed(self, seed: int | None) -> None:
+        self._seed = seed
+        self._from_generator = False  # set on purpose (agreed, restored): no longer the generator's
+
+    @property
+    def seed_to_agree(self) -> bool:
+        """Whether processes may hold different seeds: none drawn yet, or a generator's ``initial_seed()``
+        (a generator seeded per process, as ``torch.Generator().manual_seed(rank)``)."""
+        return self._seed is None or self._from_generator
+
+    def take_seed(self, other: SeedableRandomSampler) -> None:
+        """Use ``other``'s seed, still to agree where ``other``'s is (:attr:`seed_to_agree`)."""
+        self._seed, self._from_generator = other._seed, other._from_generator
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = int(epoch)

@@ -40,10 +40,10 @@ import sys
 from typing import Any
 
 import torch  # noqa: F401  (the docstring example)
-import torch.distributed as dist
 
 from . import compat
-from .collectives import require_group, world_size
+from .collectives import all_gather_objects, require_group
+from .topology import Readers
 
 __all__ = [
     "can_shard",
@@ -254,11 +254,12 @@ def drew_its_seed(dataset: Any) -> bool:
     return False
 
 
-def check_stream(dataset: Any, num_processes: int, process_index: int) -> None:
-    """Refuse a stream that shuffles differently on each process (compared with a collective; where
-    no process group runs, a shuffle that drew its own seed), or that cannot run on several
-    processes.  A stream already split by node is this process's part
-    (:mod:`shardplug.core.presplit`), not checked here."""
+def check_stream(dataset: Any, num_processes: int, process_index: int, readers: Readers | None = None) -> None:
+    """Refuse a stream that shuffles differently on the ranks that read it (``readers``, compared
+    with a collective: the data processes and the ranks that share a data index with one; where no
+    process group runs, a shuffle that drew its own seed), or that cannot run on several processes.
+    ``readers`` defaults to :meth:`Readers.of(num_processes) <shardplug.core.topology.Readers.of>`."""
+    readers = Readers.of(num_processes) if readers is None else readers
     fingerprint = shuffle_fingerprint(dataset)
     if fingerprint is not None and drew_its_seed(dataset):
         require_group(
@@ -269,13 +270,12 @@ def check_stream(dataset: Any, num_processes: int, process_index: int) -> None:
             "elements",
             ", or pass shuffle(seed=...) the same seed on every process",
         )
-    if fingerprint is not None and world_size() == num_processes > 1:
-        fingerprints: list[Any] = [None] * num_processes
-        dist.all_gather_object(fingerprints, fingerprint)
-        if len(set(fingerprints)) > 1:
+    if fingerprint is not None and readers.size > 1:
+        if len(set(all_gather_objects(fingerprint, group=readers.group))) > 1:
             raise ValueError(
                 "the stream shuffles differently on each process (a Hugging Face shuffle() without seed draws its "
-                "own seed in every process), so the processes' parts would overlap and miss elements; pass "
+                "own seed in every process), so the processes' parts would overlap and miss elements, and ranks "
+                "that share a data index (a device mesh's tp / cp ranks) would read different batches; pass "
                 "shuffle(seed=...) with the same seed on every process"
             )
     if single_node_only(dataset):

@@ -22,7 +22,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-__all__ = ["ProcessTopology", "resolve_data_topology", "distributed_is_active"]
+__all__ = ["ProcessTopology", "Readers", "resolve_data_topology", "distributed_is_active"]
 
 _DATA_DIMS = ("dp_replicate", "dp_shard", "dp", "data_parallel")  # torchtitan's names, and Lightning's
 
@@ -138,3 +138,39 @@ def resolve_data_topology(
         process_index = rank if process_index is None else process_index
     _check_processes(num_processes, process_index)
     return num_processes, process_index
+
+
+@dataclass(frozen=True)
+class Readers:
+    """The ranks that read one loader's data, which must all see the same stream: its
+    ``num_processes`` data processes and the ranks that share a data index with one of them (a
+    ``DeviceMesh``'s ``tp`` / ``cp`` ranks). ``size``: how many are known to read it (1: no other,
+    or not known which: nothing to compare with); ``group``: their process group (``None``: the
+    default one).
+
+    Known: every rank of the process group where it has ``num_processes`` ranks, or of
+    ``torch_device_mesh`` where the mesh spans the group or is one-dimensional (``mesh["dp"]``: its
+    ranks). With other explicit ``num_processes`` or a smaller mesh, which ranks read it is not
+    known (a pipeline stage may read no data): comparing with the group could wait forever.
+
+    Example::
+
+        >>> Readers.of(num_processes=1)
+        Readers(size=1, group=None)
+    """
+
+    size: int = 1
+    group: Any = None
+
+    @classmethod
+    def of(cls, num_processes: int, torch_device_mesh: Any = None) -> Readers:
+        world = dist.get_world_size() if distributed_is_active() else 1
+        if world == 1:
+            return cls()
+        if torch_device_mesh is None:
+            return cls(world) if num_processes == world else cls()
+        if torch_device_mesh.size() == world:
+            return cls(world)
+        if torch_device_mesh.ndim == 1:
+            return cls(torch_device_mesh.size(), torch_device_mesh.get_group())
+        return cls()

@@ -244,7 +244,8 @@ class LocalPlan(PlanDefaults):
     process reads only its shards), or data read by this process alone.  A position counts this
     loader's batches, so it resumes only with the same number of processes.  ``stream``: whether
     that data is a stream (``False`` for map-style data read as it is: its positions then name its
-    sampler and length)."""
+    sampler and length).  ``first_batch``: where every rank of the group reads the same data whole
+    (the ranks of a device mesh's only data index), the check that their first batches agree."""
 
     unit = "batches"
     consumed_per_batch = 1
@@ -254,10 +255,27 @@ class LocalPlan(PlanDefaults):
         "cannot be told apart; use loader.remainder for the last global batch"
     )
 
-    def __init__(self, layout: ShardLayout, length: int | None = None, stream: bool = True) -> None:
+    def __init__(
+        self,
+        layout: ShardLayout,
+        length: int | None = None,
+        stream: bool = True,
+        first_batch: FirstBatchCheck | None = None,
+    ) -> None:
         self.layout = layout
         self.length = length
         self.stream = stream
+        self.first_batch = first_batch
+
+    def begin_pass(self) -> None:
+        if self.first_batch is not None:
+            self.first_batch.begin_pass()
+
+    def pass_batches(self, batches: Iterator[Any], record: PassRecord) -> Iterator[Any]:
+        """The loader's batches; with ``first_batch``, the ranks' first batches compared once it was read."""
+        if self.first_batch is None:
+            return batches
+        return _checked_first_batch(batches, self.first_batch, record=True)
 
     def start_after(self, consumed: int, dataset_state: Any = None) -> int:
         return check_consumed(consumed)  # the loader reads and drops them
@@ -279,14 +297,17 @@ class LocalPlan(PlanDefaults):
         return None if rest is None else rest == 0
 
 
-def _checked_first_batch(batches: Iterator[Any], check: FirstBatchCheck) -> Iterator[Any]:
-    """``batches``, with the processes' first global batches compared once the first one was read."""
+def _checked_first_batch(batches: Iterator[Any], check: FirstBatchCheck, record: bool = False) -> Iterator[Any]:
+    """``batches``, with the processes' first global batches compared once the first one was read
+    (``record``: fingerprinted here, the loader's batches being the global ones; else by the reader)."""
     iterator = iter(batches)
     try:
         first = next(iterator)
     except StopIteration:
         check.agree()
         return
+    if record:
+        check.recorder()([first])
     check.agree()
     yield first
     yield from iterator
