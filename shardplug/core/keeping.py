@@ -180,8 +180,14 @@ class PositionKeeper(WeakLoader):
         # (even_batches=False) reports the same place as the others until its loop has ended by itself,
         # then the epoch's end (the others finish theirs before they meet it again).
         finished = plan.finished(consumed)
-        if finished is None:  # unknown lengths: where every process yields as many batches, all end together
-            finished = layout.pads or layout.drop_last or layout.num_processes == 1
+        if finished is None:  # unknown lengths: where every process yields as many batches, all end together,
+            # and process 0's last batch is the job's last where it holds the most (docs/resume.md)
+            finished = (
+                layout.pads
+                or layout.drop_last
+                or layout.num_processes == 1
+                or (plan.first_holds_most and layout.process_index == 0)
+            )
         if current.complete and (current.exhausted or finished):
             epoch, done, consumed = epoch + 1, 0, 0
             generator_state = generator.get_state() if generator is not None else None
