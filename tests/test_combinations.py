@@ -339,7 +339,9 @@ def test_combinations_on_real_process_groups(tmp_path) -> None:
         (Case(data="wds", n=wds_n, hf_path=str(tmp_path / "wds"), workers=2), Resume(2, 2, "one", skip=True)),
         # even_batches=False, the stream's end read in the workers: the positions at the last step agree
         (
-            Case(data="worker_split", n=13, batch_size=2, even_batches=False, stateful=True, workers=2, forkserver=True),
+            Case(
+                data="worker_split", n=13, batch_size=2, even_batches=False, stateful=True, workers=2, forkserver=True
+            ),
             Resume(3, 3, "all_open"),
         ),
     ]
