@@ -344,3 +344,90 @@ def test_a_stream_position_loaded_after_persistent_workers_started_reaches_new_w
     loader.load_state_dict(state)
     assert rows(loader) == whole[2:], "the workers started before the load must not replay the epoch"
     assert rows(loader) == whole, "and the next epoch is whole"
+
+
+# -- set_epoch in the user's loop after a position was loaded -----------------------------------------
+def _epoch_loop_loader(dispatch: bool):
+    """13 samples, batch 2, drop_last, even_batches=False, a StatefulDataLoader: two steps an epoch on 3 processes."""
+    from shardplug import BijectiveRandomSampler
+
+    sampler = BijectiveRandomSampler(range(13), data_seed=99)
+    return prepare_data_loader(
+        DataLoader(list(range(13)), batch_size=2, sampler=sampler, drop_last=True),
+        even_batches=False,
+        use_stateful_dataloader=True,
+        put_on_device=dispatch,
+        dispatch_batches=dispatch,
+    )
+
+
+def _epoch_loops(rank, world):
+    """A user's loop ``for epoch in range(start, E): loader.set_epoch(epoch); for batch in loader``, resumed."""
+    out = {}
+    for dispatch in (False, True):
+        uninterrupted = _epoch_loop_loader(dispatch)
+        epochs = []
+        for epoch in range(2):
+            uninterrupted.set_epoch(epoch)
+            epochs.append([b.tolist() for b in uninterrupted])
+        saving = _epoch_loop_loader(dispatch)
+        saving.set_epoch(0)
+        iterator = iter(saving)
+        next(iterator)
+        state = saving.state_dict()  # saved in epoch 0, after its first step
+        del iterator
+        once = _epoch_loop_loader(dispatch)
+        once.load_state_dict(state)
+        once.set_epoch(0)  # the loop resumes the epoch it saved in
+        iterator = iter(once)
+        second = next(iterator).tolist()
+        state = once.state_dict()  # saved in epoch 0 again, after its last step: the epoch's end
+        del iterator
+        twice = _epoch_loop_loader(dispatch)
+        twice.load_state_dict(state)
+        twice.set_epoch(0)
+        rest = (len(twice), [b.tolist() for b in twice])
+        twice.set_epoch(1)
+        following = [b.tolist() for b in twice]
+        at_start = _epoch_loop_loader(dispatch)
+        list(at_start)
+        at_start.set_epoch(1)  # the loop enters epoch 1 and saves before its first batch
+        state = at_start.state_dict()
+        resumed = _epoch_loop_loader(dispatch)
+        resumed.load_state_dict(state)
+        out[dispatch] = (epochs, second, rest, following, [b.tolist() for b in resumed])
+    return out
+
+
+def test_set_epoch_after_loading_a_position_keeps_its_place_on_3_processes():
+    """A position saved at an epoch's end (the pass still open) loaded, then set_epoch(that epoch): the rest of
+    the epoch is empty (it yielded the epoch again: process 0 [9, 11], [0, 6]); a position saved right after
+    set_epoch(1) at the start of epoch 1 resumes epoch 1 (it said epoch 1 ended: the epoch was skipped)."""
+    results = run_gloo(_epoch_loops, world_size=3, timeout=120)
+    for rank, out in enumerate(results):
+        for dispatch, (epochs, second, rest, following, resumed) in out.items():
+            where = f"process {rank}, dispatch={dispatch}"
+            assert second == epochs[0][1], where
+            assert rest == (0, []), where
+            assert following == epochs[1], where
+            assert resumed == epochs[1], where
+    assert results[0][False][0][0] == [[9, 11], [0, 6]]
+
+
+def test_set_epoch_of_another_epoch_after_loading_a_position_inside_an_epoch_is_refused():
+    """It resumed the position's place in the other epoch's order: epoch 1's first 2 global batches were lost."""
+
+    def make():
+        loader = DataLoader(range(20), batch_size=2, shuffle=True)
+        return prepare_data_loader(loader, num_processes=2, process_index=0, data_seed=7)
+
+    uninterrupted = make()
+    epoch_zero = [b.tolist() for b in uninterrupted]
+    saving = make()
+    _after(saving, 1)
+    resumed = make()
+    resumed.load_state_dict(saving.state_dict())
+    with pytest.raises(ValueError, match=r"set_epoch\(1\) after loading a position inside epoch 0 .*set_epoch\(0\)"):
+        resumed.set_epoch(1)
+    resumed.set_epoch(0)  # its own epoch keeps it
+    assert [b.tolist() for b in resumed] == epoch_zero[1:]
