@@ -347,13 +347,14 @@ def test_a_stream_position_loaded_after_persistent_workers_started_reaches_new_w
 
 
 # -- set_epoch in the user's loop after a position was loaded -----------------------------------------
-def _epoch_loop_loader(dispatch: bool):
-    """13 samples, batch 2, drop_last, even_batches=False, a StatefulDataLoader: two steps an epoch on 3 processes."""
+def _epoch_loop_loader(dispatch: bool, drop_last: bool = True):
+    """13 samples, batch 2, even_batches=False, a StatefulDataLoader: on 3 processes two steps an epoch with
+    drop_last, else 3, 2 and 2 batches."""
     from shardplug import BijectiveRandomSampler
 
     sampler = BijectiveRandomSampler(range(13), data_seed=99)
     return prepare_data_loader(
-        DataLoader(list(range(13)), batch_size=2, sampler=sampler, drop_last=True),
+        DataLoader(list(range(13)), batch_size=2, sampler=sampler, drop_last=drop_last),
         even_batches=False,
         use_stateful_dataloader=True,
         put_on_device=dispatch,
@@ -396,21 +397,41 @@ def _epoch_loops(rank, world):
         resumed = _epoch_loop_loader(dispatch)
         resumed.load_state_dict(state)
         out[dispatch] = (epochs, second, rest, following, [b.tolist() for b in resumed])
+        uneven = _epoch_loop_loader(dispatch, drop_last=False)
+        whole = []
+        for epoch in range(2):
+            uneven.set_epoch(epoch)
+            whole.append([b.tolist() for b in uneven])
+        uneven.set_epoch(1)  # the start of epoch 1 again, after the processes yielded 3, 2 and 2 batches
+        states: list = [None] * world
+        torch.distributed.all_gather_object(states, uneven.state_dict())
+        copies = []
+        for state in states:  # every process's copy, loaded on this process
+            resumed = _epoch_loop_loader(dispatch, drop_last=False)
+            resumed.load_state_dict(state)
+            copies.append([b.tolist() for b in resumed])
+        out[dispatch, "uneven"] = (states, whole[1], copies)
     return out
 
 
 def test_set_epoch_after_loading_a_position_keeps_its_place_on_3_processes():
     """A position saved at an epoch's end (the pass still open) loaded, then set_epoch(that epoch): the rest of
     the epoch is empty (it yielded the epoch again: process 0 [9, 11], [0, 6]); a position saved right after
-    set_epoch(1) at the start of epoch 1 resumes epoch 1 (it said epoch 1 ended: the epoch was skipped)."""
+    set_epoch(1) at the start of epoch 1 resumes epoch 1 (it said epoch 1 ended: the epoch was skipped), and is
+    the same on every process also where they held 3, 2 and 2 batches (batches_yielded 3 on one, 2 on the
+    others), every process's copy loading to the same place."""
     results = run_gloo(_epoch_loops, world_size=3, timeout=120)
     for rank, out in enumerate(results):
-        for dispatch, (epochs, second, rest, following, resumed) in out.items():
+        for dispatch in (False, True):
             where = f"process {rank}, dispatch={dispatch}"
+            epochs, second, rest, following, resumed = out[dispatch]
             assert second == epochs[0][1], where
             assert rest == (0, []), where
             assert following == epochs[1], where
             assert resumed == epochs[1], where
+            states, epoch_one, copies = out[dispatch, "uneven"]
+            assert all(state == states[0] for state in states), f"{where}: positions differ {states}"
+            assert copies == [epoch_one] * 3, where
     assert results[0][False][0][0] == [[9, 11], [0, 6]]
 
 
