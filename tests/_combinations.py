@@ -105,7 +105,6 @@ class Case:
     dispatch: bool = False
     stateful: bool = False
     workers: int = 0
-    forkserver: bool = False  # workers from _dist's fork server (a worker forked from a gloo rank can deadlock)
     hf_path: str | None = None  # data="hf": a parquet file of ids 0 .. n-1; data="wds": a folder of write_wds's tars
     shards: int = 0  # data="hf": an in-memory HF stream of that many shards instead of the parquet file
 
@@ -189,10 +188,7 @@ def build(case: Case, processes: int, index: int, explicit: bool = True) -> Any:
         kwargs["shuffle"] = True
         prepare.update(shuffle_algorithm="bijective", data_seed=3)
     if case.workers:
-        from _dist import worker_context
-
-        context = worker_context(case.workers) if case.forkserver else "fork"
-        kwargs.update(num_workers=case.workers, multiprocessing_context=context)
+        kwargs.update(num_workers=case.workers, multiprocessing_context="fork")
     loader = DataLoader(dataset_for(case), batch_size=case.batch_size, drop_last=case.drop_last, **kwargs)
     if explicit:
         prepare.update(num_processes=processes, process_index=index)

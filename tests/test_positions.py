@@ -411,7 +411,27 @@ def _epoch_loops(rank, world):
             resumed.load_state_dict(state)
             copies.append([b.tolist() for b in resumed])
         out[dispatch, "uneven"] = (states, whole[1], copies)
+    out["workers"] = _last_step_positions(world)
     return out
+
+
+def _last_step_positions(world):
+    """Every process's position at each step of a stream split by its 2 DataLoader workers, even_batches=False
+    (3, 2 and 2 batches on 3 processes: the stream's end is read in the workers), until every loop has ended."""
+    from _combinations import WorkerSplitStream
+    from _dist import worker_context
+
+    loader = prepare_data_loader(
+        DataLoader(WorkerSplitStream(13), batch_size=2, num_workers=2, multiprocessing_context=worker_context(2)),
+        even_batches=False,
+    )
+    iterator, steps = iter(loader), []
+    while True:
+        here: list = [None] * world
+        torch.distributed.all_gather_object(here, (next(iterator, None) is None, loader.state_dict()))
+        if all(ended for ended, _ in here):
+            return steps
+        steps.append([position for _, position in here])
 
 
 def test_set_epoch_after_loading_a_position_keeps_its_place_on_3_processes():
@@ -419,7 +439,8 @@ def test_set_epoch_after_loading_a_position_keeps_its_place_on_3_processes():
     the epoch is empty (it yielded the epoch again: process 0 [9, 11], [0, 6]); a position saved right after
     set_epoch(1) at the start of epoch 1 resumes epoch 1 (it said epoch 1 ended: the epoch was skipped), and is
     the same on every process also where they held 3, 2 and 2 batches (batches_yielded 3 on one, 2 on the
-    others), every process's copy loading to the same place."""
+    others), every process's copy loading to the same place.  A stream split by its DataLoader workers: at
+    process 0's last batch every position is the epoch's end (process 0's said batches_yielded=3 inside epoch 0)."""
     results = run_gloo(_epoch_loops, world_size=3, timeout=120)
     for rank, out in enumerate(results):
         for dispatch in (False, True):
@@ -433,6 +454,9 @@ def test_set_epoch_after_loading_a_position_keeps_its_place_on_3_processes():
             assert all(state == states[0] for state in states), f"{where}: positions differ {states}"
             assert copies == [epoch_one] * 3, where
     assert results[0][False][0][0] == [[9, 11], [0, 6]]
+    steps = results[0]["workers"]
+    assert len(steps) == 3 and all(p == steps[-1][0] for p in steps[-1]), f"at process 0's last batch: {steps[-1]}"
+    assert steps[-1][0]["epoch"] == 1
 
 
 def test_set_epoch_of_another_epoch_after_loading_a_position_inside_an_epoch_is_refused():
