@@ -152,9 +152,9 @@ class PositionKeeper(WeakLoader):
         discard = 0
         pending, self.pending = self.pending, None
         ended, self.ended = self.ended, False
-        if ended:  # the rest of an epoch whose end was loaded: nothing
+        if ended:  # the rest of an epoch whose end was loaded: nothing (the DataLoader is not read)
             current.empty = True
-            self.skip = 0
+            self.skip, self.inner.repositions = 0, False
             return 0
         if pending is not None:
             discard = self._start_after(pending, current)
