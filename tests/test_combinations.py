@@ -381,3 +381,25 @@ def test_a_stream_without_len_and_uneven_batches_ends_its_epoch_on_every_process
     more only by the stream's end, which it reads: the positions at the last step agree."""
     check(Case(data="stream_unsized", n=3, batch_size=1, even_batches=False, stateful=stateful), resume)
     check(Case(data="stream_unsized", n=7, batch_size=1, even_batches=False, stateful=stateful), resume)
+
+
+@pytest.mark.parametrize("data, processes", [("stream_unsized", 2), ("worker_split", 3)])
+def test_uneven_batches_read_by_workers_end_the_epoch_on_every_process(data: str, processes: int) -> None:
+    """even_batches=False with DataLoader workers: the stream's end is read in the workers, so no process counts
+    the others' batches.  Process 0 holds the most (a short last global batch goes to the first processes): at its
+    last batch its position is the epoch's end, as the others' (it said batches_yielded=3 or 4 while they said epoch
+    1).  Where process 0 holds more than one step beyond a process that ran out, process 0's copy is the place."""
+    check(Case(data=data, n=13, batch_size=2, even_batches=False, workers=2), Resume(processes, processes, "all_open"))
+    if data != "worker_split":
+        return
+    case = Case(data="worker_split", n=23, even_batches=False, workers=2, stateful=True)  # batches: 4, 2, 2
+    saving = [build(case, 3, rank) for rank in range(3)]
+    whole = [[b.tolist() for b in build(case, 3, rank)] for rank in range(3)]
+    passes = [iter(loader) for loader in saving]
+    taken = [[b.tolist() for _, b in zip(range(3), p)] for p in passes]  # 3 steps: processes 1 and 2 ran out
+    state = saving[0].state_dict()
+    assert [state["_shardplug_position"][key] for key in ("epoch", "batches_yielded")] == [0, 3]
+    for rank in range(3):
+        resumed = build(case, 3, rank)
+        resumed.load_state_dict(state)
+        assert taken[rank] + [b.tolist() for b in resumed] == whole[rank]

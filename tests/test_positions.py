@@ -344,3 +344,135 @@ def test_a_stream_position_loaded_after_persistent_workers_started_reaches_new_w
     loader.load_state_dict(state)
     assert rows(loader) == whole[2:], "the workers started before the load must not replay the epoch"
     assert rows(loader) == whole, "and the next epoch is whole"
+
+
+# -- set_epoch in the user's loop after a position was loaded -----------------------------------------
+def _epoch_loop_loader(dispatch: bool, drop_last: bool = True):
+    """13 samples, batch 2, even_batches=False, a StatefulDataLoader: on 3 processes two steps an epoch with
+    drop_last, else 3, 2 and 2 batches."""
+    from shardplug import BijectiveRandomSampler
+
+    sampler = BijectiveRandomSampler(range(13), data_seed=99)
+    return prepare_data_loader(
+        DataLoader(list(range(13)), batch_size=2, sampler=sampler, drop_last=drop_last),
+        even_batches=False,
+        use_stateful_dataloader=True,
+        put_on_device=dispatch,
+        dispatch_batches=dispatch,
+    )
+
+
+def _epoch_loops(rank, world):
+    """A user's loop ``for epoch in range(start, E): loader.set_epoch(epoch); for batch in loader``, resumed."""
+    out = {}
+    for dispatch in (False, True):
+        uninterrupted = _epoch_loop_loader(dispatch)
+        epochs = []
+        for epoch in range(2):
+            uninterrupted.set_epoch(epoch)
+            epochs.append([b.tolist() for b in uninterrupted])
+        saving = _epoch_loop_loader(dispatch)
+        saving.set_epoch(0)
+        iterator = iter(saving)
+        next(iterator)
+        state = saving.state_dict()  # saved in epoch 0, after its first step
+        del iterator
+        once = _epoch_loop_loader(dispatch)
+        once.load_state_dict(state)
+        once.set_epoch(0)  # the loop resumes the epoch it saved in
+        iterator = iter(once)
+        second = next(iterator).tolist()
+        state = once.state_dict()  # saved in epoch 0 again, after its last step: the epoch's end
+        del iterator
+        twice = _epoch_loop_loader(dispatch)
+        twice.load_state_dict(state)
+        twice.set_epoch(0)
+        rest = (len(twice), [b.tolist() for b in twice])
+        twice.set_epoch(1)
+        following = [b.tolist() for b in twice]
+        at_start = _epoch_loop_loader(dispatch)
+        list(at_start)
+        at_start.set_epoch(1)  # the loop enters epoch 1 and saves before its first batch
+        state = at_start.state_dict()
+        resumed = _epoch_loop_loader(dispatch)
+        resumed.load_state_dict(state)
+        out[dispatch] = (epochs, second, rest, following, [b.tolist() for b in resumed])
+        uneven = _epoch_loop_loader(dispatch, drop_last=False)
+        whole = []
+        for epoch in range(2):
+            uneven.set_epoch(epoch)
+            whole.append([b.tolist() for b in uneven])
+        uneven.set_epoch(1)  # the start of epoch 1 again, after the processes yielded 3, 2 and 2 batches
+        states: list = [None] * world
+        torch.distributed.all_gather_object(states, uneven.state_dict())
+        copies = []
+        for state in states:  # every process's copy, loaded on this process
+            resumed = _epoch_loop_loader(dispatch, drop_last=False)
+            resumed.load_state_dict(state)
+            copies.append([b.tolist() for b in resumed])
+        out[dispatch, "uneven"] = (states, whole[1], copies)
+    out["workers"] = _last_step_positions(world)
+    return out
+
+
+def _last_step_positions(world):
+    """Every process's position at each step of a stream split by its 2 DataLoader workers, even_batches=False
+    (3, 2 and 2 batches on 3 processes: the stream's end is read in the workers), until every loop has ended."""
+    from _combinations import WorkerSplitStream
+    from _dist import worker_context
+
+    loader = prepare_data_loader(
+        DataLoader(WorkerSplitStream(13), batch_size=2, num_workers=2, multiprocessing_context=worker_context(2)),
+        even_batches=False,
+    )
+    iterator, steps = iter(loader), []
+    while True:
+        here: list = [None] * world
+        torch.distributed.all_gather_object(here, (next(iterator, None) is None, loader.state_dict()))
+        if all(ended for ended, _ in here):
+            return steps
+        steps.append([position for _, position in here])
+
+
+def test_set_epoch_after_loading_a_position_keeps_its_place_on_3_processes():
+    """A position saved at an epoch's end (the pass still open) loaded, then set_epoch(that epoch): the rest of
+    the epoch is empty (it yielded the epoch again: process 0 [9, 11], [0, 6]); a position saved right after
+    set_epoch(1) at the start of epoch 1 resumes epoch 1 (it said epoch 1 ended: the epoch was skipped), and is
+    the same on every process also where they held 3, 2 and 2 batches (batches_yielded 3 on one, 2 on the
+    others), every process's copy loading to the same place.  A stream split by its DataLoader workers: at
+    process 0's last batch every position is the epoch's end (process 0's said batches_yielded=3 inside epoch 0)."""
+    results = run_gloo(_epoch_loops, world_size=3, timeout=120)
+    for rank, out in enumerate(results):
+        for dispatch in (False, True):
+            where = f"process {rank}, dispatch={dispatch}"
+            epochs, second, rest, following, resumed = out[dispatch]
+            assert second == epochs[0][1], where
+            assert rest == (0, []), where
+            assert following == epochs[1], where
+            assert resumed == epochs[1], where
+            states, epoch_one, copies = out[dispatch, "uneven"]
+            assert all(state == states[0] for state in states), f"{where}: positions differ {states}"
+            assert copies == [epoch_one] * 3, where
+    assert results[0][False][0][0] == [[9, 11], [0, 6]]
+    steps = results[0]["workers"]
+    assert len(steps) == 3 and all(p == steps[-1][0] for p in steps[-1]), f"at process 0's last batch: {steps[-1]}"
+    assert steps[-1][0]["epoch"] == 1
+
+
+def test_set_epoch_of_another_epoch_after_loading_a_position_inside_an_epoch_is_refused():
+    """It resumed the position's place in the other epoch's order: epoch 1's first 2 global batches were lost."""
+
+    def make():
+        loader = DataLoader(range(20), batch_size=2, shuffle=True)
+        return prepare_data_loader(loader, num_processes=2, process_index=0, data_seed=7)
+
+    uninterrupted = make()
+    epoch_zero = [b.tolist() for b in uninterrupted]
+    saving = make()
+    _after(saving, 1)
+    resumed = make()
+    resumed.load_state_dict(saving.state_dict())
+    with pytest.raises(ValueError, match=r"set_epoch\(1\) after loading a position inside epoch 0 .*set_epoch\(0\)"):
+        resumed.set_epoch(1)
+    resumed.set_epoch(0)  # its own epoch keeps it
+    assert [b.tolist() for b in resumed] == epoch_zero[1:]

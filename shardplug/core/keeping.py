@@ -42,13 +42,16 @@ def _user_stream(dataset: Any) -> Any:
 class PositionKeeper(WeakLoader):
     """The position of one prepared loader (``loader``; see the module docstring).
 
-    ``pending``: a loaded position, applied when the next pass starts; ``skip``: batches the next pass
-    starts later still (``skip_first_batches``); ``inner``: the ``StatefulDataLoader``'s own state.
+    ``pending``: a loaded position, applied when the next pass starts; ``ended``: that position (an
+    epoch's start) is reached as the end of the epoch before it, so the next pass is empty
+    (:meth:`enter_epoch`); ``skip``: batches the next pass starts later still (``skip_first_batches``);
+    ``inner``: the ``StatefulDataLoader``'s own state.
     """
 
     def __init__(self, loader: Any, skip: int = 0) -> None:
         self._loader = weak_reference(loader)  # weakly: the loader keeps its keeper (no reference cycle)
         self.pending: Position | None = None
+        self.ended = False
         self.skip = skip
         self.inner = InnerState()
 
@@ -61,7 +64,35 @@ class PositionKeeper(WeakLoader):
 
     def forget(self) -> None:
         """The loader follows another loader's pass (its copy's): nothing of its own is pending."""
-        self.pending, self.skip = None, 0
+        self.pending, self.ended, self.skip = None, False, 0
+
+    def enter_epoch(self, epoch: int) -> None:
+        """The loader is set to ``epoch`` (``set_epoch``, as a user's loop does before each pass): what becomes
+        of a loaded position not iterated yet, decided before anything changes.
+
+        * its own epoch: the next pass resumes it;
+        * a position at an epoch's start is also the end of the epoch before it: ``set_epoch`` of that
+          epoch (the one the position was saved in, while its last pass was still open) makes the next
+          pass that epoch's rest, which is empty; the pass after it is the position's epoch;
+        * another epoch from its start: the position no longer applies (its shuffle seeds stay);
+        * a position inside another epoch is refused: its place is in that epoch's order only.
+        """
+        self.ended = False
+        pending = self.pending
+        if pending is None or epoch == pending.epoch:
+            return
+        if (pending.consumed, pending.batches_yielded) != (0, 0):
+            raise ValueError(
+                f"set_epoch({epoch}) after loading a position inside epoch {pending.epoch} (consumed="
+                f"{pending.consumed} {pending.unit}): its place is in epoch {pending.epoch}'s order, and the pass "
+                f"would resume in another epoch's; call set_epoch({pending.epoch}) (the loaded position's epoch, "
+                "as loader.epoch already says) for the pass that resumes it, or load a position of epoch "
+                f"{epoch}"
+            )
+        if epoch == pending.epoch - 1:
+            self.ended = True
+            return
+        self.pending = None
 
     @property
     def plan(self) -> ShardPlan:
@@ -104,7 +135,9 @@ class PositionKeeper(WeakLoader):
         """Batches the pass yields: the pass in progress while one is open, else the next one."""
         current = self.loader._pass
         if current.open:
-            return max(self.batches_after(current.consumed_at_start), 0)
+            return 0 if current.empty else max(self.batches_after(current.consumed_at_start), 0)
+        if self.ended:
+            return 0
         return max(self.batches_after(self.next_start()) - self.skip, 0)
 
     def pass_start(self) -> int:
@@ -140,6 +173,11 @@ class PositionKeeper(WeakLoader):
         the loaded position and the pending skip; return how many batches it reads and drops first."""
         discard = 0
         pending, self.pending = self.pending, None
+        ended, self.ended = self.ended, False
+        if ended:  # the rest of an epoch whose end was loaded: nothing (the DataLoader is not read)
+            current.empty = True
+            self.skip, self.inner.repositions = 0, False
+            return 0
         if pending is not None:
             discard = self._start_after(pending, current)
         skip, self.skip = self.skip, 0
@@ -202,8 +240,14 @@ class PositionKeeper(WeakLoader):
         # (even_batches=False) reports the same place as the others until its loop has ended by itself,
         # then the epoch's end (the others finish theirs before they meet it again).
         finished = plan.finished(consumed)
-        if finished is None:  # unknown lengths: where every process yields as many batches, all end together
-            finished = layout.pads or layout.drop_last or layout.num_processes == 1
+        if finished is None:  # unknown lengths: where every process yields as many batches, all end together,
+            # and process 0's last batch is the job's last where it holds the most (docs/resume.md)
+            finished = (
+                layout.pads
+                or layout.drop_last
+                or layout.num_processes == 1
+                or (plan.first_holds_most and layout.process_index == 0)
+            )
         if current.complete and (current.exhausted or finished):
             epoch, done, consumed = epoch + 1, 0, 0
             generator_state = generator.get_state() if generator is not None else None
@@ -241,6 +285,7 @@ class PositionKeeper(WeakLoader):
 
     def apply(self, position: Position) -> None:
         """Continue from ``position`` (already checked) at the next pass."""
+        self.pending = None  # a position loaded before is replaced
         self.shuffles().restore(position.seeds, position.generator_state)
         self.loader.set_epoch(position.epoch)
         self.pending = position

@@ -187,11 +187,20 @@ class PreparedDataLoader(DataLoader[Any]):
         return unique
 
     def set_epoch(self, epoch: int) -> None:
-        """Set the epoch of this loader, its sampler, its batch sampler and its dataset."""
+        """Set the epoch of this loader, its sampler, its batch sampler and its dataset.
+
+        Outside a pass, the loader then stands at that epoch's start (its position says so), or where a
+        loaded position places it: its own epoch keeps it, and the epoch before a position at an epoch's
+        start (that epoch's end) makes the next pass that epoch's empty rest; a position inside another
+        epoch is refused (see :meth:`~shardplug.core.keeping.PositionKeeper.enter_epoch`)."""
         if not isinstance(epoch, int) or isinstance(epoch, bool) or epoch < 0:
             raise ValueError(f"epoch={epoch!r} must be an integer >= 0")
+        self._keeping.enter_epoch(epoch)
         self.epoch = epoch
-        self._pass.complete = False
+        if self._pass.open:
+            self._pass.complete = False  # the pass in progress is not the epoch's end: the next pass is this epoch
+        else:
+            self._pass = LoaderPass(self)  # nothing of the last pass is this epoch's
         for target in self._epoch_targets():
             target.set_epoch(epoch)
 

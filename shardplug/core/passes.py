@@ -102,6 +102,7 @@ class LoaderPass(WeakLoader):
         "batch_indices",
         "batch_real",
         "generator_state",
+        "empty",
     )
 
     def __init__(self, loader: Any) -> None:
@@ -119,6 +120,7 @@ class LoaderPass(WeakLoader):
         self.batch_indices: list[int] | None = None
         self.batch_real: int | None = None
         self.generator_state: torch.Tensor | None = None  # the shuffle generator's state at the pass start
+        self.empty = False  # the rest of an epoch whose end was loaded: the DataLoader is not read
 
     def __iter__(self) -> Iterator[Any]:
         """The pass's batches as handed out (a generator: the pass begins at its first ``next()``)."""
@@ -131,8 +133,9 @@ class LoaderPass(WeakLoader):
         if state is not None:
             state._loader_started(loader)
         try:
-            batches = loader.plan.pass_batches(loader._inner_batches(discard), self.record)
-            yield from self._deliver(batches)
+            if not self.empty:
+                batches = loader.plan.pass_batches(loader._inner_batches(discard), self.record)
+                yield from self._deliver(batches)
             self.complete = self.exhausted = True
             self._check_length()
         finally:

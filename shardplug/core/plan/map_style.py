@@ -28,6 +28,7 @@ class BatchSamplerPlan(PlanDefaults):
     unit = "global_batches"
     stream = False
     exact_length = True
+    first_holds_most = True  # leftovers go to the first processes
     untracked_reason = None
 
     def __init__(self, batch_sampler: Iterable[Sequence[int]], layout: ShardLayout) -> None:

@@ -69,6 +69,11 @@ class ShardPlan(Protocol):
     def finished(self, consumed: int) -> bool | None:
         """Whether no process has a batch left after ``consumed`` (``None`` when unknown)."""
 
+    first_holds_most: bool
+    """Process 0 holds at least as many batches as any other (a short last global batch goes to the first
+    processes): once its pass has handed out its last batch, no process has one left, also where
+    :meth:`finished` cannot tell (the stream's end is read in DataLoader workers)."""
+
     def samples_before(self, consumed: int) -> int | None:
         """Samples of the epoch the whole job consumed before a pass that starts after ``consumed``
         (``None`` when unknown): where the pass's global batches start, so also what its last one holds."""
@@ -138,6 +143,7 @@ class PlanDefaults:
     identifies_samples = True
     """Batch records name each sample (dataset indices or stream positions), so an audit can count them."""
     reads_ahead = False
+    first_holds_most = False
     inner_state_resumes = True
     splits_by_worker = False
     exact_length = False

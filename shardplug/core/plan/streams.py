@@ -43,6 +43,7 @@ class StreamPlan(PlanDefaults):
 
     unit = "elements"
     stream = True
+    first_holds_most = True  # leftovers go to the first processes (each DataLoader worker's too)
 
     def __init__(
         self,
