@@ -96,17 +96,15 @@ def several_processes(code: str, expected: tuple[str, ...] | None) -> SeveralPro
     launch = TORCHRUN.search(code)
     if launch:
         n = int(launch.group(1))
-        form = SeveralProcesses(f"torchrun --nproc_per_node {n}", n, code, True, expected)
-    else:
-        for pattern, replacement in ((DEVICES, "devices={n}"), (IGNITE, 'backend="gloo", nproc_per_node={n}')):
-            match = pattern.search(code)
-            if match:
-                n = int(match.group("n"))
-                changed = match.group("before") + replacement.format(n=n) + match.group("after")
-                code = code[: match.start()] + changed + code[match.end() :]
-                return SeveralProcesses(replacement.format(n=n), n, code, False, expected)
-        return None
-    return form
+        return SeveralProcesses(f"torchrun --nproc_per_node {n}", n, code, True, expected)
+    for pattern, replacement in ((DEVICES, "devices={n}"), (IGNITE, 'backend="gloo", nproc_per_node={n}')):
+        match = pattern.search(code)
+        if match:  # the line that names the form, rewritten into it
+            n = int(match.group("n"))
+            how = replacement.format(n=n)
+            code = code[: match.start()] + match.group("before") + how + match.group("after") + code[match.end() :]
+            return SeveralProcesses(how, n, code, False, expected)
+    return None
 
 
 def parse(page: Path, line: int, code: str) -> Example:
