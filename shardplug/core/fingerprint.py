@@ -21,14 +21,14 @@ from __future__ import annotations
 import hashlib
 import logging
 import pickle
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import torch
 
 from .collectives import communication_device, world_size
 
-__all__ = ["FirstBatchCheck", "fingerprint"]
+__all__ = ["FirstBatchCheck", "fingerprint", "checked_first_batch"]
 
 logger = logging.getLogger(__name__)
 
@@ -128,3 +128,19 @@ class FirstBatchCheck:
             )
         if not known:
             logger.debug("no fingerprint of the first global batch on any process (an empty pass?)")
+
+
+def checked_first_batch(batches: Iterator[Any], check: FirstBatchCheck, record: bool = False) -> Iterator[Any]:
+    """``batches``, with the processes' first global batches compared once the first one was read
+    (``record``: fingerprinted here, the loader's batches being the global ones; else by the reader)."""
+    iterator = iter(batches)
+    try:
+        first = next(iterator)
+    except StopIteration:
+        check.agree()
+        return
+    if record:
+        check.recorder()([first])
+    check.agree()
+    yield first
+    yield from iterator

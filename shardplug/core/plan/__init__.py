@@ -30,11 +30,12 @@ from __future__ import annotations
 
 from ..layout import ShardLayout
 from .dispatch import DispatchPlan
+from .local import LocalPlan
 from .map_style import BatchSamplerPlan
 from .native import NativeStreamPlan
 from .padding import PaddingTag, TagCollate, TaggedBatch
 from .protocol import UNITS, PassRecord, ShardPlan, sized_length
-from .streams import LocalPlan, StreamPlan
+from .streams import StreamPlan
 
 __all__ = [
     "ShardPlan",

@@ -1,5 +1,4 @@
-"""Streams shardplug splits: read whole by every process (:class:`StreamPlan`), or this process's own
-batches (:class:`LocalPlan`)."""
+"""A stream every process reads whole, keeping its part of each global batch (:class:`StreamPlan`)."""
 
 from __future__ import annotations
 
@@ -10,12 +9,12 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from ..collectives import world_size
-from ..fingerprint import FirstBatchCheck
+from ..fingerprint import FirstBatchCheck, checked_first_batch
 from ..layout import ShardLayout
 from .padding import PaddingTag, untagged
-from .protocol import PassRecord, PlanDefaults, check_consumed, global_batch_samples
+from .protocol import PassRecord, PlanDefaults, check_consumed
 
-__all__ = ["StreamPlan", "LocalPlan"]
+__all__ = ["StreamPlan"]
 
 
 class StreamPlan(PlanDefaults):
@@ -157,7 +156,7 @@ class StreamPlan(PlanDefaults):
         if self.tags:
             batches = untagged(batches, record)
         if self.first_batch is not None and self.layout.num_processes > 1 and world_size() > 1:
-            batches = _checked_first_batch(batches, self.first_batch)
+            batches = checked_first_batch(batches, self.first_batch)
         return batches
 
     def batch_record(self, record: PassRecord, batch: int) -> tuple[list[int], int]:
@@ -238,77 +237,3 @@ class StreamPlan(PlanDefaults):
             return [PaddingTag(e, p, k < real) for k, e, p in zip(range(own.start, own.stop), buffer[own], places[own])]
 
         return cut
-
-
-class LocalPlan(PlanDefaults):
-    """The loader's own batches are this process's part: a stream that sharded itself (each
-    process reads only its shards), or data read by this process alone.  A position counts this
-    loader's batches, so it resumes only with the same number of processes.  ``stream``: whether
-    that data is a stream (``False`` for map-style data read as it is: its positions then name its
-    sampler and length).  ``first_batch``: where every rank of the group reads the same data whole
-    (the ranks of a device mesh's only data index), the check that their first batches agree."""
-
-    unit = "batches"
-    consumed_per_batch = 1
-    identifies_samples = False
-    untracked_reason = (
-        "the data is not sharded by shardplug here (a stream that shards itself, or one process), so padding "
-        "cannot be told apart; use loader.remainder for the last global batch"
-    )
-
-    def __init__(
-        self,
-        layout: ShardLayout,
-        length: int | None = None,
-        stream: bool = True,
-        first_batch: FirstBatchCheck | None = None,
-    ) -> None:
-        self.layout = layout
-        self.length = length
-        self.stream = stream
-        self.first_batch = first_batch
-
-    def begin_pass(self) -> None:
-        if self.first_batch is not None:
-            self.first_batch.begin_pass()
-
-    def pass_batches(self, batches: Iterator[Any], record: PassRecord) -> Iterator[Any]:
-        """The loader's batches; with ``first_batch``, the ranks' first batches compared once it was read."""
-        if self.first_batch is None:
-            return batches
-        return _checked_first_batch(batches, self.first_batch, record=True)
-
-    def start_after(self, consumed: int, dataset_state: Any = None) -> int:
-        return check_consumed(consumed)  # the loader reads and drops them
-
-    def batch_record(self, record: PassRecord, batch: int) -> tuple[list[int], int]:
-        raise ValueError(self.untracked_reason)
-
-    def epoch_size(self) -> int | None:
-        return self.length
-
-    def num_batches(self, consumed: int = 0) -> int | None:
-        return None if self.length is None else max(self.length - check_consumed(consumed), 0)
-
-    def samples_before(self, consumed: int) -> int | None:
-        return global_batch_samples(self.layout, consumed)  # its batches are the global ones
-
-    def finished(self, consumed: int) -> bool | None:
-        rest = self.num_batches(consumed)
-        return None if rest is None else rest == 0
-
-
-def _checked_first_batch(batches: Iterator[Any], check: FirstBatchCheck, record: bool = False) -> Iterator[Any]:
-    """``batches``, with the processes' first global batches compared once the first one was read
-    (``record``: fingerprinted here, the loader's batches being the global ones; else by the reader)."""
-    iterator = iter(batches)
-    try:
-        first = next(iterator)
-    except StopIteration:
-        check.agree()
-        return
-    if record:
-        check.recorder()([first])
-    check.agree()
-    yield first
-    yield from iterator
