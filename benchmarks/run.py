@@ -36,7 +36,7 @@ from shardplug import (  # noqa: E402
     SeedableRandomSampler,
     prepare_data_loader,
 )
-from shardplug.core.plan import NativeStreamPlan  # noqa: E402
+from shardplug.core.sharding.native import NativeStreamPlan  # noqa: E402
 
 try:  # optional: the reference, for a side-by-side ratio only
     import accelerate.data_loader as reference  # type: ignore[import-not-found]

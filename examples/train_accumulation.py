@@ -23,7 +23,7 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, TensorDataset
 
 from shardplug.core.config import ShardplugConfig
-from shardplug.core.training import TrainingRun
+from shardplug.core.stepping.training import TrainingRun
 
 logger = logging.getLogger("train_accumulation")
 

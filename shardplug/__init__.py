@@ -6,7 +6,7 @@ Example::
     loader = shardplug.prepare_data_loader(DataLoader(dataset, batch_size=16, shuffle=True))
 """
 
-from .core import (
+from shardplug.core import (
     AuditReport,
     BatchSamplerShard,
     BijectiveRandomSampler,

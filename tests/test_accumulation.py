@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch.utils.data import DataLoader
 
-from shardplug.core.accumulation import GradientState
+from shardplug.core.stepping.accumulation import GradientState
 
 
 class FakeLoader:
@@ -206,7 +206,7 @@ def test_pickle_round_trip_keeps_counters_not_passes():
 
 
 def test_through_a_real_prepared_loader():
-    prepare = pytest.importorskip("shardplug.core.prepare")
+    prepare = pytest.importorskip("shardplug.core.sharding.planner")
     state = GradientState(num_steps=2)
     loader = prepare.prepare_data_loader(DataLoader(torch.arange(10), batch_size=2), num_processes=1, process_index=0)
     loader.gradient_state = state
@@ -223,7 +223,7 @@ def test_through_a_real_prepared_loader():
 def test_step_is_a_deprecated_name_of_micro_batches_that_warns_once():
     import warnings
 
-    from shardplug.core import deprecation
+    from shardplug.core._internal import deprecation
 
     deprecation._warned.discard("GradientState.step")
     state = GradientState(num_steps=3)

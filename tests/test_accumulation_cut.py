@@ -12,9 +12,9 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
-from shardplug.core.accumulation import GradientState
 from shardplug.core.config import ShardplugConfig
-from shardplug.core.training import TrainingRun
+from shardplug.core.stepping.accumulation import GradientState
+from shardplug.core.stepping.training import TrainingRun
 
 K, N = 2, 6
 

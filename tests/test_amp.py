@@ -6,11 +6,11 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
-from shardplug.core import amp
-from shardplug.core.accumulation import GradientState
 from shardplug.core.config import ShardplugConfig
-from shardplug.core.optimizer import PreparedOptimizer
-from shardplug.core.training import TrainingRun
+from shardplug.core.stepping import amp
+from shardplug.core.stepping.accumulation import GradientState
+from shardplug.core.stepping.optimizer import PreparedOptimizer
+from shardplug.core.stepping.training import TrainingRun
 
 KINDS = ["sgd", "adamw", "adamw_fused"]
 

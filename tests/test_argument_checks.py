@@ -7,8 +7,8 @@ import torch
 from torch.utils.data import DataLoader, RandomSampler, SequentialSampler, SubsetRandomSampler
 
 from shardplug import BatchSamplerShard, SampleAudit, prepare_data_loader
-from shardplug.core.dispatch import DataLoaderDispatcher
-from shardplug.core.iterable import IterableDatasetShard
+from shardplug.core.dispatch.dispatcher import DataLoaderDispatcher
+from shardplug.core.sharding.read_all import IterableDatasetShard
 
 
 def test_slice_fn_for_dispatch_must_be_callable_at_prepare():

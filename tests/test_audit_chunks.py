@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from shardplug import SampleAudit
-from shardplug.core import audit as audit_module
+from shardplug.core.padding import audit as audit_module
 
 
 def _expected(n, records, limit=SampleAudit.report_ids):

@@ -11,7 +11,7 @@ from _datasets import rows
 from torch.utils.data import BatchSampler, DataLoader
 
 from shardplug import BatchSamplerShard, ShardplugConfig, prepare_data_loader
-from shardplug.core.shuffle import BijectiveRandomSampler, KeyedPermutation
+from shardplug.core.shuffle.seedable import BijectiveRandomSampler, KeyedPermutation
 
 
 def _order(n, seed, epoch=0):

@@ -1,6 +1,6 @@
-"""Every private name of another library listed in shardplug.core.compat still exists (real objects).
+"""Every private name of another library listed in shardplug.core._internal.compat still exists (real objects).
 
-Fails when a library release drops or renames one: the message names it; shardplug/core/compat.py
+Fails when a library release drops or renames one: the message names it; shardplug/core/_internal/compat.py
 says what it is used for.
 """
 
@@ -16,9 +16,9 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, RandomSampler
 
-from shardplug.core import compat
-from shardplug.core.optimizer import PreparedOptimizer
-from shardplug.core.scheduler import PreparedScheduler
+from shardplug.core._internal import compat
+from shardplug.core.stepping.optimizer import PreparedOptimizer
+from shardplug.core.stepping.scheduler import PreparedScheduler
 
 
 def _scaler_record() -> tuple[Any, Any]:
@@ -236,7 +236,7 @@ def test_the_private_name_still_exists(name):
         library = compat.library_of(name)
         raise AssertionError(
             f"{library} {version(library)} no longer has {name} as shardplug uses it (checked against "
-            f"{compat.CHECKED_AGAINST[library]}): see shardplug/core/compat.py"
+            f"{compat.CHECKED_AGAINST[library]}): see shardplug/core/_internal/compat.py"
         ) from exc
 
 

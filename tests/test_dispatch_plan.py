@@ -14,10 +14,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from shardplug import DispatchError
-from shardplug.core.layout import ShardLayout
-from shardplug.core.plan import DispatchPlan
-from shardplug.core.plan.dispatch import CutStep
-from shardplug.core.rows import slice_rows
+from shardplug.core.dispatch.dispatch_plan import CutStep, DispatchPlan
+from shardplug.core.loader.rows import slice_rows
+from shardplug.core.sharding.layout import ShardLayout
 
 
 def _plan(n: int, even_batches: bool = True, split_batches: bool = False) -> DispatchPlan:

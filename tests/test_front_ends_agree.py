@@ -1,6 +1,6 @@
 """The same mixed-precision run with overflowing steps agrees across plain PyTorch, Lightning, Fabric and Ignite.
 
-One stepping engine serves every front end (``shardplug.core.amp``): identical skip reports (fused
+One stepping engine serves every front end (``shardplug.core.stepping.amp``): identical skip reports (fused
 AdamW included), identical scheduler positions, identical parameters. The run itself is
 ``tests/scripts/amp_front_ends.py``, in a subprocess (Lightning and Fabric start a process group).
 """

@@ -12,7 +12,7 @@ from test_samplers import EvenRandomSampler
 from torch.utils.data import DataLoader, Dataset
 
 import shardplug
-from shardplug.core.shuffle import BijectiveRandomSampler, SeedableRandomSampler
+from shardplug.core.shuffle.seedable import BijectiveRandomSampler, SeedableRandomSampler
 
 Pair = namedtuple("Pair", ["a", "b"])
 

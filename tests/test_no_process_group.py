@@ -13,7 +13,7 @@ from _dist import run_torchrun
 from torch.utils.data import DataLoader, RandomSampler, SubsetRandomSampler, WeightedRandomSampler
 
 from shardplug import prepare_data_loader
-from shardplug.core.shuffle import BijectiveRandomSampler, SeedableRandomSampler
+from shardplug.core.shuffle.seedable import BijectiveRandomSampler, SeedableRandomSampler
 
 NO_GROUP = "no process group is initialised"
 INIT = "Initialise the process group first (torch.distributed.init_process_group(...) before prepare_data_loader)"

@@ -11,8 +11,8 @@ import pytest
 import torch
 from torch.optim import Optimizer
 
-from shardplug.core.accumulation import GradientState
-from shardplug.core.optimizer import PreparedOptimizer
+from shardplug.core.stepping.accumulation import GradientState
+from shardplug.core.stepping.optimizer import PreparedOptimizer
 
 
 class ScalingAwareSGD(Optimizer):
@@ -205,7 +205,7 @@ def test_warns_once_when_accumulating_without_micro_batches(caplog):
     model, inner = make("sgd")
     opt = PreparedOptimizer(inner, gradient_state=GradientState(num_steps=4))
     backward(model)
-    with caplog.at_level(logging.WARNING, logger="shardplug.core.optimizer"):
+    with caplog.at_level(logging.WARNING, logger="shardplug.core.stepping.optimizer"):
         opt.step()
         opt.step()
     assert len([r for r in caplog.records if "no micro-batch" in r.getMessage()]) == 1
@@ -243,7 +243,7 @@ def test_forced_inf_under_grad_scaler_is_a_skipped_step(kind):
     sched = torch.optim.lr_scheduler.LambdaLR(inner, lambda step: 1.0 / (step + 1))
     entered = []
     inner.register_step_pre_hook(lambda o, a, k: entered.append(True))
-    from shardplug.core.scheduler import PreparedScheduler
+    from shardplug.core.stepping.scheduler import PreparedScheduler
 
     prepared_sched = PreparedScheduler(sched, opt, num_processes=1)
     with warnings.catch_warnings(record=True) as caught:

@@ -15,7 +15,7 @@ from _dist import run_gloo
 from torch.utils.data import BatchSampler, DataLoader, SubsetRandomSampler
 
 from shardplug import SeedableRandomSampler, ShardplugConfig, prepare_data_loader
-from shardplug.core.position import POSITION_FORMAT, Position
+from shardplug.core.resume.position import POSITION_FORMAT, Position
 
 
 def _prepared(n=20, b=2, world=2, rank=0, **kwargs):

@@ -12,7 +12,7 @@ from torch.utils.data import DataLoader
 
 from shardplug import prepare_data_loader
 from shardplug.core.config import DATA_OPTIONS, ShardplugConfig
-from shardplug.core.training import TrainingRun
+from shardplug.core.stepping.training import TrainingRun
 
 CONFIGS = [
     ShardplugConfig(),
@@ -134,7 +134,7 @@ def test_one_layout_is_handed_down_to_the_shard_and_the_loader():
 
 
 def test_prepare_reads_exactly_the_data_options_of_the_config():
-    from shardplug.core import prepare
+    from shardplug.core.sharding import planner as prepare
 
     assert prepare._DataOptions._fields == DATA_OPTIONS
     assert set(DATA_OPTIONS) == set(ShardplugConfig().data_loader_kwargs())

@@ -1,4 +1,4 @@
-"""The one walker over nested batches (shardplug.core.rows) and the modules that walk with it."""
+"""The one walker over nested batches (shardplug.core.loader.rows) and the modules that walk with it."""
 
 from __future__ import annotations
 
@@ -6,10 +6,10 @@ from collections import OrderedDict, defaultdict, namedtuple
 
 import torch
 
-from shardplug.core.metrics import drop_padding
-from shardplug.core.plan.native import _detached, _rows
-from shardplug.core.rows import first_leaf, iter_leaves, map_leaves
-from shardplug.core.transfer import send_to_device
+from shardplug.core.loader.rows import first_leaf, iter_leaves, map_leaves
+from shardplug.core.loader.transfer import send_to_device
+from shardplug.core.padding.metrics import drop_padding
+from shardplug.core.sharding.native import _detached, _rows
 
 Pair = namedtuple("Pair", ["x", "y"])
 

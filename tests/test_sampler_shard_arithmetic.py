@@ -9,9 +9,9 @@ from hypothesis import strategies as st
 from torch.utils.data import BatchSampler, RandomSampler, SequentialSampler
 
 from shardplug import BatchSamplerShard
-from shardplug.core.layout import ShardLayout
-from shardplug.core.plan.arithmetic import walk_shard
-from shardplug.core.shuffle import advance_past_randperm
+from shardplug.core.sharding.arithmetic import walk_shard
+from shardplug.core.sharding.layout import ShardLayout
+from shardplug.core.shuffle.seedable import advance_past_randperm
 
 
 def _sampler(kind: str, n: int, seed: int):

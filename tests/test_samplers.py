@@ -9,7 +9,8 @@ from hypothesis import strategies as st
 from torch.utils.data import BatchSampler, DataLoader, RandomSampler, SequentialSampler
 
 from shardplug import BatchSamplerShard, SeedableRandomSampler, prepare_data_loader
-from shardplug.core.plan.arithmetic import ArithmeticShard, EpochOrder, ShardLayout, walk_shard
+from shardplug.core.sharding.arithmetic import ArithmeticShard, EpochOrder, walk_shard
+from shardplug.core.sharding.layout import ShardLayout
 
 
 def shards(n, b, num_processes, split=False, even=True, drop_last=False):

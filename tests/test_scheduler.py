@@ -9,9 +9,9 @@ import pytest
 import torch
 from torch.optim.lr_scheduler import LRScheduler, OneCycleLR, ReduceLROnPlateau, StepLR
 
-from shardplug.core.accumulation import GradientState
-from shardplug.core.optimizer import PreparedOptimizer
-from shardplug.core.scheduler import PreparedScheduler
+from shardplug.core.stepping.accumulation import GradientState
+from shardplug.core.stepping.optimizer import PreparedOptimizer
+from shardplug.core.stepping.scheduler import PreparedScheduler
 
 
 def make(lr: float = 1.0, state: GradientState | None = None, scaler=None):

@@ -12,7 +12,7 @@ import torch
 from torch.utils.data import default_collate
 
 from shardplug.core.dispatch.shm import CollateIntoRing, RingReader, SharedRing
-from shardplug.core.rows import flatten
+from shardplug.core.loader.rows import flatten
 
 Pair = namedtuple("Pair", "left right")
 

@@ -78,7 +78,7 @@ def test_rng_types_become_a_fresh_tuple():
 
 
 def test_data_loader_kwargs_are_prepare_data_loader_arguments():
-    prepare = pytest.importorskip("shardplug.core.prepare")
+    prepare = pytest.importorskip("shardplug.core.sharding.planner")
 
     def slicer(data, s, i, n):
         return data
@@ -123,7 +123,7 @@ def test_scheduler_scaling_is_decided_in_one_place():
 
 
 def test_dispatcher_takes_the_one_spelling_and_the_old_one_with_a_warning():
-    from shardplug.core.dispatch import DataLoaderDispatcher
+    from shardplug.core.dispatch.dispatcher import DataLoaderDispatcher
 
     def slicer(data, rows, process_index, num_processes):
         return data

@@ -377,7 +377,13 @@ def test_the_stream_attributes_shardplug_reads_still_exist(files):
     """The private attributes streams.py reads (the compat list): fails when a library drops one."""
     from datasets.distributed import split_dataset_by_node
 
-    from shardplug.core.streams import hf_shuffles, node_split, shuffle_fingerprint, single_node_only, splits_by_worker
+    from shardplug.core.sharding.stream_traits import (
+        hf_shuffles,
+        node_split,
+        shuffle_fingerprint,
+        single_node_only,
+        splits_by_worker,
+    )
 
     stream = hf_stream(files)
     assert hasattr(stream, "_ex_iterable") and stream._distributed is None

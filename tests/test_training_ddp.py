@@ -11,11 +11,11 @@ import torch.nn.functional as F
 from _dist import run_gloo, run_torchrun
 from torch.utils.data import DataLoader, TensorDataset
 
-from shardplug.core.accumulation import GradientState
 from shardplug.core.config import ShardplugConfig
-from shardplug.core.optimizer import PreparedOptimizer
-from shardplug.core.scheduler import PreparedScheduler
-from shardplug.core.training import TrainingRun
+from shardplug.core.stepping.accumulation import GradientState
+from shardplug.core.stepping.optimizer import PreparedOptimizer
+from shardplug.core.stepping.scheduler import PreparedScheduler
+from shardplug.core.stepping.training import TrainingRun
 
 
 def expected_pattern(n: int, k: int) -> list[bool]:
@@ -142,7 +142,7 @@ def test_prepare_scheduler_follows_its_own_optimizer():
 
 
 def test_prepared_loader_drives_the_cycle_in_one_process():
-    pytest.importorskip("shardplug.core.prepare")
+    pytest.importorskip("shardplug.core.sharding.planner")
     run = single_run(2)
     loader = run.prepare_data_loader(DataLoader(torch.arange(10.0), batch_size=2))
     assert loader.gradient_state is run.gradient_state

@@ -1,23 +1,25 @@
 """The sharding engine: samplers, shards, loaders and the functions that prepare them."""
 
-from .accumulation import GradientState
-from .audit import AuditReport, SampleAudit
-from .config import ShardplugConfig
-from .dispatch import DataLoaderDispatcher, DispatchError
-from .iterable import IterableDatasetShard
-from .layout import ShardLayout
-from .loaders import DataLoaderShard, LengthMismatchWarning, PreparedDataLoader
-from .metrics import drop_padding, gather_for_metrics
-from .optimizer import PreparedOptimizer
-from .position import Position
-from .prepare import prepare_data_loader, skip_first_batches
-from .rng import synchronize_rng_states
-from .samplers import BatchSamplerShard, SeedableRandomSampler
-from .scheduler import PreparedScheduler
-from .shuffle import BijectiveRandomSampler, KeyedPermutation
-from .topology import ProcessTopology, resolve_data_topology
-from .training import TrainingRun
-from .transfer import send_to_device
+from shardplug.core._internal.topology import ProcessTopology, resolve_data_topology
+from shardplug.core.config import ShardplugConfig
+from shardplug.core.dispatch.dispatch_plan import DispatchError
+from shardplug.core.dispatch.dispatcher import DataLoaderDispatcher
+from shardplug.core.loader.passes import LengthMismatchWarning
+from shardplug.core.loader.prepared import DataLoaderShard, PreparedDataLoader
+from shardplug.core.loader.transfer import send_to_device
+from shardplug.core.padding.audit import AuditReport, SampleAudit
+from shardplug.core.padding.metrics import drop_padding, gather_for_metrics
+from shardplug.core.resume.position import Position
+from shardplug.core.sharding.layout import ShardLayout
+from shardplug.core.sharding.map_style import BatchSamplerShard
+from shardplug.core.sharding.planner import prepare_data_loader, skip_first_batches
+from shardplug.core.sharding.read_all import IterableDatasetShard
+from shardplug.core.shuffle.rng import synchronize_rng_states
+from shardplug.core.shuffle.seedable import BijectiveRandomSampler, KeyedPermutation, SeedableRandomSampler
+from shardplug.core.stepping.accumulation import GradientState
+from shardplug.core.stepping.optimizer import PreparedOptimizer
+from shardplug.core.stepping.scheduler import PreparedScheduler
+from shardplug.core.stepping.training import TrainingRun
 
 __all__ = [
     "AuditReport",

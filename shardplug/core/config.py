@@ -1,7 +1,7 @@
 """One configuration value for every shardplug front-end.
 
 :class:`ShardplugConfig` holds the data-loading and stepping options once, so a
-plain-PyTorch :class:`~shardplug.core.training.TrainingRun` and the framework integrations take the
+plain-PyTorch :class:`~shardplug.core.stepping.training.TrainingRun` and the framework integrations take the
 same value. It is frozen and validated on construction: a bad option fails where it is written,
 with a message naming the argument, the value and the fix.
 
@@ -22,8 +22,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from .rng import check_rng_types
-from .shuffle import check_seed, check_shuffle_algorithm
+from shardplug.core.shuffle.rng import check_rng_types
+from shardplug.core.shuffle.seedable import check_seed, check_shuffle_algorithm
 
 __all__ = ["ShardplugConfig", "FRONT_ENDS", "DATA_OPTIONS", "renamed_option"]
 

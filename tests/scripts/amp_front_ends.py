@@ -70,7 +70,7 @@ def record(net: Net, sched: Any, skips: list[list[bool]], grad_scaler: torch.amp
 
 
 def plain(kind: str) -> dict[str, Any]:
-    from shardplug.core.training import TrainingRun
+    from shardplug.core.stepping.training import TrainingRun
 
     net, grad_scaler = Net(), scaler()
     run = TrainingRun(scaler=grad_scaler, num_processes=1, process_index=0)

@@ -19,7 +19,7 @@ import torch
 from ignite.base.mixins import Serializable
 from ignite.engine import Engine, Events
 
-from shardplug.core.loaders import PreparedDataLoader
+from shardplug.core.loader.prepared import PreparedDataLoader
 
 __all__ = ["EpochSync", "current_loader"]
 

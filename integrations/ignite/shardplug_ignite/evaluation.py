@@ -16,8 +16,8 @@ import torch
 from ignite.engine import Engine, Events
 from ignite.metrics.metric import MetricUsage
 
-from shardplug.core.deprecation import renamed_function
-from shardplug.core.rows import iter_leaves, map_leaves
+from shardplug.core._internal.deprecation import renamed_function
+from shardplug.core.loader.rows import iter_leaves, map_leaves
 
 from .compat import ignite_prepare_batch
 

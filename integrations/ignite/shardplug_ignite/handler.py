@@ -32,10 +32,10 @@ from torch.optim import Optimizer
 from torch.utils.data import DataLoader
 
 from shardplug.core.config import ShardplugConfig, renamed_option
-from shardplug.core.loaders import PreparedDataLoader
-from shardplug.core.optimizer import PreparedOptimizer
-from shardplug.core.scheduler import PreparedScheduler
-from shardplug.core.training import TrainingRun
+from shardplug.core.loader.prepared import PreparedDataLoader
+from shardplug.core.stepping.optimizer import PreparedOptimizer
+from shardplug.core.stepping.scheduler import PreparedScheduler
+from shardplug.core.stepping.training import TrainingRun
 
 from .compat import ignite_prepare_batch
 from .epochs import EpochSync
@@ -141,7 +141,7 @@ class ShardplugHandler(Serializable):
     # -- properties --------------------------------------------------------------------------
     @property
     def gradient_state(self) -> Any:
-        """The run's :class:`~shardplug.core.accumulation.GradientState`."""
+        """The run's :class:`~shardplug.core.stepping.accumulation.GradientState`."""
         return self.run.gradient_state
 
     @property

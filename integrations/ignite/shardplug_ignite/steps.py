@@ -18,10 +18,10 @@ from typing import Any
 from ignite.base.mixins import Serializable
 from ignite.engine import Engine, EventEnum, Events
 
-from shardplug.core.loaders import PreparedDataLoader
-from shardplug.core.optimizer import PreparedOptimizer
-from shardplug.core.scheduler import PreparedScheduler
-from shardplug.core.training import TrainingRun
+from shardplug.core.loader.prepared import PreparedDataLoader
+from shardplug.core.stepping.optimizer import PreparedOptimizer
+from shardplug.core.stepping.scheduler import PreparedScheduler
+from shardplug.core.stepping.training import TrainingRun
 
 __all__ = ["ShardplugEvents", "StepEvents", "SchedulerSteps"]
 

@@ -235,7 +235,7 @@ def test_real_count_and_drop_padding_and_their_deprecated_names():
     import warnings
 
     import shardplug_ignite
-    from shardplug.core import deprecation
+    from shardplug.core._internal import deprecation
 
     handler = ShardplugHandler(ShardplugConfig())
     loader = handler.prepare_eval_loader(DataLoader(_data(3), batch_size=4))

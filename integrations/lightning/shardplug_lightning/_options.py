@@ -18,7 +18,7 @@ from torch.utils.data import DataLoader
 from torch.utils.data.distributed import DistributedSampler
 
 from shardplug.core.config import ShardplugConfig
-from shardplug.core.loaders import PreparedDataLoader
+from shardplug.core.loader.prepared import PreparedDataLoader
 
 from . import compat
 

@@ -24,7 +24,7 @@ from __future__ import annotations
 import importlib
 from typing import Any, cast
 
-from shardplug.core import compat as core_compat
+from shardplug.core._internal import compat as core_compat
 
 __all__ = [
     "PRIVATES",
@@ -73,7 +73,7 @@ PRIVATES: dict[str, str] = {
     "lightning.pytorch.trainer.Trainer.val_check_batch": "the batch of the epoch after which validation runs, "
     "derived again from the epoch's length set after a resume",
     "torch.utils.data.DataLoader._iterator": "dropped on the shallow copy of a predict loader made for "
-    "prepare_data_loader (see shardplug.core.compat)",
+    "prepare_data_loader (see shardplug.core._internal.compat)",
 }
 """Every private name above, with its use (``integrations/lightning/tests/test_lightning_compat.py`` guards each)."""
 

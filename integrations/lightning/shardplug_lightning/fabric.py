@@ -4,7 +4,7 @@
 (Fabric injects no ``DistributedSampler``: this strategy reports no sampler arguments). Fabric
 loops are written by the user, so ``even_batches=False`` is allowed here. A scheduler given to
 ``fabric.setup(model, optimizer, scheduler=scheduler)`` comes back as a
-:class:`~shardplug.core.scheduler.PreparedScheduler`: it advances only after real optimizer
+:class:`~shardplug.core.stepping.scheduler.PreparedScheduler`: it advances only after real optimizer
 updates (not after a step the ``GradScaler`` skipped, fused optimizers included), with the same
 rules as every other front end.
 
@@ -29,10 +29,10 @@ from torch.utils.data import DataLoader
 from typing_extensions import override
 
 from shardplug import prepare_data_loader
-from shardplug.core import amp
 from shardplug.core.config import ShardplugConfig
-from shardplug.core.evaluation import prepare_eval_loader
-from shardplug.core.scheduler import PreparedScheduler
+from shardplug.core.padding.evaluation import prepare_eval_loader
+from shardplug.core.stepping import amp
+from shardplug.core.stepping.scheduler import PreparedScheduler
 
 from ._options import ShardplugOptions, refuse_distributed_sampler, refuse_prepared
 
@@ -113,7 +113,7 @@ class ShardplugFabricDDPStrategy(ShardplugOptions, DDPStrategy):
         return prepare_data_loader(dataloader, **self._loader_arguments(self.world_size, self.global_rank))
 
     def prepare_eval_loader(self, dataloader: DataLoader[Any], *, drop_padding: bool = False) -> DataLoader[Any]:
-        """This process's evaluation loader, by the core's rule (``shardplug.core.evaluation``): the same
+        """This process's evaluation loader, by the core's rule (``shardplug.core.padding.evaluation``): the same
         number of batches on every process whatever ``even_batches`` says (a set smaller than one
         global batch, or more processes than batches, leaves no process out of a collective), the
         padding marked in ``loader.batch_real_count`` (``shardplug.gather_for_metrics(outputs, loader)``

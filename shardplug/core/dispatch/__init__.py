@@ -1,25 +1,12 @@
 """Dispatch mode: process 0 reads the data and scatters each process its own rows.
 
-* :mod:`~shardplug.core.dispatch.loader`: :class:`DataLoaderDispatcher`, its options and wiring.
-* :class:`~shardplug.core.plan.DispatchPlan`: which rows of a step go to which process, the
+* :mod:`~shardplug.core.dispatch.dispatcher`: :class:`DataLoaderDispatcher`, its options and wiring.
+* :class:`~shardplug.core.dispatch.dispatch_plan.DispatchPlan`: which rows of a step go to which process, the
   padding of a short last step, the check of the batches joined into one step.
-* :mod:`~shardplug.core.dispatch.protocol`: the wire protocol (the message before every step,
+* :mod:`~shardplug.core.dispatch.wire`: the wire protocol (the message before every step,
   the header, what follows), :class:`DispatchError`, :class:`DispatchStats`.
 * :mod:`~shardplug.core.dispatch.sender`: process 0 reads each step and sends the others their rows.
 * :mod:`~shardplug.core.dispatch.receiver`: the other processes receive theirs.
 * :mod:`~shardplug.core.dispatch.transport`: the process group's state, rings, receipts, liveness.
 * :mod:`~shardplug.core.dispatch.shm`: shared-memory rings, collation straight into them, receipt counters.
 """
-
-from ..rows import concatenate_rows, slice_rows
-from .loader import DataLoaderDispatcher, DispatchOptions, check_slice_fn  # noqa: F401 (prepare_data_loader's)
-from .protocol import DispatchError, DispatchStats
-
-__all__ = [
-    "DataLoaderDispatcher",
-    "DispatchError",
-    "DispatchOptions",
-    "DispatchStats",
-    "slice_rows",
-    "concatenate_rows",
-]

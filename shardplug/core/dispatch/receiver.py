@@ -1,6 +1,6 @@
 """The other processes' side of the step protocol: each receives its rows of every step.
 
-A process reads the message before every step (:mod:`~shardplug.core.dispatch.protocol`),
+A process reads the message before every step (:mod:`~shardplug.core.dispatch.wire`),
 the header when one follows, then its rows -- from process 0's ring when it shares process 0's
 host, else through the process group -- and sends its receipt. Messages of a pass it left early
 are received and dropped when its next pass starts.
@@ -14,9 +14,10 @@ from typing import Any, cast
 import torch
 import torch.distributed as dist
 
-from ..collectives import broadcast_object
-from ..rows import OBJECT, unflatten
-from .protocol import (
+from shardplug.core._internal.collectives import broadcast_object
+from shardplug.core.dispatch.dispatch_plan import DispatchError
+from shardplug.core.dispatch.transport import _Wire
+from shardplug.core.dispatch.wire import (
     CLOSE,
     END,
     ERROR,
@@ -25,7 +26,6 @@ from .protocol import (
     SAME,
     SEND_TAG,
     UNEVEN,
-    DispatchError,
     DispatchStats,
     Header,
     Message,
@@ -34,7 +34,7 @@ from .protocol import (
     receive_message,
     with_rows,
 )
-from .transport import _Wire
+from shardplug.core.loader.rows import OBJECT, unflatten
 
 __all__ = ["StepReceiver"]
 

@@ -2,7 +2,7 @@
 
 :class:`StepReader` reads the loader's global batches and has the plan make them into steps
 (checked, padded, cut into every process's part); :class:`StepSender` announces each step,
-sends its rows (:mod:`~shardplug.core.dispatch.protocol`) and hands out process 0's own.
+sends its rows (:mod:`~shardplug.core.dispatch.wire`) and hands out process 0's own.
 """
 
 from __future__ import annotations
@@ -15,17 +15,17 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from ..collectives import broadcast_object, world_size
-from ..plan import DispatchPlan, PassRecord
-from ..rows import OBJECT, batch_rows, flatten, leaf_spec, slice_rows, unflatten
-from .protocol import (
+from shardplug.core._internal.collectives import broadcast_object, world_size
+from shardplug.core.dispatch.dispatch_plan import DispatchError, DispatchPlan
+from shardplug.core.dispatch.shm import CollateIntoRing
+from shardplug.core.dispatch.transport import RECEIPT_LAG, _Wire
+from shardplug.core.dispatch.wire import (
     CLOSE,
     END,
     ERROR,
     HEADER,
     SEND_TAG,
     UNEVEN,
-    DispatchError,
     DispatchStats,
     Header,
     Step,
@@ -39,8 +39,8 @@ from .protocol import (
     transportable,
     wait_all,
 )
-from .shm import CollateIntoRing
-from .transport import RECEIPT_LAG, _Wire
+from shardplug.core.loader.rows import OBJECT, batch_rows, flatten, leaf_spec, slice_rows, unflatten
+from shardplug.core.sharding.shard_plan import PassRecord
 
 __all__ = ["StepReader", "StepSender", "local_steps", "overlaps_reads"]
 

@@ -33,7 +33,7 @@ from typing import Any, cast
 import torch
 from torch.utils.data import default_collate
 
-from ..compat import torch_collate as _torch_collate
+from shardplug.core._internal.compat import torch_collate as _torch_collate
 
 __all__ = [
     "SharedRing",

@@ -20,10 +20,11 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from ..collectives import broadcast_object, global_rank, world_size
-from ..rows import OBJECT, leaf_spec
-from .protocol import ACK_TAG, DispatchError, tensors
-from .shm import ReceiptCounter, RingReader, SharedRing, ring_bytes, shared_memory_dir
+from shardplug.core._internal.collectives import broadcast_object, global_rank, world_size
+from shardplug.core.dispatch.dispatch_plan import DispatchError
+from shardplug.core.dispatch.shm import ReceiptCounter, RingReader, SharedRing, ring_bytes, shared_memory_dir
+from shardplug.core.dispatch.wire import ACK_TAG, tensors
+from shardplug.core.loader.rows import OBJECT, leaf_spec
 
 __all__ = ["ReceiptCounter", "process_alive"]
 

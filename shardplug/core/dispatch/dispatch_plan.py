@@ -1,0 +1,257 @@
+"""Dispatch: process 0 reads the global batches, every process receives its rows."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from shardplug.core.loader.rows import (
+    batch_rows,
+    concatenate_rows,
+    describe_path,
+    flatten,
+    leaf_spec,
+    slice_rows,
+    take_rows,
+)
+from shardplug.core.sharding.layout import ShardLayout
+from shardplug.core.sharding.shard_plan import PassRecord, ShardPlan, Unchanged, check_consumed, global_batch_samples
+
+__all__ = ["DispatchPlan", "DispatchError", "CutStep"]
+
+
+class DispatchError(RuntimeError):
+    """Raised on every process when process 0 cannot dispatch a batch."""
+
+
+class CutStep:
+    """A step that is already cut: one batch per process (``N`` full batches of equal rows)."""
+
+    __slots__ = ("parts",)
+
+    def __init__(self, parts: list[Any]) -> None:
+        self.parts = parts
+
+
+_FIX = "pass split_batches=True (one batch per step, no concatenation) or dispatch_batches=False"
+
+
+def _trailing(leaf: Any) -> Any:
+    """What must agree between the parts of one step: a tensor's dtype and shape beyond dim 0."""
+    dtype, shape = leaf_spec(leaf)
+    return (dtype, shape[1:]) if shape is not None else dtype
+
+
+class DispatchPlan(Unchanged):
+    """Process 0 reads the global batches; each step takes one of them (splitting) or ``N``, and
+    every process receives its rows.  ``length`` is the number of global batches per epoch;
+    ``source`` the plan of process 0's global batches (it skips them on a resume), or ``None``
+    when they are read and dropped.
+
+    The plan also owns the rows of each step: the check of the batches joined into one
+    (:meth:`check_step`), the step they make, padded from the epoch's head (:meth:`step`), and
+    which rows go to which process (:meth:`cut`).
+
+    Example (2 processes, batches of 2: a short last step is padded with the epoch's first row)::
+
+        >>> plan = DispatchPlan(ShardLayout.for_batches(2, num_processes=2), length=3)
+        >>> plan.num_batches()
+        2
+        >>> group = [torch.tensor([4]), torch.tensor([5])]
+        >>> step = plan.step(group, plan.check_step(group), plan.head_rows([torch.tensor([0, 1])]), uncut=False)
+        >>> [part.tolist() for part in plan.cut(step, slice_rows)]
+        [[4], [5]]
+        >>> plan.cut(plan.step([torch.tensor([4])], [1], torch.tensor([0]), uncut=False), slice_rows)[1].tolist()
+        [0]
+    """
+
+    unit = "global_batches"
+    identifies_samples = False
+    untracked_reason = (
+        "dispatch_batches=True: only process 0 reads indices, so padding is not tracked per batch; use "
+        "loader.remainder for the real rows of the last step, or dispatch_batches=False"
+    )
+
+    def __init__(self, layout: ShardLayout, length: int | None = None, source: ShardPlan | None = None) -> None:
+        self.layout = layout
+        self.length = length
+        self.source = source
+
+    @property
+    def sampler(self) -> Any:
+        """The index sampler of process 0's global batches: its source's (``None`` for a stream).
+        The loader finds the shuffle to seed, save and restore through it, as for any plan."""
+        return getattr(self.source, "sampler", None)
+
+    def start_after(self, consumed: int, dataset_state: Any = None) -> int:
+        if self.source is not None:
+            return self.source.start_after(consumed)
+        return check_consumed(consumed)
+
+    def batch_record(self, record: PassRecord, batch: int) -> tuple[list[int], int]:
+        raise ValueError(self.untracked_reason)
+
+    @property
+    def consumed_per_batch(self) -> int:
+        return self.layout.batches_per_step
+
+    def epoch_size(self) -> int | None:
+        return self.length
+
+    def num_batches(self, consumed: int = 0) -> int | None:
+        if self.length is None:
+            return None
+        rest = max(self.length - check_consumed(consumed), 0)
+        per_step = self.consumed_per_batch
+        return rest // per_step if self.layout.drop_last else -(-rest // per_step)
+
+    def samples_before(self, consumed: int) -> int | None:
+        return global_batch_samples(self.layout, consumed)
+
+    def finished(self, consumed: int) -> bool | None:
+        rest = self.num_batches(consumed)
+        return None if rest is None else rest == 0
+
+    # -- the rows of one step: the check, the cut, the padding ----------------------------------
+    @property
+    def head_size(self) -> int:
+        """Rows of the epoch's head kept to pad a short last step with: ``N - 1`` (at least one)."""
+        return max(self.layout.num_processes - 1, 1)
+
+    def takes_step(self, group: list[Any]) -> bool:
+        """Whether the batches read for one step make a step: a short last group does not with ``drop_last``."""
+        return not (self.layout.drop_last and len(group) < self.layout.batches_per_step)
+
+    def check_step(self, group: list[Any]) -> list[int]:
+        """The rows of each batch of one step; a :class:`DispatchError` when they cannot be
+        dispatched together (no rows, tensors of different rows, or batches that differ in
+        structure or in shape beyond dim 0).
+
+        Example::
+
+            >>> plan = DispatchPlan(ShardLayout.for_batches(2, num_processes=2))
+            >>> plan.check_step([torch.zeros(2, 3), torch.zeros(1, 3)])
+            [2, 1]
+        """
+        rows, first = [], None
+        for batch in group:
+            leaves, skeleton = flatten(batch)
+            count = batch_rows(leaves)
+            if count is None:
+                raise DispatchError(
+                    "dispatch_batches=True cuts batches along their rows, but this batch has no tensor with a batch "
+                    "dimension and no list of values to cut; give it one, or pass dispatch_batches=False"
+                )
+            for k, leaf in enumerate(leaves):
+                if isinstance(leaf, torch.Tensor) and leaf.dim() > 0 and leaf.shape[0] != count:
+                    raise DispatchError(
+                        f"dispatch_batches=True needs every tensor of a batch to have the same number of rows, but "
+                        f"{describe_path(skeleton, k)} has {leaf.shape[0]} and the batch {count}; "
+                        "pass dispatch_batches=False"
+                    )
+            signature = (skeleton, [leaf_spec(leaf)[1][1:] if leaf_spec(leaf)[1] else None for leaf in leaves])
+            if first is None:
+                first = signature
+            elif signature != first:
+                raise DispatchError(
+                    "dispatch_batches=True joins the batches of one step, but they differ in structure or in shape "
+                    f"beyond dim 0 within the step ({first[1]} vs {signature[1]}); {_FIX}"
+                )
+            rows.append(count)
+        return rows
+
+    def step(self, group: list[Any], rows: list[int], head: Any, uncut: bool) -> Any:
+        """The step made of ``group`` (its batches' ``rows`` checked): a :class:`CutStep` when
+        ``uncut`` (the default cut of whole batches) and the group is ``N`` batches of equal rows
+        -- batch ``j`` is exactly process ``j``'s rows --, else the batches joined along dim 0, a
+        short step padded from ``head`` with ``even_batches``.
+
+        Example::
+
+            >>> plan = DispatchPlan(ShardLayout.for_batches(2, num_processes=2))
+            >>> head = plan.head_rows([torch.arange(2)])
+            >>> plan.step([torch.arange(2), torch.arange(2, 3)], [2, 1], head, uncut=True).tolist()
+            [0, 1, 2, 0]
+        """
+        if uncut and len(group) == self.layout.batches_per_step and len(set(rows)) == 1:
+            return CutStep(group)
+        step = group[0] if len(group) == 1 else concatenate_rows(group)
+        return self.pad_step(step, head) if self.layout.even_batches else step
+
+    def pad_step(self, step: Any, head: Any) -> Any:
+        """``step`` completed to a multiple of ``N`` rows with the rows of ``head`` (wrapped)."""
+        rows = batch_rows(flatten(step)[0]) or 0
+        missing = -rows % self.layout.num_processes
+        if missing == 0:
+            return step
+        source_rows = batch_rows(flatten(head)[0]) or 1
+        picks = torch.arange(missing) % source_rows
+        return concatenate_rows([step, take_rows(head, picks)])
+
+    def head_rows(self, group: list[Any]) -> Any:
+        """A copy of the first :attr:`head_size` rows of the joined ``group`` (fewer when it is shorter)."""
+        count, taken, pieces = self.head_size, 0, []
+        for batch in group:
+            if taken >= count:
+                break
+            piece = slice_rows(batch, slice(0, count - taken))
+            pieces.append(piece)
+            taken += batch_rows(flatten(piece)[0]) or 0
+        rows = concatenate_rows(pieces) if len(pieces) > 1 else pieces[0]
+        return take_rows(rows, torch.arange(min(count, taken)))
+
+    def epoch_head(self, group: list[Any], record: PassRecord, load: Callable[[list[int]], Any] | None = None) -> Any:
+        """The rows padding cycles through: a copy of the epoch's first :attr:`head_size` rows.
+
+        They are the first rows of ``group`` (the pass's first step), unless the pass starts
+        mid-epoch (a resume or a skip) and ``load`` makes a batch of dataset indices (map-style
+        data): then the epoch's first indices, loaded.
+        """
+        if record.started_at > 0 and load is not None:
+            return load(record.first_indices(self.head_size))
+        return self.head_rows(group)
+
+    def part_slices(self, rows: int) -> list[slice]:
+        """The rows of a step of ``rows`` rows each process receives: consecutive ranges, the first
+        ``rows % N`` one row longer (with ``even_batches`` a step's rows divide by ``N``).
+
+        Example::
+
+            >>> DispatchPlan(ShardLayout.for_batches(2, num_processes=3, even_batches=False)).part_slices(7)
+            [slice(0, 3, None), slice(3, 5, None), slice(5, 7, None)]
+        """
+        n = self.layout.num_processes
+        sizes = [rows // n + (1 if j < rows % n else 0) for j in range(n)]
+        starts = [sum(sizes[:j]) for j in range(n)]
+        return [slice(starts[j], starts[j] + sizes[j]) for j in range(n)]
+
+    def cut(self, step: Any, slice_fn: Callable[[Any, slice, int, int], Any]) -> list[Any]:
+        """Every process's part of ``step`` (``slice_fn(step, rows, j, N)`` for process ``j``); a
+        :class:`DispatchError` when the parts differ in structure or in shape beyond dim 0."""
+        if isinstance(step, CutStep):  # already one batch per process, nothing to cut
+            return step.parts
+        n = self.layout.num_processes
+        slices = self.part_slices(batch_rows(flatten(step)[0]) or 0)
+        parts = [slice_fn(step, slices[j], j, n) for j in range(n)]
+        first_leaves, first_skeleton = flatten(parts[0])
+        for part in parts[1:]:
+            leaves, skeleton = flatten(part)
+            if skeleton != first_skeleton or [_trailing(l) for l in leaves] != [_trailing(l) for l in first_leaves]:
+                raise DispatchError(
+                    "slice_fn_for_dispatch returned parts of different structure or shape for different processes"
+                )
+        return parts
+
+    # -- answers of the loader's protocol (position keeping, pass start) --
+    inner_state_resumes = False
+    """Process 0 reads a step ahead (its announcement says whether a step is the pass's last), so a
+    ``StatefulDataLoader``'s own state is past the step handed out last (and the other processes'
+    states never moved): a resume skips by the position (by index for map-style data, by reading past
+    the global batches of a stream), which is exact."""
+
+    @property
+    def stream(self) -> bool:
+        """Process 0 reads a stream (its global batches are read and dropped on a resume: no ``source``)."""
+        return self.source is None

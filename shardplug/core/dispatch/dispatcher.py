@@ -1,0 +1,323 @@
+"""``DataLoaderDispatcher``: its options, and the wiring of its plan, sender, receiver and transport."""
+
+from __future__ import annotations
+
+import os
+import weakref
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from functools import partial
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.utils.data import DataLoader, IterableDataset, default_collate
+
+from shardplug.core._internal import compat
+from shardplug.core._internal.collectives import (
+    broadcast_object,
+    communication_device,
+    global_rank,
+    require_group,
+    world_size,
+)
+from shardplug.core._internal.topology import resolve_data_topology
+from shardplug.core.config import ShardplugConfig, renamed_option
+from shardplug.core.dispatch.dispatch_plan import DispatchPlan
+from shardplug.core.dispatch.receiver import StepReceiver
+from shardplug.core.dispatch.sender import SliceFn, StepReader, StepSender, local_steps
+from shardplug.core.dispatch.shm import CollateIntoRing
+from shardplug.core.dispatch.transport import _Wire
+from shardplug.core.dispatch.wire import DispatchStats
+from shardplug.core.loader.prepared import DataLoaderShard, PreparedDataLoader
+from shardplug.core.loader.rows import slice_rows
+from shardplug.core.resume.stateful import stateful_dataloader_class
+from shardplug.core.sharding.layout import ShardLayout
+from shardplug.core.sharding.shard_plan import ShardPlan
+
+__all__ = ["DataLoaderDispatcher", "DispatchOptions", "check_slice_fn"]
+
+
+@dataclass(frozen=True)
+class DispatchOptions:
+    """What a dispatcher needs beyond a loader's settings (see :class:`DataLoaderDispatcher`)."""
+
+    split_batches: bool = ShardplugConfig.split_batches
+    slice_fn: SliceFn | None = ShardplugConfig.slice_fn_for_dispatch
+    torch_device_mesh: Any = None
+    num_processes: int | None = None
+    process_index: int | None = None
+    even_batches: bool = ShardplugConfig.even_batches
+
+    def __post_init__(self) -> None:
+        check_slice_fn(self.slice_fn)
+
+    @classmethod
+    def from_layout(
+        cls, layout: ShardLayout, slice_fn: SliceFn | None = None, torch_device_mesh: Any = None
+    ) -> DispatchOptions:
+        """The options of a dispatcher sharing its batches by ``layout`` (``prepare_data_loader``'s)."""
+        return cls(
+            layout.split_batches,
+            slice_fn,
+            torch_device_mesh,
+            layout.num_processes,
+            layout.process_index,
+            layout.even_batches,
+        )
+
+
+def check_slice_fn(slice_fn: Any) -> None:
+    """Refuse a ``slice_fn_for_dispatch`` that cannot be called (it is only called at the first batch)."""
+    if slice_fn is not None and not callable(slice_fn):
+        raise TypeError(
+            f"slice_fn_for_dispatch={slice_fn!r} is not callable; pass a function (batch, rows: slice, process_index, "
+            "num_processes) -> that process's part of the batch, or None to cut every tensor along dim 0"
+        )
+
+
+class DataLoaderDispatcher(DataLoaderShard):
+    """Process 0 reads every batch; each process receives only its own rows (scatter).
+
+    Per step process 0 takes one batch (``split_batches=True``) or ``N`` consecutive batches
+    concatenated along dim 0, and process ``i`` receives rows ``[i*k, (i+1)*k)``.  A final
+    step whose rows do not divide by ``N`` is completed with rows of the first step.  Shapes may
+    change from step to step; the batches joined into one step must agree beyond dim 0.
+    Non-tensor leaves are delivered (:mod:`shardplug.core.loader.rows`: per-row lists cut, other values
+    kept).  A batch that cannot be dispatched is a :class:`DispatchError` raised on every process,
+    never a hang.
+
+    Per step process 0 broadcasts a five-integer message on the loader's own process group
+    (same shapes as before / new row count / new structure / no step / error / pass closed early,
+    with its pass number, whether the step is the pass's last and its ring slot); the pickled
+    structure is sent only when it changes (once per pass for constant shapes): the wire protocol
+    is :mod:`shardplug.core.dispatch.wire`.  Process 0 reads one step ahead, so the end of a
+    pass is its own on every process; a pass it leaves early (``break``, an exception, garbage
+    collection, a new ``iter()``) is closed with a message, so the others stop after the same
+    step.  Process 0 hands out its own rows while the others' are still being sent.  Processes on
+    process 0's host get their rows through shared memory (:mod:`shardplug.core.dispatch.shm`)
+    and count their receipts there; the others get them, and send receipts, through the process
+    group.  ``dispatch_stats`` counts steps, headers and bytes.
+
+    Example (2 processes)::
+
+        loader = DataLoaderDispatcher(dataset, batch_size=8, split_batches=True)
+        for batch in loader:  # 4 rows here, 4 on the other process
+            ...
+    """
+
+    plan: DispatchPlan  # process 0's global batches, shared out by steps (set in _finish_init)
+
+    def __init__(
+        self,
+        dataset: Any,
+        split_batches: bool = ShardplugConfig.split_batches,
+        skip_batches: int = 0,
+        use_stateful_dataloader: bool = ShardplugConfig.use_stateful_dataloader,
+        slice_fn_for_dispatch: SliceFn | None = ShardplugConfig.slice_fn_for_dispatch,
+        torch_device_mesh: Any = None,
+        device: str | torch.device | None = None,
+        rng_types: Iterable[str] | None = ShardplugConfig.rng_types,
+        synchronized_generator: torch.Generator | None = None,
+        non_blocking: bool = ShardplugConfig.non_blocking,
+        num_processes: int | None = None,
+        process_index: int | None = None,
+        even_batches: bool = ShardplugConfig.even_batches,
+        slice_fn: SliceFn | None = None,
+        **dataloader_kwargs: Any,
+    ) -> None:
+        slice_fn = renamed_option(
+            "DataLoaderDispatcher", "slice_fn", slice_fn, "slice_fn_for_dispatch", slice_fn_for_dispatch
+        )
+        super(DataLoaderShard, self).__init__(dataset, **dataloader_kwargs)
+        options = DispatchOptions(
+            split_batches, slice_fn, torch_device_mesh, num_processes, process_index, even_batches
+        )
+        self._finish_init(device, rng_types, synchronized_generator, skip_batches, non_blocking, dispatch=options)
+
+    def _finish_init(
+        self,
+        device: str | torch.device | None,
+        rng_types: Iterable[str] | None,
+        synchronized_generator: torch.Generator | None,
+        skip_batches: int,
+        non_blocking: bool,
+        plan: ShardPlan | None = None,
+        dispatch: DispatchOptions | None = None,
+    ) -> None:
+        super()._finish_init(device, rng_types, synchronized_generator, skip_batches, non_blocking, plan)
+        options = dispatch if dispatch is not None else DispatchOptions()
+        self.split_batches = options.split_batches
+        self.slice_fn: SliceFn = options.slice_fn or slice_rows
+        self.dispatch_stats = DispatchStats()
+        self.num_processes, self.process_index = resolve_topology(options)
+        layout = ShardLayout.for_batches(
+            self.batch_size,
+            self.num_processes,
+            self.process_index,
+            self.split_batches,
+            options.even_batches,
+            drop_last=bool(self.drop_last),
+        )
+        source: ShardPlan = self.plan  # process 0's global batches: a shard of the user's batches, or the stream's own
+        try:
+            length = source.num_batches(0)
+        except TypeError:  # a batch sampler without __len__
+            length = None
+        # All dispatch traffic goes through a process group of its own: a message a process has not
+        # read yet (the close of a pass it left early) can never meet the user's own collectives.
+        self._wire = _Wire(dist.new_group() if world_size() > 1 else None)
+        if self._wire.group is not None:  # process 0 reads the data: its length is everybody's
+            length = broadcast_object(length if global_rank() == 0 else None, group=self._wire.group)
+        self.plan = DispatchPlan(layout, length, source if source.unit == "global_batches" else None)
+        self._wire.shm_targets = self._same_host_processes()
+        self._collate = self._collate_into_rings()
+
+    def _collate_into_rings(self) -> CollateIntoRing | None:
+        """Process 0: a ``default_collate`` that stacks the other processes' batches straight into
+        their ring slots (one copy less per step), where the batches are process ``j``'s rows as
+        collated: ``default_collate``, no workers (collation happens in this process, one batch per
+        fetch), whole batches per process (neither ``split_batches`` nor a ``slice_fn``), and the
+        DataLoader's own iterator (no look-ahead that could hand back another batch)."""
+        usable = (
+            global_rank() == 0
+            and bool(self._wire.shm_targets)
+            and self.num_workers == 0
+            and self.collate_fn is default_collate
+            and not self.split_batches
+            and self.slice_fn is slice_rows
+            and _plain_iteration(type(self), self.use_stateful_dataloader)
+        )
+        if not usable:
+            return None
+        collate = CollateIntoRing()
+        object.__setattr__(self, "collate_fn", collate)  # without a target it is default_collate
+        return collate
+
+    shared_memory: bool | None = None
+    """Processes on process 0's host receive their rows through shared memory (a ring in
+    ``/dev/shm``); the process group carries the control messages only. ``None``: whenever
+    possible (a CPU process group, a writable ``/dev/shm``, not ``SHARDPLUG_DISPATCH_SHM=0``);
+    ``False``: always through the process group. Read when the loader is built."""
+
+    def _same_host_processes(self) -> frozenset[int]:
+        """The processes other than 0 that share process 0's host (see :meth:`_Wire.find_host_processes`)."""
+        if self._wire.group is None or communication_device().type != "cpu":
+            return frozenset()
+        wanted = self.shared_memory
+        if wanted is None:
+            wanted = os.environ.get("SHARDPLUG_DISPATCH_SHM", "1") != "0"
+        return self._wire.find_host_processes(self.process_index, bool(wanted))
+
+    def __reduce_ex__(self, protocol: Any) -> Any:
+        rebuild, args, state = super().__reduce_ex__(protocol)
+        # the process group and the open pass belong to this process (a copy cannot dispatch)
+        state.update(_wire=_Wire(), _collate=None)
+        if isinstance(state.get("collate_fn"), CollateIntoRing):
+            state["collate_fn"] = default_collate
+        return rebuild, args, state
+
+    _source_marks_last = True  # _receive yields (batch, last): the end of the pass is process 0's, on every process
+
+    overlap_reads: bool | None = None
+    """Process 0 reads the next step while the current one is sent: ``None`` decides by the cores
+    available (see :func:`~shardplug.core.dispatch.sender.overlaps_reads`); ``True`` / ``False`` force it."""
+
+    @property
+    def _batches_per_step(self) -> int:
+        return self.plan.layout.batches_per_step
+
+    def _inner_batches(self, discard: int) -> Iterator[Any]:
+        return self._receive(discard)
+
+    def _receive(self, skip: int) -> Iterator[Any]:
+        """This pass's steps as ``(batch, last)``: process 0 reads and sends, everybody receives.
+
+        Every message carries process 0's pass number. Process 0 closes a pass it leaves early
+        (``break``, an exception, garbage collection, a new ``iter()``) with a close message, so the
+        others end that pass after the same step; a process that left a pass early itself drops the
+        rest of that pass's messages when its next pass starts.
+        """
+        wire = self._wire
+        wire.passes_started += 1
+        if world_size() == 1:
+            return local_steps(self._step_reader(skip), self.dispatch_stats)
+        if global_rank() == 0:
+            previous = wire.sending() if wire.sending is not None else None
+            if previous is not None:
+                previous.close()  # a pass still open: the others learn it ended here
+            wire.check_group()
+            sender = StepSender(
+                self._step_reader(skip),
+                self.dispatch_stats,
+                wire.passes_started,
+                communication_device(),
+                self.overlap_reads,
+            )
+            steps = sender.steps()
+            wire.sending = weakref.ref(steps)  # weak: an abandoned pass is closed by the garbage collector
+            return steps
+        wire.check_group()
+        receiver = StepReceiver(
+            wire, self.dispatch_stats, self.process_index, wire.passes_started, communication_device()
+        )
+        return receiver.steps()
+
+    def _step_reader(self, discard: int) -> StepReader:
+        """Process 0: the reader of this pass's steps, after ``discard`` global batches read and dropped.
+
+        With the default ``slice_fn`` ``N`` full batches of equal rows are not concatenated: batch
+        ``j`` is exactly process ``j``'s rows (and, with :meth:`_collate_into_rings`, it is collated
+        straight into ``j``'s ring slot).
+        """
+        load: Callable[[list[int]], Any] | None = None
+        if not isinstance(self.dataset, IterableDataset):  # padding of a pass begun mid-epoch: by index
+            load = lambda indices: self.collate_fn([self.dataset[i] for i in indices])  # noqa: E731
+        return StepReader(
+            self.plan,
+            self._wire,
+            partial(super()._inner_batches, discard),
+            self.slice_fn,
+            uncut=not self.split_batches and self.slice_fn is slice_rows,
+            collate=self._collate,
+            record=self._pass.record,
+            load=load,
+        )
+
+    def close(self) -> None:
+        """Release the shared-memory rings of this loader (also done when it is garbage collected,
+        with the copies ``skip_first_batches`` made of it: they share the rings)."""
+        self._wire.close()
+
+
+def resolve_topology(options: DispatchOptions) -> tuple[int, int]:
+    """``(num_processes, process_index)`` of a dispatcher: one process per data shard."""
+    num_processes, process_index = resolve_data_topology(
+        options.num_processes, options.process_index, options.torch_device_mesh
+    )
+    require_group(
+        num_processes,
+        process_index,
+        "every batch (process 0 reads it and sends each process its rows)",
+        "process 0 could not send the other processes their rows",
+        ", or pass dispatch_batches=False (each process reads the data and keeps its own rows)",
+    )
+    if num_processes != world_size():
+        raise ValueError(
+            f"DataLoaderDispatcher needs one process per data shard: num_processes={num_processes} but "
+            f"the process group has {world_size()} processes; use DataLoaderShard for other layouts"
+        )
+    return num_processes, process_index
+
+
+def _plain_iteration(cls: type, stateful: bool) -> bool:
+    """Whether a prepared loader class reads its batches through the iteration of ``DataLoader`` (or
+    ``StatefulDataLoader``) itself: one collation per batch handed back, in order, no look-ahead
+    (``__iter__`` and ``_get_iterator`` not overridden by a subclass)."""
+    after = super(PreparedDataLoader, cls)
+    known: list[type[DataLoader[Any]]] = [stateful_dataloader_class()] if stateful else [DataLoader]
+    return any(
+        getattr(after, "__iter__", None) is base.__iter__
+        and compat.get_iterator_method(after) is compat.get_iterator_method(base)
+        for base in known
+    )

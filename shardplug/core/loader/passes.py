@@ -1,0 +1,273 @@
+"""One pass over a prepared loader: what torch's ``_BaseDataLoaderIter`` is to a ``DataLoader``.
+
+``iter(loader)`` makes a :class:`LoaderPass`; the pass begins at the first ``next()``: it advances
+the epoch when the previous pass was complete, agrees shuffle seeds and RNG states with process 0,
+lets the loader's position keeper place it (a loaded position, ``skip_first_batches``), and then
+hands out the loader's batches, knowing the last one (by counting where the plan's length is
+exact, by reading one ahead otherwise, or from the source itself), telling the run's gradient
+state, recording padding and moving each batch to the device.  At its end it compares what it
+yielded with what ``len()`` said when it began (:class:`LengthMismatchWarning`).
+
+The pass is also the state the loader reads between batches (``end_of_dataloader``, the batch's
+padding record) and after the pass (where it stands: the position keeper builds the position from
+it).  A new pass starts from a new object: nothing of a pass left early leaks into the next.
+
+The loader keeps its last pass, so the pass holds its loader weakly (:func:`weakref.ref`): a loader
+and its pass are no reference cycle, and a loader dropped is freed at once, with its ``DataLoader``
+iterator and that iterator's worker processes (a ``StatefulDataLoader`` keeps its iterator), not at a
+later garbage collection.  The running pass (the generator ``iter()`` returns) holds it strongly.
+"""
+
+from __future__ import annotations
+
+import warnings
+import weakref
+from collections.abc import Callable, Iterator
+from typing import Any, cast
+
+import torch
+
+from shardplug.core.loader.transfer import DeviceTransfer
+from shardplug.core.sharding.shard_plan import PassRecord
+from shardplug.core.shuffle.agreement import synchronize
+
+__all__ = ["LoaderPass", "LengthMismatchWarning", "weak_reference", "WeakLoader"]
+
+
+def _no_loader() -> None:
+    return None
+
+
+def weak_reference(obj: Any) -> Callable[[], Any]:
+    """A weak reference to ``obj`` (a callable that returns it, or ``None`` once it is gone)."""
+    return weakref.ref(obj) if obj is not None else _no_loader
+
+
+class WeakLoader:
+    """Holds its ``loader`` weakly (in ``_loader``): the loader keeps this object, so a strong reference
+    back would make a cycle that only the garbage collector frees.  A copy or a pickle carries the
+    loader itself (a weak reference does not travel)."""
+
+    __slots__ = ()
+    _loader: Callable[[], Any]
+
+    @property
+    def loader(self) -> Any:
+        """The loader (``None`` once it is gone)."""
+        return self._loader()
+
+    @loader.setter
+    def loader(self, loader: Any) -> None:
+        self._loader = weak_reference(loader)
+
+    def __getstate__(self) -> dict[str, Any]:
+        slots = [name for cls in type(self).__mro__ for name in getattr(cls, "__slots__", ())]
+        state = {name: getattr(self, name) for name in slots if hasattr(self, name)}
+        state.update(getattr(self, "__dict__", {}))
+        state["_loader"] = self._loader()
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        for name, value in state.items():
+            setattr(self, name, value)
+        self._loader = weak_reference(state.get("_loader"))
+
+
+class LengthMismatchWarning(UserWarning):
+    """A pass yielded another number of batches than ``len()`` said when it began (as torch's
+    ``DataLoader`` warns for an iterable dataset whose ``len()`` is wrong)."""
+
+
+class LoaderPass(WeakLoader):
+    """One pass (one iteration) of the prepared loader ``loader`` (see the module docstring).
+
+    ``batches_yielded`` counts this process's batches of the epoch, including those before a
+    resume (``resumed``); ``consumed_at_start`` is how much of the epoch (in the plan's unit) was
+    consumed before this pass started; ``total`` the pass's batches counted the same way (when the
+    plan's length is exact); ``length`` what ``len()`` said when the pass began.
+    """
+
+    __slots__ = (
+        "_loader",
+        "open",
+        "length",
+        "exhausted",
+        "batches_yielded",
+        "end_of_dataloader",
+        "complete",
+        "resumed",
+        "consumed_at_start",
+        "total",
+        "record",
+        "batch_indices",
+        "batch_real",
+        "generator_state",
+        "empty",
+    )
+
+    def __init__(self, loader: Any) -> None:
+        self._loader = weak_reference(loader)
+        self.open = False  # begun and not yet ended: len() is this pass's
+        self.length: int | None = None  # len() when the pass began (None: unknown), checked at its end
+        self.exhausted = False  # the loop over it ended by itself (StopIteration)
+        self.batches_yielded = 0
+        self.end_of_dataloader = False
+        self.complete = False
+        self.resumed = 0
+        self.consumed_at_start = 0
+        self.total: int | None = None
+        self.record = PassRecord()
+        self.batch_indices: list[int] | None = None
+        self.batch_real: int | None = None
+        self.generator_state: torch.Tensor | None = None  # the shuffle generator's state at the pass start
+        self.empty = False  # the rest of an epoch whose end was loaded: the DataLoader is not read
+
+    def __iter__(self) -> Iterator[Any]:
+        """The pass's batches as handed out (a generator: the pass begins at its first ``next()``)."""
+        return self._run(self.loader)  # the generator holds the loader from here on
+
+    def _run(self, loader: Any) -> Iterator[Any]:
+        discard = self._begin()
+        keeping = loader._keeping
+        state = loader.gradient_state
+        if state is not None:
+            state._loader_started(loader)
+        try:
+            if not self.empty:
+                batches = loader.plan.pass_batches(loader._inner_batches(discard), self.record)
+                yield from self._deliver(batches)
+            self.complete = self.exhausted = True
+            self._check_length()
+        finally:
+            self.open = False
+            keeping.inner.end_pass()
+            if state is not None:
+                state._loader_stopped(loader)
+
+    # -- the start --------------------------------------------------------------------------
+    def _begin(self) -> int:
+        """Start the pass; return how many batches to read and drop before the first one."""
+        loader = self.loader
+        if loader._pass.complete:
+            loader.set_epoch(loader.epoch + 1)
+        keeping = loader._keeping
+        shuffles = keeping.shuffles()
+        synchronize(shuffles.seedable, loader.rng_types, loader.synchronized_generator)
+        plan = loader.plan
+        plan.begin_pass()
+        self.record = PassRecord(track=loader._tracker is not None)
+        generator = shuffles.generator
+        if generator is not None:
+            self.generator_state = generator.get_state()
+        discard = keeping.start(self)
+        self.batches_yielded = self.resumed
+        self.open = True
+        self.record.started_at = self.consumed_at_start
+        self.total = self._counted_total()
+        shard = loader._batch_shard
+        if shard is not None:
+            shard.record_next_pass(self.record)
+        loader._pass = self
+        origin = loader._skipped_from
+        while origin is not None:  # the loader it was skipped from follows this pass (its epoch, its position)
+            origin.epoch, origin._pass = loader.epoch, self
+            origin._keeping.forget()
+            origin = origin._skipped_from
+        try:
+            self.length = len(loader)
+        except TypeError:
+            self.length = None
+        return cast("int", discard)
+
+    def _counted_total(self) -> int | None:
+        """The epoch's batches counted up to the end of this pass, when the plan's length is exact
+        (map-style data with a sized batch sampler): the last batch is then known without looking ahead."""
+        loader = self.loader
+        if not loader.plan.exact_length:
+            return None
+        try:
+            return cast("int | None", self.resumed + loader._keeping.batches_after(self.consumed_at_start))
+        except TypeError:  # a batch sampler without __len__
+            return None
+
+    # -- delivery ---------------------------------------------------------------------------
+    def _deliver(self, batches: Iterator[Any]) -> Iterator[Any]:
+        """The pass's batches as handed out: the last one from the source (it marks it), from the exact
+        length, else by reading one ahead."""
+        loader = self.loader
+        transfer = DeviceTransfer.to(loader.device, loader.non_blocking)
+        if loader._source_marks_last:
+            return self._deliver_marked(batches, transfer)
+        if self.total is not None:
+            return self._deliver_counted(batches, transfer)
+        return self._deliver_lookahead(batches, transfer)
+
+    def _hand_out(self, batch: Any, count: int, last: bool, transfer: DeviceTransfer | None) -> Any:
+        self.batches_yielded = count
+        if last:
+            self.end_of_dataloader = self.complete = True
+        loader = self.loader
+        tracker = loader._tracker
+        if tracker is not None:
+            batch = tracker.hand_out(batch, self, loader.plan, loader.epoch)
+        state = loader.gradient_state
+        if state is not None:
+            state._batch_ready(loader, last)
+        return transfer(batch) if transfer is not None else batch
+
+    def _deliver_counted(self, batches: Iterator[Any], transfer: DeviceTransfer | None) -> Iterator[Any]:
+        count, total = self.batches_yielded, self.total
+        loader = self.loader
+        if loader.gradient_state is None and transfer is None and loader._tracker is None:
+            # the hot path: bookkeeping only
+            for batch in batches:
+                count += 1
+                self.batches_yielded = count
+                if count >= total:  # type: ignore[operator]
+                    self.end_of_dataloader = self.complete = True
+                yield batch
+            return
+        for batch in batches:
+            count += 1
+            yield self._hand_out(batch, count, count >= total, transfer)  # type: ignore[operator]
+
+    def _deliver_lookahead(self, batches: Iterator[Any], transfer: DeviceTransfer | None) -> Iterator[Any]:
+        iterator = iter(batches)
+        loader = self.loader
+        inner = loader._keeping.inner if loader.use_stateful_dataloader else None
+        count = self.batches_yielded
+        for upcoming in iterator:  # noqa: B007 (the first item, read ahead: used after the loop)
+            break
+        else:
+            return
+        while True:
+            batch = upcoming
+            if inner is not None:  # the state after ``batch``, before the look-ahead fetch
+                inner.take_snapshot(loader._inner_loader())
+            try:
+                upcoming = next(iterator)
+            except StopIteration:
+                yield self._hand_out(batch, count + 1, True, transfer)
+                return
+            count += 1
+            yield self._hand_out(batch, count, False, transfer)
+
+    def _deliver_marked(self, steps: Iterator[tuple[Any, bool]], transfer: DeviceTransfer | None) -> Iterator[Any]:
+        """``(batch, last)`` pairs from a source that knows where the pass ends (a dispatcher: process 0's
+        end, on every process)."""
+        count = self.batches_yielded
+        for batch, last in steps:
+            count += 1
+            yield self._hand_out(batch, count, last, transfer)
+
+    # -- the end ----------------------------------------------------------------------------
+    def _check_length(self) -> None:
+        """Compare what this pass yielded with its ``len()``: a wrong length never passes silently."""
+        yielded = self.batches_yielded - self.resumed
+        if self.length is not None and yielded != self.length:
+            warnings.warn(
+                f"this pass of the prepared loader yielded {yielded} batches, but len() said {self.length} when it "
+                "began; if the dataset's __len__ is right, please report this to shardplug (with the options used)",
+                LengthMismatchWarning,
+                stacklevel=3,
+            )

@@ -1,0 +1,468 @@
+"""Prepared data loaders: what each process iterates.
+
+:class:`PreparedDataLoader` keeps a prepared loader's settings (its plan, device, the RNGs agreed
+with process 0, its epoch) and hands its jobs to collaborators, in the shape of torch's
+``DataLoader`` (settings on the loader, the state of one pass on its iterator) and of torchdata's
+stateful components (each keeps its own state):
+
+* each pass is a :class:`~shardplug.core.loader.passes.LoaderPass` (``passes.py``): its start, delivery,
+  look-ahead, ``end_of_dataloader``, the gradient state's notices and the ``len()`` check;
+* the position (build, validate, load; ``state_dict()`` / ``load_state_dict()``) is kept by a
+  :class:`~shardplug.core.resume.keeping.PositionKeeper` (``keeping.py``), with the ``StatefulDataLoader``'s
+  own state beside it (``stateful.py``);
+* padding tracking and the audit (``tracking.py``, ``audit.py``), device transfer (``transfer.py``)
+  and the shuffle seeds (``seeding.py``);
+* which rows this process gets, how many batches and where a pass resumes: its plan (``plan/``),
+  which answers everything that differs between kinds of sharding.
+
+:class:`DataLoaderShard` is the loader whose sampler or dataset is already sharded.  The dispatcher
+lives in ``dispatch.py``.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+import torch
+from torch.utils.data import DataLoader, IterableDataset
+
+from shardplug.core._internal import compat
+from shardplug.core.config import ShardplugConfig
+from shardplug.core.loader.passes import LengthMismatchWarning, LoaderPass
+from shardplug.core.padding.audit import SampleAudit
+from shardplug.core.padding.marks import TagCollate
+from shardplug.core.padding.tracking import PaddingTracker
+from shardplug.core.resume.keeping import PositionKeeper
+from shardplug.core.resume.position import Position
+from shardplug.core.resume.stateful import is_stateful, stateful_dataloader_class
+from shardplug.core.sharding.layout import ShardLayout
+from shardplug.core.sharding.local import LocalPlan
+from shardplug.core.sharding.map_style import BatchSamplerShard, IndexSamplerShard
+from shardplug.core.sharding.read_all import IterableDatasetShard
+from shardplug.core.sharding.shard_plan import ShardPlan, sized_length
+from shardplug.core.shuffle.agreement import agree_at_prepare
+from shardplug.core.shuffle.rng import check_rng_types
+
+__all__ = [
+    "PreparedDataLoader",
+    "DataLoaderShard",
+    "LengthMismatchWarning",
+    "stateful_dataloader_class",
+    "stateful_variant",
+]
+
+logger = logging.getLogger(__name__)
+
+_VARIANTS: dict[tuple[type, ...], type] = {}
+
+
+def combined_class(*bases: type) -> type:
+    """One cached class deriving from ``bases`` in order (e.g. our loader and the user's subclass)."""
+    bases = tuple(dict.fromkeys(b for b in bases if not any(o is not b and issubclass(o, b) for o in bases)))
+    if len(bases) == 1:
+        return bases[0]
+    if bases not in _VARIANTS:
+        name = "".join(b.__name__ for b in bases[:1]) + "".join(f"_{b.__name__}" for b in bases[1:])
+        _VARIANTS[bases] = type(name, bases, {"__module__": bases[0].__module__})
+    return _VARIANTS[bases]
+
+
+def stateful_variant(cls: type) -> type:
+    """``cls`` backed by torchdata's ``StatefulDataLoader``."""
+    return combined_class(cls, stateful_dataloader_class())
+
+
+def _variant_instance(bases: tuple[type, ...]) -> Any:
+    """Unpickling helper: an empty instance of the cached class deriving from ``bases``."""
+    return object.__new__(combined_class(*bases))
+
+
+class PreparedDataLoader(DataLoader[Any]):
+    """What every prepared loader does on top of ``DataLoader``.
+
+    * each pass (:class:`~shardplug.core.loader.passes.LoaderPass`): advance the epoch if the previous
+      pass was complete, agree shuffling seeds and synchronise the named RNGs from process 0; per
+      batch, move it to ``device``, know whether it is the last one (``end_of_dataloader``), and
+      tell the run's gradient state (``gradient_state``, when set);
+    * ``state_dict()`` / ``load_state_dict()``: the position in the epoch (a :class:`Position`, kept
+      by a :class:`~shardplug.core.resume.keeping.PositionKeeper`).
+
+    Which rows this process gets, ``len()`` and where a pass resumes are its :attr:`plan`'s
+    (see ``plan/``); the loader keeps the settings and its collaborators.
+    """
+
+    plan: ShardPlan
+
+    _source_marks_last = False
+    """:meth:`_inner_batches` yields ``(batch, is_last)`` pairs: the source knows where its pass ends
+    (a dispatcher: process 0's end, on every process), so the pass neither counts nor reads ahead."""
+
+    def __new__(
+        cls, *args: Any, use_stateful_dataloader: bool = ShardplugConfig.use_stateful_dataloader, **kwargs: Any
+    ) -> PreparedDataLoader:
+        if use_stateful_dataloader:
+            cls = stateful_variant(cls)
+        return super().__new__(cls)
+
+    def __reduce_ex__(self, protocol: Any) -> Any:
+        state = dict(self.__dict__)
+        compat.without_iterator(state)  # an open iterator (and its workers) does not travel
+        state["_skipped_from"] = None  # a copy travels alone
+        cls = type(self)
+        if _VARIANTS.get(cls.__bases__) is cls:  # a class made by combined_class: rebuilt by its bases
+            return _variant_instance, (cls.__bases__,), state
+        return _variant_instance, ((cls,),), state
+
+    # -- set-up ---------------------------------------------------------------------------
+    def _setup_prepared(
+        self,
+        device: str | torch.device | None = None,
+        rng_types: Iterable[str] | None = None,
+        synchronized_generator: torch.Generator | None = None,
+        skip_batches: int = 0,
+        non_blocking: bool = ShardplugConfig.non_blocking,
+        plan: ShardPlan | None = None,
+    ) -> None:
+        if not isinstance(skip_batches, int) or skip_batches < 0:
+            raise ValueError(f"skip_batches={skip_batches!r} must be an integer >= 0")
+        self.device = torch.device(device) if device is not None else None
+        self.non_blocking = bool(non_blocking)
+        self.rng_types = check_rng_types(rng_types)
+        self.synchronized_generator = synchronized_generator
+        self.gradient_state: Any = None
+        self.epoch = 0
+        self.plan = plan if plan is not None else self._default_plan()
+        self._pass = LoaderPass(self)  # the last pass begun (or none yet)
+        self._keeping = PositionKeeper(self, skip_batches)  # skip_batches shortens the next pass
+        self._skipped_from: PreparedDataLoader | None = None  # the loader this one is a skip_first_batches copy of
+        self._tracker: PaddingTracker | None = None  # padding tracking (track_padding), with the audit
+
+    def _default_plan(self) -> ShardPlan:
+        """The plan of a loader built directly (``prepare_data_loader`` passes its own)."""
+        shard = self._batch_shard
+        if shard is not None:
+            return shard.plan
+        if isinstance(self.dataset, IterableDatasetShard):
+            return self.dataset.plan
+        layout = ShardLayout(batch_size=self.batch_size, drop_last=bool(self.drop_last))
+        try:
+            length: int | None = DataLoader.__len__(self)
+        except (TypeError, NotImplementedError):
+            length = None
+        return LocalPlan(layout, length, stream=isinstance(self.dataset, IterableDataset))
+
+    @property
+    def _batch_shard(self) -> BatchSamplerShard | None:
+        """The batch sampler shard (also when it was passed as ``sampler=``, or under an index shard)."""
+        for candidate in (self.batch_sampler, getattr(self, "sampler", None)):
+            if isinstance(candidate, BatchSamplerShard):
+                return candidate
+            if isinstance(candidate, IndexSamplerShard):
+                return candidate.shard
+        return None
+
+    def _inner_loader(self) -> Any:
+        """The loader under shardplug's class: ``DataLoader``, a ``StatefulDataLoader`` or the user's
+        subclass (its ``__iter__``, ``__len__``, ``state_dict()`` / ``load_state_dict()``)."""
+        return super()
+
+    @property
+    def end_of_dataloader(self) -> bool:
+        """True while the last batch of the current pass is being processed."""
+        return self._pass.end_of_dataloader
+
+    @property
+    def use_stateful_dataloader(self) -> bool:
+        return is_stateful(self)
+
+    # -- epochs and RNG -------------------------------------------------------------------
+    def _epoch_targets(self) -> list[Any]:
+        """Every object under this loader with a ``set_epoch`` (a batch sampler's, its sampler's, the dataset's)."""
+        candidates = [self.batch_sampler, getattr(self, "sampler", None), self.dataset]
+        unique: list[Any] = []
+        for target in candidates:
+            if target is not None and hasattr(target, "set_epoch") and all(target is not u for u in unique):
+                unique.append(target)
+        return unique
+
+    def set_epoch(self, epoch: int) -> None:
+        """Set the epoch of this loader, its sampler, its batch sampler and its dataset.
+
+        Outside a pass, the loader then stands at that epoch's start (its position says so), or where a
+        loaded position places it: its own epoch keeps it, and the epoch before a position at an epoch's
+        start (that epoch's end) makes the next pass that epoch's empty rest; a position inside another
+        epoch is refused (see :meth:`~shardplug.core.resume.keeping.PositionKeeper.enter_epoch`)."""
+        if not isinstance(epoch, int) or isinstance(epoch, bool) or epoch < 0:
+            raise ValueError(f"epoch={epoch!r} must be an integer >= 0")
+        self._keeping.enter_epoch(epoch)
+        self.epoch = epoch
+        if self._pass.open:
+            self._pass.complete = False  # the pass in progress is not the epoch's end: the next pass is this epoch
+        else:
+            self._pass = LoaderPass(self)  # nothing of the last pass is this epoch's
+        for target in self._epoch_targets():
+            target.set_epoch(epoch)
+
+    def agree_at_prepare(self, data: tuple[int | None, int | None] | None) -> None:
+        """Agree unset shuffle seeds with process 0 now, comparing every process's ``data`` (dataset
+        length, batch size) in the same collective (:func:`shardplug.core.shuffle.agreement.agree_at_prepare`)."""
+        agree_at_prepare(self._keeping.shuffles().seedable, data)
+
+    # -- lengths --------------------------------------------------------------------------
+    def __len__(self) -> int:
+        """Batches the pass yields: the pass in progress while one is open, else the next one
+        (exact also after ``load_state_dict`` and ``skip_first_batches``)."""
+        return self._keeping.length()
+
+    @property
+    def total_batch_size(self) -> int | None:
+        """Samples per step over all processes (``None`` for variable-size batches)."""
+        return self.plan.layout.step_batch_size
+
+    @property
+    def total_dataset_length(self) -> int | None:
+        dataset = self.dataset.dataset if isinstance(self.dataset, IterableDatasetShard) else self.dataset
+        return sized_length(dataset)
+
+    @property
+    def remainder(self) -> int:
+        """Real samples in the last global batch (0 when it is full, as with ``drop_last``; -1 when
+        unknown): the last step of the pass in progress, else of the next pass. A pass that resumed a
+        position of another number of processes (or was shortened by a skip) starts at another place in the epoch's
+        steps, so its last step holds another number of samples than an uninterrupted epoch's."""
+        length, total = self.total_dataset_length, self.total_batch_size
+        if length is None or not total:
+            return -1
+        if self.plan.layout.drop_last:
+            return 0  # a short last step is dropped: the last one is full
+        before = self.plan.samples_before(self._keeping.pass_start())
+        return max(length - (before or 0), 0) % total
+
+    @property
+    def epoch_length(self) -> int | None:
+        """Batches of a whole epoch on this loader's layout (``None`` when unknown: a stream without
+        ``len()``); ``len(loader)`` is the next pass's, shorter after a resume."""
+        return self._keeping.same_layout_length()
+
+    @property
+    def resumed_batches(self) -> int:
+        """Batches of the epoch that a resumed pass does not yield, counted on this layout: after
+        ``load_state_dict`` (also of a position saved with another number of processes),
+        ``epoch_length - len(loader)``, and the same while that pass runs; 0 for a pass that
+        started at the epoch's beginning. Front ends set their own counters from it (an engine's
+        iteration, a trainer's batch progress)."""
+        return self._keeping.resumed_batches()
+
+    @property
+    def resumed_inside_epoch(self) -> bool:
+        """Whether the pass in progress (else the next one) starts inside its epoch: after a position
+        saved inside it was loaded, or with a skip. ``False`` for a pass from the epoch's beginning,
+        also after a position saved at the end of the previous epoch (which loads as the next
+        epoch's start); ``resumed_batches`` may be 0 either way (a few samples of another layout)."""
+        return self._keeping.pass_start() > 0
+
+    # -- iteration ------------------------------------------------------------------------
+    def __iter__(self) -> Iterator[Any]:  # type: ignore[override]  # a pass of its own, not a _BaseDataLoaderIter
+        return iter(LoaderPass(self))
+
+    def _inner_batches(self, discard: int) -> Iterator[Any]:
+        """The batches of this pass, after ``discard`` of them were read and dropped (subclasses)."""
+        raise NotImplementedError
+
+    # -- position -------------------------------------------------------------------------
+    def position(self) -> dict[str, Any]:
+        """Where this loader stands, as plain values identical on every process (what
+        :meth:`state_dict` returns without a ``StatefulDataLoader``; see :class:`Position`)."""
+        return self.current_position().to_dict()
+
+    def current_position(self) -> Position:
+        """Where this loader stands: identical on every process (see :class:`Position`).
+
+        ``consumed`` counts what the whole job consumed of the epoch (in the plan's unit: global
+        batches, stream elements or batches), so a position saved with N processes can be loaded with M.
+        """
+        return self._keeping.position()
+
+    def load_position(self, position: Position | dict[str, Any]) -> None:
+        """Continue from ``position`` at the next pass (see :meth:`position`); it is validated
+        first, and nothing changes when it is refused."""
+        self._keeping.load(position)
+
+    def resume_at(self, epoch: int, batches_yielded: int, seeds: Iterable[int | None] | None = None) -> None:
+        """Continue in ``epoch`` after this process's first ``batches_yielded`` batches, with this
+        loader's layout (a front end that counts batches itself, e.g. an engine's iteration)."""
+        self._keeping.resume_at(epoch, batches_yielded, seeds)
+
+    def state_dict(self) -> dict[str, Any]:
+        """Resume state: after ``load_state_dict`` iteration continues after the last batch handed out."""
+        return self._keeping.state_dict()
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self._keeping.load_state_dict(state_dict)
+
+    @property
+    def _skip_pending(self) -> int:
+        """Batches the next pass starts later (``skip_first_batches``; kept by the position keeper)."""
+        return self._keeping.skip
+
+    @_skip_pending.setter
+    def _skip_pending(self, num_batches: int) -> None:
+        self._keeping.skip = num_batches
+
+    def _skipped_copy(self, num_batches: int) -> PreparedDataLoader:
+        """A copy of this loader whose next pass starts after its first ``num_batches`` batches
+        (what :func:`~shardplug.core.sharding.planner.skip_first_batches` returns): the same settings,
+        plan, epoch and position. This loader follows the copy's passes (its epoch and position), so
+        it continues with the next epoch once the copy's pass is over.
+
+        Not a pickled copy (which drops what belongs to this process, e.g. a dispatcher's process
+        group): every attribute is shared as it is, so what a subclass keeps in one object (a
+        dispatcher's wire state) stays one for both, and using the copy for one pass and this loader
+        afterwards keeps them in step with the other processes.  What is the loader's own (its last
+        pass, its position keeper, its padding tracking) is copied.
+        """
+        if not isinstance(num_batches, int) or isinstance(num_batches, bool) or num_batches < 0:
+            raise ValueError(f"num_batches={num_batches!r} must be an integer >= 0")
+        new = object.__new__(type(self))
+        new.__dict__.update(self.__dict__)
+        compat.forget_iterator(new)  # an open iterator (and its workers) stays this loader's
+        new._pass = copy.copy(self._pass)
+        new._pass.loader, new._pass.open = new, False
+        new._keeping = self._keeping.copy_for(new)
+        new._keeping.skip = num_batches
+        new._tracker = copy.copy(self._tracker)  # the same audit
+        new._skipped_from = self  # this loader follows the copy's passes (the next epoch comes after the copy's)
+        return new
+
+    # -- padding and audit ----------------------------------------------------------------
+    def track_padding(self) -> None:
+        """Record, for every batch, its indices and how many of them are real (not padding):
+        :attr:`batch_indices`, :attr:`batch_real_count`.
+
+        Map-style data: dataset indices.  A sized iterable dataset sharded by shardplug: positions
+        in the stream.  Other loaders cannot tell padding apart (a ``ValueError`` says so).
+        """
+        if getattr(self, "in_order", True) is False:
+            raise ValueError("padding tracking needs batches in sampler order: build the DataLoader with in_order=True")
+        if self.plan.untracked_reason is not None:
+            raise ValueError(self.plan.untracked_reason)
+        if self.plan.start_tagging():
+            # the plan's readers tag each element where the batches' places cannot be computed (a stream
+            # without len(), or one that splits itself across workers): the collation hands the tags on
+            self.collate_fn = TagCollate(self.collate_fn)
+            compat.forget_iterator(self)  # persistent workers would keep their untagged copies
+        if self._tracker is None:
+            self._tracker = PaddingTracker()
+
+    def drop_padding_rows(self) -> None:
+        """Hand out only the real rows of every batch (:meth:`track_padding` first): the padding rows
+        that even out the last step are cut off before the batch leaves the loader, so a step whose
+        rows are all padding is a batch of 0 rows (the same structure). Every process still gets
+        the same number of batches. A loader of single samples (``batch_size=None``) has no rows to
+        cut: a ``ValueError``.
+        """
+        if isinstance(getattr(self, "sampler", None), IndexSamplerShard) or (
+            self.batch_size is None and self.batch_sampler is None
+        ):
+            raise ValueError(
+                "drop_padding_rows() needs batches with rows; this loader hands out single samples "
+                "(DataLoader(batch_size=None)): keep them and skip those with loader.batch_real_count == 0"
+            )
+        self.track_padding()
+        self._tracker.dropping = True  # type: ignore[union-attr]
+
+    @property
+    def batch_indices(self) -> list[int] | None:
+        """Dataset indices of the batch being processed (with :meth:`track_padding`)."""
+        return self._pass.batch_indices
+
+    @property
+    def batch_real_count(self) -> int | None:
+        """How many leading samples of the batch being processed are real; the rest are
+        wrap-around padding (with :meth:`track_padding`; ``None`` otherwise)."""
+        return self._pass.batch_real
+
+    @property
+    def audit(self) -> SampleAudit | None:
+        """The samples this process consumed, per epoch (after :meth:`enable_audit`; ``None`` before)."""
+        return self._tracker.audit if self._tracker is not None else None
+
+    def enable_audit(self) -> SampleAudit:
+        """Start recording which samples this process consumes, per epoch (opt-in; see :class:`SampleAudit`)."""
+        self.track_padding()
+        if not self.plan.identifies_samples:
+            raise ValueError(
+                "this loader's batches carry no sample ids shardplug knows (a stream that shards itself, one without "
+                "len(), or one that splits itself across DataLoader workers): padding is marked in "
+                "loader.batch_real_count, but an audit needs ids; audit a map-style dataset or a sized stream read by "
+                "every process"
+            )
+        tracker = self._tracker
+        if tracker.audit is None:  # type: ignore[union-attr]
+            tracker.audit = SampleAudit(self.total_dataset_length)  # type: ignore[union-attr]
+        return tracker.audit  # type: ignore[union-attr]
+
+
+class DataLoaderShard(PreparedDataLoader):
+    """A ``DataLoader`` over an already sharded sampler or dataset, for one process.
+
+    Accepts every ``DataLoader`` keyword.  Batches are moved to ``device``; the first
+    ``skip_batches`` batches of the first pass are skipped without loading them (map-style);
+    ``end_of_dataloader`` is true while the last batch of a pass is being processed.
+
+    Example::
+
+        >>> loader = DataLoaderShard(range(6), batch_size=2)
+        >>> [b.tolist() for b in loader], loader.end_of_dataloader
+        ([[0, 1], [2, 3], [4, 5]], True)
+    """
+
+    def __init__(
+        self,
+        dataset: Any,
+        device: str | torch.device | None = None,
+        rng_types: Iterable[str] | None = None,
+        synchronized_generator: torch.Generator | None = None,
+        skip_batches: int = 0,
+        use_stateful_dataloader: bool = ShardplugConfig.use_stateful_dataloader,
+        non_blocking: bool = ShardplugConfig.non_blocking,
+        **dataloader_kwargs: Any,
+    ) -> None:
+        super().__init__(dataset, **dataloader_kwargs)
+        self._finish_init(device, rng_types, synchronized_generator, skip_batches, non_blocking)
+
+    def _finish_init(
+        self,
+        device: str | torch.device | None,
+        rng_types: Iterable[str] | None,
+        synchronized_generator: torch.Generator | None,
+        skip_batches: int,
+        non_blocking: bool,
+        plan: ShardPlan | None = None,
+    ) -> None:
+        # Own the (batch) sampler so skipping and resuming never load a skipped batch.
+        if not isinstance(self.dataset, IterableDataset):
+            if self.batch_sampler is not None and not isinstance(self.batch_sampler, BatchSamplerShard):
+                object.__setattr__(self, "batch_sampler", BatchSamplerShard(self.batch_sampler))
+            elif self.batch_sampler is None and not isinstance(self.sampler, (BatchSamplerShard, IndexSamplerShard)):
+                object.__setattr__(self, "sampler", IndexSamplerShard(self.sampler))
+            if isinstance(self.batch_sampler, BatchSamplerShard):  # what DataLoader reports for a batch sampler
+                object.__setattr__(self, "batch_size", self.batch_sampler.per_process_batch_size)
+                object.__setattr__(self, "drop_last", self.batch_sampler.drop_last)
+        self._setup_prepared(device, rng_types, synchronized_generator, skip_batches, non_blocking, plan)
+        for target in self._epoch_targets():
+            target.set_epoch(0)
+
+    def _inner_batches(self, discard: int) -> Iterator[Any]:
+        with self.plan.start_in_workers(self.num_workers) as pending:
+            if pending and self.persistent_workers:
+                # persistent workers hold their copies of the plan from when they started: a start set
+                # since cannot reach them, so this pass gets new workers (compat.forget_iterator)
+                compat.forget_iterator(self)
+            batches: Iterator[Any] = self._inner_loader().__iter__()
+        for _ in zip(range(discard), batches):
+            pass  # read, but never handed out (data that shardplug cannot skip by index)
+        return batches

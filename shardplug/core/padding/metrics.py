@@ -1,0 +1,67 @@
+"""Evaluation helpers: per-sample results without the wrap-around padding."""
+
+from __future__ import annotations
+
+from typing import Any, cast
+
+import torch
+import torch.distributed as dist
+
+from shardplug.core._internal.topology import distributed_is_active
+from shardplug.core.loader.rows import map_leaves
+
+__all__ = ["drop_padding", "gather_for_metrics"]
+
+
+def _map(data: Any, fn: Any) -> Any:
+    def tensor_only(leaf: Any) -> Any:
+        if not isinstance(leaf, torch.Tensor):
+            raise TypeError(f"expected tensors (possibly in dicts, lists or tuples), got {type(leaf).__name__}")
+        return fn(leaf)
+
+    return map_leaves(data, tensor_only)
+
+
+def _real_count(loader: Any) -> int:
+    real = getattr(loader, "batch_real_count", None)
+    if real is None:
+        raise ValueError(
+            "the loader does not know which samples of this batch are padding: call loader.track_padding() "
+            "(or loader.enable_audit()) before iterating it"
+        )
+    return cast("int", real)
+
+
+def drop_padding(data: Any, loader: Any) -> Any:
+    """The rows of ``data`` (per-sample results of the current batch) that are real samples."""
+    real = _real_count(loader)
+    return _map(data, lambda t: t[:real])
+
+
+def _gather_rows(tensor: torch.Tensor) -> torch.Tensor:
+    world = dist.get_world_size()
+    rows = torch.tensor([tensor.shape[0]], dtype=torch.int64)
+    sizes = [torch.zeros_like(rows) for _ in range(world)]
+    dist.all_gather(sizes, rows)
+    most = int(max(s.item() for s in sizes))
+    padded = torch.zeros((most, *tensor.shape[1:]), dtype=tensor.dtype, device=tensor.device)
+    padded[: tensor.shape[0]] = tensor
+    parts = [torch.empty_like(padded) for _ in range(world)]
+    dist.all_gather(parts, padded)
+    return torch.cat([part[: int(size.item())] for part, size in zip(parts, sizes)])
+
+
+def gather_for_metrics(data: Any, loader: Any) -> Any:
+    """Per-sample results of the current batch from every process, padding dropped, in rank order.
+
+    A collective: call it on every process for every batch.  Example::
+
+        loader.track_padding()
+        for x, y in loader:
+            preds, labels = gather_for_metrics((model(x).argmax(1), y), loader)
+            metric.update(preds, labels)   # every sample of the dataset exactly once
+    """
+    local = drop_padding(data, loader)
+    if not distributed_is_active() or dist.get_world_size() == 1:
+        return local
+    return _map(local, _gather_rows)

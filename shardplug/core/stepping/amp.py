@@ -1,0 +1,243 @@
+"""Mixed-precision stepping: every use of ``GradScaler``'s records, and the real-step count.
+
+Two things live here and nowhere else (the private ``GradScaler`` details they read are reached
+through :mod:`shardplug.core._internal.compat`, which lists them):
+
+* :class:`StepCounter`: how many updates an optimizer really made, counted by a public step
+  post-hook. A step the scaler skips for inf/NaN gradients is not counted, also for fused and
+  ``_step_supports_amp_scaling`` optimizers, which the scaler calls and which then skip inside
+  their kernel. Every front end (plain PyTorch, Lightning, Fabric, Ignite) asks
+  :func:`step_counter`, and schedulers follow its count;
+* the unscale-once and failed-step bookkeeping: :func:`unscale_once` (clipping unscales each
+  optimizer once per step), :func:`forget_step` and :func:`close_failed_step` (an exception in the
+  middle of a step leaves no stale record behind, so the next update is not applied with gradients
+  that are still multiplied by the scale).
+
+Example::
+
+    >>> import torch
+    >>> param = torch.nn.Parameter(torch.ones(1))
+    >>> opt = torch.optim.SGD([param], lr=0.1)
+    >>> counter = step_counter(opt)
+    >>> param.grad = torch.ones(1); opt.step()
+    >>> counter.taken, step_counter(opt) is counter
+    (1, True)
+"""
+
+from __future__ import annotations
+
+import logging
+import weakref
+from typing import Any, TypeGuard
+
+import torch
+from torch.optim import Optimizer
+
+from shardplug.core._internal import compat
+
+__all__ = [
+    "StepCounter",
+    "step_counter",
+    "scaler_enabled",
+    "check_scaler",
+    "found_inf",
+    "is_unscaled",
+    "unscale_once",
+    "move_record",
+    "forget_step",
+    "close_failed_step",
+    "StepAttempt",
+]
+
+logger = logging.getLogger(__name__)
+
+
+# -- the scaler --------------------------------------------------------------------------------
+def scaler_enabled(scaler: Any) -> TypeGuard[Any]:
+    """Whether ``scaler`` is a scaler that scales (``None`` and disabled scalers do not)."""
+    return scaler is not None and bool(scaler.is_enabled())
+
+
+def check_scaler(scaler: Any, name: str = "scaler") -> Any:
+    """``scaler`` if it is ``None`` or looks like a ``torch.amp.GradScaler``; else ``TypeError``."""
+    if scaler is not None and not all(
+        hasattr(scaler, m) for m in ("scale", "step", "update", "unscale_", "is_enabled")
+    ):
+        raise TypeError(
+            f"{name}={scaler!r} is not a GradScaler (it needs scale(), step(), update(), unscale_() and "
+            "is_enabled()); pass torch.amp.GradScaler(device) or None"
+        )
+    return scaler
+
+
+def _record(scaler: Any, optimizer: Any) -> dict[str, Any] | None:
+    """The scaler's record of this iteration for ``optimizer``, without creating one."""
+    records = compat.scaler_records(scaler)
+    if records is None:
+        return None
+    return records.get(id(optimizer))
+
+
+def found_inf(scaler: Any, optimizer: Any) -> bool | None:
+    """Whether the scaler found inf/NaN gradients for ``optimizer`` in this iteration.
+
+    ``None`` when it has not checked them yet (no ``unscale_`` or ``step`` since the last ``update``).
+    """
+    record = _record(scaler, optimizer)
+    found = (record or {}).get("found_inf_per_device") or {}
+    if not found:
+        return None
+    return bool(sum(float(t.item()) for t in found.values()) > 0)
+
+
+def is_unscaled(scaler: Any, optimizer: Any) -> bool:
+    """Whether ``optimizer``'s gradients were unscaled in this iteration and it has not stepped since."""
+    record = _record(scaler, optimizer)
+    return record is not None and record["stage"] is compat.opt_state().UNSCALED
+
+
+def unscale_once(scaler: Any, optimizer: Any) -> bool:
+    """``scaler.unscale_(optimizer)`` unless it was already done in this iteration; True if it unscaled."""
+    if not scaler_enabled(scaler):
+        return False
+    record = _record(scaler, optimizer)
+    if record is not None and record["stage"] is not compat.opt_state().READY:
+        return False
+    scaler.unscale_(optimizer)
+    return True
+
+
+def move_record(scaler: Any, source: Any, target: Any) -> None:
+    """Give ``target`` the record the scaler made for ``source`` (``scaler.unscale_(wrapper)``
+    followed by a step of the wrapped optimizer must not unscale twice)."""
+    records = compat.scaler_records(scaler)
+    if records is not None and id(source) in records:
+        records[id(target)] = records.pop(id(source))
+
+
+def forget_step(scaler: Any, optimizer: Any) -> bool:
+    """Drop the scaler's record of a step of ``optimizer`` that will not happen; True if there was one.
+
+    Call it with the gradients it covered cleared: they may be unscaled already.
+    """
+    records = compat.scaler_records(scaler) if scaler is not None else None
+    if records is None or id(optimizer) not in records:
+        return False
+    stage = records[id(optimizer)]["stage"]
+    if stage is compat.opt_state().STEPPED:
+        return False  # the parameters changed: only update() may close this iteration
+    del records[id(optimizer)]
+    return True
+
+
+def close_failed_step(scaler: Any, optimizer: Any, stepped: bool) -> None:
+    """Leave the scaler right after an exception inside ``scaler.step(optimizer)`` (or just before it).
+
+    ``stepped``: whether ``optimizer`` had updated the parameters before the exception; then the
+    iteration is closed with ``scaler.update()`` as a completed step would be, else its record is
+    dropped.
+    """
+    if not scaler_enabled(scaler):
+        return
+    record = _record(scaler, optimizer)
+    if stepped or (record is not None and record["stage"] is compat.opt_state().STEPPED):
+        scaler.update()
+    else:
+        forget_step(scaler, optimizer)
+
+
+# -- real steps --------------------------------------------------------------------------------
+class StepCounter:
+    """The updates one optimizer really made: its ``step`` completed and was not skipped.
+
+    Counted by a step post-hook (``Optimizer.register_step_post_hook``), so it sees every call,
+    whoever makes it (``scaler.step``, Lightning's precision plugin, a user). ``GradScaler`` does
+    not call a plain optimizer's ``step`` on inf/NaN gradients; it does call fused and
+    ``_step_supports_amp_scaling`` optimizers, with the inf flag set on them: such a call counts only
+    when the flag is zero. The flag is read when :attr:`taken` is read (one host-device
+    synchronisation then, none in the step).
+
+    Use :func:`step_counter` to get the one counter of an optimizer.
+    """
+
+    def __init__(self, optimizer: Optimizer) -> None:
+        self._taken = 0
+        self._pending: list[torch.Tensor] = []  # inf flags of fused steps, read lazily
+        self.calls = 0  #: completed calls of ``step`` (skipped fused steps included)
+        self._handle = optimizer.register_step_post_hook(self._after_step)
+
+    def _after_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        self.calls += 1
+        flag = compat.step_inf_flag(optimizer)
+        if isinstance(flag, torch.Tensor):
+            self._pending.append(flag)
+            return
+        scaler = kwargs.get("grad_scaler") if isinstance(kwargs, dict) else None
+        if scaler is not None:  # the deprecated protocol: the optimizer consulted the scaler itself
+            if found_inf(scaler, optimizer):
+                return
+        self._taken += 1
+
+    @property
+    def taken(self) -> int:
+        """Updates made so far (steps the scaler skipped excluded)."""
+        if self._pending:
+            pending, self._pending = self._pending, []
+            self._taken += sum(1 for flag in pending if float(flag.item()) == 0.0)
+        return self._taken
+
+    def remove(self) -> None:
+        """Stop counting (removes the hook)."""
+        self._handle.remove()
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(taken={self.taken}, calls={self.calls})"
+
+
+_COUNTERS: weakref.WeakKeyDictionary[Optimizer, StepCounter] = weakref.WeakKeyDictionary()
+
+
+def step_counter(optimizer: Optimizer) -> StepCounter:
+    """The :class:`StepCounter` of ``optimizer`` (created, and its hook registered, on first use)."""
+    if not isinstance(optimizer, Optimizer):
+        raise TypeError(f"optimizer={optimizer!r} is not a torch.optim.Optimizer")
+    counter = _COUNTERS.get(optimizer)
+    if counter is None:
+        counter = _COUNTERS[optimizer] = StepCounter(optimizer)
+    return counter
+
+
+class StepAttempt:
+    """One attempt to step an optimizer through code shardplug does not own (a framework's precision
+    plugin): counts what happened and closes the scaler's iteration if the attempt raises.
+
+    Example::
+
+        >>> import torch
+        >>> param = torch.nn.Parameter(torch.ones(1)); param.grad = torch.ones(1)
+        >>> opt = torch.optim.SGD([param], lr=0.1)
+        >>> with StepAttempt(opt, scaler=None) as attempt:
+        ...     opt.step()
+        >>> attempt.skipped
+        False
+    """
+
+    def __init__(self, optimizer: Optimizer, scaler: Any) -> None:
+        self.optimizer = optimizer
+        self.scaler = scaler
+        self._counter = step_counter(optimizer)
+        self._taken_before = 0
+        self._calls_before = 0
+
+    def __enter__(self) -> StepAttempt:
+        self._taken_before, self._calls_before = self._counter.taken, self._counter.calls
+        return self
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        if exc_type is not None:
+            close_failed_step(self.scaler, self.optimizer, stepped=self._counter.calls > self._calls_before)
+
+    @property
+    def skipped(self) -> bool:
+        """Whether the attempt made no update (the scaler skipped it, or nothing called ``step``)."""
+        return self._counter.taken == self._taken_before
