@@ -16,6 +16,7 @@ Example::
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
 from . import _engine
@@ -132,8 +133,9 @@ class EpochView:
 @dataclass(frozen=True)
 class ResumeView:
     """A position saved after ``step`` steps of epoch 0 (``consumed`` global batches of the whole
-    job, as ``loader.state_dict()`` says), loaded into ``processes`` processes: the rest of the
-    epoch, and the ``len()`` of the next epoch on them."""
+    job in ``rest.epoch``, as ``loader.state_dict()`` says: after the epoch's last step, the next
+    epoch's start), loaded into ``processes`` processes: the pass they run from it, and the
+    ``len()`` of the epoch after it on them."""
 
     step: int
     consumed: int
@@ -210,14 +212,15 @@ def _resume(options: ExplainOptions, spec: _engine.LoaderSpec, first: EpochView)
             f"processes run {first.steps} steps; pass --resume-at 0 to {first.steps}"
         )
     saving = _engine.prepared(spec, options.processes, 0)
-    saving.resume_at(0, step)  # the position after `step` batches of every process (the same on each)
-    position = saving.state_dict()
+    for _ in itertools.islice(saving, step):  # process 0 holds the most batches: its position is the job's
+        pass
+    position = saving.state_dict()  # after the epoch's last batch: the next epoch's start
     try:
         resumed = _engine.prepared(spec, options.after, 0)
         resumed.load_state_dict(position)  # the position is checked as a real run would check it
     except ValueError as exc:
         raise ExplainError(f"--resume-at {step} --processes-after {options.after}: {exc}") from None
-    consumed = int(position["consumed"])
-    before = {i for share in first.shares for i in share.real_samples(step)}
-    rest = _with_dropped(_epoch(options, spec, options.after, 0, consumed), options.samples, before)
+    epoch, consumed = int(position["epoch"]), int(position["consumed"])
+    before = {i for share in first.shares for i in share.real_samples(step)} if epoch == 0 else set()
+    rest = _with_dropped(_epoch(options, spec, options.after, epoch, consumed), options.samples, before)
     return ResumeView(step, consumed, options.after, rest, int(resumed.epoch_length or 0))

@@ -71,8 +71,8 @@ def render_text(picture: Picture) -> str:
     if resume is not None:
         lines += [
             "",
-            f"resume after step {resume.step} of epoch 0 (the position: {resume.consumed} global batches consumed) "
-            f"on {_processes(resume.processes)}: {_steps(resume.rest)}",
+            f"resume after step {resume.step} of epoch 0 (the position: epoch {resume.rest.epoch}, {resume.consumed} "
+            f"global batches consumed) on {_processes(resume.processes)}: {_steps(resume.rest)}",
         ]
         lines += _pass(resume.rest)
         lines.append(f"  the next epoch on {_processes(resume.processes)}: len()={resume.next_epoch_length}")
