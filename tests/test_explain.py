@@ -176,24 +176,30 @@ def test_a_figure_without_matplotlib_names_the_extra(monkeypatch, capsys, tmp_pa
     assert not (tmp_path / "f.svg").exists()
 
 
-FIGURE_COMMAND = re.compile(r"python -m shardplug explain ([^`\n]*--format svg (docs/figures/[\w.-]+\.svg))")
+FIGURE_COMMAND = re.compile(r"`python -m shardplug explain ([^`\n]*--format svg (docs/figures/[\w.-]+\.svg))`")
+PAGES = ("docs/sharding.md", "docs/resume.md")
 
 
 def _documented_figures() -> list[tuple[str, str]]:
-    found = []
-    for page in ("docs/sharding.md", "docs/resume.md"):
-        found += FIGURE_COMMAND.findall((ROOT / page).read_text())
-    return found
+    return [found for page in PAGES for found in FIGURE_COMMAND.findall((ROOT / page).read_text())]
 
 
-def test_the_docs_show_figures_made_by_the_command():
-    figures = _documented_figures()
-    assert len(figures) >= 3
+@pytest.mark.parametrize("page", PAGES)
+def test_the_docs_show_figures_made_by_the_command(page):
+    text = (ROOT / page).read_text()
+    figures = FIGURE_COMMAND.findall(text)
+    assert figures, f"{page} shows no figure made by shardplug explain"
     for _, path in figures:
         assert (ROOT / path).is_file(), path
-        assert f"]({Path(path).relative_to('docs/figures').as_posix()})" in (
-            (ROOT / "docs/sharding.md").read_text() + (ROOT / "docs/resume.md").read_text()
-        ).replace("](figures/", "](")
+        assert f"]({Path(path).relative_to('docs').as_posix()})" in text, f"{page} does not embed {path}"
+
+
+def test_the_output_shown_in_the_docs_is_the_commands(capsys):
+    shown = re.findall(r"```bash\npython -m shardplug explain (.*)\n```\n\n```text\n(.*?)```", (ROOT / PAGES[0]).read_text(), re.S)
+    assert shown
+    for command, output in shown:
+        assert main(["explain", *shlex.split(command)]) == 0
+        assert capsys.readouterr().out == output
 
 
 @pytest.mark.skipif(not HAVE_MATPLOTLIB, reason="figures need matplotlib (pip install 'shardplug[plot]')")

@@ -93,11 +93,11 @@ def _rectangle(xy: tuple[float, float], w: float, h: float, **kwargs: Any) -> An
 
 
 def _draw_pass(
-    ax: Any, rows: _Rows, view: EpochView, title: str, slots: int, start: float = 0.0, samples: int = 0
+    ax: Any, rows: _Rows, view: EpochView, title: str, slots: int, start: float = 0.0
 ) -> float:
     """Draw one pass of every process (and its dropped samples); return the right end."""
-    rows.titles.append((rows.add(""), title, start - 0.2 if start else -0.2))  # a row of its own for the section's title
-    right = start
+    rows.titles.append((rows.add(""), title, start - 0.2 if start else -0.2))  # a row of its own for the title
+    right = start + 0.35 + 0.23 * len(title)  # room for the title (about 0.23 slots a character)
     for share in view.shares:
         row = rows.add(f"process {share.process}  len()={share.length}")
         for k, batch in enumerate(share.batches):
@@ -129,11 +129,11 @@ def draw(picture: Picture) -> Any:
             # the resume happens after `step` batches of every process of epoch 0 (drawn first, from row 0)
             x = resume.step * (slots + GAP) - GAP / 2
             after_slots = max((len(b.indices) for s in resume.rest.shares for b in s.batches), default=slots)
-            title = f"resumed after step {resume.step} on {resume.processes} processes"
+            what = "the rest of epoch 0" if resume.rest.epoch == 0 else f"epoch {resume.rest.epoch}"
+            title = f"resume after step {resume.step}: {what} on {resume.processes} processes"
             right = max(right, _draw_pass(ax, rows, resume.rest, title, after_slots, start=x + GAP / 2))
             bottom = len(rows.labels) - 1
             ax.plot([x, x], [-0.5, -bottom - 0.5], color=RESUME, lw=1.6, ls="--")
-            ax.text(x + 0.15, -0.1, f"resume after step {resume.step}", color=RESUME, ha="left", va="center")
         _finish(ax, fig, rows, right, picture)
     return fig
 
@@ -154,7 +154,8 @@ def _finish(ax: Any, fig: Any, rows: _Rows, right: float, picture: Picture) -> N
         spine.set_visible(False)
     ax.tick_params(left=False)
     for row, title, x in rows.titles:
-        ax.text(x + (0.35 if x > 0 else 0), -row - 0.1, title, ha="left", va="center", fontsize=8, fontweight="bold")
+        color = RESUME if x > 0 else "#000000"  # the resumed run's title starts at the resume's line
+        ax.text(x + (0.35 if x > 0 else 0), -row - 0.1, title, ha="left", va="center", fontweight="bold", color=color)
     o = picture.options
     fig.suptitle(
         f"{o.samples} samples, batch size {o.batch_size}, {o.processes} processes"
