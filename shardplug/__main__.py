@@ -4,4 +4,5 @@ import sys
 
 from .explain.cli import main
 
-sys.exit(main())
+if __name__ == "__main__":  # importing the module (the doctests do) runs nothing
+    sys.exit(main())

@@ -9,6 +9,7 @@ from _dist import run_gloo
 from torch.utils.data import DataLoader, Dataset
 
 import shardplug
+from shardplug.explain import ExplainOptions, explain
 
 
 class Sentences(Dataset):
@@ -126,6 +127,17 @@ def _uneven(rank: int, world: int) -> dict:
         )
         out[split] = [(batch["ids"], batch["tokens"].shape[0], loader.end_of_dataloader) for batch in loader]
         out[split, "len"] = len(loader)
+        # the same with even_batches=True: the last step completed with the epoch's first rows
+        padded = shardplug.prepare_data_loader(
+            DataLoader(
+                Sentences(2 * world * 3 + world + 1), batch_size=2 * world if split else 2, collate_fn=_fixed_width
+            ),
+            put_on_device=True,
+            dispatch_batches=True,
+            split_batches=split,
+        )
+        out[split, "even"] = [(batch["ids"], batch["tokens"].shape[0], padded.end_of_dataloader) for batch in padded]
+        out[split, "even", "len"] = len(padded)
     return out
 
 
@@ -149,3 +161,21 @@ def test_even_batches_false_pads_nothing_and_gives_the_leftovers_to_the_first_pr
         size = leftover // world + (1 if rank < leftover % world else 0)
         assert batches[-1][1] == size  # as even as possible, the first processes take one more
     assert sorted(seen) == list(range(n))  # no padding: every sample exactly once
+
+
+@pytest.mark.parametrize("split", [True, False])
+@pytest.mark.parametrize("even", [True, False])
+def test_explain_shows_what_dispatchers_deliver(uneven_runs, split, even):
+    """``shardplug explain --dispatch`` (the dispatcher's step reader and plan, without a process
+    group) shows every process the rows and len() the real dispatchers gave it."""
+    world, results = uneven_runs
+    options = ExplainOptions(
+        2 * world * 3 + world + 1, 2 * world if split else 2, world, split, even_batches=even, dispatch=True
+    )
+    shares = explain(options).epochs[0].shares
+    key = (split, "even") if even else split
+    for rank, res in enumerate(results):
+        assert [list(batch.indices) for batch in shares[rank].batches] == [ids for ids, _, _ in res[key]]
+        assert shares[rank].length == res[(*key, "len") if even else (split, "len")]
+    if even:  # the padding is the epoch's first rows, on the last processes
+        assert sum(len(batch.padding) for share in shares for batch in share.batches) == -options.samples % world

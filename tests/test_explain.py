@@ -195,7 +195,9 @@ def test_the_docs_show_figures_made_by_the_command(page):
 
 
 def test_the_output_shown_in_the_docs_is_the_commands(capsys):
-    shown = re.findall(r"```bash\npython -m shardplug explain (.*)\n```\n\n```text\n(.*?)```", (ROOT / PAGES[0]).read_text(), re.S)
+    shown = re.findall(
+        r"```bash\npython -m shardplug explain (.*)\n```\n\n```text\n(.*?)```", (ROOT / PAGES[0]).read_text(), re.S
+    )
     assert shown
     for command, output in shown:
         assert main(["explain", *shlex.split(command)]) == 0

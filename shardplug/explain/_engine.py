@@ -8,26 +8,34 @@ Example::
 
     >>> loader = prepared(LoaderSpec(samples=5, batch_size=2), num_processes=2, process_index=1)
     >>> shard_batches(loader, consumed=0)
-    [([2, 3], 2), ([0, 1], 0)]
+    [([2, 3], 2), ([1, 2], 0)]
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import torch
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, Dataset
 
 import shardplug
 
 from ..core.dispatch.sender import StepReader
 from ..core.dispatch.transport import _Wire
-from ..core.plan import DispatchPlan, PassRecord
+from ..core.plan import BatchSamplerPlan, DispatchPlan, PassRecord
 from ..core.rows import slice_rows
 
-__all__ = ["LoaderSpec", "prepared", "shard_batches", "dispatched_batches", "Batches"]
+__all__ = [
+    "LoaderSpec",
+    "prepared",
+    "shard_batches",
+    "shard_length",
+    "dispatched_batches",
+    "dispatched_length",
+    "Batches",
+]
 
 Batches = list[tuple[list[int], int]]
 """One process's batches: each batch's dataset indices and how many of its leading ones are real."""
@@ -46,7 +54,8 @@ class LoaderSpec:
     seed: int | None = None
 
     def dataloader(self) -> DataLoader[Any]:
-        return DataLoader(range(self.samples), batch_size=self.batch_size, shuffle=self.shuffle, drop_last=self.drop_last)
+        data = cast("Dataset[int]", range(self.samples))  # a range is a map-style dataset of its integers
+        return DataLoader(data, batch_size=self.batch_size, shuffle=self.shuffle, drop_last=self.drop_last)
 
 
 def prepared(spec: LoaderSpec, num_processes: int, process_index: int, epoch: int = 0) -> shardplug.PreparedDataLoader:
@@ -65,25 +74,34 @@ def prepared(spec: LoaderSpec, num_processes: int, process_index: int, epoch: in
     return loader
 
 
-def steps_per_batch(loader: shardplug.PreparedDataLoader) -> int:
-    """Global batches the whole job consumes per batch of one process (the position's unit)."""
-    return int(loader.plan.consumed_per_batch)
+def _map_plan(loader: shardplug.PreparedDataLoader) -> BatchSamplerPlan:
+    plan = loader.plan
+    if not isinstance(plan, BatchSamplerPlan):  # DataLoader(range(n), batch_size=b): always map-style batches
+        raise TypeError(f"expected the plan of map-style batches, got {type(plan).__name__}")
+    return plan
 
 
 def shard_batches(loader: shardplug.PreparedDataLoader, consumed: int) -> Batches:
     """The batches ``loader`` yields after ``consumed`` global batches of its epoch, with their
     real counts: its plan's answer (indices only, nothing is loaded)."""
-    return [(list(batch), int(real)) for batch, real in loader.plan.batches(consumed)]
+    return [(list(batch), int(real)) for batch, real in _map_plan(loader).batches(consumed)]
 
 
-def dispatched_batches(reader: shardplug.PreparedDataLoader, loader: shardplug.PreparedDataLoader, consumed: int) -> list[Batches]:
+def shard_length(loader: shardplug.PreparedDataLoader, consumed: int) -> int:
+    """``len()`` of ``loader``'s pass after ``consumed`` global batches (its plan's answer)."""
+    return _map_plan(loader).num_batches(consumed)
+
+
+def dispatched_batches(
+    reader: shardplug.PreparedDataLoader, loader: shardplug.PreparedDataLoader, consumed: int
+) -> list[Batches]:
     """Every process's batches under ``dispatch_batches=True``, after ``consumed`` global batches.
 
     ``reader`` is process 0's reading loader (one process: the global batches), ``loader`` any
     process's loader of the job (its layout); the steps are made and cut by the dispatcher's own
     step reader and plan, as process 0 does without a process group.
     """
-    source = reader.plan
+    source = _map_plan(reader)
     layout = loader.plan.layout
     plan = DispatchPlan(layout, source.num_batches(0), source)
     record = PassRecord(track=True)  # the source's batches come with their real counts
@@ -121,6 +139,6 @@ def dispatched_batches(reader: shardplug.PreparedDataLoader, loader: shardplug.P
 
 def dispatched_length(reader: shardplug.PreparedDataLoader, loader: shardplug.PreparedDataLoader, consumed: int) -> int:
     """``len()`` of every process's dispatcher after ``consumed`` global batches."""
-    source = reader.plan
+    source = _map_plan(reader)
     length = DispatchPlan(loader.plan.layout, source.num_batches(0), source).num_batches(consumed)
     return int(length) if length is not None else 0

@@ -60,9 +60,7 @@ def _parsers() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
         ),
     )
     sub.add_argument("--samples", type=_count(0), required=True, metavar="N", help="the dataset's length (range(N))")
-    sub.add_argument(
-        "--batch-size", type=_count(1), required=True, metavar="B", help="the DataLoader's batch_size"
-    )
+    sub.add_argument("--batch-size", type=_count(1), required=True, metavar="B", help="the DataLoader's batch_size")
     sub.add_argument("--processes", type=_count(1), default=1, metavar="N", help="processes of the job (default: 1)")
     sub.add_argument(
         "--split-batches",
@@ -116,7 +114,9 @@ def _figure_target(args: argparse.Namespace, sub: argparse.ArgumentParser) -> tu
             sub.error(f"argument --format: text takes no PATH, got {' '.join(rest)!r} (svg PATH or png PATH draw)")
         return None
     if len(rest) != 1:
-        sub.error(f"argument --format: {form} needs one PATH to write the figure to, e.g. --format {form} shares.{form}")
+        sub.error(
+            f"argument --format: {form} needs one PATH to write the figure to, e.g. --format {form} shares.{form}"
+        )
     return form, rest[0]
 
 

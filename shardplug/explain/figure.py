@@ -92,9 +92,7 @@ def _rectangle(xy: tuple[float, float], w: float, h: float, **kwargs: Any) -> An
     return Rectangle(xy, w, h, **kwargs)
 
 
-def _draw_pass(
-    ax: Any, rows: _Rows, view: EpochView, title: str, slots: int, start: float = 0.0
-) -> float:
+def _draw_pass(ax: Any, rows: _Rows, view: EpochView, title: str, slots: int, start: float = 0.0) -> float:
     """Draw one pass of every process (and its dropped samples); return the right end."""
     rows.titles.append((rows.add(""), title, start - 0.2 if start else -0.2))  # a row of its own for the title
     right = start + 0.35 + 0.23 * len(title)  # room for the title (about 0.23 slots a character)

@@ -176,7 +176,9 @@ def explain(options: ExplainOptions) -> Picture:
 
 def _given(options: ExplainOptions) -> str:
     flags = [f"--samples {options.samples}", f"--batch-size {options.batch_size}", f"--processes {options.processes}"]
-    flags += [flag for flag, on in (("--split-batches", options.split_batches), ("--drop-last", options.drop_last)) if on]
+    flags += [
+        flag for flag, on in (("--split-batches", options.split_batches), ("--drop-last", options.drop_last)) if on
+    ]
     if not options.even_batches:
         flags.append("--no-even-batches")
     return " ".join(flags)
@@ -191,7 +193,7 @@ def _epoch(options: ExplainOptions, spec: _engine.LoaderSpec, processes: int, ep
         lengths = [_engine.dispatched_length(reader, loaders[0], consumed)] * processes
     else:
         per_process = [_engine.shard_batches(loader, consumed) for loader in loaders]
-        lengths = [loader.plan.num_batches(consumed) for loader in loaders]
+        lengths = [_engine.shard_length(loader, consumed) for loader in loaders]
     shares = tuple(
         Share(i, tuple(BatchView(tuple(rows), real) for rows, real in batches), int(length))
         for i, (batches, length) in enumerate(zip(per_process, lengths))
