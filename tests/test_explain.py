@@ -214,3 +214,12 @@ def test_regenerating_a_figure_gives_the_same_file(command, path, tmp_path, caps
         f"{path} is not what `python -m shardplug explain {command}` makes: run it (from the repository root) to "
         "remake the figure"
     )
+
+
+@pytest.mark.skipif(not HAVE_MATPLOTLIB, reason="figures need matplotlib (pip install 'shardplug[plot]')")
+def test_png_figures_are_written_too(tmp_path, capsys):
+    path = tmp_path / "shares.png"
+    assert (
+        main(["explain", "--samples", "7", "--batch-size", "3", "--processes", "2", "--format", "png", str(path)]) == 0
+    )
+    assert path.read_bytes().startswith(b"\x89PNG") and f"figure: {path}" in capsys.readouterr().out

@@ -14,6 +14,7 @@ Bad input is an error naming the option and its value, with exit status 2 (as ar
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 from collections.abc import Sequence
 
@@ -127,18 +128,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     target = _figure_target(args, sub)
     try:
         options = ExplainOptions(
-            samples=args.samples,
-            batch_size=args.batch_size,
-            processes=args.processes,
-            split_batches=args.split_batches,
-            even_batches=args.even_batches,
-            drop_last=args.drop_last,
-            shuffle=args.shuffle,
-            seed=args.seed,
-            dispatch=args.dispatch,
-            epochs=args.epochs,
-            resume_at=args.resume_at,
-            processes_after=args.processes_after,
+            **{field.name: getattr(args, field.name) for field in dataclasses.fields(ExplainOptions)}
         )
         picture = explain(options)
     except ExplainError as exc:

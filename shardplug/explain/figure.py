@@ -41,23 +41,22 @@ class MissingExtra(ImportError):
     """matplotlib is not installed: figures need the ``plot`` extra."""
 
 
-def _pyplot() -> Any:
+def _matplotlib() -> Any:
+    """matplotlib, or a :class:`MissingExtra` naming the extra to install."""
     try:
         import matplotlib
-
-        matplotlib.use("Agg", force=False)
-        import matplotlib.pyplot as plt
+        import matplotlib.figure  # noqa: F401 (Figure: no pyplot, no backend chosen for the caller)
     except ImportError:
         raise MissingExtra(
             "figures need matplotlib, which is not installed: pip install 'shardplug[plot]' (or pip install "
             "matplotlib), or leave out --format svg/png to print the text"
         ) from None
-    return plt
+    return matplotlib
 
 
 @contextmanager
-def _style(plt: Any) -> Iterator[None]:
-    with plt.rc_context(_STYLE):
+def _style(mpl: Any) -> Iterator[None]:
+    with mpl.rc_context(_STYLE):
         yield
 
 
@@ -113,11 +112,12 @@ def _draw_pass(ax: Any, rows: _Rows, view: EpochView, title: str, slots: int, st
 
 def draw(picture: Picture) -> Any:
     """The figure of ``picture`` (a matplotlib ``Figure``; :func:`save_figure` writes it)."""
-    plt = _pyplot()
+    mpl = _matplotlib()
     o = picture.options
     slots = picture.process_batch_size
-    with _style(plt):
-        fig, ax = plt.subplots()
+    with _style(mpl):
+        fig = mpl.figure.Figure()
+        ax = fig.subplots()
         rows = _Rows(slots)
         right = 0.0
         for view in picture.epochs:
@@ -185,9 +185,8 @@ def save_figure(picture: Picture, path: str | Path, form: str | None = None) -> 
     form = form or Path(path).suffix.lstrip(".").lower()
     if form not in ("svg", "png"):
         raise ValueError(f"form={form!r} is invalid: draw 'svg' or 'png'")
-    plt = _pyplot()
+    mpl = _matplotlib()
     fig = draw(picture)
-    with _style(plt):
+    with _style(mpl):
         metadata = {"Date": None} if form == "svg" else {"Software": None}
         fig.savefig(path, format=form, metadata=metadata, dpi=150)
-    plt.close(fig)

@@ -37,6 +37,8 @@ def _steps(view: EpochView) -> str:
     steps = view.steps
     fewer = [share for share in view.shares if share.length < steps]
     head = f"{steps} step" if steps == 1 else f"{steps} steps"
+    if steps == 0:
+        return "no step"
     if not fewer:
         return f"{head}, every process runs them all"
     return head + "; " + ", ".join(f"process {share.process} runs {share.length}" for share in fewer)
