@@ -3,12 +3,15 @@ sequence lengths), and non-tensor leaves (per-row lists cut with their rows, oth
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 import torch
 from _dist import run_gloo
 from torch.utils.data import DataLoader, Dataset
 
 import shardplug
+from shardplug.explain import ExplainOptions, explain
 
 
 class Sentences(Dataset):
@@ -113,8 +116,9 @@ def _fixed_width(samples: list[dict]) -> dict:
 
 def _uneven(rank: int, world: int) -> dict:
     out = {}
-    for split in (True, False):
-        # three whole steps, then world + 1 leftover rows (uneven across processes)
+    for split, even in itertools.product((True, False), (False, True)):
+        # three whole steps, then world + 1 leftover rows (uneven across processes); with even_batches=True
+        # the last step is completed with the epoch's first rows
         loader = shardplug.prepare_data_loader(
             DataLoader(
                 Sentences(2 * world * 3 + world + 1), batch_size=2 * world if split else 2, collate_fn=_fixed_width
@@ -122,10 +126,10 @@ def _uneven(rank: int, world: int) -> dict:
             put_on_device=True,
             dispatch_batches=True,
             split_batches=split,
-            even_batches=False,
+            even_batches=even,
         )
-        out[split] = [(batch["ids"], batch["tokens"].shape[0], loader.end_of_dataloader) for batch in loader]
-        out[split, "len"] = len(loader)
+        out[split, even] = [(batch["ids"], batch["tokens"].shape[0], loader.end_of_dataloader) for batch in loader]
+        out[split, even, "len"] = len(loader)
     return out
 
 
@@ -140,8 +144,8 @@ def test_even_batches_false_pads_nothing_and_gives_the_leftovers_to_the_first_pr
     n, leftover = 2 * world * 3 + world + 1, world + 1
     seen = []
     for rank, res in enumerate(results):
-        batches = res[split]
-        assert len(batches) == res[split, "len"] == 4  # every process takes part in every step
+        batches = res[split, False]
+        assert len(batches) == res[split, False, "len"] == 4  # every process takes part in every step
         assert [end for _, _, end in batches] == [False, False, False, True]
         for ids, rows, _ in batches:
             assert rows == len(ids)
@@ -149,3 +153,20 @@ def test_even_batches_false_pads_nothing_and_gives_the_leftovers_to_the_first_pr
         size = leftover // world + (1 if rank < leftover % world else 0)
         assert batches[-1][1] == size  # as even as possible, the first processes take one more
     assert sorted(seen) == list(range(n))  # no padding: every sample exactly once
+
+
+@pytest.mark.parametrize("split", [True, False])
+@pytest.mark.parametrize("even", [True, False])
+def test_explain_shows_what_dispatchers_deliver(uneven_runs, split, even):
+    """``shardplug explain --dispatch`` (the dispatcher's step reader and plan, without a process
+    group) shows every process the rows and len() the real dispatchers gave it."""
+    world, results = uneven_runs
+    options = ExplainOptions(
+        2 * world * 3 + world + 1, 2 * world if split else 2, world, split, even_batches=even, dispatch=True
+    )
+    shares = explain(options).epochs[0].shares
+    for rank, res in enumerate(results):
+        assert [list(batch.indices) for batch in shares[rank].batches] == [ids for ids, _, _ in res[split, even]]
+        assert shares[rank].length == res[split, even, "len"]
+    if even:  # the padding is the epoch's first rows, on the last processes
+        assert sum(len(batch.padding) for share in shares for batch in share.batches) == -options.samples % world

@@ -1,0 +1,144 @@
+"""The one place where ``shardplug explain`` reaches into the core: every import of shardplug's
+internals is here, so the rest of the package uses the public API and these few functions.
+
+The answers come from the planner ``prepare_data_loader`` builds (its plans, the dispatcher's
+step reader): nothing here restates a rule of which rows a process gets.
+
+Example::
+
+    >>> loader = prepared(LoaderSpec(samples=5, batch_size=2), num_processes=2, process_index=1)
+    >>> shard_batches(loader, consumed=0)
+    [([2, 3], 2), ([1, 2], 0)]
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any, cast
+
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+import shardplug
+
+from ..core.dispatch.sender import StepReader
+from ..core.dispatch.transport import _Wire
+from ..core.plan import BatchSamplerPlan, DispatchPlan, PassRecord
+from ..core.rows import slice_rows
+
+__all__ = [
+    "LoaderSpec",
+    "prepared",
+    "shard_batches",
+    "shard_length",
+    "dispatched_batches",
+    "dispatched_length",
+    "Batches",
+]
+
+Batches = list[tuple[list[int], int]]
+"""One process's batches: each batch's dataset indices and how many of its leading ones are real."""
+
+
+@dataclass(frozen=True)
+class LoaderSpec:
+    """The ``DataLoader`` over ``range(samples)`` and the options of ``prepare_data_loader``."""
+
+    samples: int
+    batch_size: int
+    split_batches: bool = False
+    even_batches: bool = True
+    drop_last: bool = False
+    shuffle: bool = False
+    seed: int | None = None
+
+    def dataloader(self) -> DataLoader[Any]:
+        data = cast("Dataset[int]", range(self.samples))  # a range is a map-style dataset of its integers
+        return DataLoader(data, batch_size=self.batch_size, shuffle=self.shuffle, drop_last=self.drop_last)
+
+
+def prepared(spec: LoaderSpec, num_processes: int, process_index: int, epoch: int = 0) -> shardplug.PreparedDataLoader:
+    """Process ``process_index``'s loader of ``num_processes``, as ``prepare_data_loader`` makes it
+    (no process group: the shuffle's seed is ``data_seed=spec.seed``), at the start of ``epoch``."""
+    loader = shardplug.prepare_data_loader(
+        spec.dataloader(),
+        num_processes=num_processes,
+        process_index=process_index,
+        split_batches=spec.split_batches,
+        even_batches=spec.even_batches,
+        data_seed=spec.seed if spec.shuffle else None,
+        put_on_device=False,
+    )
+    loader.set_epoch(epoch)
+    return loader
+
+
+def _map_plan(loader: shardplug.PreparedDataLoader) -> BatchSamplerPlan:
+    plan = loader.plan
+    if not isinstance(plan, BatchSamplerPlan):  # DataLoader(range(n), batch_size=b): always map-style batches
+        raise TypeError(f"expected the plan of map-style batches, got {type(plan).__name__}")
+    return plan
+
+
+def shard_batches(loader: shardplug.PreparedDataLoader, consumed: int) -> Batches:
+    """The batches ``loader`` yields after ``consumed`` global batches of its epoch, with their
+    real counts: its plan's answer (indices only, nothing is loaded)."""
+    return [(list(batch), int(real)) for batch, real in _map_plan(loader).batches(consumed)]
+
+
+def shard_length(loader: shardplug.PreparedDataLoader, consumed: int) -> int:
+    """``len()`` of ``loader``'s pass after ``consumed`` global batches (its plan's answer)."""
+    return _map_plan(loader).num_batches(consumed)
+
+
+def dispatched_batches(
+    reader: shardplug.PreparedDataLoader, loader: shardplug.PreparedDataLoader, consumed: int
+) -> list[Batches]:
+    """Every process's batches under ``dispatch_batches=True``, after ``consumed`` global batches.
+
+    ``reader`` is process 0's reading loader (one process: the global batches), ``loader`` any
+    process's loader of the job (its layout); the steps are made and cut by the dispatcher's own
+    step reader and plan, as process 0 does without a process group.
+    """
+    source = _map_plan(reader)
+    layout = loader.plan.layout
+    plan = DispatchPlan(layout, source.num_batches(0), source)
+    record = PassRecord(track=True)  # the source's batches come with their real counts
+    read = [0]  # rows read so far: a step's real rows are those read for it (padding is appended)
+
+    def global_batches() -> Iterator[torch.Tensor]:
+        for batch, _ in source.batches(consumed, record):
+            read[0] += len(batch)
+            yield torch.tensor(batch, dtype=torch.int64)
+
+    def load(indices: list[int]) -> torch.Tensor:
+        return torch.tensor(indices, dtype=torch.int64)
+
+    steps = StepReader(
+        plan,
+        _Wire(),
+        global_batches,
+        slice_rows,
+        uncut=not layout.split_batches,
+        collate=None,
+        record=record,
+        load=load,
+    )
+    out: list[Batches] = [[] for _ in range(layout.num_processes)]
+    counted = 0
+    for step, _slot in steps.steps():
+        real, counted = read[0] - counted, read[0]
+        start = 0
+        for j, part in enumerate(plan.cut(step, slice_rows)):
+            rows = [int(i) for i in part.tolist()]
+            out[j].append((rows, max(0, min(len(rows), real - start))))
+            start += len(rows)
+    return out
+
+
+def dispatched_length(reader: shardplug.PreparedDataLoader, loader: shardplug.PreparedDataLoader, consumed: int) -> int:
+    """``len()`` of every process's dispatcher after ``consumed`` global batches."""
+    source = _map_plan(reader)
+    length = DispatchPlan(loader.plan.layout, source.num_batches(0), source).num_batches(consumed)
+    return int(length) if length is not None else 0
