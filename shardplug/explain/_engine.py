@@ -21,11 +21,12 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 import shardplug
-
-from ..core.dispatch.sender import StepReader
-from ..core.dispatch.transport import _Wire
-from ..core.plan import BatchSamplerPlan, DispatchPlan, PassRecord
-from ..core.rows import slice_rows
+from shardplug.core.dispatch.dispatch_plan import DispatchPlan
+from shardplug.core.dispatch.sender import StepReader
+from shardplug.core.dispatch.transport import _Wire
+from shardplug.core.loader.rows import slice_rows
+from shardplug.core.sharding.map_style import BatchSamplerPlan
+from shardplug.core.sharding.shard_plan import PassRecord
 
 __all__ = [
     "LoaderSpec",
