@@ -1,4 +1,5 @@
-"""What a stream already does by itself: split across DataLoader workers, split by node, shuffle.
+"""What a stream already does by itself: split across DataLoader workers, split by node, shuffle; and so the
+kind of sharding it gets (:func:`stream_kind`: the planner's one look at a stream, with its checks).
 
 Recognised by duck typing (the package never imports ``datasets`` or ``webdataset``); this is
 the one place that uses their private attributes, reached through :mod:`shardplug.core._internal.compat`
