@@ -14,7 +14,9 @@ kind's module, which holds its whole path (its wrapper, its plan, its length, wh
 * dispatch: :mod:`shardplug.core.dispatch` (process 0 reads, every process receives its rows).
 
 Every plan answers the protocol of :mod:`~shardplug.core.sharding.shard_plan`;
-:mod:`~shardplug.core.sharding.stream_traits` reads what a stream already does by itself.
+:mod:`~shardplug.core.sharding.stream_traits` reads what a stream already does by itself (the planner's one
+look at a stream); :mod:`~shardplug.core.sharding.kinds` names the kinds and what a kind's ``shard()`` hands
+back; :mod:`~shardplug.core.sharding.counting` is the one batch counter of their lengths.
 
 A position counts what the whole job consumed of the epoch in the plan's ``unit`` (global
 batches, stream elements, or this loader's batches); ``num_batches(consumed)`` is the number of

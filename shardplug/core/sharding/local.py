@@ -1,15 +1,23 @@
-"""Data this process reads as it is: the loader's own batches are its part (:class:`LocalPlan`)."""
+"""A stream this process reads as it is: the loader's own batches are its part (:class:`LocalPlan`).
+
+The whole path of this kind: :func:`shard` (the planner's entry: one process, or a dispatcher's process 0,
+which reads the stream for every process) and :class:`LocalPlan` (``len()``: the loader's batches,
+counted by :mod:`~shardplug.core.sharding.counting`; a pass resumes by reading past what was consumed).
+"""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 from typing import Any
 
+from shardplug.core._internal.topology import Readers
+from shardplug.core.sharding.counting import loader_length
 from shardplug.core.sharding.fingerprint import FirstBatchCheck, checked_first_batch
+from shardplug.core.sharding.kinds import Shard
 from shardplug.core.sharding.layout import ShardLayout
 from shardplug.core.sharding.shard_plan import PassRecord, PlanDefaults, check_consumed, global_batch_samples
 
-__all__ = ["LocalPlan"]
+__all__ = ["LocalPlan", "shard"]
 
 
 class LocalPlan(PlanDefaults):
@@ -68,3 +76,13 @@ class LocalPlan(PlanDefaults):
     def finished(self, consumed: int) -> bool | None:
         rest = self.num_batches(consumed)
         return None if rest is None else rest == 0
+
+
+def shard(dataset: Any, layout: ShardLayout, batch_size: int | None, drop_last: bool, readers: Readers) -> Shard:
+    """A stream read as it is under ``layout`` (one process, or a dispatcher's reader), its plan and the
+    DataLoader's own batch size.  ``readers``: the ranks that read it, which the planner checked shuffle
+    alike; where several do without a process group of their own (a device mesh's one data index), their
+    first batches are compared."""
+    check = FirstBatchCheck(replicas=True) if readers.size > 1 and readers.group is None else None
+    plan = LocalPlan(layout, loader_length(dataset, batch_size, drop_last), first_batch=check)
+    return Shard(dataset, plan, {"batch_size": batch_size, "drop_last": drop_last})

@@ -6,7 +6,7 @@ its :class:`BatchSamplerPlan` (which global batches or slices, by the index arit
 :mod:`~shardplug.core.sharding.arithmetic`; ``len()``; where a pass resumes).  The seedable shuffles live in
 :mod:`shardplug.core.shuffle.seedable`.
 
-``prepare_data_loader`` calls :func:`shard_map_style` with the layout it built: the sampler
+``prepare_data_loader`` calls :func:`shard` with the layout it built: the sampler
 under the user's loader is replaced where needed so that every process draws the same order
 (:func:`agreed_sampler`), then its batches are shared out by a :class:`BatchSamplerShard` (or,
 for a loader without batches, an :class:`IndexSamplerShard`) built on that layout.  The user's
@@ -16,8 +16,8 @@ Example::
 
     >>> from torch.utils.data import DataLoader
     >>> layout = ShardLayout.for_batches(2, num_processes=2, process_index=1)
-    >>> shard = shard_map_style(DataLoader(range(6), batch_size=2), layout, MapOptions())
-    >>> list(shard.loader_kwargs["batch_sampler"])
+    >>> part = shard(DataLoader(range(6), batch_size=2), layout, MapOptions())
+    >>> list(part.loader_kwargs["batch_sampler"])
     [[2, 3], [0, 1]]
 """
 
@@ -42,10 +42,19 @@ from torch.utils.data import (
 from torch.utils.data.distributed import DistributedSampler
 
 from shardplug.core._internal import compat
+from shardplug.core._internal.collectives import require_group
 from shardplug.core.config import ShardplugConfig
 from shardplug.core.sharding.arithmetic import ArithmeticShard, EpochHead, EpochOrder, shard_length, walk_shard_counted
+from shardplug.core.sharding.kinds import Shard
 from shardplug.core.sharding.layout import ShardLayout
-from shardplug.core.sharding.shard_plan import PassRecord, PlanDefaults, ShardPlan, check_consumed, global_batch_samples
+from shardplug.core.sharding.shard_plan import (
+    PassRecord,
+    PlanDefaults,
+    ShardPlan,
+    check_consumed,
+    global_batch_samples,
+    sized_length,
+)
 from shardplug.core.shuffle.seedable import (
     BijectiveRandomSampler,
     SeedableRandomSampler,
@@ -60,9 +69,8 @@ __all__ = [
     "draw_seed",
     "Agreement",
     "MapOptions",
-    "MapShard",
     "order_agreement",
-    "shard_map_style",
+    "shard",
     "agreed_sampler",
     "replaceable",
     "is_batch_sampler",
@@ -417,19 +425,11 @@ class Agreement(NamedTuple):
     fix: str
 
 
-class MapShard(NamedTuple):
-    """What :func:`shard_map_style` decided: the loader's (batch) sampler keywords, its plan, the
-    generator to synchronise from process 0 at each pass (``None``: none), and what the processes
-    must agree on through the process group (``None``: their order is one without it)."""
-
-    loader_kwargs: dict[str, Any]
-    plan: ShardPlan
-    synchronized_generator: torch.Generator | None
-    agreement: Agreement | None = None
-
-
-def shard_map_style(dataloader: DataLoader[Any], layout: ShardLayout, options: MapOptions) -> MapShard:
-    """This process's shard of ``dataloader``'s indices under ``layout`` (see the module)."""
+def shard(dataloader: DataLoader[Any], layout: ShardLayout, options: MapOptions) -> Shard:
+    """This process's shard of ``dataloader``'s indices under ``layout`` (see the module): the (batch)
+    sampler keywords, its plan, the generator to synchronise from process 0 at each pass, and what the
+    processes compare when the loader is prepared.  Where the processes need the process group to
+    draw one order, it must be there (a dispatcher's one reader needs none)."""
     sampler = original = index_sampler(dataloader)
     if options.shuffle_algorithm == "bijective":
         sampler = bijective_sampler(sampler, options.data_seed)
@@ -437,13 +437,19 @@ def shard_map_style(dataloader: DataLoader[Any], layout: ShardLayout, options: M
     agreement = order_agreement(original, sampler, generator if options.data_seed is None else None)
     if dataloader.batch_sampler is not None:
         shard = _batch_sampler_shard(dataloader.batch_sampler, sampler, layout)
-        return MapShard({"batch_sampler": shard}, shard.plan, generator, agreement)
-    if is_batch_sampler(dataloader.sampler):  # a batch sampler passed as ``sampler=``
+        kwargs: dict[str, Any] = {"batch_sampler": shard}
+        plan: ShardPlan = shard.plan
+    elif is_batch_sampler(dataloader.sampler):  # a batch sampler passed as ``sampler=``
         shard = _batch_sampler_shard(dataloader.sampler, sampler, layout)
-        return MapShard({"sampler": shard, "batch_size": None}, shard.plan, generator, agreement)
-    # DataLoader(batch_size=None): single samples, shared out as batches of one
-    single = IndexSamplerShard.from_layout(sampler, layout)
-    return MapShard({"sampler": single, "batch_size": None}, single.shard.plan, generator, agreement)
+        kwargs, plan = {"sampler": shard, "batch_size": None}, shard.plan
+    else:  # DataLoader(batch_size=None): single samples, shared out as batches of one
+        single = IndexSamplerShard.from_layout(sampler, layout)
+        kwargs, plan = {"sampler": single, "batch_size": None}, single.shard.plan
+    if agreement is not None:
+        require_group(layout.num_processes, layout.process_index, *agreement)
+    # every process reads its part: they compare the dataset's length and the batch size
+    check = (sized_length(dataloader.dataset), layout.batch_size) if layout.num_processes > 1 else None
+    return Shard(dataloader.dataset, plan, kwargs, generator, check)
 
 
 _DIVERGE = "each process would draw its own order, and their shards would overlap and miss samples"

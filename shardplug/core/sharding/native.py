@@ -1,7 +1,7 @@
 """A stream that shards itself (``n_shards``, ``shard(num_shards, index)``): this process's part, and its plan.
 
 The whole path of this kind of sharding: :func:`process_part` / :class:`ProcessPart` (which shards this
-process reads), :func:`native_shard` (the wrapper and the DataLoader's batch size) and
+process reads), :func:`shard` (the planner's entry: the part, its plan and the DataLoader's batch size) and
 :class:`NativeStreamPlan` (equal step counts from the parts' lengths, or from an agreement on when the
 first part runs out; ``len()``; where a pass resumes).
 
@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import sys
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, cast
 
@@ -43,11 +44,13 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from shardplug.core._internal.collectives import all_reduce_int_async
 from shardplug.core.loader.rows import first_leaf, map_leaves
+from shardplug.core.sharding.counting import loader_length, worker_batches
+from shardplug.core.sharding.kinds import Shard, ShardingKind
 from shardplug.core.sharding.layout import ShardLayout
 from shardplug.core.sharding.shard_plan import PassRecord, PlanDefaults, check_consumed, sized_length
-from shardplug.core.sharding.stream_traits import can_shard, hf_concatenate, is_hf_iterable, splits_by_worker
+from shardplug.core.sharding.stream_traits import is_hf_iterable, shards_natively, splits_by_worker
 
-__all__ = ["NativeStreamPlan", "can_shard", "process_part", "ProcessPart", "native_shard", "loader_length"]
+__all__ = ["NativeStreamPlan", "process_part", "ProcessPart", "shard", "hf_concatenate"]
 
 
 logger = logging.getLogger(__name__)
@@ -234,26 +237,34 @@ class NativeStreamPlan(PlanDefaults):
 _END = object()
 
 
-logger = logging.getLogger(__name__)
-
-
 def process_part(dataset: Any, num_processes: int, process_index: int) -> Any | None:
     """Process ``process_index``'s part of a stream that shards itself, or ``None`` when it has
     fewer shards than processes (then every process reads it), or shards that do not divide and
     that split themselves across workers without being a Hugging Face stream (their parts cannot
-    be joined with the worker split kept)."""
+    be joined with the worker split kept: see :func:`~shardplug.core.sharding.stream_traits.shards_natively`)."""
+    worker_split = splits_by_worker(dataset)
+    if not shards_natively(dataset, num_processes, worker_split, is_hf_iterable(dataset)):
+        return None
+    return _part(dataset, num_processes, process_index, worker_split)
+
+
+def _part(dataset: Any, num_processes: int, process_index: int, worker_split: bool) -> Any:
+    """Process ``process_index``'s part of a stream that shards natively (``worker_split``: it splits
+    itself across DataLoader workers)."""
     shards, n = dataset.n_shards, num_processes
     whole = shards // n
-    if whole == 0:
-        return None
-    self_splitting = splits_by_worker(dataset)
-    if shards % n == 0 and self_splitting:
+    if shards % n == 0 and worker_split:
         return dataset.shard(num_shards=n, index=process_index)  # the dataset splits its part across workers
-    if not self_splitting or is_hf_iterable(dataset):
-        own = [dataset.shard(num_shards=shards, index=k) for k in range(process_index, whole * n, n)]
-        rest = [dataset.shard(num_shards=shards, index=k) for k in range(whole * n, shards)]
-        return ProcessPart(own, rest, n, process_index, join=hf_concatenate if self_splitting else None)
-    return None
+    own = [dataset.shard(num_shards=shards, index=k) for k in range(process_index, whole * n, n)]
+    rest = [dataset.shard(num_shards=shards, index=k) for k in range(whole * n, shards)]
+    return ProcessPart(own, rest, n, process_index, join=hf_concatenate if worker_split else None)
+
+
+def hf_concatenate(parts: list[Any]) -> Any:
+    """Hugging Face streams joined one after the other (``datasets.concatenate_datasets``: the
+    result keeps every part's shards, and so the split across DataLoader workers)."""
+    package = sys.modules[type(parts[0]).__module__.split(".")[0]]  # imported: its objects exist
+    return parts[0] if len(parts) == 1 else package.concatenate_datasets(parts)
 
 
 class ProcessPart(IterableDataset[Any]):
@@ -319,52 +330,16 @@ class ProcessPart(IterableDataset[Any]):
                 part.set_epoch(epoch)
 
 
-def native_shard(
-    dataset: Any, layout: ShardLayout, num_workers: int, drop_last: bool
-) -> tuple[Any, NativeStreamPlan] | None:
-    """This process's part of a stream that shards itself, and its plan, or ``None`` when every
-    process must read the whole stream.  A part is read once in all (the rows of shards that do not
+def shard(dataset: Any, layout: ShardLayout, num_workers: int, drop_last: bool, kind: ShardingKind) -> Shard:
+    """This process's part of a stream that shards itself (``kind``: what the planner read of it), its
+    plan and the DataLoader's batch size.  A part is read once in all (the rows of shards that do not
     divide among the processes by every process) instead of by every process; equal step counts come
     from the parts' batch counts when they are known without reading (every part has ``len()``, and
     shardplug knows what each DataLoader worker reads), else from an agreement between the processes
     (:class:`~shardplug.core.sharding.native.NativeStreamPlan`)."""
-    own = _own_part(dataset, layout)
-    if own is None:
-        return None
-    batch_size = layout.process_batch_size
-    counts: list[int | None] | None = None
-    if _batches_of_part(own, batch_size, drop_last, num_workers) is not None:
-        parts = (
-            own if j == layout.process_index else process_part(dataset, layout.num_processes, j)
-            for j in range(layout.num_processes)
-        )
-        counts = [_batches_of_part(part, batch_size, drop_last, num_workers) for part in parts]
-    known = None if counts is None or any(count is None for count in counts) else cast("list[int]", counts)
-    return own, NativeStreamPlan(layout, known, agree=all_reduce_int_async)
-
-
-def _own_part(dataset: Any, layout: ShardLayout) -> Any | None:
-    """:func:`process_part` for this process, saying why when the stream cannot be sharded natively."""
-    if not can_shard(dataset):
-        return None
     n_shards, n = dataset.n_shards, layout.num_processes
-    own = process_part(dataset, n, layout.process_index)
-    if own is None:
-        why = (
-            f"fewer than num_processes={n}"
-            if n_shards < n
-            else f"not a multiple of num_processes={n}, and its parts cannot be joined keeping its own split across "
-            "DataLoader workers"
-        )
-        logger.warning(
-            "the stream has n_shards=%s, %s: every process reads the whole stream (%dx the I/O of its part); give it "
-            "a number of shards that %d divides to shard it natively",
-            n_shards,
-            why,
-            n,
-            n,
-        )
-    elif n_shards % n:
+    own = _part(dataset, n, layout.process_index, kind.splits_by_worker)  # the planner found it shards natively
+    if n_shards % n:
         logger.info(
             "the stream has n_shards=%d over %d processes: each process reads %d shards by itself, and its rows of the "
             "last %d (read by every process)",
@@ -373,7 +348,14 @@ def _own_part(dataset: Any, layout: ShardLayout) -> Any | None:
             n_shards // n,
             n_shards % n,
         )
-    return own
+    batch_size = layout.process_batch_size
+    counts: list[int | None] | None = None
+    if _batches_of_part(own, batch_size, drop_last, num_workers) is not None:
+        parts = (own if j == layout.process_index else _part(dataset, n, j, kind.splits_by_worker) for j in range(n))
+        counts = [_batches_of_part(part, batch_size, drop_last, num_workers) for part in parts]
+    known = None if counts is None or any(count is None for count in counts) else cast("list[int]", counts)
+    plan = NativeStreamPlan(layout, known, agree=all_reduce_int_async)
+    return Shard(own, plan, {"batch_size": batch_size, "drop_last": drop_last})
 
 
 def _batches_of_part(part: Any, batch_size: int | None, drop_last: bool, num_workers: int) -> int | None:
@@ -383,20 +365,4 @@ def _batches_of_part(part: Any, batch_size: int | None, drop_last: bool, num_wor
     if num_workers == 0:
         return loader_length(part, batch_size, drop_last)
     lengths = part.worker_lengths(num_workers) if isinstance(part, ProcessPart) else None
-    if lengths is None:
-        return None
-    return sum(_count_batches(n, batch_size, drop_last) for n in lengths)
-
-
-def _count_batches(n: int, batch_size: int | None, drop_last: bool) -> int:
-    if batch_size is None:
-        return n
-    return n // batch_size if drop_last else -(-n // batch_size)
-
-
-def loader_length(dataset: Any, batch_size: int | None, drop_last: bool) -> int | None:
-    """Batches a DataLoader over ``dataset`` yields, when the dataset is sized (``None`` otherwise)."""
-    n = sized_length(dataset)
-    if n is None:
-        return None
-    return _count_batches(n, batch_size, drop_last)
+    return None if lengths is None else worker_batches(lengths, batch_size, drop_last)

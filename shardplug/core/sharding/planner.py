@@ -1,10 +1,18 @@
 """``prepare_data_loader`` and ``skip_first_batches``: from a user's ``DataLoader`` to a per-process one.
 
 ``prepare_data_loader`` is a planner: it reads its options (from a :class:`ShardplugConfig`, or
-from keywords), builds the :class:`ShardLayout` once, decides the kind of sharding once, and
-builds one plan, which it hands to the shard it builds (``map_shards.py`` for map-style data,
-``native.py`` or :class:`IterableDatasetShard` for streams, the dispatcher's options) and to the
-loader.
+from keywords), builds the :class:`ShardLayout` once, recognises the kind of sharding once
+(:func:`kind_of`) and calls that kind's module once (its ``shard()``: ``map_style``, ``local``,
+``read_all``, ``native`` or ``presplit``), which hands back the dataset, the DataLoader's keywords and
+the plan (a :class:`~shardplug.core.sharding.kinds.Shard`); it builds the loader with them.  Dispatch
+is one reader and a scatter: process 0's batches are the data's own kind under the layout's
+:meth:`~ShardLayout.reader` (map-style, or a stream read as it is), which the dispatcher shares out.
+
+Example (the walk of a stream that shards itself: the planner enters each module once)::
+
+    prepare_data_loader(DataLoader(stream, batch_size=8), dispatch_batches=False)
+      -> ShardLayout.for_batches (the layout)       -> kind_of -> stream_kind (stream_traits: "native")
+      -> native.shard (its part, its plan)          -> the loader (DataLoaderShard, with the plan)
 """
 
 from __future__ import annotations
@@ -17,21 +25,15 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset
 
 from shardplug.core._internal import compat
-from shardplug.core._internal.collectives import require_group
 from shardplug.core._internal.topology import ProcessTopology, Readers, resolve_data_topology
 from shardplug.core.config import ShardplugConfig
 from shardplug.core.dispatch.dispatcher import DataLoaderDispatcher, DispatchOptions, check_slice_fn
 from shardplug.core.loader.prepared import DataLoaderShard, PreparedDataLoader, combined_class
 from shardplug.core.resume.stateful import stateful_dataloader_class
-from shardplug.core.sharding.fingerprint import FirstBatchCheck
+from shardplug.core.sharding import local, map_style, native, presplit, read_all
+from shardplug.core.sharding.kinds import DISPATCH, LOCAL, MAP_STYLE, NATIVE, PRESPLIT, Shard, ShardingKind
 from shardplug.core.sharding.layout import ShardLayout
-from shardplug.core.sharding.local import LocalPlan
-from shardplug.core.sharding.map_style import MapOptions, is_batch_sampler, shard_map_style
-from shardplug.core.sharding.native import loader_length, native_shard
-from shardplug.core.sharding.presplit import node_part
-from shardplug.core.sharding.read_all import IterableDatasetShard
-from shardplug.core.sharding.shard_plan import ShardPlan, sized_length
-from shardplug.core.sharding.stream_traits import check_stream, check_worker_split, node_split
+from shardplug.core.sharding.stream_traits import stream_kind
 from shardplug.core.shuffle.rng import check_rng_types
 from shardplug.core.shuffle.seedable import check_seed, check_shuffle_algorithm
 
@@ -192,23 +194,14 @@ def prepare_data_loader(
     )
     rng = _check_arguments(dataloader, options)
     num_processes, process_index = resolve_data_topology(num_processes, process_index, torch_device_mesh)
-    iterable = isinstance(dataloader.dataset, IterableDataset)  # the kind of sharding: decided here, once
     layout = _layout(dataloader, num_processes, process_index, options)
-    dispatch = _dispatches(iterable, options, dataloader.dataset if iterable and num_processes > 1 else None)
+    readers = Readers.of(num_processes, torch_device_mesh)
+    kind = kind_of(dataloader, options, layout, readers)  # the kind of sharding: decided here, once
+    dispatch = kind.name == DISPATCH
+    shard = _shard(dataloader, kind, layout.reader() if dispatch else layout, options, readers)
     kwargs = _loader_settings(dataloader)
-    dataset, generator = dataloader.dataset, None
-    if iterable:
-        dataset, plan = _plan_stream(dataloader, layout, dispatch, kwargs, Readers.of(num_processes, torch_device_mesh))
-    else:  # map-style: a dispatcher's process 0 reads every batch
-        shard = shard_map_style(
-            dataloader,
-            layout.reader() if dispatch else layout,
-            MapOptions(options.shuffle_algorithm, options.use_seedable_sampler, options.data_seed),
-        )
-        if shard.agreement is not None and not dispatch:  # a dispatcher's order is process 0's alone
-            require_group(num_processes, process_index, *shard.agreement)
-        kwargs.update(shard.loader_kwargs)
-        plan, generator = shard.plan, shard.synchronized_generator
+    kwargs.update(shard.loader_kwargs)
+    generator = shard.synchronized_generator
     if generator is None and "generator" in rng and dataloader.generator is not None:
         generator = dataloader.generator
     finish: dict[str, Any] = {}
@@ -217,25 +210,67 @@ def prepare_data_loader(
     new = _rebuild(
         dataloader,
         DataLoaderDispatcher if dispatch else DataLoaderShard,
-        dataset,
+        shard.dataset,
         kwargs,
         options.use_stateful_dataloader,
     )
-    new._finish_init(_batch_device(device, options), rng, generator, 0, options.non_blocking, plan=plan, **finish)
+    new._finish_init(_batch_device(device, options), rng, generator, 0, options.non_blocking, plan=shard.plan, **finish)
     if dataloader.batch_size is None and dataloader.batch_sampler is not None:
         _report_like_torch(new)
-    sharded_map_data = not iterable and not dispatch and num_processes > 1  # every process reads its part
-    new.agree_at_prepare((sized_length(dataset), layout.batch_size) if sharded_map_data else None)
+    new.agree_at_prepare(shard.prepare_check)
     logger.debug(
-        "prepared %s for process %d of %d (split_batches=%s, even_batches=%s, dispatch=%s)",
+        "prepared %s for process %d of %d (split_batches=%s, even_batches=%s, kind=%s)",
         type(dataloader).__name__,
         process_index,
         num_processes,
         layout.split_batches,
         layout.even_batches,
-        dispatch,
+        kind.name,
     )
     return new
+
+
+def kind_of(dataloader: DataLoader[Any], options: _DataOptions, layout: ShardLayout, readers: Readers) -> ShardingKind:
+    """The kind of sharding of ``dataloader`` under ``layout`` (see :mod:`~shardplug.core.sharding.kinds`):
+    map-style data, unless dispatched; a stream in one look at it
+    (:func:`~shardplug.core.sharding.stream_traits.stream_kind`, with its checks).  Dispatch needs
+    ``put_on_device``: a ``ValueError`` otherwise."""
+    if isinstance(dataloader.dataset, IterableDataset):
+        kind = stream_kind(
+            dataloader.dataset,
+            options.dispatch_batches,
+            options.put_on_device,
+            layout,
+            dataloader.num_workers,
+            readers,
+        )
+    else:
+        kind = ShardingKind(DISPATCH, reads=MAP_STYLE) if options.dispatch_batches else ShardingKind(MAP_STYLE)
+    if kind.name == DISPATCH and not options.put_on_device:
+        raise ValueError(
+            "dispatch_batches=True sends each process its rows, which needs put_on_device=True; "
+            "pass put_on_device=True, or dispatch_batches=False"
+        )
+    return kind
+
+
+def _shard(
+    dataloader: DataLoader[Any], kind: ShardingKind, layout: ShardLayout, options: _DataOptions, readers: Readers
+) -> Shard:
+    """The one call into the module of ``kind`` (for dispatch: of the kind process 0 reads the data by,
+    under the reader's ``layout``)."""
+    dataset, batch_size, drop_last = dataloader.dataset, dataloader.batch_size, dataloader.drop_last
+    name = kind.reads if kind.name == DISPATCH else kind.name
+    if name == MAP_STYLE:
+        shuffling = map_style.MapOptions(options.shuffle_algorithm, options.use_seedable_sampler, options.data_seed)
+        return map_style.shard(dataloader, layout, shuffling)
+    if name == LOCAL:  # one reader: a dispatcher's process 0 compares nothing
+        return local.shard(dataset, layout, batch_size, drop_last, readers if kind.name == LOCAL else Readers())
+    if kind.name == PRESPLIT:
+        return presplit.shard(dataset, layout, dataloader.num_workers, batch_size, drop_last, kind)
+    if kind.name == NATIVE:
+        return native.shard(dataset, layout, dataloader.num_workers, drop_last, kind)
+    return read_all.shard(dataset, layout, batch_size, drop_last, kind)
 
 
 def _report_like_torch(loader: DataLoader[Any]) -> None:
@@ -265,34 +300,13 @@ def _check_arguments(dataloader: Any, options: _DataOptions) -> tuple[str, ...]:
     return rng
 
 
-def _dispatches(iterable: bool, options: _DataOptions, stream: Any = None) -> bool:
-    """Whether process 0 reads and sends each process its rows (``None``: for streams put on device,
-    except a ``stream`` already split by node: every process reads its own part)."""
-    dispatch = options.dispatch_batches
-    split = node_split(stream) if stream is not None else None
-    if dispatch and split is not None:
-        raise ValueError(
-            f"dispatch_batches=True has process 0 read the stream for every process, but this stream is already "
-            f"split by node ({split.how}): process 0 holds only its own part; pass dispatch_batches=False (each "
-            "process reads its part), or dispatch the stream before it is split"
-        )
-    if dispatch is None:
-        dispatch = iterable and options.put_on_device and split is None
-    if dispatch and not options.put_on_device:
-        raise ValueError(
-            "dispatch_batches=True sends each process its rows, which needs put_on_device=True; "
-            "pass put_on_device=True, or dispatch_batches=False"
-        )
-    return bool(dispatch)
-
-
 def _layout(dataloader: DataLoader[Any], num_processes: int, process_index: int, options: _DataOptions) -> ShardLayout:
     """The one layout of this loader: its global batch size and ``drop_last`` (the batch sampler's,
     also one passed as ``sampler=``), the topology and the options."""
     batch_size = dataloader.batch_size
     if batch_size is None and dataloader.batch_sampler is not None:
         batch_size = getattr(dataloader.batch_sampler, "batch_size", None)
-    if batch_size is None and is_batch_sampler(dataloader.sampler):
+    if batch_size is None:  # a batch sampler passed as ``sampler=`` (map_style.is_batch_sampler) says its own
         batch_size = getattr(dataloader.sampler, "batch_size", None)
     source = dataloader.batch_sampler if dataloader.batch_sampler is not None else dataloader.sampler
     drop_last = bool(dataloader.drop_last or getattr(source, "drop_last", False))
@@ -306,37 +320,6 @@ def _batch_device(device: str | torch.device | None, options: _DataOptions) -> s
     if not options.put_on_device:
         return None
     return device if device is not None else ProcessTopology.current().device
-
-
-def _plan_stream(
-    dataloader: DataLoader[Any], layout: ShardLayout, dispatch: bool, kwargs: dict[str, Any], readers: Readers
-) -> tuple[Any, ShardPlan]:
-    """(the dataset this process's DataLoader reads, its plan) for a stream; ``kwargs`` get the
-    DataLoader's batch size (per process when the stream is sharded) and ``drop_last``.  ``readers``:
-    the ranks that read it, which must all see the same stream (they are compared)."""
-    dataset, batch_size, drop_last = dataloader.dataset, dataloader.batch_size, dataloader.drop_last
-    kwargs.update(batch_size=batch_size, drop_last=drop_last)
-    if dispatch or layout.num_processes == 1:  # one process reads the stream as it is
-        length = loader_length(dataset, batch_size, drop_last)
-        if dispatch or readers.size == 1:
-            return dataset, LocalPlan(layout.reader() if dispatch else layout, length)
-        # the ranks of a device mesh's one data index each read it whole: alike, or refused
-        check_stream(dataset, 1, 0, readers)
-        check = FirstBatchCheck(replicas=True) if readers.group is None else None  # compared over the group
-        return dataset, LocalPlan(layout, length, first_batch=check)
-    check_stream(dataset, layout.num_processes, layout.process_index, readers)
-    check_worker_split(dataset, dataloader.num_workers)
-    split = node_split(dataset)
-    if split is not None:  # the stream reads only this process's part by itself
-        kwargs["batch_size"] = layout.process_batch_size if batch_size is not None else None
-        return node_part(dataset, split, layout, dataloader.num_workers, drop_last)
-    native = native_shard(dataset, layout, dataloader.num_workers, drop_last)
-    if native is not None:
-        kwargs["batch_size"] = layout.process_batch_size
-        return native
-    shard = IterableDatasetShard.from_layout(dataset, layout)
-    kwargs["batch_size"] = shard.process_slice_size if batch_size is not None else None
-    return shard, shard.plan
 
 
 def skip_first_batches(dataloader: DataLoader[Any], num_batches: int = 0) -> PreparedDataLoader:

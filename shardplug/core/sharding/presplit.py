@@ -9,7 +9,8 @@ DataLoader workers where the stream does not do that itself, and hands the loade
 Equal step counts come from the parts' batch counts when every process knows its own (its part
 has ``len()`` and shardplug knows what each DataLoader worker reads: the processes exchange them
 once, when the loader is prepared), else from the agreement of
-:class:`~shardplug.core.sharding.native.NativeStreamPlan` on when the first part runs out.  Where the library
+:class:`~shardplug.core.sharding.native.NativeStreamPlan` on when the first part runs out (:func:`shard`: the
+planner's entry).  Where the library
 itself drops or repeats samples to give its ranks equal parts (litdata's forced ``drop_last``,
 streaming's even-out), process 0 says so in one warning when the first pass begins, with the count
 where the parts' lengths and the library's epoch tell it (:func:`tail_notice`).
@@ -32,6 +33,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import operator
 import warnings
 from collections.abc import Iterator
 from typing import Any, cast
@@ -41,12 +43,16 @@ import torch.distributed as dist
 from torch.utils.data import IterableDataset, get_worker_info
 
 from shardplug.core._internal.collectives import all_gather_objects, all_reduce_int_async, world_size
+from shardplug.core.sharding.counting import loader_length, worker_batches
+from shardplug.core.sharding.kinds import Shard, ShardingKind
 from shardplug.core.sharding.layout import ShardLayout
-from shardplug.core.sharding.native import NativeStreamPlan, loader_length
+from shardplug.core.sharding.native import NativeStreamPlan
 from shardplug.core.sharding.shard_plan import sized_length
-from shardplug.core.sharding.stream_traits import NodeSplit, library_epoch_samples, splits_by_worker, stream_library
+from shardplug.core.sharding.stream_traits import NodeSplit, stream_library
 
-__all__ = ["NodePart", "node_part", "check_node_split", "tail_notice"]
+__all__ = ["NodePart", "shard", "check_node_split", "tail_notice", "library_epoch_samples"]
+
+_UNREAD: Any = object()
 
 logger = logging.getLogger(__name__)
 
@@ -66,9 +72,9 @@ class NodePart(IterableDataset[Any]):
     first batch, which a stream started by its own state would not read; such parts are read past."""
 
     equal_parts = False
-    """Every process's part holds as many samples (their ``len()``, exchanged by :func:`node_part`)."""
+    """Every process's part holds as many samples (their ``len()``, exchanged by :func:`shard`)."""
     notice: str | None = None
-    """A warning the first pass gives, once (set by :func:`node_part`: see :func:`tail_notice`)."""
+    """A warning the first pass gives, once (set by :func:`shard`: see :func:`tail_notice`)."""
 
     def __init__(
         self,
@@ -77,13 +83,16 @@ class NodePart(IterableDataset[Any]):
         batch_size: int | None = None,
         num_processes: int = 1,
         num_workers: int = 0,
+        library: str | None = _UNREAD,
     ) -> None:
         self.dataset = dataset
         self.split_workers = split_workers
         self.splits_by_worker = not split_workers
         self.batch_size, self.num_processes, self.num_workers = batch_size, num_processes, num_workers
         self.epoch = 0
-        self.library = stream_library(dataset) if batch_size is not None else None
+        if library is _UNREAD:  # not told (see ShardingKind.library): read it here
+            library = stream_library(dataset)
+        self.library = library if batch_size is not None else None
         self._loaded = False  # a state of the stream's own was loaded (a later pass from the start clears it)
         if self.library == "litdata":
             dataset.set_batch_size(batch_size)
@@ -183,18 +192,21 @@ def check_node_split(split: NodeSplit, layout: ShardLayout) -> None:
     )
 
 
-def node_part(
-    dataset: Any, split: NodeSplit, layout: ShardLayout, num_workers: int, drop_last: bool
-) -> tuple[NodePart, NativeStreamPlan]:
-    """This process's part of a stream already split by node, and its plan (a collective when
-    several processes run: they exchange their parts' batch and sample counts, ``None`` where unknown)."""
+def shard(
+    dataset: Any, layout: ShardLayout, num_workers: int, batch_size: int | None, drop_last: bool, kind: ShardingKind
+) -> Shard:
+    """This process's part of a stream already split by node (``kind``: what the planner read of it), its
+    plan and the DataLoader's batch size (a collective when several processes run: they exchange their
+    parts' batch and sample counts, ``None`` where unknown)."""
+    split = cast(NodeSplit, kind.split)  # a stream of this kind is split by node
     check_node_split(split, layout)
     part = NodePart(
         dataset,
-        split_workers=num_workers > 0 and not splits_by_worker(dataset),
+        split_workers=num_workers > 0 and not kind.splits_by_worker,
         batch_size=layout.process_batch_size,
         num_processes=layout.num_processes,
         num_workers=num_workers,
+        library=kind.library,
     )
     own = _batches(part, layout.process_batch_size, drop_last, num_workers)
     mine = (own, sized_length(dataset))  # (batches, samples) of this part, None where unknown
@@ -203,7 +215,7 @@ def node_part(
     samples = _all_known([n for _, n in parts], layout.num_processes)
     part.equal_parts = samples is not None and len(set(samples)) == 1
     if layout.process_index == 0:
-        part.notice = tail_notice(dataset, samples)
+        part.notice = tail_notice(dataset, samples, kind.library)
     logger.info(
         "the stream is already split by node (%s): process %d reads its part as it is (%s batches; step counts %s)",
         split.how,
@@ -211,7 +223,9 @@ def node_part(
         "unknown" if own is None else own,
         "from the parts' lengths" if known is not None else "agreed while reading",
     )
-    return part, NativeStreamPlan(layout, known, agree=all_reduce_int_async, start=part.start)
+    plan = NativeStreamPlan(layout, known, agree=all_reduce_int_async, start=part.start)
+    loader_batch_size = layout.process_batch_size if batch_size is not None else None
+    return Shard(part, plan, {"batch_size": loader_batch_size, "drop_last": drop_last})
 
 
 def _all_known(values: list[int | None], num_processes: int) -> list[int] | None:
@@ -220,7 +234,7 @@ def _all_known(values: list[int | None], num_processes: int) -> list[int] | None
     return found if len(found) == num_processes else None
 
 
-def tail_notice(dataset: Any, parts: list[int] | None) -> str | None:
+def tail_notice(dataset: Any, parts: list[int] | None, library: str | None = _UNREAD) -> str | None:
     """What a litdata or streaming ``StreamingDataset`` does to the epoch by itself, where it drops
     or repeats samples so that its ranks read as many (``None`` where it reads each sample once):
     counted from its ranks' ``parts`` (their ``len()``, ``None`` when not every one is known) and
@@ -230,10 +244,11 @@ def tail_notice(dataset: Any, parts: list[int] | None) -> str | None:
 
         part 0: 32 samples, part 1: 32 samples -> "... repeats 1 of its 63 samples ..."
     """
-    library = stream_library(dataset)
+    if library is _UNREAD:  # not told (see ShardingKind.library): read it here
+        library = stream_library(dataset)
     if library is None or (library == "litdata" and getattr(dataset, "drop_last", None) is False):
         return None  # not a library's stream, or litdata told to keep every sample
-    total = library_epoch_samples(dataset)
+    total = library_epoch_samples(dataset, library)
     fix = (
         "; pass drop_last=False to litdata's StreamingDataset to read every sample (shardplug then evens the steps, "
         "the padding marked)"
@@ -254,12 +269,29 @@ def tail_notice(dataset: Any, parts: list[int] | None) -> str | None:
     )
 
 
+def library_epoch_samples(dataset: Any, library: str | None) -> int | None:
+    """The samples an epoch of a litdata or streaming ``StreamingDataset`` (``library``) is drawn from, over all
+    its ranks (their public attributes: litdata's ``region_of_interest``, the sample range it reads
+    of each chunk; streaming's ``epoch_size``), ``None`` for any other stream or where not found.
+    Its ranks' parts (their ``len()``) hold fewer where the library drops samples, more where it repeats."""
+    if library == "litdata":
+        region = getattr(dataset, "region_of_interest", None)
+        try:
+            return sum(int(end) - int(start) for start, end in region) if region else None
+        except (TypeError, ValueError):
+            return None
+    if library == "streaming":
+        try:
+            return operator.index(getattr(dataset, "epoch_size", None))  # type: ignore[arg-type]
+        except TypeError:
+            return None
+    return None
+
+
 def _batches(part: NodePart, batch_size: int | None, drop_last: bool, num_workers: int) -> int | None:
     """Batches a DataLoader with ``num_workers`` workers yields over ``part``, when known without
     reading it (each worker makes its own last batch, so the workers' parts are counted)."""
     if num_workers == 0:
         return loader_length(part.dataset, batch_size, drop_last)
     lengths = part.worker_lengths(num_workers)
-    if lengths is None:
-        return None
-    return sum(loader_length(range(n), batch_size, drop_last) or 0 for n in lengths)
+    return None if lengths is None else worker_batches(lengths, batch_size, drop_last)

@@ -1,8 +1,9 @@
 """A stream every process reads whole, keeping its part of each global batch.
 
-The whole path of this kind of sharding: :class:`IterableDatasetShard` (the wrapper each process's
-DataLoader reads: it batches the stream into global batches and keeps its slice of each) and its
-:class:`StreamPlan` (which slice, ``len()``, where a pass resumes: after ``consumed`` stream elements).
+The whole path of this kind of sharding: :func:`shard` (the planner's entry), :class:`IterableDatasetShard`
+(the wrapper each process's DataLoader reads: it batches the stream into global batches and keeps its
+slice of each) and its :class:`StreamPlan` (which slice, ``len()``, where a pass resumes: after
+``consumed`` stream elements).
 """
 
 from __future__ import annotations
@@ -21,12 +22,13 @@ from shardplug.core._internal.collectives import world_size
 from shardplug.core.config import ShardplugConfig
 from shardplug.core.padding.marks import PaddingTag, untagged
 from shardplug.core.sharding.fingerprint import FirstBatchCheck, checked_first_batch
+from shardplug.core.sharding.kinds import Shard, ShardingKind
 from shardplug.core.sharding.layout import ShardLayout
 from shardplug.core.sharding.shard_plan import PassRecord, PlanDefaults, check_consumed, sized_length
 from shardplug.core.sharding.stream_traits import hf_shuffles, splits_by_worker
 from shardplug.core.shuffle.seedable import epoch_seed
 
-__all__ = ["StreamPlan", "IterableDatasetShard"]
+__all__ = ["StreamPlan", "IterableDatasetShard", "shard"]
 
 
 class StreamPlan(PlanDefaults):
@@ -292,13 +294,17 @@ class IterableDatasetShard(IterableDataset[Any]):
         layout = ShardLayout(
             num_processes, process_index, split_batches and batch_size > 1, even_batches, drop_last, batch_size
         )
-        splits = splits_by_worker(dataset)
+        self._setup(dataset, layout, split_batches, splits_by_worker(dataset))
+
+    def _setup(self, dataset: Any, layout: ShardLayout, split_batches: bool, splits: bool) -> None:
+        """The shard of ``dataset`` under ``layout`` (its batch size set), ``splits``: whether the
+        dataset splits itself across DataLoader workers."""
         # A stream that splits itself across workers pads each worker's part: its length is not the stream's.
         length = None if splits else sized_length(dataset)
         # every process must read the same stream: the first global batch of each pass is compared
         self.plan = StreamPlan(layout, length, splits_by_worker=splits, first_batch=FirstBatchCheck())
         self.dataset = dataset
-        self.batch_size = batch_size
+        self.batch_size = cast(int, layout.batch_size)
         self.split_batches = split_batches
         self.epoch = 0
         generator = getattr(dataset, "generator", None)
@@ -390,18 +396,25 @@ class IterableDatasetShard(IterableDataset[Any]):
         return self.plan.num_elements()  # type: ignore[return-value]
 
     @classmethod
-    def from_layout(cls, dataset: Any, layout: ShardLayout) -> IterableDatasetShard:
+    def from_layout(cls, dataset: Any, layout: ShardLayout, splits: bool) -> IterableDatasetShard:
         """The shard of ``dataset`` under ``layout`` (``prepare_data_loader``'s; a layout without batch
-        size reads batches of one)."""
-        return cls(
-            dataset,
-            layout.batch_size or 1,
-            layout.drop_last,
-            layout.num_processes,
-            layout.process_index,
-            layout.split_batches,
-            layout.even_batches,
-        )
+        size reads batches of one), ``splits``: whether the dataset splits itself across DataLoader
+        workers (:attr:`~shardplug.core.sharding.kinds.ShardingKind.splits_by_worker`)."""
+        batch_size = layout.batch_size or 1
+        # A one-element batch cannot be cut: it is then read as N one-element slices.
+        own = dataclasses.replace(layout, split_batches=layout.split_batches and batch_size > 1, batch_size=batch_size)
+        shard = cls.__new__(cls)
+        shard._setup(dataset, own, layout.split_batches, splits)
+        return shard
+
+
+def shard(dataset: Any, layout: ShardLayout, batch_size: int | None, drop_last: bool, kind: ShardingKind) -> Shard:
+    """The shard of a stream every process reads whole (``kind``: what the planner read of it), its
+    plan and the DataLoader's batch size: this process's slice of each global batch (``None`` for a
+    DataLoader without batches)."""
+    wrapper = IterableDatasetShard.from_layout(dataset, layout, kind.splits_by_worker)
+    loader_batch_size = wrapper.process_slice_size if batch_size is not None else None
+    return Shard(wrapper, wrapper.plan, {"batch_size": loader_batch_size, "drop_last": drop_last})
 
 
 def takes_no_arguments(method: Any) -> bool:

@@ -1,4 +1,5 @@
-"""What a stream already does by itself: split across DataLoader workers, split by node, shuffle.
+"""What a stream already does by itself: split across DataLoader workers, split by node, shuffle; and so the
+kind of sharding it gets (:func:`stream_kind`: the planner's one look at a stream, with its checks).
 
 Recognised by duck typing (the package never imports ``datasets`` or ``webdataset``); this is
 the one place that uses their private attributes, reached through :mod:`shardplug.core._internal.compat`
@@ -35,8 +36,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
-import operator
-import sys
+import logging
 from typing import Any
 
 import torch  # noqa: F401  (the docstring example)
@@ -44,9 +44,13 @@ import torch  # noqa: F401  (the docstring example)
 from shardplug.core._internal import compat
 from shardplug.core._internal.collectives import all_gather_objects, require_group
 from shardplug.core._internal.topology import Readers
+from shardplug.core.sharding.kinds import DISPATCH, LOCAL, NATIVE, PRESPLIT, READ_ALL, ShardingKind
+from shardplug.core.sharding.layout import ShardLayout
 
 __all__ = [
+    "stream_kind",
     "can_shard",
+    "shards_natively",
     "check_stream",
     "check_worker_split",
     "splits_by_worker",
@@ -55,13 +59,83 @@ __all__ = [
     "NodeSplit",
     "node_split",
     "stream_library",
-    "library_epoch_samples",
     "single_node_only",
     "is_hf_iterable",
-    "hf_concatenate",
     "hf_shuffles",
     "shuffle_fingerprint",
 ]
+
+
+logger = logging.getLogger(__name__)
+
+
+def stream_kind(
+    dataset: Any,
+    dispatch_batches: bool | None,
+    put_on_device: bool,
+    layout: ShardLayout,
+    num_workers: int,
+    readers: Readers,
+) -> ShardingKind:
+    """The kind of sharding a stream gets under ``layout``, and what that kind's module reads of it:
+    the one look at the stream (its node split, its worker split, whether it shards itself), with
+    the checks of a stream several ranks read (:func:`check_stream`, :func:`check_worker_split`).
+
+    ``dispatch_batches=None``: process 0 reads a stream for every process with ``put_on_device``,
+    except a stream already split by node (each process reads its own part)."""
+    split = node_split(dataset) if layout.num_processes > 1 else None
+    if dispatch_batches and split is not None:
+        raise ValueError(
+            f"dispatch_batches=True has process 0 read the stream for every process, but this stream is already "
+            f"split by node ({split.how}): process 0 holds only its own part; pass dispatch_batches=False (each "
+            "process reads its part), or dispatch the stream before it is split"
+        )
+    dispatch = dispatch_batches if dispatch_batches is not None else put_on_device and split is None
+    if dispatch:
+        return ShardingKind(DISPATCH, reads=LOCAL)  # process 0 reads the stream as it is
+    if layout.num_processes == 1:
+        if readers.size > 1:  # the ranks of a device mesh's one data index each read it whole: alike, or refused
+            check_stream(dataset, 1, 0, readers)
+        return ShardingKind(LOCAL)
+    check_stream(dataset, layout.num_processes, layout.process_index, readers)
+    check_worker_split(dataset, num_workers)
+    if split is not None:  # the stream reads only this process's part by itself
+        return ShardingKind(PRESPLIT, split, splits_by_worker(dataset), library=stream_library(dataset))
+    worker_split, hf = splits_by_worker(dataset), is_hf_iterable(dataset)
+    if shards_natively(dataset, layout.num_processes, worker_split, hf):
+        return ShardingKind(NATIVE, splits_by_worker=worker_split, hf=hf)
+    if can_shard(dataset):
+        _warn_read_whole(dataset, layout.num_processes)
+    return ShardingKind(READ_ALL, splits_by_worker=worker_split, hf=hf)
+
+
+def shards_natively(dataset: Any, num_processes: int, splits_by_worker: bool, hf: bool) -> bool:
+    """Whether a stream gives each of ``num_processes`` processes a part of its own (see
+    :func:`~shardplug.core.sharding.native.process_part`): it shards itself into at least as many shards,
+    and shards that do not divide can be joined keeping its own split across workers (a Hugging Face
+    stream's can) or shardplug splits them."""
+    if not can_shard(dataset) or dataset.n_shards // num_processes == 0:
+        return False
+    return dataset.n_shards % num_processes == 0 or not splits_by_worker or hf
+
+
+def _warn_read_whole(dataset: Any, num_processes: int) -> None:
+    """Say why a stream that shards itself is read whole by every process."""
+    n_shards, n = dataset.n_shards, num_processes
+    why = (
+        f"fewer than num_processes={n}"
+        if n_shards < n
+        else f"not a multiple of num_processes={n}, and its parts cannot be joined keeping its own split across "
+        "DataLoader workers"
+    )
+    logger.warning(
+        "the stream has n_shards=%s, %s: every process reads the whole stream (%dx the I/O of its part); give it "
+        "a number of shards that %d divides to shard it natively",
+        n_shards,
+        why,
+        n,
+        n,
+    )
 
 
 def can_shard(dataset: Any) -> bool:
@@ -76,13 +150,6 @@ def is_hf_iterable(dataset: Any) -> bool:
         and hasattr(dataset, "n_shards")
         and (compat.hf_example_iterable(dataset) is not None)
     )
-
-
-def hf_concatenate(parts: list[Any]) -> Any:
-    """Hugging Face streams joined one after the other (``datasets.concatenate_datasets``: the
-    result keeps every part's shards, and so the split across DataLoader workers)."""
-    package = sys.modules[type(parts[0]).__module__.split(".")[0]]  # imported: its objects exist
-    return parts[0] if len(parts) == 1 else package.concatenate_datasets(parts)
 
 
 def _wds_stages(dataset: Any) -> list[Any]:
@@ -110,26 +177,6 @@ def stream_library(dataset: Any) -> str | None:
         return "litdata"
     if module.startswith("streaming.") and compat.streaming_rank_world(dataset) is not None:
         return "streaming"
-    return None
-
-
-def library_epoch_samples(dataset: Any) -> int | None:
-    """The samples an epoch of a litdata or streaming ``StreamingDataset`` is drawn from, over all
-    its ranks (their public attributes: litdata's ``region_of_interest``, the sample range it reads
-    of each chunk; streaming's ``epoch_size``), ``None`` for any other stream or where not found.
-    Its ranks' parts (their ``len()``) hold fewer where the library drops samples, more where it repeats."""
-    library = stream_library(dataset)
-    if library == "litdata":
-        region = getattr(dataset, "region_of_interest", None)
-        try:
-            return sum(int(end) - int(start) for start, end in region) if region else None
-        except (TypeError, ValueError):
-            return None
-    if library == "streaming":
-        try:
-            return operator.index(getattr(dataset, "epoch_size", None))  # type: ignore[arg-type]
-        except TypeError:
-            return None
     return None
 
 
