@@ -31,6 +31,7 @@ import logging
 from typing import Any
 
 from shardplug.core.sharding.planner import prepare_data_loader
+from shardplug.core.sharding.shard_plan import plan_traits
 
 __all__ = ["prepare_eval_loader"]
 
@@ -65,7 +66,7 @@ def prepare_eval_loader(dataloader: Any, *, drop_padding: bool = False, **kwargs
     else:
         kwargs.update(even_batches=True, dispatch_batches=False)
     loader = prepare_data_loader(dataloader, **kwargs)
-    reason = loader.plan.untracked_reason
+    reason = plan_traits(loader.plan).untracked_reason
     if reason is not None:
         if loader.plan.layout.num_processes > 1:
             logger.warning("evaluation loader: its padding cannot be told apart (%s)", reason)
