@@ -285,10 +285,12 @@ class PreparedDataLoader(DataLoader[Any]):
         if not isinstance(num_batches, int) or isinstance(num_batches, bool) or num_batches < 0:
             raise ValueError(f"num_batches={num_batches!r} must be an integer >= 0")
         new = object.__new__(type(self))
-        new.__dict__.update(self.__dict__)
+        new.__dict__.update(
+            self.__dict__,
+            _resume=self._resume.copy_for(new, num_batches),  # this loader follows the copy's passes
+            _tracker=copy.copy(self._tracker),  # the same audit
+        )
         compat.forget_iterator(new)  # an open iterator (and its workers) stays this loader's
-        new._resume = self._resume.copy_for(new, num_batches)  # this loader follows the copy's passes
-        new._tracker = copy.copy(self._tracker)  # the same audit
         return new
 
     # -- padding and audit ----------------------------------------------------------------

@@ -4,12 +4,13 @@ One :class:`ResumeState` per loader (``loader.resume``) keeps the loader's last 
 :class:`~shardplug.core.loader.passes.LoaderPass`, which counts its batches), a loaded position not
 iterated yet with the ``skip_first_batches`` start (:class:`~shardplug.core.resume.pending.PendingStart`)
 and the ``StatefulDataLoader``'s own state (:class:`~shardplug.core.resume.stateful.InnerState`).  It
-builds the loader's :class:`~shardplug.core.resume.position.Position` from the last pass, validates a
-position before anything changes (:class:`~shardplug.core.resume.checks.PositionCheck`), loads it
-(the next pass then starts after it, by the plan's
-:meth:`~shardplug.core.sharding.shard_plan.ShardPlan.start_after`), places each pass as it begins,
-and answers ``state_dict()`` / ``load_state_dict()`` and the lengths that depend on where a pass
-starts (:class:`~shardplug.core.resume.lengths.PassLengths`).
+builds the loader's :class:`~shardplug.core.resume.position.Position` from the last pass
+(:func:`~shardplug.core.resume.building.pass_position`), validates a position before anything changes
+(:class:`~shardplug.core.resume.checks.PositionCheck`), loads it (the next pass then starts after it),
+places each pass as it begins (:class:`~shardplug.core.resume.placing.PassPlacement`, by the plan's
+:meth:`~shardplug.core.sharding.shard_plan.ShardPlan.start_after`), and answers ``state_dict()`` /
+``load_state_dict()`` and the lengths that depend on where a pass starts
+(:class:`~shardplug.core.resume.lengths.PassLengths`).
 
 What differs between kinds of sharding is the plan's: its unit, what it saves beyond the counters
 (:meth:`~shardplug.core.sharding.shard_plan.ShardPlan.saved_state`) and its capabilities
@@ -32,9 +33,11 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, cast
 
 from shardplug.core.loader.passes import LoaderPass, WeakLoader, weak_reference
+from shardplug.core.resume.building import pass_position
 from shardplug.core.resume.checks import PositionCheck
 from shardplug.core.resume.lengths import PassLengths
 from shardplug.core.resume.pending import PendingStart
+from shardplug.core.resume.placing import PassPlacement
 from shardplug.core.resume.position import Position
 from shardplug.core.resume.stateful import POSITION_KEY, InnerState
 from shardplug.core.sharding.shard_plan import PlanTraits, ShardPlan, plan_traits
@@ -116,50 +119,12 @@ class ResumeState(WeakLoader):
             origin = state.skipped_from
 
     def start(self, current: LoaderPass) -> int:
-        """Position the pass ``current`` (which begins) after the loaded position and the pending skip;
-        return how many batches it reads and drops first."""
-        discard = 0
-        pending, ended, skip = self.pending.take()
-        if ended:  # the rest of an epoch whose end was loaded: nothing (the DataLoader is not read)
-            current.empty = True
-            self.inner.repositions = False
-            return 0
-        if pending is not None:
-            discard = self._start_after(pending, current)
-        if skip:  # skip_first_batches: this pass starts that many batches later still
-            plan = self.plan
-            current.consumed_at_start += skip * plan.consumed_per_batch
-            current.resumed += skip
-            if self.loader.use_stateful_dataloader and self.inner_state_resumes():
-                discard += skip  # read through it: its state counts them
-                current.record.fast_forwarded += skip  # their records are not the batches handed out
-            elif self.check().workers_split_stream:  # only whole batches tell where each worker is: read and drop
-                discard += skip
-            else:
-                discard = plan.start_after(current.consumed_at_start)
-        self.inner.repositions = False  # a loaded state of the StatefulDataLoader's own repositions this pass only
-        return discard
-
-    def _start_after(self, position: Position, current: LoaderPass) -> int:
-        """Position the pass ``current`` after what ``position`` consumed; return batches to read and drop."""
-        plan = self.plan
-        layout = plan.layout
-        same_layout = (position.num_processes, position.split_batches) == (layout.num_processes, layout.split_batches)
-        current.consumed_at_start = position.consumed
-        if self.inner.repositions:  # a StatefulDataLoader that loaded its own state
-            current.resumed = position.batches_yielded
-            current.record.fast_forwarded = current.resumed  # drawn (and logged where the sampler logs), never handed
-            return 0
-        if same_layout:
-            current.resumed = position.batches_yielded
-            if self.check().workers_split_stream:  # only whole batches tell where each worker is: read and drop them
-                return position.batches_yielded
-        else:
-            full, rest = plan.num_batches(0), plan.num_batches(position.consumed)
-            current.resumed = (
-                full - rest if full is not None and rest is not None else (position.consumed // plan.consumed_per_batch)
-            )
-        return plan.start_after(position.consumed, position.dataset_state)
+        """Position the pass ``current`` (which begins) after the loaded position and the pending skip
+        (:class:`~shardplug.core.resume.placing.PassPlacement`); return how many batches it reads and
+        drops first."""
+        reads_through = self.loader.use_stateful_dataloader and self.inner_state_resumes()
+        placement = PassPlacement(self.plan, self.inner, reads_through, self.check().workers_split_stream)
+        return placement.place(current, *self.pending.take())
 
     # -- lengths ----------------------------------------------------------------------------
     def lengths(self) -> PassLengths:
@@ -223,51 +188,7 @@ class ResumeState(WeakLoader):
 
     def pass_position(self) -> Position:
         """Where the last pass stands, in this loader's own layout (a loaded position aside)."""
-        loader, plan = self.loader, self.plan
-        current, layout = self.last_pass, plan.layout
-        shuffles = self.shuffles()
-        generator = shuffles.generator
-        epoch, done, dataset_state = loader.epoch, current.batches_yielded, None
-        consumed = current.consumed_at_start + (done - current.resumed) * plan.consumed_per_batch
-        generator_state = current.generator_state
-        # A pass is over for every process once none has a batch left. A process with fewer batches
-        # (even_batches=False) reports the same place as the others until its loop has ended by itself,
-        # then the epoch's end (the others finish theirs before they meet it again).
-        finished = plan.finished(consumed)
-        if finished is None:  # unknown lengths: where every process yields as many batches, all end together,
-            # and process 0's last batch is the job's last where it holds the most (docs/resume.md)
-            finished = (
-                layout.pads
-                or layout.drop_last
-                or layout.num_processes == 1
-                or (self.traits.first_holds_most and layout.process_index == 0)
-            )
-        if current.complete and (current.exhausted or finished):
-            epoch, done, consumed = epoch + 1, 0, 0
-            generator_state = generator.get_state() if generator is not None else None
-        else:
-            dataset_state = plan.saved_state(consumed)  # the plan's own part (a dataset's own position)
-        if generator_state is None and generator is not None:
-            generator_state = generator.get_state()
-        return Position(
-            epoch=epoch,
-            batches_yielded=done,
-            consumed=consumed,
-            unit=plan.unit,
-            num_processes=layout.num_processes,
-            split_batches=layout.split_batches,
-            even_batches=layout.even_batches,
-            drop_last=layout.drop_last,
-            dataset_length=None if plan.stream else loader.total_dataset_length,
-            batch_size=layout.batch_size,
-            process_batch_size=layout.process_batch_size,
-            step_batch_size=layout.step_batch_size,
-            sampler=shuffles.kind(plan.stream),
-            num_workers=loader.num_workers,
-            seeds=shuffles.seeds(),
-            generator_state=generator_state,
-            dataset_state=dataset_state,
-        )
+        return pass_position(self.loader, self.last_pass, self.shuffles())
 
     def check(self) -> PositionCheck:
         """The refusals of a position for this loader."""

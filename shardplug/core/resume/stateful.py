@@ -32,7 +32,7 @@ def stateful_dataloader_class() -> type[DataLoader[Any]]:
     return cast("type[DataLoader[Any]]", StatefulDataLoader)  # torchdata has no type information
 
 
-def is_stateful(loader: Any) -> bool:
+def is_stateful(loader: object) -> bool:
     """Whether ``loader`` is a ``StatefulDataLoader`` (``False`` without torchdata)."""
     try:
         from torchdata.stateful_dataloader import StatefulDataLoader

@@ -247,7 +247,7 @@ def _report_like_torch(loader: DataLoader[Any]) -> None:
     object.__setattr__(loader, "drop_last", False)
 
 
-def _check_arguments(dataloader: Any, options: _DataOptions) -> tuple[str, ...]:
+def _check_arguments(dataloader: DataLoader[Any], options: _DataOptions) -> tuple[str, ...]:
     """Refuse what cannot be prepared (each error names the argument and the fix); the RNG names."""
     if not isinstance(dataloader, DataLoader):
         raise TypeError(f"dataloader must be a torch.utils.data.DataLoader, got {type(dataloader).__name__}")
