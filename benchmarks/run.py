@@ -240,7 +240,7 @@ def p5_resume(n: int, repeats: int) -> list[Row]:
         for fraction in (0.01, 0.9, 0.99):
 
             def first_batch() -> None:
-                loader.resume_at(epoch=0, batches_yielded=int(n * fraction))  # noqa: B023 (called within this iteration)
+                loader.resume.resume_at(epoch=0, batches_yielded=int(n * fraction))  # noqa: B023 (called within this iteration)
                 next(iter(loader))  # noqa: B023 (called within this iteration)
 
             times[fraction] = best_of(first_batch, repeats)

@@ -22,13 +22,13 @@ class FakeLoader:
 
     def __iter__(self):
         state = self.gradient_state
-        state._loader_started(self)
+        state.loader_started(self)
         try:
             for i in range(self.n):
-                state._batch_ready(self, end_of_dataloader=(i == self.n - 1))
+                state.batch_ready(self, end_of_dataloader=(i == self.n - 1))
                 yield i
         finally:
-            state._loader_stopped(self)
+            state.loader_stopped(self)
 
 
 def expected_pattern(n: int, k: int) -> list[bool]:
@@ -180,8 +180,8 @@ def test_garbage_collected_loader_is_forgotten():
 
     state = GradientState(num_steps=2)
     loader = Loader()
-    state._loader_started(loader)
-    state._batch_ready(loader, end_of_dataloader=False)
+    state.loader_started(loader)
+    state.batch_ready(loader, end_of_dataloader=False)
     assert state.in_dataloader
     del loader
     assert not state.in_dataloader
@@ -189,7 +189,7 @@ def test_garbage_collected_loader_is_forgotten():
 
 def test_unregistered_stop_is_harmless():
     state = GradientState(num_steps=2)
-    state._loader_stopped(object())
+    state.loader_stopped(object())
     assert not state.in_dataloader and state.sync_gradients
 
 

@@ -165,7 +165,7 @@ def test_a_bijective_shuffle_resumes_in_constant_time_and_exactly():
     first = next(iter(loader)).tolist()
     perm = KeyedPermutation(n, seed=1, epoch=0)
     assert first == perm(torch.arange(7 * 4, 8 * 4)).tolist()
-    loader.resume_at(epoch=0, batches_yielded=100_000)
+    loader.resume.resume_at(epoch=0, batches_yielded=100_000)
     resumed = next(iter(loader)).tolist()
     start = (100_000 * 1024 + 7) * 4
     assert resumed == perm(torch.arange(start, start + 4)).tolist()

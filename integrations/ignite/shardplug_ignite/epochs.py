@@ -93,8 +93,8 @@ class EpochSync(Serializable):
         """Make the engine's counters describe the loaded position on this layout."""
         if full is None:
             return  # a stream without len(): Ignite finds the epoch's end itself
-        position = loader.current_position()
-        done = loader.resumed_batches
+        position = loader.resume.position()
+        done = loader.resume.resumed_batches
         state = engine.state
         iteration = position.epoch * full + done
         if (state.epoch_length, state.iteration) != (full, iteration):

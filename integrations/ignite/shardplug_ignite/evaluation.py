@@ -36,7 +36,7 @@ def _prediction_and_target(x: Any, y: Any, y_pred: Any) -> tuple[Any, Any]:
     return y_pred, y
 
 
-def real_count(loader: Any) -> int | None:
+def real_count(loader: object) -> int | None:
     """The real count of the batch ``loader`` handed out last: how many of its leading rows are real samples.
 
     ``None`` means "unknown: all of them" (a loader that does not track padding: an iterable or
@@ -52,7 +52,7 @@ def real_count(loader: Any) -> int | None:
     return getattr(loader, "batch_real_count", None)
 
 
-def drop_padding(data: Any, loader: Any) -> Any:
+def drop_padding(data: Any, loader: object) -> Any:
     """``data`` (tensors, or lists/tuples/dicts of them) cut to the real count of ``loader``'s latest batch.
 
     As ``shardplug.drop_padding``, except that a loader that does not track padding leaves ``data``
@@ -68,7 +68,7 @@ def drop_padding(data: Any, loader: Any) -> Any:
     return _slice_rows(data, rows)
 
 
-def _trim_padding(loader: Any, data: Any) -> Any:
+def _trim_padding(loader: object, data: Any) -> Any:
     return drop_padding(data, loader)
 
 

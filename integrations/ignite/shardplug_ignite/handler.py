@@ -21,7 +21,7 @@ import contextlib
 import logging
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import Any, cast
+from typing import Any
 
 import ignite.distributed as idist
 import torch
@@ -182,14 +182,14 @@ class ShardplugHandler(Serializable):
         """
         loader = self.run.prepare_data_loader(dataloader, **overrides)
         self.epochs.loader = loader
-        return cast("PreparedDataLoader", loader)
+        return loader
 
     def prepare_eval_loader(self, dataloader: DataLoader[Any], **overrides: Any) -> PreparedDataLoader:
         """This process's evaluation loader (``TrainingRun.prepare_eval_loader``): sharded like a
         training loader, not tied to the gradient state, padding tracked for every kind of data that
         has any. Use it with :meth:`create_evaluator` / :meth:`evaluation_step`, which drop the
         padding so every sample counts once."""
-        return cast("PreparedDataLoader", self.run.prepare_eval_loader(dataloader, **overrides))
+        return self.run.prepare_eval_loader(dataloader, **overrides)
 
     def auto_dataloader(self, dataset: Any, train: bool = True, **kwargs: Any) -> PreparedDataLoader:
         """Drop-in for ``idist.auto_dataloader(dataset, **kwargs)``, with its meaning of the arguments.

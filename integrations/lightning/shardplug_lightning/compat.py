@@ -22,9 +22,12 @@ Example::
 from __future__ import annotations
 
 import importlib
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 from shardplug.core._internal import compat as core_compat
+
+if TYPE_CHECKING:
+    from torch.utils.data import DataLoader
 
 __all__ = [
     "PRIVATES",
@@ -171,6 +174,6 @@ def set_epoch_length(trainer: Any, fit_loop: Any, limit: int) -> None:
         fetcher.length = limit  # it adds the batches done to what it fetched: they count against the epoch
 
 
-def forget_iterator(loader: Any) -> None:
+def forget_iterator(loader: DataLoader[Any]) -> None:
     """Drop the persistent iterator of a (copied) ``DataLoader``."""
     core_compat.forget_iterator(loader)

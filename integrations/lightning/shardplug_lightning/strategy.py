@@ -303,7 +303,7 @@ class ShardplugStrategyMixin(ShardplugOptions):
         pass's batches: every later epoch would be cut to it) and the batches done from the
         checkpoint (on the checkpoint's layout: with another number of devices the epoch would end
         too early or too late). The loader knows both on this layout (``epoch_length``,
-        ``resumed_batches``): the epoch's length is set back and the progress counters shifted,
+        ``resume.resumed_batches``): the epoch's length is set back and the progress counters shifted,
         keeping their relations. Only where both describe the same place in Lightning's epoch
         (:func:`_batches_done`): a checkpoint saved after the epoch's last batch (in its validation)
         finds the loader at the next epoch's start, with every batch of Lightning's epoch done.
@@ -351,7 +351,7 @@ class ShardplugStrategyMixin(ShardplugOptions):
 def _batches_done(loader: PreparedDataLoader, epoch: int, limit: int, counted: int) -> int | None:
     """The batches of Lightning's running ``epoch`` done, on the loader's layout, where the loader and
     Lightning (which ``counted`` batches of it done) describe the same place in it: the loader resumes
-    inside that epoch (its ``resumed_batches``), or it stands at the next epoch's start while Lightning
+    inside that epoch (its ``resume.resumed_batches``), or it stands at the next epoch's start while Lightning
     still counts batches of this one (a checkpoint saved after the epoch's last batch, e.g. in its
     validation: all ``limit`` batches are done). ``None``: Lightning starts its epoch from the beginning
     (its current counters, if any, are the previous epoch's, which Lightning resets itself).
@@ -359,9 +359,9 @@ def _batches_done(loader: PreparedDataLoader, epoch: int, limit: int, counted: i
     Example: 4 batches an epoch, saved while epoch 1 validated, resumed: ``_batches_done(loader, 1, 4, 4)``
     is 4 (the loader stands at epoch 2's start); a pass from epoch 1's start gives ``None``.
     """
-    if loader.epoch == epoch and loader.resumed_inside_epoch:
-        return loader.resumed_batches
-    if loader.epoch == epoch + 1 and not loader.resumed_inside_epoch and counted:
+    if loader.epoch == epoch and loader.resume.resumed_inside_epoch:
+        return loader.resume.resumed_batches
+    if loader.epoch == epoch + 1 and not loader.resume.resumed_inside_epoch and counted:
         return limit
     return None
 

@@ -20,9 +20,12 @@ Example::
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, TypeVar, cast
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from torch.utils.data._utils import collate as torch_collate
+
+if TYPE_CHECKING:
+    from torch.utils.data import DataLoader
 
 __all__ = [
     "PRIVATES",
@@ -140,7 +143,7 @@ _DISTRIBUTIONS = {"streaming": "mosaicml-streaming"}
 _ITERATOR = "_iterator"
 
 
-def forget_iterator(loader: Any) -> None:
+def forget_iterator(loader: DataLoader[Any]) -> None:
     """Drop the persistent iterator of ``loader`` (a ``DataLoader``): its next pass starts new workers."""
     object.__setattr__(loader, _ITERATOR, None)
 

@@ -68,7 +68,6 @@ class DispatchPlan(Unchanged):
     """
 
     unit = "global_batches"
-    identifies_samples = False
     untracked_reason = (
         "dispatch_batches=True: only process 0 reads indices, so padding is not tracked per batch; use "
         "loader.remainder for the real rows of the last step, or dispatch_batches=False"
@@ -245,7 +244,7 @@ class DispatchPlan(Unchanged):
         return parts
 
     # -- answers of the loader's protocol (position keeping, pass start) --
-    inner_state_resumes = False
+    read_ahead = 1
     """Process 0 reads a step ahead (its announcement says whether a step is the pass's last), so a
     ``StatefulDataLoader``'s own state is past the step handed out last (and the other processes'
     states never moved): a resume skips by the position (by index for map-style data, by reading past

@@ -106,7 +106,7 @@ class DataLoaderDispatcher(DataLoaderShard):
             ...
     """
 
-    plan: DispatchPlan  # process 0's global batches, shared out by steps (set in _finish_init)
+    plan: DispatchPlan  # process 0's global batches, shared out by steps (set in finish_init)
 
     def __init__(
         self,
@@ -133,9 +133,9 @@ class DataLoaderDispatcher(DataLoaderShard):
         options = DispatchOptions(
             split_batches, slice_fn, torch_device_mesh, num_processes, process_index, even_batches
         )
-        self._finish_init(device, rng_types, synchronized_generator, skip_batches, non_blocking, dispatch=options)
+        self.finish_init(device, rng_types, synchronized_generator, skip_batches, non_blocking, dispatch=options)
 
-    def _finish_init(
+    def finish_init(
         self,
         device: str | torch.device | None,
         rng_types: Iterable[str] | None,
@@ -145,7 +145,7 @@ class DataLoaderDispatcher(DataLoaderShard):
         plan: ShardPlan | None = None,
         dispatch: DispatchOptions | None = None,
     ) -> None:
-        super()._finish_init(device, rng_types, synchronized_generator, skip_batches, non_blocking, plan)
+        super().finish_init(device, rng_types, synchronized_generator, skip_batches, non_blocking, plan)
         options = dispatch if dispatch is not None else DispatchOptions()
         self.split_batches = options.split_batches
         self.slice_fn: SliceFn = options.slice_fn or slice_rows
@@ -217,7 +217,7 @@ class DataLoaderDispatcher(DataLoaderShard):
             state["collate_fn"] = default_collate
         return rebuild, args, state
 
-    _source_marks_last = True  # _receive yields (batch, last): the end of the pass is process 0's, on every process
+    source_marks_last = True  # _receive yields (batch, last): the end of the pass is process 0's, on every process
 
     overlap_reads: bool | None = None
     """Process 0 reads the next step while the current one is sent: ``None`` decides by the cores
@@ -227,7 +227,7 @@ class DataLoaderDispatcher(DataLoaderShard):
     def _batches_per_step(self) -> int:
         return self.plan.layout.batches_per_step
 
-    def _inner_batches(self, discard: int) -> Iterator[Any]:
+    def inner_batches(self, discard: int) -> Iterator[Any]:
         return self._receive(discard)
 
     def _receive(self, skip: int) -> Iterator[Any]:
@@ -276,11 +276,11 @@ class DataLoaderDispatcher(DataLoaderShard):
         return StepReader(
             self.plan,
             self._wire,
-            partial(super()._inner_batches, discard),
+            partial(super().inner_batches, discard),
             self.slice_fn,
             uncut=not self.split_batches and self.slice_fn is slice_rows,
             collate=self._collate,
-            record=self._pass.record,
+            record=self.resume.last_pass.record,
             load=load,
         )
 

@@ -52,7 +52,7 @@ class _Wire:
     numbers, the steps sent and received, the receipts and the shared-memory rings.
 
     One per loader built with :func:`prepare_data_loader` (on every process); the copy that
-    ``skip_first_batches`` makes (``PreparedDataLoader._skipped_copy``) shares it, so that the copy
+    ``skip_first_batches`` makes (``PreparedDataLoader.skipped_copy``) shares it, so that the copy
     and the original number passes and steps alike on every process, whichever of them runs a pass.
     A pickled loader gets an empty one: it cannot dispatch. The rings go when the last loader
     sharing them does.

@@ -2,15 +2,16 @@
 
 ``iter(loader)`` makes a :class:`LoaderPass`; the pass begins at the first ``next()``: it advances
 the epoch when the previous pass was complete, agrees shuffle seeds and RNG states with process 0,
-lets the loader's position keeper place it (a loaded position, ``skip_first_batches``), and then
+lets the loader's resume state place it (a loaded position, ``skip_first_batches``), and then
 hands out the loader's batches, knowing the last one (by counting where the plan's length is
 exact, by reading one ahead otherwise, or from the source itself), telling the run's gradient
 state, recording padding and moving each batch to the device.  At its end it compares what it
 yielded with what ``len()`` said when it began (:class:`LengthMismatchWarning`).
 
 The pass is also the state the loader reads between batches (``end_of_dataloader``, the batch's
-padding record) and after the pass (where it stands: the position keeper builds the position from
-it).  A new pass starts from a new object: nothing of a pass left early leaks into the next.
+padding record) and after the pass (where it stands: the loader's resume state, which keeps its last
+pass, builds the position from it).  A new pass starts from a new object: nothing of a pass left
+early leaks into the next.
 
 The loader keeps its last pass, so the pass holds its loader weakly (:func:`weakref.ref`): a loader
 and its pass are no reference cycle, and a loader dropped is freed at once, with its ``DataLoader``
@@ -23,13 +24,16 @@ from __future__ import annotations
 import warnings
 import weakref
 from collections.abc import Callable, Iterator
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 
 from shardplug.core.loader.transfer import DeviceTransfer
-from shardplug.core.sharding.shard_plan import PassRecord
+from shardplug.core.sharding.shard_plan import PassRecord, plan_traits
 from shardplug.core.shuffle.agreement import synchronize
+
+if TYPE_CHECKING:
+    from shardplug.core.loader.prepared import PreparedDataLoader
 
 __all__ = ["LoaderPass", "LengthMismatchWarning", "weak_reference", "WeakLoader"]
 
@@ -52,12 +56,12 @@ class WeakLoader:
     _loader: Callable[[], Any]
 
     @property
-    def loader(self) -> Any:
+    def loader(self) -> PreparedDataLoader:
         """The loader (``None`` once it is gone)."""
-        return self._loader()
+        return cast("PreparedDataLoader", self._loader())
 
     @loader.setter
-    def loader(self, loader: Any) -> None:
+    def loader(self, loader: PreparedDataLoader) -> None:
         self._loader = weak_reference(loader)
 
     def __getstate__(self) -> dict[str, Any]:
@@ -105,7 +109,7 @@ class LoaderPass(WeakLoader):
         "empty",
     )
 
-    def __init__(self, loader: Any) -> None:
+    def __init__(self, loader: PreparedDataLoader) -> None:
         self._loader = weak_reference(loader)
         self.open = False  # begun and not yet ended: len() is this pass's
         self.length: int | None = None  # len() when the pass began (None: unknown), checked at its end
@@ -126,67 +130,62 @@ class LoaderPass(WeakLoader):
         """The pass's batches as handed out (a generator: the pass begins at its first ``next()``)."""
         return self._run(self.loader)  # the generator holds the loader from here on
 
-    def _run(self, loader: Any) -> Iterator[Any]:
+    def _run(self, loader: PreparedDataLoader) -> Iterator[Any]:
         discard = self._begin()
-        keeping = loader._keeping
+        resume = loader.resume
         state = loader.gradient_state
         if state is not None:
-            state._loader_started(loader)
+            state.loader_started(loader)
         try:
             if not self.empty:
-                batches = loader.plan.pass_batches(loader._inner_batches(discard), self.record)
+                batches = loader.plan.pass_batches(loader.inner_batches(discard), self.record)
                 yield from self._deliver(batches)
             self.complete = self.exhausted = True
             self._check_length()
         finally:
             self.open = False
-            keeping.inner.end_pass()
+            resume.inner.end_pass()
             if state is not None:
-                state._loader_stopped(loader)
+                state.loader_stopped(loader)
 
     # -- the start --------------------------------------------------------------------------
     def _begin(self) -> int:
         """Start the pass; return how many batches to read and drop before the first one."""
         loader = self.loader
-        if loader._pass.complete:
+        resume = loader.resume
+        if resume.last_pass.complete:
             loader.set_epoch(loader.epoch + 1)
-        keeping = loader._keeping
-        shuffles = keeping.shuffles()
+        shuffles = resume.shuffles()
         synchronize(shuffles.seedable, loader.rng_types, loader.synchronized_generator)
         plan = loader.plan
         plan.begin_pass()
-        self.record = PassRecord(track=loader._tracker is not None)
+        self.record = PassRecord(track=loader.padding_tracker is not None)
         generator = shuffles.generator
         if generator is not None:
             self.generator_state = generator.get_state()
-        discard = keeping.start(self)
+        discard = resume.start(self)
         self.batches_yielded = self.resumed
         self.open = True
         self.record.started_at = self.consumed_at_start
         self.total = self._counted_total()
-        shard = loader._batch_shard
+        shard = loader.batch_shard
         if shard is not None:
             shard.record_next_pass(self.record)
-        loader._pass = self
-        origin = loader._skipped_from
-        while origin is not None:  # the loader it was skipped from follows this pass (its epoch, its position)
-            origin.epoch, origin._pass = loader.epoch, self
-            origin._keeping.forget()
-            origin = origin._skipped_from
+        resume.adopt(self)  # the loader's last pass (and the loaders it was skipped from follow it)
         try:
             self.length = len(loader)
         except TypeError:
             self.length = None
-        return cast("int", discard)
+        return discard
 
     def _counted_total(self) -> int | None:
         """The epoch's batches counted up to the end of this pass, when the plan's length is exact
         (map-style data with a sized batch sampler): the last batch is then known without looking ahead."""
         loader = self.loader
-        if not loader.plan.exact_length:
+        if not plan_traits(loader.plan).exact_length:
             return None
         try:
-            return cast("int | None", self.resumed + loader._keeping.batches_after(self.consumed_at_start))
+            return self.resumed + loader.resume.lengths().batches_after(self.consumed_at_start)
         except TypeError:  # a batch sampler without __len__
             return None
 
@@ -196,7 +195,7 @@ class LoaderPass(WeakLoader):
         length, else by reading one ahead."""
         loader = self.loader
         transfer = DeviceTransfer.to(loader.device, loader.non_blocking)
-        if loader._source_marks_last:
+        if loader.source_marks_last:
             return self._deliver_marked(batches, transfer)
         if self.total is not None:
             return self._deliver_counted(batches, transfer)
@@ -207,18 +206,18 @@ class LoaderPass(WeakLoader):
         if last:
             self.end_of_dataloader = self.complete = True
         loader = self.loader
-        tracker = loader._tracker
+        tracker = loader.padding_tracker
         if tracker is not None:
             batch = tracker.hand_out(batch, self, loader.plan, loader.epoch)
         state = loader.gradient_state
         if state is not None:
-            state._batch_ready(loader, last)
+            state.batch_ready(loader, last)
         return transfer(batch) if transfer is not None else batch
 
     def _deliver_counted(self, batches: Iterator[Any], transfer: DeviceTransfer | None) -> Iterator[Any]:
         count, total = self.batches_yielded, self.total
         loader = self.loader
-        if loader.gradient_state is None and transfer is None and loader._tracker is None:
+        if loader.gradient_state is None and transfer is None and loader.padding_tracker is None:
             # the hot path: bookkeeping only
             for batch in batches:
                 count += 1
@@ -234,7 +233,7 @@ class LoaderPass(WeakLoader):
     def _deliver_lookahead(self, batches: Iterator[Any], transfer: DeviceTransfer | None) -> Iterator[Any]:
         iterator = iter(batches)
         loader = self.loader
-        inner = loader._keeping.inner if loader.use_stateful_dataloader else None
+        inner = loader.resume.inner if loader.use_stateful_dataloader else None
         count = self.batches_yielded
         for upcoming in iterator:  # noqa: B007 (the first item, read ahead: used after the loop)
             break
@@ -243,7 +242,7 @@ class LoaderPass(WeakLoader):
         while True:
             batch = upcoming
             if inner is not None:  # the state after ``batch``, before the look-ahead fetch
-                inner.take_snapshot(loader._inner_loader())
+                inner.take_snapshot(loader.inner_loader())
             try:
                 upcoming = next(iterator)
             except StopIteration:

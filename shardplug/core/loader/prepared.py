@@ -7,12 +7,12 @@ stateful components (each keeps its own state):
 
 * each pass is a :class:`~shardplug.core.loader.passes.LoaderPass` (``passes.py``): its start, delivery,
   look-ahead, ``end_of_dataloader``, the gradient state's notices and the ``len()`` check;
-* the position (build, validate, load; ``state_dict()`` / ``load_state_dict()``) is kept by a
-  :class:`~shardplug.core.resume.keeping.PositionKeeper` (``keeping.py``), with the ``StatefulDataLoader``'s
-  own state beside it (``stateful.py``);
+* the resume state (:attr:`PreparedDataLoader.resume`, a :class:`~shardplug.core.resume.state.ResumeState`):
+  the last pass, the start of the next one, the position (build, validate, load; ``state_dict()`` /
+  ``load_state_dict()``), with the ``StatefulDataLoader``'s own state beside it (``resume/``);
 * padding tracking and the audit (``tracking.py``, ``audit.py``), device transfer (``transfer.py``)
   and the shuffle seeds (``seeding.py``);
-* which rows this process gets, how many batches and where a pass resumes: its plan (``plan/``),
+* which rows this process gets, how many batches and where a pass resumes: its plan (``sharding/``),
   which answers everything that differs between kinds of sharding.
 
 :class:`DataLoaderShard` is the loader whose sampler or dataset is already sharded.  The dispatcher
@@ -24,7 +24,7 @@ from __future__ import annotations
 import copy
 import logging
 from collections.abc import Iterable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch.utils.data import DataLoader, IterableDataset
@@ -35,16 +35,18 @@ from shardplug.core.loader.passes import LengthMismatchWarning, LoaderPass
 from shardplug.core.padding.audit import SampleAudit
 from shardplug.core.padding.marks import TagCollate
 from shardplug.core.padding.tracking import PaddingTracker
-from shardplug.core.resume.keeping import PositionKeeper
-from shardplug.core.resume.position import Position
+from shardplug.core.resume.state import ResumeState
 from shardplug.core.resume.stateful import is_stateful, stateful_dataloader_class
 from shardplug.core.sharding.layout import ShardLayout
 from shardplug.core.sharding.local import LocalPlan
 from shardplug.core.sharding.map_style import BatchSamplerShard, IndexSamplerShard
 from shardplug.core.sharding.read_all import IterableDatasetShard
-from shardplug.core.sharding.shard_plan import ShardPlan, sized_length
+from shardplug.core.sharding.shard_plan import ShardPlan, plan_traits, sized_length, start_tagging
 from shardplug.core.shuffle.agreement import agree_at_prepare
 from shardplug.core.shuffle.rng import check_rng_types
+
+if TYPE_CHECKING:
+    from shardplug.core.stepping.accumulation import GradientState
 
 __all__ = [
     "PreparedDataLoader",
@@ -87,17 +89,18 @@ class PreparedDataLoader(DataLoader[Any]):
       pass was complete, agree shuffling seeds and synchronise the named RNGs from process 0; per
       batch, move it to ``device``, know whether it is the last one (``end_of_dataloader``), and
       tell the run's gradient state (``gradient_state``, when set);
-    * ``state_dict()`` / ``load_state_dict()``: the position in the epoch (a :class:`Position`, kept
-      by a :class:`~shardplug.core.resume.keeping.PositionKeeper`).
+    * ``state_dict()`` / ``load_state_dict()``: the position in the epoch (a
+      :class:`~shardplug.core.resume.position.Position`), kept with the last pass by the loader's
+      :attr:`resume` state.
 
     Which rows this process gets, ``len()`` and where a pass resumes are its :attr:`plan`'s
-    (see ``plan/``); the loader keeps the settings and its collaborators.
+    (see ``sharding/``); the loader keeps the settings and its collaborators.
     """
 
     plan: ShardPlan
 
-    _source_marks_last = False
-    """:meth:`_inner_batches` yields ``(batch, is_last)`` pairs: the source knows where its pass ends
+    source_marks_last = False
+    """:meth:`inner_batches` yields ``(batch, is_last)`` pairs: the source knows where its pass ends
     (a dispatcher: process 0's end, on every process), so the pass neither counts nor reads ahead."""
 
     def __new__(
@@ -110,7 +113,6 @@ class PreparedDataLoader(DataLoader[Any]):
     def __reduce_ex__(self, protocol: Any) -> Any:
         state = dict(self.__dict__)
         compat.without_iterator(state)  # an open iterator (and its workers) does not travel
-        state["_skipped_from"] = None  # a copy travels alone
         cls = type(self)
         if _VARIANTS.get(cls.__bases__) is cls:  # a class made by combined_class: rebuilt by its bases
             return _variant_instance, (cls.__bases__,), state
@@ -132,17 +134,15 @@ class PreparedDataLoader(DataLoader[Any]):
         self.non_blocking = bool(non_blocking)
         self.rng_types = check_rng_types(rng_types)
         self.synchronized_generator = synchronized_generator
-        self.gradient_state: Any = None
+        self.gradient_state: GradientState | None = None
         self.epoch = 0
         self.plan = plan if plan is not None else self._default_plan()
-        self._pass = LoaderPass(self)  # the last pass begun (or none yet)
-        self._keeping = PositionKeeper(self, skip_batches)  # skip_batches shortens the next pass
-        self._skipped_from: PreparedDataLoader | None = None  # the loader this one is a skip_first_batches copy of
+        self._resume = ResumeState(self, skip_batches)  # the last pass; skip_batches shortens the next one
         self._tracker: PaddingTracker | None = None  # padding tracking (track_padding), with the audit
 
     def _default_plan(self) -> ShardPlan:
         """The plan of a loader built directly (``prepare_data_loader`` passes its own)."""
-        shard = self._batch_shard
+        shard = self.batch_shard
         if shard is not None:
             return shard.plan
         if isinstance(self.dataset, IterableDatasetShard):
@@ -155,7 +155,7 @@ class PreparedDataLoader(DataLoader[Any]):
         return LocalPlan(layout, length, stream=isinstance(self.dataset, IterableDataset))
 
     @property
-    def _batch_shard(self) -> BatchSamplerShard | None:
+    def batch_shard(self) -> BatchSamplerShard | None:
         """The batch sampler shard (also when it was passed as ``sampler=``, or under an index shard)."""
         for candidate in (self.batch_sampler, getattr(self, "sampler", None)):
             if isinstance(candidate, BatchSamplerShard):
@@ -164,7 +164,7 @@ class PreparedDataLoader(DataLoader[Any]):
                 return candidate.shard
         return None
 
-    def _inner_loader(self) -> Any:
+    def inner_loader(self) -> Any:
         """The loader under shardplug's class: ``DataLoader``, a ``StatefulDataLoader`` or the user's
         subclass (its ``__iter__``, ``__len__``, ``state_dict()`` / ``load_state_dict()``)."""
         return super()
@@ -172,7 +172,7 @@ class PreparedDataLoader(DataLoader[Any]):
     @property
     def end_of_dataloader(self) -> bool:
         """True while the last batch of the current pass is being processed."""
-        return self._pass.end_of_dataloader
+        return self._resume.last_pass.end_of_dataloader
 
     @property
     def use_stateful_dataloader(self) -> bool:
@@ -194,28 +194,24 @@ class PreparedDataLoader(DataLoader[Any]):
         Outside a pass, the loader then stands at that epoch's start (its position says so), or where a
         loaded position places it: its own epoch keeps it, and the epoch before a position at an epoch's
         start (that epoch's end) makes the next pass that epoch's empty rest; a position inside another
-        epoch is refused (see :meth:`~shardplug.core.resume.keeping.PositionKeeper.enter_epoch`)."""
+        epoch is refused (see :meth:`~shardplug.core.resume.pending.PendingStart.enter_epoch`)."""
         if not isinstance(epoch, int) or isinstance(epoch, bool) or epoch < 0:
             raise ValueError(f"epoch={epoch!r} must be an integer >= 0")
-        self._keeping.enter_epoch(epoch)
+        self._resume.enter_epoch(epoch)
         self.epoch = epoch
-        if self._pass.open:
-            self._pass.complete = False  # the pass in progress is not the epoch's end: the next pass is this epoch
-        else:
-            self._pass = LoaderPass(self)  # nothing of the last pass is this epoch's
         for target in self._epoch_targets():
             target.set_epoch(epoch)
 
     def agree_at_prepare(self, data: tuple[int | None, int | None] | None) -> None:
         """Agree unset shuffle seeds with process 0 now, comparing every process's ``data`` (dataset
         length, batch size) in the same collective (:func:`shardplug.core.shuffle.agreement.agree_at_prepare`)."""
-        agree_at_prepare(self._keeping.shuffles().seedable, data)
+        agree_at_prepare(self._resume.shuffles().seedable, data)
 
     # -- lengths --------------------------------------------------------------------------
     def __len__(self) -> int:
         """Batches the pass yields: the pass in progress while one is open, else the next one
         (exact also after ``load_state_dict`` and ``skip_first_batches``)."""
-        return self._keeping.length()
+        return self._resume.length()
 
     @property
     def total_batch_size(self) -> int | None:
@@ -238,81 +234,43 @@ class PreparedDataLoader(DataLoader[Any]):
             return -1
         if self.plan.layout.drop_last:
             return 0  # a short last step is dropped: the last one is full
-        before = self.plan.samples_before(self._keeping.pass_start())
+        before = self.plan.samples_before(self._resume.pass_start())
         return max(length - (before or 0), 0) % total
 
     @property
     def epoch_length(self) -> int | None:
         """Batches of a whole epoch on this loader's layout (``None`` when unknown: a stream without
         ``len()``); ``len(loader)`` is the next pass's, shorter after a resume."""
-        return self._keeping.same_layout_length()
-
-    @property
-    def resumed_batches(self) -> int:
-        """Batches of the epoch that a resumed pass does not yield, counted on this layout: after
-        ``load_state_dict`` (also of a position saved with another number of processes),
-        ``epoch_length - len(loader)``, and the same while that pass runs; 0 for a pass that
-        started at the epoch's beginning. Front ends set their own counters from it (an engine's
-        iteration, a trainer's batch progress)."""
-        return self._keeping.resumed_batches()
-
-    @property
-    def resumed_inside_epoch(self) -> bool:
-        """Whether the pass in progress (else the next one) starts inside its epoch: after a position
-        saved inside it was loaded, or with a skip. ``False`` for a pass from the epoch's beginning,
-        also after a position saved at the end of the previous epoch (which loads as the next
-        epoch's start); ``resumed_batches`` may be 0 either way (a few samples of another layout)."""
-        return self._keeping.pass_start() > 0
+        return self._resume.lengths().epoch_length()
 
     # -- iteration ------------------------------------------------------------------------
     def __iter__(self) -> Iterator[Any]:  # type: ignore[override]  # a pass of its own, not a _BaseDataLoaderIter
         return iter(LoaderPass(self))
 
-    def _inner_batches(self, discard: int) -> Iterator[Any]:
+    def inner_batches(self, discard: int) -> Iterator[Any]:
         """The batches of this pass, after ``discard`` of them were read and dropped (subclasses)."""
         raise NotImplementedError
 
     # -- position -------------------------------------------------------------------------
-    def position(self) -> dict[str, Any]:
-        """Where this loader stands, as plain values identical on every process (what
-        :meth:`state_dict` returns without a ``StatefulDataLoader``; see :class:`Position`)."""
-        return self.current_position().to_dict()
-
-    def current_position(self) -> Position:
-        """Where this loader stands: identical on every process (see :class:`Position`).
-
-        ``consumed`` counts what the whole job consumed of the epoch (in the plan's unit: global
-        batches, stream elements or batches), so a position saved with N processes can be loaded with M.
-        """
-        return self._keeping.position()
-
-    def load_position(self, position: Position | dict[str, Any]) -> None:
-        """Continue from ``position`` at the next pass (see :meth:`position`); it is validated
-        first, and nothing changes when it is refused."""
-        self._keeping.load(position)
-
-    def resume_at(self, epoch: int, batches_yielded: int, seeds: Iterable[int | None] | None = None) -> None:
-        """Continue in ``epoch`` after this process's first ``batches_yielded`` batches, with this
-        loader's layout (a front end that counts batches itself, e.g. an engine's iteration)."""
-        self._keeping.resume_at(epoch, batches_yielded, seeds)
+    @property
+    def resume(self) -> ResumeState:
+        """Where this loader stands and where its next pass starts (see
+        :class:`~shardplug.core.resume.state.ResumeState`): its :meth:`~ResumeState.position`, the
+        counters a front end sets its own from (``resumed_batches``, ``resumed_inside_epoch``), and
+        :meth:`~ResumeState.resume_at` for a front end that counts batches itself."""
+        return self._resume
 
     def state_dict(self) -> dict[str, Any]:
-        """Resume state: after ``load_state_dict`` iteration continues after the last batch handed out."""
-        return self._keeping.state_dict()
+        """Resume state: after ``load_state_dict`` iteration continues after the last batch handed out
+        (a :class:`~shardplug.core.resume.position.Position` as plain values, identical on every process)."""
+        return self._resume.state_dict()
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        self._keeping.load_state_dict(state_dict)
+        """Continue after what ``state_dict`` says at the next pass; it is validated first, and nothing
+        changes when it is refused."""
+        self._resume.load_state_dict(state_dict)
 
-    @property
-    def _skip_pending(self) -> int:
-        """Batches the next pass starts later (``skip_first_batches``; kept by the position keeper)."""
-        return self._keeping.skip
-
-    @_skip_pending.setter
-    def _skip_pending(self, num_batches: int) -> None:
-        self._keeping.skip = num_batches
-
-    def _skipped_copy(self, num_batches: int) -> PreparedDataLoader:
+    def skipped_copy(self, num_batches: int) -> PreparedDataLoader:
         """A copy of this loader whose next pass starts after its first ``num_batches`` batches
         (what :func:`~shardplug.core.sharding.planner.skip_first_batches` returns): the same settings,
         plan, epoch and position. This loader follows the copy's passes (its epoch and position), so
@@ -321,20 +279,18 @@ class PreparedDataLoader(DataLoader[Any]):
         Not a pickled copy (which drops what belongs to this process, e.g. a dispatcher's process
         group): every attribute is shared as it is, so what a subclass keeps in one object (a
         dispatcher's wire state) stays one for both, and using the copy for one pass and this loader
-        afterwards keeps them in step with the other processes.  What is the loader's own (its last
-        pass, its position keeper, its padding tracking) is copied.
+        afterwards keeps them in step with the other processes.  What is the loader's own (its resume
+        state with its last pass, its padding tracking) is copied.
         """
         if not isinstance(num_batches, int) or isinstance(num_batches, bool) or num_batches < 0:
             raise ValueError(f"num_batches={num_batches!r} must be an integer >= 0")
         new = object.__new__(type(self))
-        new.__dict__.update(self.__dict__)
+        new.__dict__.update(
+            self.__dict__,
+            _resume=self._resume.copy_for(new, num_batches),  # this loader follows the copy's passes
+            _tracker=copy.copy(self._tracker),  # the same audit
+        )
         compat.forget_iterator(new)  # an open iterator (and its workers) stays this loader's
-        new._pass = copy.copy(self._pass)
-        new._pass.loader, new._pass.open = new, False
-        new._keeping = self._keeping.copy_for(new)
-        new._keeping.skip = num_batches
-        new._tracker = copy.copy(self._tracker)  # the same audit
-        new._skipped_from = self  # this loader follows the copy's passes (the next epoch comes after the copy's)
         return new
 
     # -- padding and audit ----------------------------------------------------------------
@@ -347,9 +303,10 @@ class PreparedDataLoader(DataLoader[Any]):
         """
         if getattr(self, "in_order", True) is False:
             raise ValueError("padding tracking needs batches in sampler order: build the DataLoader with in_order=True")
-        if self.plan.untracked_reason is not None:
-            raise ValueError(self.plan.untracked_reason)
-        if self.plan.start_tagging():
+        reason = plan_traits(self.plan).untracked_reason
+        if reason is not None:
+            raise ValueError(reason)
+        if start_tagging(self.plan):
             # the plan's readers tag each element where the batches' places cannot be computed (a stream
             # without len(), or one that splits itself across workers): the collation hands the tags on
             self.collate_fn = TagCollate(self.collate_fn)
@@ -377,13 +334,18 @@ class PreparedDataLoader(DataLoader[Any]):
     @property
     def batch_indices(self) -> list[int] | None:
         """Dataset indices of the batch being processed (with :meth:`track_padding`)."""
-        return self._pass.batch_indices
+        return self._resume.last_pass.batch_indices
 
     @property
     def batch_real_count(self) -> int | None:
         """How many leading samples of the batch being processed are real; the rest are
         wrap-around padding (with :meth:`track_padding`; ``None`` otherwise)."""
-        return self._pass.batch_real
+        return self._resume.last_pass.batch_real
+
+    @property
+    def padding_tracker(self) -> PaddingTracker | None:
+        """The padding tracking of this loader's batches (after :meth:`track_padding`; ``None`` before)."""
+        return self._tracker
 
     @property
     def audit(self) -> SampleAudit | None:
@@ -393,7 +355,7 @@ class PreparedDataLoader(DataLoader[Any]):
     def enable_audit(self) -> SampleAudit:
         """Start recording which samples this process consumes, per epoch (opt-in; see :class:`SampleAudit`)."""
         self.track_padding()
-        if not self.plan.identifies_samples:
+        if not plan_traits(self.plan).identifies_samples:
             raise ValueError(
                 "this loader's batches carry no sample ids shardplug knows (a stream that shards itself, one without "
                 "len(), or one that splits itself across DataLoader workers): padding is marked in "
@@ -432,9 +394,9 @@ class DataLoaderShard(PreparedDataLoader):
         **dataloader_kwargs: Any,
     ) -> None:
         super().__init__(dataset, **dataloader_kwargs)
-        self._finish_init(device, rng_types, synchronized_generator, skip_batches, non_blocking)
+        self.finish_init(device, rng_types, synchronized_generator, skip_batches, non_blocking)
 
-    def _finish_init(
+    def finish_init(
         self,
         device: str | torch.device | None,
         rng_types: Iterable[str] | None,
@@ -456,13 +418,13 @@ class DataLoaderShard(PreparedDataLoader):
         for target in self._epoch_targets():
             target.set_epoch(0)
 
-    def _inner_batches(self, discard: int) -> Iterator[Any]:
+    def inner_batches(self, discard: int) -> Iterator[Any]:
         with self.plan.start_in_workers(self.num_workers) as pending:
             if pending and self.persistent_workers:
                 # persistent workers hold their copies of the plan from when they started: a start set
                 # since cannot reach them, so this pass gets new workers (compat.forget_iterator)
                 compat.forget_iterator(self)
-            batches: Iterator[Any] = self._inner_loader().__iter__()
+            batches: Iterator[Any] = self.inner_loader().__iter__()
         for _ in zip(range(discard), batches):
             pass  # read, but never handed out (data that shardplug cannot skip by index)
         return batches

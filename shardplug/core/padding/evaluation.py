@@ -28,16 +28,24 @@ Example::
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from shardplug.core.sharding.planner import prepare_data_loader
+from shardplug.core.sharding.shard_plan import plan_traits
+
+if TYPE_CHECKING:
+    from torch.utils.data import DataLoader
+
+    from shardplug.core.loader.prepared import PreparedDataLoader
 
 __all__ = ["prepare_eval_loader"]
 
 logger = logging.getLogger(__name__)
 
 
-def prepare_eval_loader(dataloader: Any, *, drop_padding: bool = False, **kwargs: Any) -> Any:
+def prepare_eval_loader(
+    dataloader: DataLoader[Any], *, drop_padding: bool = False, **kwargs: Any
+) -> PreparedDataLoader:
     """This process's evaluation loader (see the module's rule).
 
     Args:
@@ -65,7 +73,7 @@ def prepare_eval_loader(dataloader: Any, *, drop_padding: bool = False, **kwargs
     else:
         kwargs.update(even_batches=True, dispatch_batches=False)
     loader = prepare_data_loader(dataloader, **kwargs)
-    reason = loader.plan.untracked_reason
+    reason = plan_traits(loader.plan).untracked_reason
     if reason is not None:
         if loader.plan.layout.num_processes > 1:
             logger.warning("evaluation loader: its padding cannot be told apart (%s)", reason)

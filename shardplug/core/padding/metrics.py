@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 import torch.distributed as dist
 
 from shardplug.core._internal.topology import distributed_is_active
 from shardplug.core.loader.rows import map_leaves
+
+if TYPE_CHECKING:
+    from shardplug.core.loader.prepared import PreparedDataLoader
 
 __all__ = ["drop_padding", "gather_for_metrics"]
 
@@ -22,7 +25,7 @@ def _map(data: Any, fn: Any) -> Any:
     return map_leaves(data, tensor_only)
 
 
-def _real_count(loader: Any) -> int:
+def _real_count(loader: PreparedDataLoader) -> int:
     real = getattr(loader, "batch_real_count", None)
     if real is None:
         raise ValueError(
@@ -32,7 +35,7 @@ def _real_count(loader: Any) -> int:
     return cast("int", real)
 
 
-def drop_padding(data: Any, loader: Any) -> Any:
+def drop_padding(data: Any, loader: PreparedDataLoader) -> Any:
     """The rows of ``data`` (per-sample results of the current batch) that are real samples."""
     real = _real_count(loader)
     return _map(data, lambda t: t[:real])
@@ -51,7 +54,7 @@ def _gather_rows(tensor: torch.Tensor) -> torch.Tensor:
     return torch.cat([part[: int(size.item())] for part, size in zip(parts, sizes)])
 
 
-def gather_for_metrics(data: Any, loader: Any) -> Any:
+def gather_for_metrics(data: Any, loader: PreparedDataLoader) -> Any:
     """Per-sample results of the current batch from every process, padding dropped, in rank order.
 
     A collective: call it on every process for every batch.  Example::

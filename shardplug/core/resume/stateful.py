@@ -32,7 +32,7 @@ def stateful_dataloader_class() -> type[DataLoader[Any]]:
     return cast("type[DataLoader[Any]]", StatefulDataLoader)  # torchdata has no type information
 
 
-def is_stateful(loader: Any) -> bool:
+def is_stateful(loader: object) -> bool:
     """Whether ``loader`` is a ``StatefulDataLoader`` (``False`` without torchdata)."""
     try:
         from torchdata.stateful_dataloader import StatefulDataLoader
@@ -43,7 +43,7 @@ def is_stateful(loader: Any) -> bool:
 
 class InnerState:
     """A prepared loader's view of the ``StatefulDataLoader`` under it (``inner``: the loader seen
-    past shardplug's class, see ``PreparedDataLoader._inner_loader``).
+    past shardplug's class, see ``PreparedDataLoader.inner_loader``).
 
     ``snapshot``: its state after the last batch handed out, taken before a look-ahead fetch (``None``
     outside a pass that reads ahead: the live state is then the place); ``repositions``: a loaded

@@ -30,7 +30,6 @@ class LocalPlan(PlanDefaults):
 
     unit = "batches"
     consumed_per_batch = 1
-    identifies_samples = False
     untracked_reason = (
         "the data is not sharded by shardplug here (a stream that shards itself, or one process), so padding "
         "cannot be told apart; use loader.remainder for the last global batch"

@@ -88,9 +88,8 @@ class BatchSamplerPlan(PlanDefaults):
 
     unit = "global_batches"
     stream = False
-    exact_length = True
     first_holds_most = True  # leftovers go to the first processes
-    untracked_reason = None
+    identifies_samples = True  # batch records hold dataset indices
 
     def __init__(self, batch_sampler: Iterable[Sequence[int]], layout: ShardLayout) -> None:
         self.batch_sampler = batch_sampler

@@ -85,12 +85,6 @@ class NativeStreamPlan(PlanDefaults):
     unit = "batches"
     stream = True
     consumed_per_batch = 1
-    untracked_reason = None
-    identifies_samples = False  # the stream's elements have no index shardplug knows
-    reads_ahead = True
-    inner_state_resumes = False
-    """Batches are read from the loader ahead of those handed out (the agreement's chunk), so a
-    ``StatefulDataLoader``'s own state is past the place: a resume skips by this plan's count instead."""
 
     def __init__(
         self,
@@ -154,6 +148,12 @@ class NativeStreamPlan(PlanDefaults):
     many it has (one all-reduce per ``steps_per_agreement`` steps, in flight during a step).  Lower
     it for very large batches (they are held ahead); measured: 1.03x the time of no agreement at
     8, 1.06x at 4, 1.11x at 1, for 1 ms steps on 2 gloo processes (``benchmarks/run.py`` P8)."""
+
+    @property
+    def read_ahead(self) -> int:
+        """Batches read from the loader ahead of those handed out (the agreement's chunk): a
+        ``StatefulDataLoader``'s own state is past the place, so a resume skips by this plan's count."""
+        return self.steps_per_agreement
 
     def pass_batches(self, batches: Iterator[Any], record: PassRecord) -> Iterator[Any]:
         start, self.pending_start = self.pending_start, 0

@@ -214,7 +214,7 @@ def prepare_data_loader(
         kwargs,
         options.use_stateful_dataloader,
     )
-    new._finish_init(_batch_device(device, options), rng, generator, 0, options.non_blocking, plan=shard.plan, **finish)
+    new.finish_init(_batch_device(device, options), rng, generator, 0, options.non_blocking, plan=shard.plan, **finish)
     if dataloader.batch_size is None and dataloader.batch_sampler is not None:
         _report_like_torch(new)
     new.agree_at_prepare(shard.prepare_check)
@@ -282,7 +282,7 @@ def _report_like_torch(loader: DataLoader[Any]) -> None:
     object.__setattr__(loader, "drop_last", False)
 
 
-def _check_arguments(dataloader: Any, options: _DataOptions) -> tuple[str, ...]:
+def _check_arguments(dataloader: DataLoader[Any], options: _DataOptions) -> tuple[str, ...]:
     """Refuse what cannot be prepared (each error names the argument and the fix); the RNG names."""
     if not isinstance(dataloader, DataLoader):
         raise TypeError(f"dataloader must be a torch.utils.data.DataLoader, got {type(dataloader).__name__}")
@@ -332,9 +332,9 @@ def skip_first_batches(dataloader: DataLoader[Any], num_batches: int = 0) -> Pre
     if not isinstance(num_batches, int) or num_batches < 0:
         raise ValueError(f"num_batches={num_batches!r} must be an integer >= 0")
     if isinstance(dataloader, PreparedDataLoader):
-        return dataloader._skipped_copy(num_batches)
+        return dataloader.skipped_copy(num_batches)
     if not isinstance(dataloader, DataLoader):
         raise TypeError(f"dataloader must be a torch.utils.data.DataLoader, got {type(dataloader).__name__}")
     new = prepare_data_loader(dataloader, num_processes=1, process_index=0)
-    new._skip_pending = num_batches
+    new.resume.pending.skip = num_batches
     return new

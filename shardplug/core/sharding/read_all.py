@@ -76,7 +76,6 @@ class StreamPlan(PlanDefaults):
         elements read (recorded where the dataset repositions itself and is read in this process)."""
         self.pending_start: tuple[int, Any] = (0, None)
         """(elements, dataset state) the next pass starts after (see :meth:`start_after`)."""
-        self.untracked_reason: str | None = None
         self.needs_tags = length is None
         """Without the stream's length (no ``len()``, or a stream that splits itself across workers, each
         worker padding its own part) the batches' places cannot be computed: tracking tags the elements."""

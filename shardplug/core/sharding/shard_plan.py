@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 from collections import deque
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
 import torch
@@ -12,7 +13,16 @@ import torch
 from shardplug.core.sharding.arithmetic import EpochHead, EpochOrder
 from shardplug.core.sharding.layout import ShardLayout
 
-__all__ = ["ShardPlan", "PlanDefaults", "PassRecord", "UNITS", "sized_length"]
+__all__ = [
+    "ShardPlan",
+    "PlanDefaults",
+    "PlanTraits",
+    "plan_traits",
+    "start_tagging",
+    "PassRecord",
+    "UNITS",
+    "sized_length",
+]
 
 UNITS = ("global_batches", "elements", "batches")
 
@@ -34,6 +44,8 @@ class ShardPlan(Protocol):
     where a pass starts (:meth:`start_after`, the one place a position is loaded into the plan, with
     :meth:`saved_state` its saved half), what a position names (:attr:`stream`, :attr:`sampler`) and
     how a pass's batches are read (:meth:`begin_pass`, :meth:`start_in_workers`, :meth:`pass_batches`).
+    What only some plans can do is opt-in (the capability protocols below), read in one place:
+    :func:`plan_traits`.
     """
 
     layout: ShardLayout
@@ -61,18 +73,8 @@ class ShardPlan(Protocol):
     def num_batches(self, consumed: int = 0) -> int | None:
         """Batches this process yields after ``consumed`` (``None`` when unknown without reading)."""
 
-    exact_length: bool
-    """:meth:`num_batches` is what a pass yields (computed from indices): its last batch is known by
-    counting. ``False`` where the data may end elsewhere than its ``len()`` says (a stream): the loader
-    reads one batch ahead to know the last one."""
-
     def finished(self, consumed: int) -> bool | None:
         """Whether no process has a batch left after ``consumed`` (``None`` when unknown)."""
-
-    first_holds_most: bool
-    """Process 0 holds at least as many batches as any other (a short last global batch goes to the first
-    processes): once its pass has handed out its last batch, no process has one left, also where
-    :meth:`finished` cannot tell (the stream's end is read in DataLoader workers)."""
 
     def samples_before(self, consumed: int) -> int | None:
         """Samples of the epoch the whole job consumed before a pass that starts after ``consumed``
@@ -99,35 +101,6 @@ class ShardPlan(Protocol):
         """A pass starts (in the loader's process, before its reader starts): what the plan keeps of the
         previous one no longer counts."""
 
-    @property
-    def untracked_reason(self) -> str | None:
-        """Why batches cannot be told apart from padding (``None``: :meth:`batch_record` works)."""
-
-    identifies_samples: bool
-    """Batch records name each sample (dataset indices or stream positions), so an audit can count them
-    (:class:`PlanDefaults` answers ``True``)."""
-
-    reads_ahead: bool
-    """The plan reads batches ahead of those handed out (an agreement on when a process runs out): the
-    DataLoader's own count and a StatefulDataLoader's state are not the pass's."""
-
-    inner_state_resumes: bool
-    """A ``StatefulDataLoader``'s own state, saved after the batches handed out, is where a resumed pass
-    continues (the batches are handed out as the DataLoader yields them).  ``False`` where batches are
-    read ahead of those handed out: a resume then skips by the position alone."""
-
-    splits_by_worker: bool
-    """The data splits itself across DataLoader workers (each worker reads its own part, padded from its
-    own start): with workers, a place inside an epoch is found only by reading whole batches of the
-    layout that saved it, with as many workers."""
-
-    needs_tags: bool
-    """The batches' places cannot be computed: padding tracking tags each element where it is read."""
-
-    def start_tagging(self) -> bool:
-        """Have the readers tag each element (where :attr:`needs_tags`); ``True`` when that starts now
-        (the loader then collates through :class:`~shardplug.core.padding.marks.TagCollate`, with new workers)."""
-
     def batch_record(self, record: PassRecord, batch: int) -> tuple[list[int] | None, int]:
         """(indices or stream positions, real count) of the pass's ``batch``-th batch handed out
         (``None`` for the indices where the plan has none: a stream that sharded itself)."""
@@ -140,14 +113,6 @@ class PlanDefaults:
     """What most plans answer alike: batches come out of the DataLoader as they are handed out, the
     start is taken in the loader's process, nothing beyond the counters is saved."""
 
-    identifies_samples = True
-    """Batch records name each sample (dataset indices or stream positions), so an audit can count them."""
-    reads_ahead = False
-    first_holds_most = False
-    inner_state_resumes = True
-    splits_by_worker = False
-    exact_length = False
-    needs_tags = False
     sampler: Any = None
 
     def pass_batches(self, batches: Iterator[Any], record: PassRecord) -> Iterator[Any]:
@@ -162,8 +127,125 @@ class PlanDefaults:
     def start_in_workers(self, num_workers: int) -> contextlib.AbstractContextManager[bool]:
         return contextlib.nullcontext(False)
 
+
+# -- capabilities: opt-in protocols, read by plan_traits() alone ----------------------------------------
+@runtime_checkable
+class CountsFromIndices(Protocol):
+    """A plan that computes each pass's batches from indices (map-style data): :meth:`ShardPlan.num_batches`
+    is exactly what a pass yields, so the pass knows its last batch by counting, without reading ahead."""
+
+    def index_batches(self, consumed: int = 0, record: PassRecord | None = None) -> Iterator[list[int]]: ...
+
+
+@runtime_checkable
+class LeftoversFirst(Protocol):
+    """A plan that gives a short last global batch to the first processes: process 0 holds at least as
+    many batches as any other, so once its pass has handed out its last batch no process has one left,
+    also where :meth:`ShardPlan.finished` cannot tell (the stream's end is read in DataLoader workers)."""
+
+    first_holds_most: bool
+
+
+@runtime_checkable
+class NamesSamples(Protocol):
+    """A plan whose batch records name each sample (dataset indices or stream positions), so that an
+    audit can count them (``identifies_samples``: whether this plan's records do)."""
+
+    identifies_samples: bool
+
+
+@runtime_checkable
+class AgreesSteps(Protocol):
+    """A plan that agrees the step counts of its processes while they read (each reads up to
+    ``steps_per_agreement`` batches ahead): the DataLoader's own count is not the pass's, and a position
+    counts this process's batches."""
+
+    steps_per_agreement: int
+
+
+@runtime_checkable
+class ReadsAhead(Protocol):
+    """A plan that reads the loader's batches ahead of those it hands out (at most ``read_ahead``): a
+    ``StatefulDataLoader``'s own state is then past the place, so a resume skips by the position alone."""
+
+    @property
+    def read_ahead(self) -> int: ...
+
+
+@runtime_checkable
+class WorkerParts(Protocol):
+    """A plan over data that may split itself across DataLoader workers (``splits_by_worker``: whether
+    this data does; each worker then reads its own part, padded from its own start): with workers, a
+    place inside an epoch is found only by reading whole batches of the layout that saved it."""
+
+    splits_by_worker: bool
+
+
+@runtime_checkable
+class TagsElements(Protocol):
+    """A plan whose batches' places may not be computable (a stream without ``len()``): padding
+    tracking has its readers tag each element where it is read."""
+
     def start_tagging(self) -> bool:
-        return False
+        """Have the readers tag each element where the places cannot be computed; ``True`` when that
+        starts now (the loader then collates through :class:`~shardplug.core.padding.marks.TagCollate`,
+        with new workers)."""
+        ...
+
+
+@runtime_checkable
+class Untracked(Protocol):
+    """A plan whose batches cannot be told apart from padding (``untracked_reason`` says why, and what
+    to use instead)."""
+
+    untracked_reason: str
+
+
+@dataclass(frozen=True)
+class PlanTraits:
+    """What a plan can do beyond :class:`ShardPlan` (see the capability protocols above)."""
+
+    exact_length: bool = False
+    """:meth:`ShardPlan.num_batches` is what a pass yields (:class:`CountsFromIndices`)."""
+    first_holds_most: bool = False
+    """Process 0 holds the most batches (:class:`LeftoversFirst`)."""
+    identifies_samples: bool = False
+    """Batch records name the samples (:class:`NamesSamples`)."""
+    agrees_steps: bool = False
+    """Step counts are agreed while reading (:class:`AgreesSteps`)."""
+    inner_state_resumes: bool = True
+    """A ``StatefulDataLoader``'s own state is where a resumed pass continues (not :class:`ReadsAhead`)."""
+    splits_by_worker: bool = False
+    """The data splits itself across DataLoader workers (:class:`WorkerParts`)."""
+    untracked_reason: str | None = None
+    """Why padding cannot be tracked (:class:`Untracked`; ``None``: :meth:`ShardPlan.batch_record` works)."""
+
+
+def plan_traits(plan: ShardPlan) -> PlanTraits:
+    """The capabilities ``plan`` opts into, read in this one place.
+
+    Example::
+
+        >>> from shardplug.core.sharding.local import LocalPlan
+        >>> traits = plan_traits(LocalPlan(ShardLayout(batch_size=2)))
+        >>> traits.exact_length, traits.inner_state_resumes, traits.untracked_reason is not None
+        (False, True, True)
+    """
+    return PlanTraits(
+        exact_length=isinstance(plan, CountsFromIndices),
+        first_holds_most=isinstance(plan, LeftoversFirst) and plan.first_holds_most,
+        identifies_samples=isinstance(plan, NamesSamples) and plan.identifies_samples,
+        agrees_steps=isinstance(plan, AgreesSteps),
+        inner_state_resumes=not isinstance(plan, ReadsAhead),
+        splits_by_worker=isinstance(plan, WorkerParts) and plan.splits_by_worker,
+        untracked_reason=plan.untracked_reason if isinstance(plan, Untracked) else None,
+    )
+
+
+def start_tagging(plan: ShardPlan) -> bool:
+    """Have ``plan``'s readers tag each element where it can (:class:`TagsElements`); ``True`` when that
+    starts now."""
+    return isinstance(plan, TagsElements) and plan.start_tagging()
 
 
 Unchanged = PlanDefaults

@@ -5,7 +5,7 @@ owns one, so two runs in the same process (or two tests) never see each other's 
 
 Who talks to it:
 
-* prepared loaders call ``_loader_started`` / ``_batch_ready`` / ``_loader_stopped`` around each
+* prepared loaders call ``loader_started`` / ``batch_ready`` / ``loader_stopped`` around each
   pass (set ``loader.gradient_state = state`` to connect a loader);
 * the micro-batch context manager of the front door calls :meth:`GradientState.begin_micro_batch`
   once per micro-batch, which decides :attr:`GradientState.sync_gradients`;
@@ -65,7 +65,7 @@ class _Pass:
 
     __slots__ = ("loader", "started", "delivered", "end", "micro_batches")
 
-    def __init__(self, loader: Any, started: int) -> None:
+    def __init__(self, loader: object, started: int) -> None:
         self.loader = _reference(loader)
         self.started = started
         self.delivered = -1  # tick of the latest batch handed out, -1 before the first
@@ -107,13 +107,13 @@ class GradientState:
 
         >>> state = GradientState(num_steps=3)
         >>> def loader(n):  # what a prepared loader does
-        ...     state._loader_started(loader)
+        ...     state.loader_started(loader)
         ...     try:
         ...         for i in range(n):
-        ...             state._batch_ready(loader, end_of_dataloader=(i == n - 1))
+        ...             state.batch_ready(loader, end_of_dataloader=(i == n - 1))
         ...             yield i
         ...     finally:
-        ...         state._loader_stopped(loader)
+        ...         state.loader_stopped(loader)
         >>> [state.begin_micro_batch() for _ in loader(4)]
         [False, False, True, True]
     """
@@ -163,6 +163,11 @@ class GradientState:
         """The loader of the innermost running pass, or ``None``."""
         self._prune()
         return self._passes[-1].loader() if self._passes else None
+
+    @property
+    def micro_batch_begun(self) -> bool:
+        """Whether a micro-batch was ever begun (:meth:`begin_micro_batch`)."""
+        return self._micro_batch_begun
 
     @property
     def end_of_dataloader(self) -> bool:
@@ -275,19 +280,22 @@ class GradientState:
         self._sync = step == 0
 
     # -- loader protocol (called by prepared loaders) ----------------------------------------
-    def _loader_started(self, loader: Any) -> None:
+    def loader_started(self, loader: object) -> None:
+        """A pass over ``loader`` (any object that stands for it: a prepared loader passes itself) begins."""
         self._prune()
         self._passes.append(_Pass(loader, next(self._ticks)))
 
-    def _batch_ready(self, loader: Any, end_of_dataloader: bool) -> None:
+    def batch_ready(self, loader: object, end_of_dataloader: bool) -> None:
+        """The pass over ``loader`` hands out a batch (its last one where ``end_of_dataloader``)."""
         p = self._find(loader)
         if p is None:  # a loader connected mid-pass: treat this batch as the start of a pass
-            self._loader_started(loader)
+            self.loader_started(loader)
             p = self._passes[-1]
         p.delivered = next(self._ticks)
         p.end = bool(end_of_dataloader)
 
-    def _loader_stopped(self, loader: Any) -> None:
+    def loader_stopped(self, loader: object) -> None:
+        """The pass over ``loader`` ended (exhausted or cut): where it fed a cycle, the cycle ends."""
         p = self._find(loader)
         if p is None:
             logger.debug("gradient state: %r stopped a pass that was not registered", loader)
@@ -307,7 +315,7 @@ class GradientState:
         if any(p.loader() is None for p in self._passes):
             self._passes = [p for p in self._passes if p.loader() is not None]
 
-    def _find(self, loader: Any) -> _Pass | None:
+    def _find(self, loader: object) -> _Pass | None:
         """The most recent running pass over ``loader`` (identity, never equality)."""
         for p in reversed(self._passes):
             if p.loader() is loader:

@@ -178,7 +178,7 @@ class PreparedOptimizer(Optimizer):
         state = self.gradient_state
         if not state.sync_gradients:
             return None
-        if state.num_steps > 1 and not state._micro_batch_begun and not self._warned_no_micro_batch:
+        if state.num_steps > 1 and not state.micro_batch_begun and not self._warned_no_micro_batch:
             self._warned_no_micro_batch = True
             logger.warning(
                 "gradient accumulation is set to %d micro-batches but no micro-batch was begun: the optimizer "

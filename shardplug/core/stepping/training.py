@@ -24,7 +24,7 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import Iterable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch.optim import Optimizer
@@ -37,6 +37,11 @@ from shardplug.core.stepping import amp
 from shardplug.core.stepping.accumulation import GradientState
 from shardplug.core.stepping.optimizer import PreparedOptimizer
 from shardplug.core.stepping.scheduler import PreparedScheduler
+
+if TYPE_CHECKING:
+    from torch.utils.data import DataLoader
+
+    from shardplug.core.loader.prepared import PreparedDataLoader
 
 __all__ = ["TrainingRun"]
 
@@ -111,7 +116,7 @@ class TrainingRun:
         return self.gradient_state.num_steps
 
     # -- preparing ---------------------------------------------------------------------------
-    def prepare_data_loader(self, dataloader: Any, **overrides: Any) -> Any:
+    def prepare_data_loader(self, dataloader: DataLoader[Any], **overrides: Any) -> PreparedDataLoader:
         """``prepare_data_loader`` with this run's options (``overrides`` win), connected to the
         run's gradient state so that its last batch of each pass ends an accumulation cycle."""
         loader = prepare_data_loader(dataloader, **self._loader_kwargs(overrides))
@@ -132,7 +137,9 @@ class TrainingRun:
         arguments["config"] = self.config.for_loaders(**options)
         return arguments
 
-    def prepare_eval_loader(self, dataloader: Any, *, drop_padding: bool = False, **overrides: Any) -> Any:
+    def prepare_eval_loader(
+        self, dataloader: DataLoader[Any], *, drop_padding: bool = False, **overrides: Any
+    ) -> PreparedDataLoader:
         """This process's evaluation loader: :func:`shardplug.core.padding.evaluation.prepare_eval_loader` with
         this run's options (``overrides`` win), never tied to the gradient state.
 
