@@ -22,6 +22,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from shardplug.core._internal.checks import check_int, is_int
+
 __all__ = ["ProcessTopology", "Readers", "resolve_data_topology", "distributed_is_active"]
 
 _DATA_DIMS = ("dp_replicate", "dp_shard", "dp", "data_parallel")  # torchtitan's names, and Lightning's
@@ -87,12 +89,13 @@ class ProcessTopology:
 
 
 def _check_processes(num_processes: Any, process_index: Any) -> None:
-    if not isinstance(num_processes, int) or isinstance(num_processes, bool) or num_processes < 1:
-        raise ValueError(
-            f"num_processes={num_processes!r} is invalid: it must be an integer >= 1 "
-            "(the number of processes sharing the data; leave it None to read it from the job)"
-        )
-    if not isinstance(process_index, int) or isinstance(process_index, bool) or not 0 <= process_index < num_processes:
+    check_int(
+        "num_processes",
+        num_processes,
+        minimum=1,
+        fix="(the number of processes sharing the data; leave it None to read it from the job)",
+    )
+    if not is_int(process_index) or not 0 <= process_index < num_processes:
         raise ValueError(
             f"process_index={process_index!r} is out of range for num_processes={num_processes}: "
             f"it must be an integer in [0, {num_processes}) (leave it None to read it from the job)"

@@ -166,10 +166,6 @@ class PlanDefaults:
         return False
 
 
-Unchanged = PlanDefaults
-"""The former name of :class:`PlanDefaults` (``pass_batches`` hands the DataLoader's batches out unchanged)."""
-
-
 class PassRecord:
     """What one pass over a plan handed out: where it started, the epoch's order (padding reads
     its start) and, when ``track`` is set, each batch's indices and number of real samples.
