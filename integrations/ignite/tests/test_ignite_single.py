@@ -240,3 +240,25 @@ def test_real_count_and_drop_padding_if_tracked():
     real = shardplug_ignite.real_count(loader)
     assert real == 3 and [t.shape[0] for t in shardplug_ignite.drop_padding_if_tracked(batch, loader)] == [3, 3]
     assert shardplug_ignite.drop_padding_if_tracked(batch, object()) is batch  # no padding tracked: kept as it is
+
+
+def test_every_front_end_cuts_the_padding_rows_alike():
+    """``shardplug.drop_padding``, Ignite's ``drop_padding_if_tracked`` and a loader's ``drop_padding=True`` keep
+    the same rows (one cut); a value of the whole batch (a 0-dim tensor) is kept by each."""
+    import shardplug
+    import shardplug_ignite
+    from shardplug.core.padding.evaluation import prepare_eval_loader
+
+    def loader(drop: bool) -> Any:  # process 1 of 2: [4, padding, padding, padding]
+        data = DataLoader(torch.arange(5.0), batch_size=4)
+        return prepare_eval_loader(data, drop_padding=drop, num_processes=2, process_index=1)
+
+    tracked, dropped, cuts = loader(False), loader(True), 0
+    for batch, kept in zip(tracked, dropped):
+        outputs = {"y": batch * 2, "mean": batch.mean()}
+        core = shardplug.drop_padding(outputs, tracked)
+        ignite = shardplug_ignite.drop_padding_if_tracked(outputs, tracked)
+        assert torch.equal(core["y"], kept * 2) and torch.equal(ignite["y"], core["y"])
+        assert core["mean"] is outputs["mean"] and ignite["mean"] is outputs["mean"]
+        cuts += len(kept) < len(batch)
+    assert cuts == 1
