@@ -220,19 +220,8 @@ def test_through_a_real_prepared_loader():
     assert not state.in_dataloader and state.sync_gradients and state.micro_batches == 0
 
 
-def test_step_is_a_deprecated_name_of_micro_batches_that_warns_once():
-    import warnings
-
-    from shardplug.core._internal import deprecation
-
-    deprecation._warned.discard("GradientState.step")
+def test_micro_batches_counts_the_cycle_and_the_state_keeps_its_step_key():
     state = GradientState(num_steps=3)
     state.begin_micro_batch()
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        assert state.step == 1 and state.step == state.micro_batches
-    assert [str(w.message) for w in caught] == [
-        "GradientState.step is deprecated, use GradientState.micro_batches (same meaning)"
-    ]
-    assert caught[0].category is DeprecationWarning and caught[0].filename == __file__
+    assert state.micro_batches == 1 and not hasattr(state, "step")  # "step" means an optimizer update
     assert "micro_batches=1" in repr(state) and state.state_dict() == {"num_steps": 3, "step": 1}

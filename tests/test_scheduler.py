@@ -175,16 +175,15 @@ def test_invalid_arguments():
         PreparedScheduler(StepLR(inner, step_size=1), opt, split_batches="no", num_processes=1)
 
 
-def test_old_option_names_still_work_with_a_deprecation_warning():
+def test_the_option_names_are_the_only_spellings():
     _, inner, opt = make()
-    with pytest.warns(
-        DeprecationWarning, match="step_with_optimizer= is deprecated, use step_scheduler_with_optimizer="
-    ):
-        sched = PreparedScheduler(StepLR(inner, step_size=1), opt, step_with_optimizer=False, num_processes=2)
-    assert sched.step_scheduler_with_optimizer is False and sched.step_with_optimizer is False
-    with pytest.warns(DeprecationWarning, match="scale_by_num_processes= is deprecated"):
-        sched = PreparedScheduler(StepLR(inner, step_size=1), opt, scale_by_num_processes=False, num_processes=2)
-    assert sched.steps_per_optimizer_step == 1 and sched.scale_by_num_processes is False
+    sched = PreparedScheduler(StepLR(inner, step_size=1), opt, step_scheduler_with_optimizer=False, num_processes=2)
+    assert sched.step_scheduler_with_optimizer is False
+    sched = PreparedScheduler(StepLR(inner, step_size=1), opt, scale_scheduler_by_num_processes=False, num_processes=2)
+    assert sched.steps_per_optimizer_step == 1 and sched.scale_scheduler_by_num_processes is False
+    for unreleased in ("step_with_optimizer", "scale_by_num_processes"):  # names that were never released
+        with pytest.raises(TypeError, match=unreleased):
+            PreparedScheduler(StepLR(inner, step_size=1), opt, num_processes=2, **{unreleased: False})
 
 
 def test_a_plain_optimizer_stepped_through_a_scaler_gates_the_scheduler():

@@ -122,7 +122,7 @@ def test_scheduler_scaling_is_decided_in_one_place():
         ShardplugConfig().scales_scheduler("keras")
 
 
-def test_dispatcher_takes_the_one_spelling_and_the_old_one_with_a_warning():
+def test_dispatcher_takes_the_one_spelling():
     from shardplug.core.dispatch.dispatcher import DataLoaderDispatcher
 
     def slicer(data, rows, process_index, num_processes):
@@ -132,6 +132,5 @@ def test_dispatcher_takes_the_one_spelling_and_the_old_one_with_a_warning():
         list(range(4)), batch_size=2, slice_fn_for_dispatch=slicer, num_processes=1, process_index=0
     )
     assert loader.slice_fn is slicer
-    with pytest.warns(DeprecationWarning, match="slice_fn= is deprecated, use slice_fn_for_dispatch="):
-        old = DataLoaderDispatcher(list(range(4)), batch_size=2, slice_fn=slicer, num_processes=1, process_index=0)
-    assert old.slice_fn is slicer
+    with pytest.raises(TypeError, match="slice_fn"):  # a name that was never released
+        DataLoaderDispatcher(list(range(4)), batch_size=2, slice_fn=slicer, num_processes=1, process_index=0)

@@ -10,12 +10,11 @@ from shardplug.core.loader.transfer import send_to_device
 from shardplug.core.padding.audit import AuditReport, SampleAudit
 from shardplug.core.padding.metrics import drop_padding, gather_for_metrics
 from shardplug.core.resume.position import Position
-from shardplug.core.sharding.layout import ShardLayout
 from shardplug.core.sharding.map_style import BatchSamplerShard
 from shardplug.core.sharding.planner import prepare_data_loader, skip_first_batches
 from shardplug.core.sharding.read_all import IterableDatasetShard
 from shardplug.core.shuffle.rng import synchronize_rng_states
-from shardplug.core.shuffle.seedable import BijectiveRandomSampler, KeyedPermutation, SeedableRandomSampler
+from shardplug.core.shuffle.seedable import BijectiveRandomSampler, SeedableRandomSampler
 from shardplug.core.stepping.accumulation import GradientState
 from shardplug.core.stepping.optimizer import PreparedOptimizer
 from shardplug.core.stepping.scheduler import PreparedScheduler
@@ -33,7 +32,6 @@ __all__ = [
     "DispatchError",
     "GradientState",
     "IterableDatasetShard",
-    "KeyedPermutation",
     "LengthMismatchWarning",
     "Position",
     "PreparedDataLoader",
@@ -41,7 +39,6 @@ __all__ = [
     "PreparedScheduler",
     "ProcessTopology",
     "SeedableRandomSampler",
-    "ShardLayout",
     "ShardplugConfig",
     "TrainingRun",
     "prepare_data_loader",

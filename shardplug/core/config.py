@@ -17,32 +17,21 @@ Example::
 from __future__ import annotations
 
 import dataclasses
-import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from shardplug.core._internal.arguments import check_int
 from shardplug.core.shuffle.rng import check_rng_types
 from shardplug.core.shuffle.seedable import check_seed, check_shuffle_algorithm
 
-__all__ = ["ShardplugConfig", "FRONT_ENDS", "DATA_OPTIONS", "renamed_option"]
+__all__ = ["ShardplugConfig", "FRONT_ENDS", "DATA_OPTIONS"]
 
 #: Whether each front end steps prepared schedulers ``num_processes`` times per optimizer step when
 #: ``scale_scheduler_by_num_processes`` is left ``None``: plain PyTorch loops size schedules on the
 #: unsharded loader's length (the reference's convention); Lightning, Fabric and Ignite users size
 #: them in optimizer steps (``trainer.estimated_stepping_batches``, ``len(loader)`` after setup).
 FRONT_ENDS: dict[str, bool] = {"pytorch": True, "lightning": False, "fabric": False, "ignite": False}
-
-
-def renamed_option(where: str, old: str, old_value: Any, new: str, new_value: Any) -> Any:
-    """The value of option ``new``, also accepted under its deprecated name ``old`` for one release.
-
-    ``old_value`` is ``None`` when the old name was not used; with it, a ``DeprecationWarning``.
-    """
-    if old_value is None:
-        return new_value
-    warnings.warn(f"{where}: {old}= is deprecated, use {new}= (same meaning)", DeprecationWarning, stacklevel=3)
-    return old_value
 
 
 #: The options ``prepare_data_loader`` reads (its keywords, or the fields of its ``config``).
@@ -175,11 +164,7 @@ class ShardplugConfig:
                 "slice_fn(data, slice, process_index, num_processes) or None"
             )
         steps = self.gradient_accumulation_steps
-        if not isinstance(steps, int) or isinstance(steps, bool) or steps < 1:
-            raise ValueError(
-                f"gradient_accumulation_steps={steps!r} is invalid: it must be an integer >= 1 "
-                "(1 = an optimizer step on every batch)"
-            )
+        check_int("gradient_accumulation_steps", steps, minimum=1, fix="(1 = an optimizer step on every batch)")
         self._refuse_options_without_effect()
 
     def _refuse_options_without_effect(self) -> None:

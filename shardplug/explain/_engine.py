@@ -21,6 +21,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 import shardplug
+from shardplug.core._internal.arguments import is_int
 from shardplug.core.dispatch.dispatch_plan import DispatchPlan
 from shardplug.core.dispatch.sender import StepReader
 from shardplug.core.dispatch.transport import _Wire
@@ -30,6 +31,7 @@ from shardplug.core.sharding.shard_plan import PassRecord
 
 __all__ = [
     "LoaderSpec",
+    "is_int",
     "prepared",
     "shard_batches",
     "shard_length",

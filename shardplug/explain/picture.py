@@ -53,9 +53,9 @@ class ExplainOptions:
             minimum = 0 if name == "samples" else 1
             if value is None and name == "processes_after":
                 continue
-            if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+            if not _engine.is_int(value) or value < minimum:
                 raise ExplainError(f"{_flag(name)} {value!r} is invalid: it must be an integer >= {minimum}")
-        if self.resume_at is not None and (not isinstance(self.resume_at, int) or self.resume_at < 0):
+        if self.resume_at is not None and (not _engine.is_int(self.resume_at) or self.resume_at < 0):
             raise ExplainError(f"--resume-at {self.resume_at!r} is invalid: it must be an integer >= 0 (a step)")
         if self.processes_after is not None and self.resume_at is None:
             raise ExplainError(

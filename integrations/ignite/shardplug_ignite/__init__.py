@@ -13,23 +13,18 @@ Example::
 
 from shardplug.core.config import ShardplugConfig
 
-from .epochs import EpochSync
-from .evaluation import RealSamplesOnly, drop_padding, evaluation_step, real_count, real_samples, trim_padding
+from .evaluation import RealSamplesOnly, drop_padding_if_tracked, evaluation_step, real_count
 from .handler import ShardplugHandler
-from .steps import ShardplugEvents, StepEvents
+from .steps import ShardplugEvents
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "EpochSync",
     "RealSamplesOnly",
     "ShardplugConfig",
     "ShardplugEvents",
     "ShardplugHandler",
-    "StepEvents",
-    "drop_padding",
+    "drop_padding_if_tracked",
     "evaluation_step",
     "real_count",
-    "real_samples",
-    "trim_padding",
 ]

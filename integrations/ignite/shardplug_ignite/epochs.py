@@ -21,6 +21,8 @@ from ignite.engine import Engine, Events
 
 from shardplug.core.loader.prepared import PreparedDataLoader
 
+from .compat import requires_state_keys
+
 __all__ = ["EpochSync", "current_loader"]
 
 logger = logging.getLogger(__name__)
@@ -37,6 +39,7 @@ def current_loader(engine: Engine) -> PreparedDataLoader:
     return loader
 
 
+@requires_state_keys("loader")
 class EpochSync(Serializable):
     """Sets the loader's epoch at the engine's epoch events, and resumes it from a checkpoint.
 
@@ -54,8 +57,6 @@ class EpochSync(Serializable):
 
     Its state (:meth:`state_dict`) is the loader's full position (``loader.state_dict()``).
     """
-
-    _state_dict_all_req_keys = ("loader",)
 
     def __init__(self) -> None:
         self.loader: PreparedDataLoader | None = None

@@ -16,12 +16,12 @@ import torch
 from ignite.engine import Engine, Events
 from ignite.metrics.metric import MetricUsage
 
-from shardplug.core._internal.deprecation import renamed_function
-from shardplug.core.loader.rows import iter_leaves, map_leaves
+from shardplug.core.loader.rows import iter_leaves
+from shardplug.core.padding.tracking import leading_rows
 
 from .compat import ignite_prepare_batch
 
-__all__ = ["RealSamplesOnly", "drop_padding", "evaluation_step", "real_count", "real_samples", "trim_padding"]
+__all__ = ["RealSamplesOnly", "drop_padding_if_tracked", "evaluation_step", "real_count"]
 
 
 def _identity(value: Any) -> Any:
@@ -52,32 +52,19 @@ def real_count(loader: object) -> int | None:
     return getattr(loader, "batch_real_count", None)
 
 
-def drop_padding(data: Any, loader: object) -> Any:
-    """``data`` (tensors, or lists/tuples/dicts of them) cut to the real count of ``loader``'s latest batch.
+def drop_padding_if_tracked(data: Any, loader: object) -> Any:
+    """``data`` (a batch, or per-sample results of it) cut to the real count of ``loader``'s latest
+    batch when ``loader`` tracks padding; else ``data`` as it is.
 
-    As ``shardplug.drop_padding``, except that a loader that does not track padding leaves ``data``
-    as it is (and 0-dim tensors are kept).
+    The cut is :func:`shardplug.drop_padding`'s (the batch's leading real rows); unlike it, a loader
+    that does not track padding (a training loader, a plain ``DataLoader``) is no error, so an
+    evaluation step can call it on whatever loader the engine runs.
 
     Example::
 
-        y_pred, y = drop_padding((y_pred, y), engine.state.dataloader)
+        y_pred, y = drop_padding_if_tracked((y_pred, y), engine.state.dataloader)
     """
-    rows = real_count(loader)
-    if rows is None:
-        return data
-    return _slice_rows(data, rows)
-
-
-def _trim_padding(loader: object, data: Any) -> Any:
-    return drop_padding(data, loader)
-
-
-real_samples = renamed_function("real_samples", real_count)
-trim_padding = renamed_function("trim_padding(loader, data)", _trim_padding, "drop_padding(data, loader)")
-
-
-def _slice_rows(data: Any, rows: int) -> Any:
-    return map_leaves(data, lambda leaf: leaf[:rows] if isinstance(leaf, torch.Tensor) and leaf.dim() > 0 else leaf)
+    return leading_rows(data, real_count(loader))
 
 
 def _first_tensor(data: Any) -> torch.Tensor | None:
@@ -124,7 +111,7 @@ def evaluation_step(
 ) -> Callable[[Engine, Any], Any]:
     """The process function of an evaluator over a prepared evaluation loader.
 
-    ``x``, ``y`` and ``y_pred`` are cut to the real count (:func:`drop_padding`) before
+    ``x``, ``y`` and ``y_pred`` are cut to the real count (:func:`drop_padding_if_tracked`) before
     ``output_transform(x, y, y_pred)`` (default ``(y_pred, y)``), so metrics count each sample
     once across ranks. A batch of pure padding gives empty tensors: attach metrics with
     :class:`RealSamplesOnly`. ``autocast``: a context factory for the forward pass (or ``None``).
@@ -139,7 +126,7 @@ def evaluation_step(
             else:
                 with autocast():
                     y_pred = model_transform(model_fn(model, x))
-            x, y, y_pred = drop_padding((x, y, y_pred), engine.state.dataloader)
+            x, y, y_pred = drop_padding_if_tracked((x, y, y_pred), engine.state.dataloader)
             return output_transform(x, y, y_pred)
 
     return evaluate

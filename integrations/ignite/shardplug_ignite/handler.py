@@ -31,35 +31,18 @@ from ignite.metrics import Metric
 from torch.optim import Optimizer
 from torch.utils.data import DataLoader
 
-from shardplug.core.config import ShardplugConfig, renamed_option
+from shardplug.core.config import ShardplugConfig
 from shardplug.core.loader.prepared import PreparedDataLoader
 from shardplug.core.stepping.optimizer import PreparedOptimizer
 from shardplug.core.stepping.scheduler import PreparedScheduler
 from shardplug.core.stepping.training import TrainingRun
 
-from .compat import ignite_prepare_batch
+from .compat import ignite_prepare_batch, required_state_keys, requires_state_keys
 from .epochs import EpochSync
-from .evaluation import (
-    RealSamplesOnly,
-    _call_model,
-    _identity,
-    drop_padding,
-    evaluation_step,
-    real_count,
-    real_samples,
-    trim_padding,
-)
+from .evaluation import RealSamplesOnly, _call_model, _identity, evaluation_step
 from .steps import SchedulerSteps, ShardplugEvents, StepEvents, register_step_events
 
-__all__ = [
-    "ShardplugEvents",
-    "ShardplugHandler",
-    "RealSamplesOnly",
-    "drop_padding",
-    "real_count",
-    "real_samples",
-    "trim_padding",
-]
+__all__ = ["ShardplugHandler"]
 
 logger = logging.getLogger(__name__)
 
@@ -68,6 +51,9 @@ def _loss_item(x: Any, y: Any, y_pred: Any, loss: torch.Tensor) -> float:
     return loss.item()
 
 
+@requires_state_keys(
+    *required_state_keys(EpochSync), *required_state_keys(StepEvents), *required_state_keys(SchedulerSteps)
+)  # ("loader", "gradient_state", "optimizer_step", "optimizer_step_skipped", "schedulers")
 class ShardplugHandler(Serializable):
     """Makes an Ignite ``Engine`` train with shardplug's exact data sharding and stepping.
 
@@ -104,12 +90,6 @@ class ShardplugHandler(Serializable):
                                   Checkpoint(to_save, DiskSaver("ckpt", require_empty=False)))
         trainer.run(loader, max_epochs=3)
     """
-
-    _state_dict_all_req_keys = (
-        EpochSync._state_dict_all_req_keys
-        + StepEvents._state_dict_all_req_keys
-        + SchedulerSteps._state_dict_all_req_keys
-    )  # ("loader", "gradient_state", "optimizer_step", "optimizer_step_skipped", "schedulers")
 
     def __init__(
         self,
@@ -236,7 +216,6 @@ class ShardplugHandler(Serializable):
         optimizers: Optimizer | Sequence[Optimizer] | None = None,
         *,
         scale_scheduler_by_num_processes: bool | None = None,
-        scale_by_num_processes: bool | None = None,
     ) -> PreparedScheduler:
         """Step a torch ``LRScheduler`` after every real optimizer step (never while accumulating,
         never after a step the scaler skipped); its state is part of the handler's.
@@ -245,8 +224,7 @@ class ShardplugHandler(Serializable):
         step when batches are not split (a schedule sized on the unsharded loader's length).
         ``None`` takes the config's value; when that is ``None`` too, off: Ignite's convention
         (``ShardplugConfig.scales_scheduler("ignite")``), a schedule is sized in optimizer steps.
-        ``scale_by_num_processes=`` is the deprecated old name. ``ReduceLROnPlateau`` needs a
-        metric: step it yourself after evaluation.
+        ``ReduceLROnPlateau`` needs a metric: step it yourself after evaluation.
 
         An Ignite ``ParamScheduler`` follows real steps too: ``trainer.add_event_handler(
         ShardplugEvents.OPTIMIZER_STEP_COMPLETED, param_scheduler)``.
@@ -255,14 +233,9 @@ class ShardplugHandler(Serializable):
             raise TypeError(
                 "ReduceLROnPlateau needs a metric: call scheduler.step(metric) in an evaluator handler instead"
             )
-        scale = renamed_option(
-            "attach_scheduler",
-            "scale_by_num_processes",
-            scale_by_num_processes,
-            "scale_scheduler_by_num_processes",
-            scale_scheduler_by_num_processes,
+        prepared = self.run.prepare_scheduler(
+            scheduler, optimizers, scale_scheduler_by_num_processes=scale_scheduler_by_num_processes
         )
-        prepared = self.run.prepare_scheduler(scheduler, optimizers, scale_scheduler_by_num_processes=scale)
         register_step_events(engine)
         event = (
             ShardplugEvents.OPTIMIZER_STEP_COMPLETED
@@ -426,7 +399,7 @@ class ShardplugHandler(Serializable):
             )
         super().load_state_dict(state_dict)  # every piece's keys are there
         for piece in self._pieces:
-            piece.load_state_dict({key: state_dict[key] for key in piece._state_dict_all_req_keys})
+            piece.load_state_dict({key: state_dict[key] for key in required_state_keys(piece)})
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.config!r}, num_processes={self.run.num_processes})"

@@ -18,10 +18,13 @@ from typing import Any
 from ignite.base.mixins import Serializable
 from ignite.engine import Engine, EventEnum, Events
 
+from shardplug.core._internal.arguments import check_int
 from shardplug.core.loader.prepared import PreparedDataLoader
 from shardplug.core.stepping.optimizer import PreparedOptimizer
 from shardplug.core.stepping.scheduler import PreparedScheduler
 from shardplug.core.stepping.training import TrainingRun
+
+from .compat import requires_state_keys
 
 __all__ = ["ShardplugEvents", "StepEvents", "SchedulerSteps"]
 
@@ -61,6 +64,7 @@ def register_step_events(engine: Engine) -> None:
             setattr(engine.state, attr, 0)
 
 
+@requires_state_keys("gradient_state", "optimizer_step", "optimizer_step_skipped")
 class StepEvents(Serializable):
     """Gradient-accumulation and optimizer-step events of one trainer.
 
@@ -79,8 +83,6 @@ class StepEvents(Serializable):
 
     Its state (:meth:`state_dict`) is the gradient state and the two counters.
     """
-
-    _state_dict_all_req_keys = ("gradient_state", "optimizer_step", "optimizer_step_skipped")
 
     def __init__(self, run: TrainingRun) -> None:
         self.run = run
@@ -153,13 +155,13 @@ class StepEvents(Serializable):
             raise ValueError(f"gradient_state={gradient!r} is not a GradientState state (GradientState.state_dict())")
         for key in ("optimizer_step", "optimizer_step_skipped"):
             value = state_dict[key]
-            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-                raise ValueError(f"{key}={value!r} is invalid: it must be an integer >= 0")
+            check_int(key, value, minimum=0)
         self._pending = {key: state_dict[key] for key in ("gradient_state", "optimizer_step", "optimizer_step_skipped")}
         self.optimizer_step = state_dict["optimizer_step"]
         self.optimizer_step_skipped = state_dict["optimizer_step_skipped"]
 
 
+@requires_state_keys("schedulers")
 class SchedulerSteps(Serializable):
     """The schedulers attached to a trainer (``ShardplugHandler.attach_scheduler``): each steps at
     its event, and their states are saved and loaded together.
@@ -171,8 +173,6 @@ class SchedulerSteps(Serializable):
 
     Its state (:meth:`state_dict`) is ``{"schedulers": [each scheduler's state_dict()]}``.
     """
-
-    _state_dict_all_req_keys = ("schedulers",)
 
     def __init__(self, run: TrainingRun) -> None:
         self.run = run

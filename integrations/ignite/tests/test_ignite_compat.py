@@ -29,7 +29,25 @@ def _check_prepare_batch() -> None:
         assert inspect.signature(factory).parameters["prepare_batch"].default is prepare
 
 
-CHECKS: dict[str, Callable[[], None]] = {"ignite.engine._prepare_batch": _check_prepare_batch}
+def _check_required_keys() -> None:
+    from ignite.base.mixins import Serializable
+
+    assert importlib.import_module("ignite.base.mixins").Serializable._state_dict_all_req_keys == ()
+
+    @compat.requires_state_keys("a", "b")
+    class Piece(Serializable):
+        pass
+
+    assert compat.required_state_keys(Piece) == ("a", "b") == compat.required_state_keys(Piece())
+    Piece().load_state_dict({"a": 1, "b": 2})  # every required key: accepted
+    with pytest.raises(ValueError, match="'b' is absent"):  # Serializable.load_state_dict reads the keys
+        Piece().load_state_dict({"a": 1})
+
+
+CHECKS: dict[str, Callable[[], None]] = {
+    "ignite.engine._prepare_batch": _check_prepare_batch,
+    "ignite.base.mixins.Serializable._state_dict_all_req_keys": _check_required_keys,
+}
 
 
 def test_every_listed_name_has_a_check_and_a_checked_version():

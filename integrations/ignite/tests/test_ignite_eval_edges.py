@@ -21,7 +21,7 @@ from ignite.metrics import Accuracy, Loss
 from torch.utils.data import DataLoader, TensorDataset
 
 from shardplug.core.config import ShardplugConfig
-from shardplug_ignite import ShardplugHandler, drop_padding
+from shardplug_ignite import ShardplugHandler, drop_padding_if_tracked
 
 WORLD = 2
 SETS = {"three": (3, 4), "five": (5, 4), "big": (27, 4)}  # (samples, batch): 3 < 1 batch < 2 processes
@@ -47,7 +47,7 @@ def _evaluate(evaluator: Engine, handler: ShardplugHandler, name: str) -> dict[s
     steps: list[int] = []
 
     def record(engine: Engine) -> None:
-        x, _ = drop_padding(engine.state.batch, engine.state.dataloader)
+        x, _ = drop_padding_if_tracked(engine.state.batch, engine.state.dataloader)
         seen.extend(int(v) for v in x[:, 0].tolist())
         steps.append(int(idist.all_reduce(torch.tensor(1))))  # a per-step collective: every rank is here
 

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from ignite.engine import Engine, Events
 from torch.utils.data import BatchSampler, DataLoader, SequentialSampler, TensorDataset
 
-from shardplug_ignite import ShardplugConfig, ShardplugEvents, ShardplugHandler
+from shardplug_ignite import ShardplugConfig, ShardplugEvents, ShardplugHandler, compat
 
 
 def _data(n: int) -> TensorDataset:
@@ -81,7 +81,7 @@ def test_ignite_unprepared_loader_and_unattached_step_are_refused() -> None:
     with pytest.raises(RuntimeError, match="attach"):
         loose.run(other.prepare_data_loader(DataLoader(_data(4), batch_size=2)), max_epochs=1)
     handler_state = other.state_dict()
-    assert set(handler_state) == set(ShardplugHandler._state_dict_all_req_keys)
+    assert set(handler_state) == set(compat.required_state_keys(ShardplugHandler))
 
 
 def test_ignite_handler_state_loads_with_weights_only(tmp_path) -> None:
@@ -231,28 +231,34 @@ def test_ignite_handler_state_is_its_pieces_states_and_resumes_each(tmp_path) ->
         ShardplugHandler().load_state_dict({key: value for key, value in handler_state.items() if key != "schedulers"})
 
 
-def test_real_count_and_drop_padding_and_their_deprecated_names():
-    import warnings
-
+def test_real_count_and_drop_padding_if_tracked():
     import shardplug_ignite
-    from shardplug.core._internal import deprecation
 
     handler = ShardplugHandler(ShardplugConfig())
     loader = handler.prepare_eval_loader(DataLoader(_data(3), batch_size=4))
     batch = next(iter(loader))
     real = shardplug_ignite.real_count(loader)
-    assert real == 3 and [t.shape[0] for t in shardplug_ignite.drop_padding(batch, loader)] == [3, 3]
-    assert shardplug_ignite.drop_padding(batch, object()) is batch  # no padding tracked: kept as it is
-    for old in ("real_samples", "trim_padding(loader, data)"):
-        deprecation._warned.discard(old)
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        for _ in range(2):
-            assert shardplug_ignite.real_samples(loader) == real
-            assert torch.equal(shardplug_ignite.trim_padding(loader, batch)[0], batch[0][:real])
-    assert [str(w.message) for w in caught] == [
-        "real_samples is deprecated, use real_count (same meaning)",
-        "trim_padding(loader, data) is deprecated, use drop_padding(data, loader) (same meaning)",
-    ]
-    assert all(w.category is DeprecationWarning for w in caught)
-    assert shardplug_ignite.trim_padding.__name__ == "trim_padding"
+    assert real == 3 and [t.shape[0] for t in shardplug_ignite.drop_padding_if_tracked(batch, loader)] == [3, 3]
+    assert shardplug_ignite.drop_padding_if_tracked(batch, object()) is batch  # no padding tracked: kept as it is
+
+
+def test_every_front_end_cuts_the_padding_rows_alike():
+    """``shardplug.drop_padding``, Ignite's ``drop_padding_if_tracked`` and a loader's ``drop_padding=True`` keep
+    the same rows (one cut); a value of the whole batch (a 0-dim tensor) is kept by each."""
+    import shardplug
+    import shardplug_ignite
+    from shardplug.core.padding.evaluation import prepare_eval_loader
+
+    def loader(drop: bool) -> Any:  # process 1 of 2: [4, padding, padding, padding]
+        data = DataLoader(torch.arange(5.0), batch_size=4)
+        return prepare_eval_loader(data, drop_padding=drop, num_processes=2, process_index=1)
+
+    tracked, dropped, cuts = loader(False), loader(True), 0
+    for batch, kept in zip(tracked, dropped):
+        outputs = {"y": batch * 2, "mean": batch.mean()}
+        core = shardplug.drop_padding(outputs, tracked)
+        ignite = shardplug_ignite.drop_padding_if_tracked(outputs, tracked)
+        assert torch.equal(core["y"], kept * 2) and torch.equal(ignite["y"], core["y"])
+        assert core["mean"] is outputs["mean"] and ignite["mean"] is outputs["mean"]
+        cuts += len(kept) < len(batch)
+    assert cuts == 1

@@ -23,6 +23,7 @@ import shardplug_lightning._options
 from shardplug import prepare_data_loader
 from shardplug.core.config import ShardplugConfig
 from shardplug_lightning import ShardplugDDPStrategy, ShardplugFabricDDPStrategy
+from shardplug_lightning._registry import STRATEGY_NAMES
 
 SCRIPTS = Path(__file__).parent / "scripts"
 N_TRAIN, N_VAL, BATCH, WORLD = 42, 21, 4, 2
@@ -211,7 +212,7 @@ def test_registered_names_build_the_strategy() -> None:
     assert trainer.strategy._start_method == "popen"
     spawn = pl.Trainer(strategy="shardplug_ddp_spawn", accelerator="cpu", devices=2, logger=False)
     assert isinstance(spawn.strategy, ShardplugDDPStrategy) and spawn.strategy._start_method == "spawn"
-    assert set(shardplug_lightning.STRATEGY_NAMES) == {"shardplug_ddp", "shardplug_ddp_spawn"}
+    assert set(STRATEGY_NAMES) == {"shardplug_ddp", "shardplug_ddp_spawn"}
 
 
 def test_registered_in_pytorch_lightning_too() -> None:

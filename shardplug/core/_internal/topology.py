@@ -22,6 +22,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from shardplug.core._internal.arguments import check_int, is_int
+
 __all__ = ["ProcessTopology", "Readers", "resolve_data_topology", "distributed_is_active"]
 
 _DATA_DIMS = ("dp_replicate", "dp_shard", "dp", "data_parallel")  # torchtitan's names, and Lightning's
@@ -67,7 +69,7 @@ class ProcessTopology:
     device: torch.device = torch.device("cpu")
 
     def __post_init__(self) -> None:
-        _check_processes(self.num_processes, self.process_index)
+        check_processes(self.num_processes, self.process_index)
 
     @property
     def is_main_process(self) -> bool:
@@ -86,13 +88,14 @@ class ProcessTopology:
         return cls(world, rank, local, _default_device(local))
 
 
-def _check_processes(num_processes: Any, process_index: Any) -> None:
-    if not isinstance(num_processes, int) or isinstance(num_processes, bool) or num_processes < 1:
-        raise ValueError(
-            f"num_processes={num_processes!r} is invalid: it must be an integer >= 1 "
-            "(the number of processes sharing the data; leave it None to read it from the job)"
-        )
-    if not isinstance(process_index, int) or isinstance(process_index, bool) or not 0 <= process_index < num_processes:
+def check_processes(num_processes: Any, process_index: Any) -> None:
+    check_int(
+        "num_processes",
+        num_processes,
+        minimum=1,
+        fix="(the number of processes sharing the data; leave it None to read it from the job)",
+    )
+    if not is_int(process_index) or not 0 <= process_index < num_processes:
         raise ValueError(
             f"process_index={process_index!r} is out of range for num_processes={num_processes}: "
             f"it must be an integer in [0, {num_processes}) (leave it None to read it from the job)"
@@ -136,7 +139,7 @@ def resolve_data_topology(
             world, rank = topo.num_processes, topo.process_index
         num_processes = world if num_processes is None else num_processes
         process_index = rank if process_index is None else process_index
-    _check_processes(num_processes, process_index)
+    check_processes(num_processes, process_index)
     return num_processes, process_index
 
 

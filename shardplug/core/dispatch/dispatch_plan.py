@@ -17,7 +17,7 @@ from shardplug.core.loader.rows import (
     take_rows,
 )
 from shardplug.core.sharding.layout import ShardLayout
-from shardplug.core.sharding.shard_plan import PassRecord, ShardPlan, Unchanged, check_consumed, global_batch_samples
+from shardplug.core.sharding.shard_plan import PassRecord, PlanDefaults, ShardPlan, check_consumed, global_batch_samples
 
 __all__ = ["DispatchPlan", "DispatchError", "CutStep"]
 
@@ -44,7 +44,7 @@ def _trailing(leaf: Any) -> Any:
     return (dtype, shape[1:]) if shape is not None else dtype
 
 
-class DispatchPlan(Unchanged):
+class DispatchPlan(PlanDefaults):
     """Process 0 reads the global batches; each step takes one of them (splitting) or ``N``, and
     every process receives its rows.  ``length`` is the number of global batches per epoch;
     ``source`` the plan of process 0's global batches (it skips them on a resume), or ``None``

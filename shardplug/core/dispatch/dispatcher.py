@@ -22,7 +22,7 @@ from shardplug.core._internal.collectives import (
     world_size,
 )
 from shardplug.core._internal.topology import resolve_data_topology
-from shardplug.core.config import ShardplugConfig, renamed_option
+from shardplug.core.config import ShardplugConfig
 from shardplug.core.dispatch.dispatch_plan import DispatchPlan
 from shardplug.core.dispatch.receiver import StepReceiver
 from shardplug.core.dispatch.sender import SliceFn, StepReader, StepSender, local_steps
@@ -123,15 +123,11 @@ class DataLoaderDispatcher(DataLoaderShard):
         num_processes: int | None = None,
         process_index: int | None = None,
         even_batches: bool = ShardplugConfig.even_batches,
-        slice_fn: SliceFn | None = None,
         **dataloader_kwargs: Any,
     ) -> None:
-        slice_fn = renamed_option(
-            "DataLoaderDispatcher", "slice_fn", slice_fn, "slice_fn_for_dispatch", slice_fn_for_dispatch
-        )
         super(DataLoaderShard, self).__init__(dataset, **dataloader_kwargs)
         options = DispatchOptions(
-            split_batches, slice_fn, torch_device_mesh, num_processes, process_index, even_batches
+            split_batches, slice_fn_for_dispatch, torch_device_mesh, num_processes, process_index, even_batches
         )
         self.finish_init(device, rng_types, synchronized_generator, skip_batches, non_blocking, dispatch=options)
 

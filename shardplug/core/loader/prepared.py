@@ -30,6 +30,7 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset
 
 from shardplug.core._internal import compat
+from shardplug.core._internal.arguments import is_int
 from shardplug.core.config import ShardplugConfig
 from shardplug.core.loader.passes import LengthMismatchWarning, LoaderPass
 from shardplug.core.padding.audit import SampleAudit
@@ -195,7 +196,7 @@ class PreparedDataLoader(DataLoader[Any]):
         loaded position places it: its own epoch keeps it, and the epoch before a position at an epoch's
         start (that epoch's end) makes the next pass that epoch's empty rest; a position inside another
         epoch is refused (see :meth:`~shardplug.core.resume.pending.PendingStart.enter_epoch`)."""
-        if not isinstance(epoch, int) or isinstance(epoch, bool) or epoch < 0:
+        if not is_int(epoch) or epoch < 0:
             raise ValueError(f"epoch={epoch!r} must be an integer >= 0")
         self._resume.enter_epoch(epoch)
         self.epoch = epoch
@@ -282,7 +283,7 @@ class PreparedDataLoader(DataLoader[Any]):
         afterwards keeps them in step with the other processes.  What is the loader's own (its resume
         state with its last pass, its padding tracking) is copied.
         """
-        if not isinstance(num_batches, int) or isinstance(num_batches, bool) or num_batches < 0:
+        if not is_int(num_batches) or num_batches < 0:
             raise ValueError(f"num_batches={num_batches!r} must be an integer >= 0")
         new = object.__new__(type(self))
         new.__dict__.update(

@@ -27,6 +27,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from shardplug.core._internal.arguments import is_int
 from shardplug.core._internal.topology import distributed_is_active
 
 __all__ = ["SampleAudit", "AuditReport"]
@@ -289,7 +290,7 @@ def _checked_epochs(state: Any, length: int) -> list[tuple[int, torch.Tensor, to
             f"the audit state {_short(state)} is not a dict with 'dataset_length' and 'epochs'; {_LOAD_FIX}"
         )
     saved_length = state["dataset_length"]
-    if not _is_int(saved_length) or saved_length != length:
+    if not is_int(saved_length) or saved_length != length:
         raise ValueError(
             f"the saved audit is for a dataset of {saved_length!r} samples, this one has {length}; load the audit "
             "saved for this dataset"
@@ -301,7 +302,7 @@ def _checked_epochs(state: Any, length: int) -> list[tuple[int, torch.Tensor, to
 
 
 def _checked_epoch(epoch: Any, saved: Any, length: int) -> tuple[int, torch.Tensor, torch.Tensor, int]:
-    if not _is_int(epoch) or epoch < 0:
+    if not is_int(epoch) or epoch < 0:
         raise ValueError(f"the audit state has a record for epoch {epoch!r}: epochs are integers >= 0; {_LOAD_FIX}")
     where = f"the audit state's epoch {epoch}"
     if (
@@ -311,7 +312,7 @@ def _checked_epoch(epoch: Any, saved: Any, length: int) -> tuple[int, torch.Tens
     ):
         raise TypeError(f"{where} is {_short(saved)}, not a dict with 'seen', 'twice' and 'padding'; {_LOAD_FIX}")
     padding = saved["padding"]
-    if not _is_int(padding):
+    if not is_int(padding):
         raise TypeError(f"{where} has padding={padding!r}: it must be an integer in [0, 2**63); {_LOAD_FIX}")
     if not 0 <= padding < 2**63:  # (gathered as an int64)
         raise ValueError(f"{where} has padding={padding}: it must be an integer in [0, 2**63); {_LOAD_FIX}")
@@ -376,10 +377,6 @@ def _checked_bitmap(where: str, key: str, value: Any, size: int, length: int) ->
             f"(last byte {int(bitmap[-1])}); {_LOAD_FIX}"
         )
     return bitmap
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _short(value: Any) -> str:

@@ -8,7 +8,8 @@ import torch
 import torch.distributed as dist
 
 from shardplug.core._internal.topology import distributed_is_active
-from shardplug.core.loader.rows import map_leaves
+from shardplug.core.loader.rows import iter_leaves, map_leaves
+from shardplug.core.padding.tracking import leading_rows
 
 if TYPE_CHECKING:
     from shardplug.core.loader.prepared import PreparedDataLoader
@@ -16,13 +17,12 @@ if TYPE_CHECKING:
 __all__ = ["drop_padding", "gather_for_metrics"]
 
 
-def _map(data: Any, fn: Any) -> Any:
-    def tensor_only(leaf: Any) -> Any:
+def _tensors_only(data: Any) -> Any:
+    """``data`` when every leaf is a tensor (per-sample results), else ``TypeError``."""
+    for leaf in iter_leaves(data):
         if not isinstance(leaf, torch.Tensor):
             raise TypeError(f"expected tensors (possibly in dicts, lists or tuples), got {type(leaf).__name__}")
-        return fn(leaf)
-
-    return map_leaves(data, tensor_only)
+    return data
 
 
 def _real_count(loader: PreparedDataLoader) -> int:
@@ -36,9 +36,13 @@ def _real_count(loader: PreparedDataLoader) -> int:
 
 
 def drop_padding(data: Any, loader: PreparedDataLoader) -> Any:
-    """The rows of ``data`` (per-sample results of the current batch) that are real samples."""
+    """The rows of ``data`` (per-sample results of the current batch) that are real samples.
+
+    The padding rows come last: this keeps the leading ``loader.batch_real_count`` rows
+    (:func:`~shardplug.core.padding.tracking.leading_rows`, the one cut every front end makes).
+    """
     real = _real_count(loader)
-    return _map(data, lambda t: t[:real])
+    return leading_rows(_tensors_only(data), real)
 
 
 def _gather_rows(tensor: torch.Tensor) -> torch.Tensor:
@@ -67,4 +71,4 @@ def gather_for_metrics(data: Any, loader: PreparedDataLoader) -> Any:
     local = drop_padding(data, loader)
     if not distributed_is_active() or dist.get_world_size() == 1:
         return local
-    return _map(local, _gather_rows)
+    return map_leaves(local, _gather_rows)

@@ -41,7 +41,20 @@ class PaddingTracker:
 
 
 def leading_rows(batch: Any, real: int | None) -> Any:
-    """The first ``real`` rows of ``batch`` (unchanged when it has no more)."""
+    """The first ``real`` rows of ``batch`` (unchanged when it has no more, or ``real`` is ``None``).
+
+    The one padding cutter: the loader's ``drop_padding_rows()``, :func:`shardplug.drop_padding` and
+    Ignite's ``drop_padding_if_tracked`` all cut here. Rows are as :mod:`shardplug.core.loader.rows`
+    defines them: a tensor's dim 0, a list of one value per row; what belongs to the whole batch
+    (a 0-dim tensor, a string) is kept.
+
+    Example::
+
+        >>> import torch
+        >>> part = leading_rows({"x": torch.arange(4), "ids": ["a", "b", "c", "d"], "n": torch.tensor(4)}, 3)
+        >>> part["x"].tolist(), part["ids"], part["n"].item()
+        ([0, 1, 2], ['a', 'b', 'c'], 4)
+    """
     if real is None:
         return batch
     rows = batch_rows(flatten(batch)[0])

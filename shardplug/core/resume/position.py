@@ -31,6 +31,7 @@ from typing import Any
 
 import torch
 
+from shardplug.core._internal.arguments import is_int
 from shardplug.core.sharding.shard_plan import UNITS
 
 __all__ = ["Position", "POSITION_FORMAT"]
@@ -46,24 +47,20 @@ def _processes(count: int) -> str:
     return f"{count} process" if count == 1 else f"{count} processes"
 
 
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
 def _optional_count(value: Any) -> bool:
-    return value is None or (_is_int(value) and value >= 0)
+    return value is None or (is_int(value) and value >= 0)
 
 
 def _optional_size(value: Any) -> bool:
-    return value is None or (_is_int(value) and value >= 1)
+    return value is None or (is_int(value) and value >= 1)
 
 
 _CHECKS: dict[str, tuple[Any, str]] = {
-    "epoch": (lambda v: _is_int(v) and v >= 0, "an integer >= 0"),
-    "batches_yielded": (lambda v: _is_int(v) and v >= 0, "an integer >= 0"),
-    "consumed": (lambda v: _is_int(v) and v >= 0, "an integer >= 0"),
+    "epoch": (lambda v: is_int(v) and v >= 0, "an integer >= 0"),
+    "batches_yielded": (lambda v: is_int(v) and v >= 0, "an integer >= 0"),
+    "consumed": (lambda v: is_int(v) and v >= 0, "an integer >= 0"),
     "unit": (lambda v: v in UNITS, f"one of {list(UNITS)}"),
-    "num_processes": (lambda v: _is_int(v) and v >= 1, "an integer >= 1"),
+    "num_processes": (lambda v: is_int(v) and v >= 1, "an integer >= 1"),
     "split_batches": (lambda v: isinstance(v, bool), "True or False"),
     "even_batches": (lambda v: isinstance(v, bool), "True or False"),
     "drop_last": (lambda v: isinstance(v, bool), "True or False"),
@@ -74,7 +71,7 @@ _CHECKS: dict[str, tuple[Any, str]] = {
     "sampler": (lambda v: isinstance(v, str), "a string"),
     "num_workers": (_optional_count, "an integer >= 0 or None"),
     "seeds": (
-        lambda v: isinstance(v, (list, tuple)) and all(s is None or _is_int(s) for s in v),
+        lambda v: isinstance(v, (list, tuple)) and all(s is None or is_int(s) for s in v),
         "a list of integers or None",
     ),
     "generator_state": (

@@ -20,7 +20,8 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from shardplug.core._internal.topology import _check_processes
+from shardplug.core._internal.arguments import is_int
+from shardplug.core._internal.topology import check_processes
 from shardplug.core.config import ShardplugConfig
 
 __all__ = ["ShardLayout"]
@@ -51,12 +52,12 @@ class ShardLayout:
     batch_size: int | None = None
 
     def __post_init__(self) -> None:
-        _check_processes(self.num_processes, self.process_index)
+        check_processes(self.num_processes, self.process_index)
         for name in _FLAGS:
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"{name}={getattr(self, name)!r} is invalid: it must be True or False")
         size = self.batch_size
-        if size is not None and (not isinstance(size, int) or isinstance(size, bool) or size < 1):
+        if size is not None and (not is_int(size) or size < 1):
             raise ValueError(
                 f"batch_size={size!r} is invalid: it must be an integer >= 1, or None for variable-size batches"
             )

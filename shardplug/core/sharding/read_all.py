@@ -18,6 +18,7 @@ from typing import Any, cast
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
+from shardplug.core._internal.arguments import is_int
 from shardplug.core._internal.collectives import world_size
 from shardplug.core.config import ShardplugConfig
 from shardplug.core.padding.marks import PaddingTag, untagged
@@ -287,7 +288,7 @@ class IterableDatasetShard(IterableDataset[Any]):
                 f"dataset={dataset!r} is not iterable; pass an IterableDataset (or any iterable of samples) to "
                 "shard, and a map-style dataset to a DataLoader (prepare_data_loader shards its sampler)"
             )
-        if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
+        if not is_int(batch_size) or batch_size < 1:
             raise ValueError(f"batch_size={batch_size!r} must be an integer >= 1")
         # A one-element batch cannot be cut: it is then read as N one-element slices.
         layout = ShardLayout(

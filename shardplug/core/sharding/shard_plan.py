@@ -10,6 +10,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import torch
 
+from shardplug.core._internal.arguments import is_int
 from shardplug.core.sharding.arithmetic import EpochHead, EpochOrder
 from shardplug.core.sharding.layout import ShardLayout
 
@@ -248,10 +249,6 @@ def start_tagging(plan: ShardPlan) -> bool:
     return isinstance(plan, TagsElements) and plan.start_tagging()
 
 
-Unchanged = PlanDefaults
-"""The former name of :class:`PlanDefaults` (``pass_batches`` hands the DataLoader's batches out unchanged)."""
-
-
 class PassRecord:
     """What one pass over a plan handed out: where it started, the epoch's order (padding reads
     its start) and, when ``track`` is set, each batch's indices and number of real samples.
@@ -285,6 +282,6 @@ def global_batch_samples(layout: ShardLayout, consumed: int) -> int | None:
 
 
 def check_consumed(consumed: int) -> int:
-    if not isinstance(consumed, int) or isinstance(consumed, bool) or consumed < 0:
+    if not is_int(consumed) or consumed < 0:
         raise ValueError(f"consumed={consumed!r} must be an integer >= 0")
     return consumed

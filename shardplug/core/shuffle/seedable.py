@@ -16,6 +16,8 @@ from typing import Any, cast
 import torch
 from torch.utils.data import RandomSampler
 
+from shardplug.core._internal.arguments import is_int
+
 __all__ = [
     "SeedableRandomSampler",
     "BijectiveRandomSampler",
@@ -42,7 +44,7 @@ def check_seed(name: str, seed: Any) -> int | None:
     """``seed`` when it is ``None`` or an integer torch accepts as a seed, else a clear error."""
     if seed is None:
         return None
-    if not isinstance(seed, int) or isinstance(seed, bool):
+    if not is_int(seed):
         raise TypeError(f"{name}={seed!r} is invalid: it must be an integer or None")
     if not -(2**63) <= seed < _SEED_SPACE:
         raise ValueError(f"{name}={seed} is out of range: torch seeds lie in [-2**63, 2**64); pick a smaller seed")
@@ -187,7 +189,7 @@ class KeyedPermutation:
     rounds = 6
 
     def __init__(self, n: int, seed: int, epoch: int = 0) -> None:
-        if not isinstance(n, int) or isinstance(n, bool) or not 0 <= n <= 2**62:
+        if not is_int(n) or not 0 <= n <= 2**62:
             raise ValueError(f"n={n!r} is invalid: a keyed permutation covers 0 <= n <= 2**62 samples")
         self.n = n
         self.bits = max((n - 1).bit_length(), 2)

@@ -29,7 +29,7 @@ import weakref
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
-from shardplug.core._internal.deprecation import renamed_property
+from shardplug.core._internal.arguments import check_int, is_int
 
 __all__ = ["GradientState"]
 
@@ -37,7 +37,7 @@ logger = logging.getLogger(__name__)
 
 
 def _check_num_steps(num_steps: Any) -> int:
-    if not isinstance(num_steps, int) or isinstance(num_steps, bool) or num_steps < 1:
+    if not is_int(num_steps) or num_steps < 1:
         raise ValueError(
             f"num_steps={num_steps!r} is invalid: the number of micro-batches per optimizer step must be "
             "an integer >= 1 (use 1 for no gradient accumulation)"
@@ -149,9 +149,6 @@ class GradientState:
         """Micro-batches accumulated in the current cycle (``0`` right after a sync)."""
         return self._micro_batches
 
-    step = renamed_property("GradientState.step", "micro_batches")
-    """Deprecated name of :attr:`micro_batches` ("step" means an optimizer update)."""
-
     @property
     def in_dataloader(self) -> bool:
         """Whether a pass over a connected loader is running."""
@@ -262,8 +259,7 @@ class GradientState:
             )
         num_steps = _check_num_steps(state_dict["num_steps"])
         step = state_dict["step"]
-        if not isinstance(step, int) or isinstance(step, bool) or not 0 <= step < num_steps:
-            raise ValueError(f"state_dict['step']={step!r} is invalid: it must be an integer in [0, {num_steps})")
+        check_int("state_dict['step']", step, minimum=0, below=num_steps)
         if step and num_steps != self._num_steps:
             raise ValueError(
                 f"the state is {step} micro-batches into a cycle of {num_steps}, but this run accumulates "

@@ -208,8 +208,11 @@ def step_counter(optimizer: Optimizer) -> StepCounter:
 
 
 class StepAttempt:
-    """One attempt to step an optimizer through code shardplug does not own (a framework's precision
-    plugin): counts what happened and closes the scaler's iteration if the attempt raises.
+    """One attempt to step an optimizer (``scaler.step``, a framework's precision plugin, a plain
+    ``step``): counts what happened and closes the scaler's iteration if the attempt raises.
+
+    The counts start when it is made and again when the ``with`` block is entered; :attr:`skipped`
+    and :attr:`stepped` compare against them.
 
     Example::
 
@@ -226,8 +229,7 @@ class StepAttempt:
         self.optimizer = optimizer
         self.scaler = scaler
         self._counter = step_counter(optimizer)
-        self._taken_before = 0
-        self._calls_before = 0
+        self._taken_before, self._calls_before = self._counter.taken, self._counter.calls
 
     def __enter__(self) -> StepAttempt:
         self._taken_before, self._calls_before = self._counter.taken, self._counter.calls
@@ -235,7 +237,12 @@ class StepAttempt:
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
         if exc_type is not None:
-            close_failed_step(self.scaler, self.optimizer, stepped=self._counter.calls > self._calls_before)
+            close_failed_step(self.scaler, self.optimizer, stepped=self.stepped)
+
+    @property
+    def stepped(self) -> bool:
+        """Whether the optimizer's ``step`` completed in the attempt (the parameters may have changed)."""
+        return self._counter.calls > self._calls_before
 
     @property
     def skipped(self) -> bool:

@@ -187,7 +187,7 @@ class PreparedOptimizer(Optimizer):
             )
         if closure is not None and amp.scaler_enabled(self.scaler):
             raise RuntimeError("closures are not supported with a GradScaler (as in torch); call step() without one")
-        taken_before, calls_before = self._counter.taken, self._counter.calls
+        attempt = amp.StepAttempt(self.optimizer, self.scaler)
         try:
             # hooks see (self, *step arguments), as torch's own step wrapper passes them
             args: tuple[Any, ...] = (self,) if closure is None else (self, closure)
@@ -200,26 +200,24 @@ class PreparedOptimizer(Optimizer):
                             f"an optimizer step pre-hook must return None or (args, kwargs), got {result!r}"
                         )
                     args, kwargs = result
-            out = self._step_wrapped(tuple(args[1:]), kwargs)
-            self._step_was_skipped = self._counter.taken == taken_before
+            out = self._step_wrapped(attempt, tuple(args[1:]), kwargs)
+            self._step_was_skipped = attempt.skipped
             for post_hook in compat.optimizer_hooks(self, "step_post"):
                 post_hook(self, args, kwargs)
         except BaseException:
-            self._step_failed(stepped=self._counter.calls > calls_before)
+            self._step_failed(stepped=attempt.stepped)
             raise
         return out
 
-    def _step_wrapped(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    def _step_wrapped(self, attempt: amp.StepAttempt, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """The wrapped step inside ``attempt`` (which closes the scaler's iteration if it raises)."""
         scaler, optimizer = self.scaler, self.optimizer
         if not amp.scaler_enabled(scaler):
-            return optimizer.step(*args, **kwargs)
+            with attempt:
+                return optimizer.step(*args, **kwargs)
         amp.move_record(scaler, self, optimizer)  # the user called scaler.unscale_(this wrapper)
-        calls_before = self._counter.calls
-        try:
+        with attempt:
             out = scaler.step(optimizer, *args, **kwargs)
-        except BaseException:
-            amp.close_failed_step(scaler, optimizer, stepped=self._counter.calls > calls_before)
-            raise
         scaler.update()
         return out
 

@@ -20,8 +20,9 @@ from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LRScheduler, ReduceLROnPlateau
 
 from shardplug.core._internal import compat
+from shardplug.core._internal.arguments import check_int
 from shardplug.core._internal.topology import resolve_data_topology
-from shardplug.core.config import ShardplugConfig, renamed_option
+from shardplug.core.config import ShardplugConfig
 from shardplug.core.stepping import amp
 from shardplug.core.stepping.accumulation import GradientState
 from shardplug.core.stepping.optimizer import PreparedOptimizer
@@ -96,14 +97,13 @@ class PreparedScheduler(LRScheduler):
         scheduler: the scheduler to wrap (any ``LRScheduler``, including ``ReduceLROnPlateau``).
         optimizers: the optimizer(s) whose steps drive it (prepared or not); ``None`` = the
             scheduler's own optimizer.
-        step_scheduler_with_optimizer: ``False`` makes :meth:`step` a plain pass-through
-            (``step_with_optimizer=``: deprecated old name).
+        step_scheduler_with_optimizer: ``False`` makes :meth:`step` a plain pass-through.
         split_batches: whether the loaders split batches; when they do, one optimizer step is one
             global batch and the scheduler steps once.
         num_processes: ``None`` = read from the running job.
         scale_scheduler_by_num_processes: when batches are not split, step ``num_processes`` times
             per optimizer step (schedules sized on the unsharded loader's length end on time);
-            ``False``: once per optimizer step (``scale_by_num_processes=``: deprecated old name).
+            ``False``: once per optimizer step.
             Front ends pass ``ShardplugConfig.scales_scheduler(front_end)``.
         gradient_state: the run's :class:`GradientState`; ``None`` = the one of the first
             prepared optimizer, else a private one (no accumulation).
@@ -142,25 +142,8 @@ class PreparedScheduler(LRScheduler):
         num_processes: int | None = None,
         scale_scheduler_by_num_processes: bool = True,
         gradient_state: GradientState | None = None,
-        *,
-        step_with_optimizer: bool | None = None,
-        scale_by_num_processes: bool | None = None,
     ) -> None:
         # LRScheduler.__init__ is deliberately not run: it would step and patch the optimizer.
-        step_scheduler_with_optimizer = renamed_option(
-            "PreparedScheduler",
-            "step_with_optimizer",
-            step_with_optimizer,
-            "step_scheduler_with_optimizer",
-            step_scheduler_with_optimizer,
-        )
-        scale_scheduler_by_num_processes = renamed_option(
-            "PreparedScheduler",
-            "scale_by_num_processes",
-            scale_by_num_processes,
-            "scale_scheduler_by_num_processes",
-            scale_scheduler_by_num_processes,
-        )
         if isinstance(scheduler, Optimizer):
             raise TypeError(
                 f"scheduler={type(scheduler).__name__} is an optimizer; pass the learning-rate scheduler first "
@@ -180,11 +163,7 @@ class PreparedScheduler(LRScheduler):
                 raise TypeError(f"{name}={value!r} is invalid: it must be True or False")
         if num_processes is None:
             num_processes = _default_num_processes()
-        if not isinstance(num_processes, int) or isinstance(num_processes, bool) or num_processes < 1:
-            raise ValueError(
-                f"num_processes={num_processes!r} is invalid: it must be an integer >= 1 "
-                "(leave it None to read it from the job)"
-            )
+        check_int("num_processes", num_processes, minimum=1, fix="(leave it None to read it from the job)")
         if gradient_state is not None and not isinstance(gradient_state, GradientState):
             raise TypeError(
                 f"gradient_state={gradient_state!r} is not a GradientState; pass the run's GradientState "
@@ -239,17 +218,6 @@ class PreparedScheduler(LRScheduler):
             scale_scheduler_by_num_processes=config.scales_scheduler(front_end),
             gradient_state=gradient_state,
         )
-
-    # old spellings, read-only (one release)
-    @property
-    def step_with_optimizer(self) -> bool:
-        """Deprecated name of :attr:`step_scheduler_with_optimizer`."""
-        return cast("bool", self.step_scheduler_with_optimizer)
-
-    @property
-    def scale_by_num_processes(self) -> bool:
-        """Deprecated name of :attr:`scale_scheduler_by_num_processes`."""
-        return cast("bool", self.scale_scheduler_by_num_processes)
 
     # -- attribute pass-through --------------------------------------------------------------
     def __getattr__(self, name: str) -> Any:

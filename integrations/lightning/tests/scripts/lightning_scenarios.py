@@ -20,8 +20,8 @@ from lightning.pytorch.plugins import MixedPrecision
 from torch.utils.data import DataLoader, Dataset, RandomSampler, Sampler
 from torch.utils.data.distributed import DistributedSampler
 
-import shardplug_lightning
 from shardplug_lightning import ShardplugDDPStrategy
+from shardplug_lightning._registry import STRATEGY_NAMES
 
 OUT = sys.argv[1]
 N_TRAIN, N_VAL, BATCH = 42, 21, 4
@@ -404,7 +404,7 @@ def main() -> None:
         trainer().fit(Sharded())
     except ValueError as exc:
         error = str(exc)
-    dump("errors", rank, {"distributed_sampler": error, "registered": shardplug_lightning.STRATEGY_NAMES})
+    dump("errors", rank, {"distributed_sampler": error, "registered": STRATEGY_NAMES})
 
     # 8. a Hugging Face stream (parquet shards written by the test), 2 workers: sharded natively
     model = Streamed()
