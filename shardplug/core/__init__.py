@@ -10,6 +10,7 @@ from shardplug.core.loader.transfer import send_to_device
 from shardplug.core.padding.audit import AuditReport, SampleAudit
 from shardplug.core.padding.metrics import drop_padding, gather_for_metrics
 from shardplug.core.resume.position import Position
+from shardplug.core.resume.state import ResumeState
 from shardplug.core.sharding.map_style import BatchSamplerShard
 from shardplug.core.sharding.planner import prepare_data_loader, skip_first_batches
 from shardplug.core.sharding.read_all import IterableDatasetShard
@@ -37,6 +38,7 @@ __all__ = [
     "PreparedDataLoader",
     "PreparedOptimizer",
     "PreparedScheduler",
+    "ResumeState",
     "ProcessTopology",
     "SeedableRandomSampler",
     "ShardplugConfig",

@@ -96,6 +96,11 @@ class PreparedDataLoader(DataLoader[Any]):
 
     Which rows this process gets, ``len()`` and where a pass resumes are its :attr:`plan`'s
     (see ``sharding/``); the loader keeps the settings and its collaborators.
+
+    Not part of the API (the reference leaves them out): ``finish_init``, ``skipped_copy``,
+    ``agree_at_prepare``, ``inner_loader``, ``inner_batches``, ``batch_shard``, ``padding_tracker`` and
+    ``source_marks_last`` are the hooks shardplug's own modules (the planner, the dispatcher, the
+    front ends) call; they may change without notice.
     """
 
     plan: ShardPlan
