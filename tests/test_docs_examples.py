@@ -249,7 +249,7 @@ def run_forked(examples: list[Example], workers: int) -> dict[str, subprocess.Co
         }
 
 
-class Done:
+class _Done:
     """A finished run, answering like a ``Future``."""
 
     def __init__(self, value: subprocess.CompletedProcess) -> None:
@@ -272,7 +272,7 @@ def results(request):
     chosen = sorted((e for e in EXAMPLES if e.name in selected and not missing(e)), key=lambda e: not e.needs)
     workers = max(2, min(8, (os.cpu_count() or 2) * 2))
     if hasattr(os, "fork") and not os.environ.get("SHARDPLUG_DOCS_FRESH"):
-        yield {name: Done(value) for name, value in run_forked(chosen, workers).items()} if chosen else {}
+        yield {name: _Done(value) for name, value in run_forked(chosen, workers).items()} if chosen else {}
         return
     with ThreadPoolExecutor(max_workers=workers) as pool:
         futures: dict[str, Future] = {e.name: pool.submit(run, e) for e in chosen}

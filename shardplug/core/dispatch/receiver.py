@@ -28,7 +28,7 @@ from shardplug.core.dispatch.wire import (
     UNEVEN,
     DispatchStats,
     Header,
-    Message,
+    _Message,
     has_objects,
     new_control,
     receive_message,
@@ -36,10 +36,10 @@ from shardplug.core.dispatch.wire import (
 )
 from shardplug.core.loader.rows import OBJECT, unflatten
 
-__all__ = ["StepReceiver"]
+__all__ = ["_StepReceiver"]
 
 
-class StepReceiver:
+class _StepReceiver:
     """A process other than 0: the steps of pass ``pass_number`` as ``(batch, last)``.
 
     A failure of the process group while waiting (process 0 died, a timeout) is a
@@ -113,7 +113,7 @@ class StepReceiver:
             self.stats.steps += 1
             return kind, bool(message.last), header_after, unflatten(iter(leaves), header[0])
 
-    def _header(self, message: Message, header: Header | None) -> Header:
+    def _header(self, message: _Message, header: Header | None) -> Header:
         """This process's header of the step ``message`` announces (received when one follows)."""
         kind = message.kind
         if kind in (HEADER, UNEVEN):
@@ -129,7 +129,7 @@ class StepReceiver:
             raise DispatchError(f"process 0 sent an unexpected dispatch message {kind}")
         return header
 
-    def _receive_rows(self, header: Header, message: Message) -> list[Any]:
+    def _receive_rows(self, header: Header, message: _Message) -> list[Any]:
         """This process's leaves of the step: pickled ones first, then tensors (from process 0's
         ring on its host, else through the process group)."""
         _, specs, rings = header

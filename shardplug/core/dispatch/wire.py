@@ -90,7 +90,7 @@ Header = tuple[Any, list[tuple[Any, Any]], tuple[tuple[int, str, int, int], ...]
 shared-memory ring of every process on process 0's host: (process, path, slots, slot bytes))."""
 
 
-class Step(NamedTuple):
+class _Step(NamedTuple):
     """Process 0: one step read and cut, ready to send."""
 
     own: Any  # process 0's part, as handed out
@@ -100,7 +100,7 @@ class Step(NamedTuple):
     slot: int  # the ring slot the step's rows take (processes of process 0's host)
 
 
-class Message(NamedTuple):
+class _Message(NamedTuple):
     """The message before a step, as received."""
 
     kind: int
@@ -129,13 +129,13 @@ def announce(
     """Process 0: broadcast the message of the coming step (its work when ``async_op``)."""
     control[0], control[1], control[2], control[3], control[4] = kind, pass_number, rows, int(last), slot
     work = dist.broadcast(control, src=0, group=group, async_op=async_op)
-    return work if async_op else Done()
+    return work if async_op else _Done()
 
 
-def receive_message(control: torch.Tensor, group: Any) -> Message:
+def receive_message(control: torch.Tensor, group: Any) -> _Message:
     """The other processes: the next message process 0 broadcast."""
     dist.broadcast(control, src=0, group=group)
-    return Message(*control.tolist())
+    return _Message(*control.tolist())
 
 
 def error_text(exc: BaseException) -> str:
@@ -187,7 +187,7 @@ def transportable(leaf: Any, device: torch.device) -> Any:
     return leaf.contiguous().to(device)
 
 
-class Done:
+class _Done:
     """A finished collective."""
 
     def wait(self) -> bool:

@@ -1,6 +1,6 @@
 """One pass over a prepared loader: what torch's ``_BaseDataLoaderIter`` is to a ``DataLoader``.
 
-``iter(loader)`` makes a :class:`LoaderPass`; the pass begins at the first ``next()``: it advances
+``iter(loader)`` makes a :class:`_LoaderPass`; the pass begins at the first ``next()``: it advances
 the epoch when the previous pass was complete, agrees shuffle seeds and RNG states with process 0,
 lets the loader's resume state place it (a loaded position, ``skip_first_batches``), and then
 hands out the loader's batches, knowing the last one (by counting where the plan's length is
@@ -28,14 +28,14 @@ from typing import TYPE_CHECKING, Any, cast
 
 import torch
 
-from shardplug.core.loader.transfer import DeviceTransfer
-from shardplug.core.sharding.shard_plan import PassRecord, plan_traits
+from shardplug.core.loader.transfer import _DeviceTransfer
+from shardplug.core.sharding.shard_plan import _PassRecord, plan_traits
 from shardplug.core.shuffle.agreement import synchronize
 
 if TYPE_CHECKING:
     from shardplug.core.loader.prepared import PreparedDataLoader
 
-__all__ = ["LoaderPass", "LengthMismatchWarning", "weak_reference", "WeakLoader"]
+__all__ = ["_LoaderPass", "LengthMismatchWarning", "weak_reference", "_WeakLoader"]
 
 
 def _no_loader() -> None:
@@ -47,7 +47,7 @@ def weak_reference(obj: Any) -> Callable[[], Any]:
     return weakref.ref(obj) if obj is not None else _no_loader
 
 
-class WeakLoader:
+class _WeakLoader:
     """Holds its ``loader`` weakly (in ``_loader``): the loader keeps this object, so a strong reference
     back would make a cycle that only the garbage collector frees.  A copy or a pickle carries the
     loader itself (a weak reference does not travel)."""
@@ -82,7 +82,7 @@ class LengthMismatchWarning(UserWarning):
     ``DataLoader`` warns for an iterable dataset whose ``len()`` is wrong)."""
 
 
-class LoaderPass(WeakLoader):
+class _LoaderPass(_WeakLoader):
     """One pass (one iteration) of the prepared loader ``loader`` (see the module docstring).
 
     ``batches_yielded`` counts this process's batches of the epoch, including those before a
@@ -120,7 +120,7 @@ class LoaderPass(WeakLoader):
         self.resumed = 0
         self.consumed_at_start = 0
         self.total: int | None = None
-        self.record = PassRecord()
+        self.record = _PassRecord()
         self.batch_indices: list[int] | None = None
         self.batch_real: int | None = None
         self.generator_state: torch.Tensor | None = None  # the shuffle generator's state at the pass start
@@ -159,7 +159,7 @@ class LoaderPass(WeakLoader):
         synchronize(shuffles.seedable, loader.rng_types, loader.synchronized_generator)
         plan = loader.plan
         plan.begin_pass()
-        self.record = PassRecord(track=loader.padding_tracker is not None)
+        self.record = _PassRecord(track=loader.padding_tracker is not None)
         generator = shuffles.generator
         if generator is not None:
             self.generator_state = generator.get_state()
@@ -194,14 +194,14 @@ class LoaderPass(WeakLoader):
         """The pass's batches as handed out: the last one from the source (it marks it), from the exact
         length, else by reading one ahead."""
         loader = self.loader
-        transfer = DeviceTransfer.to(loader.device, loader.non_blocking)
+        transfer = _DeviceTransfer.to(loader.device, loader.non_blocking)
         if loader.source_marks_last:
             return self._deliver_marked(batches, transfer)
         if self.total is not None:
             return self._deliver_counted(batches, transfer)
         return self._deliver_lookahead(batches, transfer)
 
-    def _hand_out(self, batch: Any, count: int, last: bool, transfer: DeviceTransfer | None) -> Any:
+    def _hand_out(self, batch: Any, count: int, last: bool, transfer: _DeviceTransfer | None) -> Any:
         self.batches_yielded = count
         if last:
             self.end_of_dataloader = self.complete = True
@@ -214,7 +214,7 @@ class LoaderPass(WeakLoader):
             state.batch_ready(loader, last)
         return transfer(batch) if transfer is not None else batch
 
-    def _deliver_counted(self, batches: Iterator[Any], transfer: DeviceTransfer | None) -> Iterator[Any]:
+    def _deliver_counted(self, batches: Iterator[Any], transfer: _DeviceTransfer | None) -> Iterator[Any]:
         count, total = self.batches_yielded, self.total
         loader = self.loader
         if loader.gradient_state is None and transfer is None and loader.padding_tracker is None:
@@ -230,7 +230,7 @@ class LoaderPass(WeakLoader):
             count += 1
             yield self._hand_out(batch, count, count >= total, transfer)  # type: ignore[operator]
 
-    def _deliver_lookahead(self, batches: Iterator[Any], transfer: DeviceTransfer | None) -> Iterator[Any]:
+    def _deliver_lookahead(self, batches: Iterator[Any], transfer: _DeviceTransfer | None) -> Iterator[Any]:
         iterator = iter(batches)
         loader = self.loader
         inner = loader.resume.inner if loader.use_stateful_dataloader else None
@@ -251,7 +251,7 @@ class LoaderPass(WeakLoader):
             count += 1
             yield self._hand_out(batch, count, False, transfer)
 
-    def _deliver_marked(self, steps: Iterator[tuple[Any, bool]], transfer: DeviceTransfer | None) -> Iterator[Any]:
+    def _deliver_marked(self, steps: Iterator[tuple[Any, bool]], transfer: _DeviceTransfer | None) -> Iterator[Any]:
         """``(batch, last)`` pairs from a source that knows where the pass ends (a dispatcher: process 0's
         end, on every process)."""
         count = self.batches_yielded

@@ -1,7 +1,7 @@
 """Padding tracking: which samples each batch a loader hands out holds, and how many are real.
 
 A prepared loader with :meth:`~shardplug.core.loader.prepared.PreparedDataLoader.track_padding` has a
-:class:`PaddingTracker`: for every batch handed out it asks the plan for the batch's record
+:class:`_PaddingTracker`: for every batch handed out it asks the plan for the batch's record
 (indices or stream positions, real count), records it in the loader's audit when there is one
 (:class:`~shardplug.core.padding.audit.SampleAudit`) and, with ``drop_padding_rows()``, cuts the padding
 rows off the batch.
@@ -14,10 +14,10 @@ from typing import Any
 from shardplug.core.loader.rows import batch_rows, flatten, slice_rows
 from shardplug.core.padding.audit import SampleAudit
 
-__all__ = ["PaddingTracker", "leading_rows"]
+__all__ = ["_PaddingTracker", "leading_rows"]
 
 
-class PaddingTracker:
+class _PaddingTracker:
     """What one loader does with the record of each batch it hands out (see the module docstring).
 
     ``dropping``: hand out the real rows only; ``audit``: the samples consumed, per epoch.
@@ -30,7 +30,7 @@ class PaddingTracker:
         self.audit: SampleAudit | None = None
 
     def hand_out(self, batch: Any, current: Any, plan: Any, epoch: int) -> Any:
-        """Record the batch ``current`` (a pass, see :class:`~shardplug.core.loader.passes.LoaderPass`)
+        """Record the batch ``current`` (a pass, see :class:`~shardplug.core.loader.passes._LoaderPass`)
         hands out as its ``batches_yielded``-th: its indices and real count go on the pass, into the
         audit, and the padding rows off the batch when dropping."""
         indices, real = plan.batch_record(current.record, current.batches_yielded - current.resumed - 1)

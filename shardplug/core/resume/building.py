@@ -12,16 +12,16 @@ from typing import TYPE_CHECKING
 
 from shardplug.core.resume.position import Position
 from shardplug.core.sharding.shard_plan import plan_traits
-from shardplug.core.shuffle.agreement import Shuffles
+from shardplug.core.shuffle.agreement import _Shuffles
 
 if TYPE_CHECKING:
-    from shardplug.core.loader.passes import LoaderPass
+    from shardplug.core.loader.passes import _LoaderPass
     from shardplug.core.loader.prepared import PreparedDataLoader
 
 __all__ = ["pass_position"]
 
 
-def pass_position(loader: PreparedDataLoader, current: LoaderPass, shuffles: Shuffles) -> Position:
+def pass_position(loader: PreparedDataLoader, current: _LoaderPass, shuffles: _Shuffles) -> Position:
     """Where ``current`` (the last pass of ``loader``) stands, in the loader's own layout."""
     plan = loader.plan
     layout = plan.layout

@@ -1,8 +1,8 @@
 """Where a pass that begins starts: after a loaded position, then after a ``skip_first_batches`` skip.
 
-:class:`PassPlacement` sets the pass's counters (``consumed_at_start``: how much of the epoch, in the
+:class:`_PassPlacement` sets the pass's counters (``consumed_at_start``: how much of the epoch, in the
 plan's unit, was consumed before it; ``resumed``: this process's batches of the epoch before it) and
-tells the plan where its batches start (:meth:`~shardplug.core.sharding.shard_plan.ShardPlan.start_after`);
+tells the plan where its batches start (:meth:`~shardplug.core.sharding.shard_plan._ShardPlan.start_after`);
 what the plan cannot skip the loader reads and drops (the count it returns).
 """
 
@@ -11,29 +11,29 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from shardplug.core.resume.position import Position
-from shardplug.core.resume.stateful import InnerState
-from shardplug.core.sharding.shard_plan import ShardPlan
+from shardplug.core.resume.stateful import _InnerState
+from shardplug.core.sharding.shard_plan import _ShardPlan
 
 if TYPE_CHECKING:
-    from shardplug.core.loader.passes import LoaderPass
+    from shardplug.core.loader.passes import _LoaderPass
 
-__all__ = ["PassPlacement"]
+__all__ = ["_PassPlacement"]
 
 
-class PassPlacement:
+class _PassPlacement:
     """How a pass of a loader with ``plan`` is placed: ``inner`` is its ``StatefulDataLoader``'s state,
     ``reads_through``: a skip is read through that ``StatefulDataLoader`` (its state then counts the
     batches), ``workers_split_stream``: only whole batches tell where each DataLoader worker is."""
 
     __slots__ = ("plan", "inner", "reads_through", "workers_split_stream")
 
-    def __init__(self, plan: ShardPlan, inner: InnerState, reads_through: bool, workers_split_stream: bool) -> None:
+    def __init__(self, plan: _ShardPlan, inner: _InnerState, reads_through: bool, workers_split_stream: bool) -> None:
         self.plan = plan
         self.inner = inner
         self.reads_through = reads_through
         self.workers_split_stream = workers_split_stream
 
-    def place(self, current: LoaderPass, position: Position | None, ended: bool, skip: int) -> int:
+    def place(self, current: _LoaderPass, position: Position | None, ended: bool, skip: int) -> int:
         """Position the pass ``current`` (which begins) after ``position`` and ``skip`` batches more
         (``ended``: the rest of an epoch whose end was loaded, an empty pass); return how many batches
         it reads and drops first."""
@@ -58,7 +58,7 @@ class PassPlacement:
         self.inner.repositions = False  # a loaded state of the StatefulDataLoader's own repositions this pass only
         return discard
 
-    def _start_after(self, position: Position, current: LoaderPass) -> int:
+    def _start_after(self, position: Position, current: _LoaderPass) -> int:
         """Position the pass ``current`` after what ``position`` consumed; return batches to read and drop."""
         plan = self.plan
         layout = plan.layout

@@ -1,19 +1,19 @@
 """A prepared loader's resume state: where its last pass stands, where its next pass starts.
 
 One :class:`ResumeState` per loader (``loader.resume``) keeps the loader's last pass (a
-:class:`~shardplug.core.loader.passes.LoaderPass`, which counts its batches), a loaded position not
-iterated yet with the ``skip_first_batches`` start (:class:`~shardplug.core.resume.pending.PendingStart`)
-and the ``StatefulDataLoader``'s own state (:class:`~shardplug.core.resume.stateful.InnerState`).  It
+:class:`~shardplug.core.loader.passes._LoaderPass`, which counts its batches), a loaded position not
+iterated yet with the ``skip_first_batches`` start (:class:`~shardplug.core.resume.pending._PendingStart`)
+and the ``StatefulDataLoader``'s own state (:class:`~shardplug.core.resume.stateful._InnerState`).  It
 builds the loader's :class:`~shardplug.core.resume.position.Position` from the last pass
 (:func:`~shardplug.core.resume.building.pass_position`), validates a position before anything changes
-(:class:`~shardplug.core.resume.checks.PositionCheck`), loads it (the next pass then starts after it),
-places each pass as it begins (:class:`~shardplug.core.resume.placing.PassPlacement`, by the plan's
-:meth:`~shardplug.core.sharding.shard_plan.ShardPlan.start_after`), and answers ``state_dict()`` /
+(:class:`~shardplug.core.resume.checks._PositionCheck`), loads it (the next pass then starts after it),
+places each pass as it begins (:class:`~shardplug.core.resume.placing._PassPlacement`, by the plan's
+:meth:`~shardplug.core.sharding.shard_plan._ShardPlan.start_after`), and answers ``state_dict()`` /
 ``load_state_dict()`` and the lengths that depend on where a pass starts
-(:class:`~shardplug.core.resume.lengths.PassLengths`).
+(:class:`~shardplug.core.resume.lengths._PassLengths`).
 
 What differs between kinds of sharding is the plan's: its unit, what it saves beyond the counters
-(:meth:`~shardplug.core.sharding.shard_plan.ShardPlan.saved_state`) and its capabilities
+(:meth:`~shardplug.core.sharding.shard_plan._ShardPlan.saved_state`) and its capabilities
 (:func:`~shardplug.core.sharding.shard_plan.plan_traits`).
 
 Example::
@@ -32,16 +32,16 @@ import copy
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, cast
 
-from shardplug.core.loader.passes import LoaderPass, WeakLoader, weak_reference
+from shardplug.core.loader.passes import _LoaderPass, _WeakLoader, weak_reference
 from shardplug.core.resume.building import pass_position
-from shardplug.core.resume.checks import PositionCheck
-from shardplug.core.resume.lengths import PassLengths
-from shardplug.core.resume.pending import PendingStart
-from shardplug.core.resume.placing import PassPlacement
+from shardplug.core.resume.checks import _PositionCheck
+from shardplug.core.resume.lengths import _PassLengths
+from shardplug.core.resume.pending import _PendingStart
+from shardplug.core.resume.placing import _PassPlacement
 from shardplug.core.resume.position import Position
-from shardplug.core.resume.stateful import POSITION_KEY, InnerState
-from shardplug.core.sharding.shard_plan import PlanTraits, ShardPlan, plan_traits
-from shardplug.core.shuffle.agreement import Shuffles
+from shardplug.core.resume.stateful import POSITION_KEY, _InnerState
+from shardplug.core.sharding.shard_plan import _PlanTraits, _ShardPlan, plan_traits
+from shardplug.core.shuffle.agreement import _Shuffles
 
 if TYPE_CHECKING:
     from shardplug.core.loader.prepared import PreparedDataLoader
@@ -49,7 +49,7 @@ if TYPE_CHECKING:
 __all__ = ["ResumeState"]
 
 
-class ResumeState(WeakLoader):
+class ResumeState(_WeakLoader):
     """The resume state of one prepared loader (``loader``, held weakly; see the module docstring).
 
     ``last_pass``: the last pass begun (a new one, not begun, after ``set_epoch``); ``pending``: where
@@ -59,9 +59,9 @@ class ResumeState(WeakLoader):
 
     def __init__(self, loader: PreparedDataLoader, skip: int = 0) -> None:
         self._loader = weak_reference(loader)  # weakly: the loader keeps its state (no reference cycle)
-        self.last_pass = LoaderPass(loader)
-        self.pending = PendingStart(skip)
-        self.inner = InnerState()
+        self.last_pass = _LoaderPass(loader)
+        self.pending = _PendingStart(skip)
+        self.inner = _InnerState()
         self.skipped_from: PreparedDataLoader | None = None
 
     def __getstate__(self) -> dict[str, Any]:
@@ -70,17 +70,17 @@ class ResumeState(WeakLoader):
         return state
 
     @property
-    def plan(self) -> ShardPlan:
+    def plan(self) -> _ShardPlan:
         return self.loader.plan
 
     @property
-    def traits(self) -> PlanTraits:
+    def traits(self) -> _PlanTraits:
         return plan_traits(self.loader.plan)
 
-    def shuffles(self) -> Shuffles:
+    def shuffles(self) -> _Shuffles:
         """The shuffles whose seeds and generator state a position records."""
         loader = self.loader
-        return Shuffles(loader.plan.sampler, getattr(loader, "sampler", None))
+        return _Shuffles(loader.plan.sampler, getattr(loader, "sampler", None))
 
     def copy_for(self, loader: PreparedDataLoader, skip: int) -> ResumeState:
         """The same place, kept for ``loader`` (a ``skip_first_batches`` copy whose next pass starts
@@ -97,16 +97,16 @@ class ResumeState(WeakLoader):
 
     # -- epochs and passes ------------------------------------------------------------------
     def enter_epoch(self, epoch: int) -> None:
-        """The loader is set to ``epoch`` (:meth:`PendingStart.enter_epoch` decides first what becomes
+        """The loader is set to ``epoch`` (:meth:`_PendingStart.enter_epoch` decides first what becomes
         of a loaded position): the pass in progress is not the epoch's end, and outside a pass nothing
         of the last pass is this epoch's."""
         self.pending.enter_epoch(epoch)
         if self.last_pass.open:
             self.last_pass.complete = False  # the next pass is this epoch
         else:
-            self.last_pass = LoaderPass(self.loader)
+            self.last_pass = _LoaderPass(self.loader)
 
-    def adopt(self, current: LoaderPass) -> None:
+    def adopt(self, current: _LoaderPass) -> None:
         """``current`` has begun: it is the loader's last pass, and the loaders it was skipped from follow
         it (its epoch, its position)."""
         self.last_pass = current
@@ -118,18 +118,18 @@ class ResumeState(WeakLoader):
             state.pending.forget()
             origin = state.skipped_from
 
-    def start(self, current: LoaderPass) -> int:
+    def start(self, current: _LoaderPass) -> int:
         """Position the pass ``current`` (which begins) after the loaded position and the pending skip
-        (:class:`~shardplug.core.resume.placing.PassPlacement`); return how many batches it reads and
+        (:class:`~shardplug.core.resume.placing._PassPlacement`); return how many batches it reads and
         drops first."""
         reads_through = self.loader.use_stateful_dataloader and self.inner_state_resumes()
-        placement = PassPlacement(self.plan, self.inner, reads_through, self.check().workers_split_stream)
+        placement = _PassPlacement(self.plan, self.inner, reads_through, self.check().workers_split_stream)
         return placement.place(current, *self.pending.take())
 
     # -- lengths ----------------------------------------------------------------------------
-    def lengths(self) -> PassLengths:
+    def lengths(self) -> _PassLengths:
         loader = self.loader
-        return PassLengths(loader.plan, lambda: cast("int", loader.inner_loader().__len__()), loader.dataset)
+        return _PassLengths(loader.plan, lambda: cast("int", loader.inner_loader().__len__()), loader.dataset)
 
     def length(self) -> int:
         """Batches the pass yields: the pass in progress while one is open, else the next one."""
@@ -190,9 +190,9 @@ class ResumeState(WeakLoader):
         """Where the last pass stands, in this loader's own layout (a loaded position aside)."""
         return pass_position(self.loader, self.last_pass, self.shuffles())
 
-    def check(self) -> PositionCheck:
+    def check(self) -> _PositionCheck:
         """The refusals of a position for this loader."""
-        return PositionCheck(self.plan, self.loader.num_workers, self.inner_state_resumes())
+        return _PositionCheck(self.plan, self.loader.num_workers, self.inner_state_resumes())
 
     def check_loadable(self, position: Position, stateful: bool) -> None:
         """Everything that refuses ``position`` for this loader, before anything changes."""
@@ -278,7 +278,7 @@ class ResumeState(WeakLoader):
           index, and the state of a stream without one only counts batches (torchdata 0.11 counts them
           twice after a resume, so a second resume would skip batches);
         * a plan whose batches are read ahead of those handed out
-          (:class:`~shardplug.core.sharding.shard_plan.ReadsAhead`: a natively sharded stream agrees its
+          (:class:`~shardplug.core.sharding.shard_plan._ReadsAhead`: a natively sharded stream agrees its
           step counts a few batches ahead, a dispatcher's process 0 reads a step ahead): the inner state
           is past the place.
         """

@@ -1,15 +1,15 @@
-"""The kinds of sharding: what the planner recognised (:class:`ShardingKind`), and what a kind's module
-hands back (:class:`Shard`).
+"""The kinds of sharding: what the planner recognised (:class:`_ShardingKind`), and what a kind's module
+hands back (:class:`_Shard`).
 
 :func:`~shardplug.core.sharding.planner.prepare_data_loader` recognises the kind once
 (:func:`~shardplug.core.sharding.planner.kind_of`; for a stream in one look,
 :func:`~shardplug.core.sharding.stream_traits.stream_kind`) and calls that kind's module once, whose
-``shard()`` returns a :class:`Shard`: all the planner needs to build the loader.
+``shard()`` returns a :class:`_Shard`: all the planner needs to build the loader.
 
 Example::
 
-    >>> ShardingKind(NATIVE, splits_by_worker=True)
-    ShardingKind(name='native', split=None, splits_by_worker=True, hf=False, library=None, reads=None)
+    >>> _ShardingKind(NATIVE, splits_by_worker=True)
+    _ShardingKind(name='native', split=None, splits_by_worker=True, hf=False, library=None, reads=None)
 """
 
 from __future__ import annotations
@@ -19,10 +19,10 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 if TYPE_CHECKING:
     import torch
 
-    from shardplug.core.sharding.shard_plan import ShardPlan
-    from shardplug.core.sharding.stream_traits import NodeSplit
+    from shardplug.core.sharding.shard_plan import _ShardPlan
+    from shardplug.core.sharding.stream_traits import _NodeSplit
 
-__all__ = ["KINDS", "MAP_STYLE", "DISPATCH", "LOCAL", "PRESPLIT", "NATIVE", "READ_ALL", "ShardingKind", "Shard"]
+__all__ = ["KINDS", "MAP_STYLE", "DISPATCH", "LOCAL", "PRESPLIT", "NATIVE", "READ_ALL", "_ShardingKind", "_Shard"]
 
 MAP_STYLE = "map_style"
 """Map-style data: every process draws one order, and takes its batches (:mod:`~shardplug.core.sharding.map_style`)."""
@@ -39,7 +39,7 @@ READ_ALL = "read_all"
 KINDS = (MAP_STYLE, DISPATCH, LOCAL, PRESPLIT, NATIVE, READ_ALL)
 
 
-class ShardingKind(NamedTuple):
+class _ShardingKind(NamedTuple):
     """The kind of sharding a loader gets (``name``, one of :data:`KINDS`), and what its module needs of
     the stream, read once where the kind was recognised: how it is already split by node (``split``),
     whether it splits itself across DataLoader workers, is a Hugging Face stream (``hf``), and which
@@ -47,21 +47,21 @@ class ShardingKind(NamedTuple):
     process 0 reads the data by, for every process (:data:`MAP_STYLE`, or :data:`LOCAL` for a stream)."""
 
     name: str
-    split: NodeSplit | None = None
+    split: _NodeSplit | None = None
     splits_by_worker: bool = False
     hf: bool = False
     library: str | None = None
     reads: str | None = None
 
 
-class Shard(NamedTuple):
+class _Shard(NamedTuple):
     """What a kind's module hands the planner: the dataset the rebuilt DataLoader reads, its plan, its
     keywords (batch size, ``drop_last``, or the (batch) sampler), the generator to synchronise from
     process 0 at each pass (``None``: none), and what the processes compare when the loader is
     prepared (``None``: nothing; see ``agree_at_prepare``)."""
 
     dataset: Any
-    plan: ShardPlan
+    plan: _ShardPlan
     loader_kwargs: dict[str, Any]
     synchronized_generator: torch.Generator | None = None
     prepare_check: tuple[int | None, int | None] | None = None

@@ -3,7 +3,7 @@
 Two things live here and nowhere else (the private ``GradScaler`` details they read are reached
 through :mod:`shardplug.core._internal.compat`, which lists them):
 
-* :class:`StepCounter`: how many updates an optimizer really made, counted by a public step
+* :class:`_StepCounter`: how many updates an optimizer really made, counted by a public step
   post-hook. A step the scaler skips for inf/NaN gradients is not counted, also for fused and
   ``_step_supports_amp_scaling`` optimizers, which the scaler calls and which then skip inside
   their kernel. Every front end (plain PyTorch, Lightning, Fabric, Ignite) asks
@@ -36,7 +36,7 @@ from torch.optim import Optimizer
 from shardplug.core._internal import compat
 
 __all__ = [
-    "StepCounter",
+    "_StepCounter",
     "step_counter",
     "scaler_enabled",
     "check_scaler",
@@ -46,7 +46,7 @@ __all__ = [
     "move_record",
     "forget_step",
     "close_failed_step",
-    "StepAttempt",
+    "_StepAttempt",
 ]
 
 logger = logging.getLogger(__name__)
@@ -147,7 +147,7 @@ def close_failed_step(scaler: Any, optimizer: Any, stepped: bool) -> None:
 
 
 # -- real steps --------------------------------------------------------------------------------
-class StepCounter:
+class _StepCounter:
     """The updates one optimizer really made: its ``step`` completed and was not skipped.
 
     Counted by a step post-hook (``Optimizer.register_step_post_hook``), so it sees every call,
@@ -194,20 +194,20 @@ class StepCounter:
         return f"{type(self).__name__}(taken={self.taken}, calls={self.calls})"
 
 
-_COUNTERS: weakref.WeakKeyDictionary[Optimizer, StepCounter] = weakref.WeakKeyDictionary()
+_COUNTERS: weakref.WeakKeyDictionary[Optimizer, _StepCounter] = weakref.WeakKeyDictionary()
 
 
-def step_counter(optimizer: Optimizer) -> StepCounter:
-    """The :class:`StepCounter` of ``optimizer`` (created, and its hook registered, on first use)."""
+def step_counter(optimizer: Optimizer) -> _StepCounter:
+    """The :class:`_StepCounter` of ``optimizer`` (created, and its hook registered, on first use)."""
     if not isinstance(optimizer, Optimizer):
         raise TypeError(f"optimizer={optimizer!r} is not a torch.optim.Optimizer")
     counter = _COUNTERS.get(optimizer)
     if counter is None:
-        counter = _COUNTERS[optimizer] = StepCounter(optimizer)
+        counter = _COUNTERS[optimizer] = _StepCounter(optimizer)
     return counter
 
 
-class StepAttempt:
+class _StepAttempt:
     """One attempt to step an optimizer (``scaler.step``, a framework's precision plugin, a plain
     ``step``): counts what happened and closes the scaler's iteration if the attempt raises.
 
@@ -219,7 +219,7 @@ class StepAttempt:
         >>> import torch
         >>> param = torch.nn.Parameter(torch.ones(1)); param.grad = torch.ones(1)
         >>> opt = torch.optim.SGD([param], lr=0.1)
-        >>> with StepAttempt(opt, scaler=None) as attempt:
+        >>> with _StepAttempt(opt, scaler=None) as attempt:
         ...     opt.step()
         >>> attempt.skipped
         False
@@ -231,7 +231,7 @@ class StepAttempt:
         self._counter = step_counter(optimizer)
         self._taken_before, self._calls_before = self._counter.taken, self._counter.calls
 
-    def __enter__(self) -> StepAttempt:
+    def __enter__(self) -> _StepAttempt:
         self._taken_before, self._calls_before = self._counter.taken, self._counter.calls
         return self
 
