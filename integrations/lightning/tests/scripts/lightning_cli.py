@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import multiprocessing
 from pathlib import Path
 from typing import Any
 
@@ -67,7 +68,16 @@ class DataModule(pl.LightningDataModule):
 
     def train_dataloader(self) -> DataLoader:
         data = list(range(self.size))
-        return DataLoader(data, batch_size=self.batch_size, shuffle=self.shuffle, num_workers=self.num_workers)
+        # workers from a fork server: forking them from a rank whose threads run (Lightning's process
+        # observer, gloo's) can hang the child in CPython's fork (python/cpython#112275)
+        context = multiprocessing.get_context("forkserver") if self.num_workers else None
+        return DataLoader(
+            data,
+            batch_size=self.batch_size,
+            shuffle=self.shuffle,
+            num_workers=self.num_workers,
+            multiprocessing_context=context,
+        )
 
 
 def main() -> None:
