@@ -1,7 +1,7 @@
 """Streams as users run them (docs/streams.md): Hugging Face ``datasets`` and webdataset built from local
 files, on 2 real gloo processes, with DataLoader workers: every element once per epoch, equal step
 counts, streams that cannot run on several processes as they are refused with the fix (streams
-already split by node: tests/test_presplit_streams.py)."""
+already split by node: tests/streams/test_presplit_streams.py)."""
 
 from __future__ import annotations
 
