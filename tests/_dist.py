@@ -22,7 +22,7 @@ from typing import Any
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-_PRELOAD = ["torch", "torch.distributed", "datasets", "webdataset", "shardplug"]
+_PRELOAD = ["torch", "torch.distributed", "_hf_datasets", "webdataset", "shardplug"]  # _hf_datasets: datasets, quick
 
 
 def fork_server() -> Any:
@@ -31,6 +31,19 @@ def fork_server() -> Any:
     importing them again (the gloo ranks of :func:`run_gloo`, DataLoader workers in a rank)."""
     ctx = mp.get_context("forkserver")
     ctx.set_forkserver_preload(_PRELOAD)
+    from multiprocessing import forkserver
+
+    # the server imports the tests' own modules (_hf_datasets) by PYTHONPATH: Python 3.11's fork server
+    # does not take the caller's sys.path; only the server's start sees the variable
+    before = os.environ.get("PYTHONPATH")
+    os.environ["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).resolve().parent), *([before] if before else [])])
+    try:
+        forkserver.ensure_running()
+    finally:
+        if before is None:
+            del os.environ["PYTHONPATH"]
+        else:
+            os.environ["PYTHONPATH"] = before
     return ctx
 
 
