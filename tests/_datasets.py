@@ -2,8 +2,58 @@
 
 from __future__ import annotations
 
+from collections import namedtuple
+
 import torch
-from torch.utils.data import IterableDataset
+from torch.utils.data import Dataset, IterableDataset
+
+Pair = namedtuple("Pair", ["a", "b"])
+
+
+class Records(Dataset):
+    """Nested samples: a dict holding a tensor, a list of tensors and a namedtuple."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int):
+        return {
+            "x": torch.tensor([i, i]),
+            "parts": [torch.tensor(i), torch.tensor(-i)],
+            "pair": Pair(torch.tensor(i), torch.tensor(2 * i)),
+        }
+
+
+class Line(Dataset):
+    """``samples`` pairs ``(x, 2x + 1)`` for a linear model (the fault tests train on it)."""
+
+    samples = 47
+
+    def __len__(self) -> int:
+        return self.samples
+
+    def __getitem__(self, i: int):
+        return torch.tensor([float(i)]), torch.tensor([2.0 * i + 1.0])
+
+
+class Counting(Dataset):
+    """A map-style dataset that records which indices were loaded, and its epochs."""
+
+    def __init__(self, n: int) -> None:
+        self.n, self.loaded, self.epochs = n, [], []
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> int:
+        self.loaded.append(i)
+        return i
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epochs.append(epoch)
 
 
 class Stream(IterableDataset):

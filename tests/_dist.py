@@ -22,25 +22,39 @@ from typing import Any
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-_FORKSERVER: Any = None
+_PRELOAD = ["torch", "torch.distributed", "_hf_datasets", "webdataset", "shardplug"]  # _hf_datasets: datasets, quick
+
+
+def fork_server() -> Any:
+    """The multiprocessing context of a fork server with torch, datasets, webdataset and shardplug
+    imported: every process it starts is a fresh fork of that server, without the seconds of
+    importing them again (the gloo ranks of :func:`run_gloo`, DataLoader workers in a rank)."""
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(_PRELOAD)
+    from multiprocessing import forkserver
+
+    # the server imports the tests' own modules (_hf_datasets) by PYTHONPATH: Python 3.11's fork server
+    # does not take the caller's sys.path; only the server's start sees the variable
+    before = os.environ.get("PYTHONPATH")
+    os.environ["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).resolve().parent), *([before] if before else [])])
+    try:
+        forkserver.ensure_running()
+    finally:
+        if before is None:
+            del os.environ["PYTHONPATH"]
+        else:
+            os.environ["PYTHONPATH"] = before
+    return ctx
 
 
 def worker_context(workers: int) -> Any:
     """The multiprocessing context for ``workers`` DataLoader workers in a gloo rank (None for none):
-    a fork server with torch, datasets, webdataset and shardplug imported.  Forking the rank itself
-    can deadlock a worker: on CPython without the fix of python/cpython#112275 (3.11.7 here; seen
-    with gdb, the child waits in ``_PyThreadState_DeleteExcept``) a forked child waits forever for
-    the thread-state lock when another thread held it at the fork, and gloo's and pyarrow's threads
-    run there.  Spawned workers would re-import torch and datasets for every pass."""
-    global _FORKSERVER
-    if not workers:
-        return None
-    if _FORKSERVER is None:
-        import multiprocessing
-
-        _FORKSERVER = multiprocessing.get_context("forkserver")
-        _FORKSERVER.set_forkserver_preload(["torch", "datasets", "webdataset", "shardplug"])
-    return _FORKSERVER
+    the :func:`fork_server`.  Forking the rank itself can deadlock a worker: on CPython without the
+    fix of python/cpython#112275 (3.11.7 here; seen with gdb, the child waits in
+    ``_PyThreadState_DeleteExcept``) a forked child waits forever for the thread-state lock when
+    another thread held it at the fork, and gloo's and pyarrow's threads run there.  Spawned workers
+    would re-import torch and datasets for every pass."""
+    return fork_server() if workers else None
 
 
 def free_port() -> int:
@@ -62,7 +76,13 @@ def _dump_stacks_on_signal(path: Path) -> None:
     faulthandler.register(signal.SIGUSR1, file=stream, all_threads=True)
 
 
-def _entry(rank: int, world_size: int, port: int, out_dir: str, fn: Callable[..., Any], args: tuple) -> None:
+def _entry(
+    rank: int, world_size: int, port: int, out_dir: str, env: dict[str, str], fn: Callable[..., Any], args: tuple
+) -> None:
+    # the environment of the test that started the rank, as a spawned process would inherit it (the
+    # fork server's is the one of the moment it started)
+    os.environ.clear()
+    os.environ.update(env)
     # a rank and every DataLoader worker it forks write where they are when run_gloo finds them hung
     _dump_stacks_on_signal(Path(out_dir, f"rank{rank}.stacks"))
     os.register_at_fork(
@@ -90,18 +110,22 @@ def _entry(rank: int, world_size: int, port: int, out_dir: str, fn: Callable[...
 def run_gloo(
     fn: Callable[..., Any], *args: Any, world_size: int = 2, timeout: float = 60.0, allow_deaths: bool = False
 ) -> list[Any]:
-    """Run ``fn(rank, world_size, *args)`` on ``world_size`` spawned gloo processes.
+    """Run ``fn(rank, world_size, *args)`` on ``world_size`` new gloo processes: fresh forks of
+    the :func:`fork_server`, each with the environment, ``sys.path`` and working directory of the
+    caller as a spawned process would have them.
 
     Returns what each rank returned, by rank. Raises ``AssertionError`` with the traceback of any
     rank that failed, and ``TimeoutError`` (after killing them) when ranks outlive ``timeout``.
     With ``allow_deaths``, a rank that died without a result (killed) gives ``None`` instead.
     """
-    ctx = mp.get_context("spawn")
+    ctx = fork_server()
     with tempfile.TemporaryDirectory() as out_dir:
         port = free_port()
-        procs = [ctx.Process(target=_entry, args=(r, world_size, port, out_dir, fn, args)) for r in range(world_size)]
-        for p in procs:
-            p.start()
+        env = dict(os.environ)
+        procs = [
+            ctx.Process(target=_entry, args=(r, world_size, port, out_dir, env, fn, args)) for r in range(world_size)
+        ]
+        _start(procs)
         deadline = time.monotonic() + timeout
         for p in procs:
             p.join(max(0.0, deadline - time.monotonic()))
@@ -127,6 +151,12 @@ def run_gloo(
         if errors:
             raise AssertionError("\n".join(errors))
     return results
+
+
+def _start(procs: list[Any]) -> None:
+    """Start the ranks of :func:`run_gloo` (the fast tier of the suite skips the test here: conftest.py)."""
+    for p in procs:
+        p.start()
 
 
 def run_torchrun(script: Path, *args: str, nproc: int = 2, timeout: float = 90.0) -> subprocess.CompletedProcess[str]:

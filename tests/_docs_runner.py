@@ -7,7 +7,7 @@
 and runs ``script`` as ``__main__`` (fresh globals, ``sys.argv = [script]``), as ``python script``
 would; its exit status is 0, the ``SystemExit`` code, 1 after an uncaught exception (traceback on
 stderr), or -SIGALRM after ``timeout`` seconds. ``RESULTS.json`` maps each name to its status. Used by
-``tests/test_docs_examples.py``; forking saves each program the seconds of importing torch,
+``tests/docs/test_docs_examples.py``; forking saves each program the seconds of importing torch,
 Lightning and Ignite.
 """
 

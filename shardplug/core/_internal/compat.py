@@ -3,7 +3,7 @@
 No public API does what these names do (reset a ``DataLoader``'s persistent workers, read a
 ``GradScaler``'s record of an iteration, run an optimizer's step hooks around a wrapped step, ...).
 The rest of the core reaches them only through the functions below, so a library release that
-drops or renames one breaks one module, and ``tests/test_compat.py`` says which name.
+drops or renames one breaks one module, and ``tests/api/test_compat.py`` says which name.
 
 * :data:`PRIVATES`: each name (dotted from its library's root), with what it is used for;
 * :data:`CHECKED_AGAINST`: the library versions the list was checked against.
@@ -119,7 +119,7 @@ PRIVATES: dict[str, str] = {
     "streaming.StreamingDataset._parallel_rank_world": "the ranks the stream splits itself over (its rank and "
     "num_ranks, replication applied): a stream split by rank is this process's part",
 }
-"""Every private name above, with its use (``tests/test_compat.py`` fails when a library drops one)."""
+"""Every private name above, with its use (``tests/api/test_compat.py`` fails when a library drops one)."""
 
 
 def library_of(name: str) -> str:

@@ -5,7 +5,7 @@ Recognised by duck typing (the package never imports ``datasets`` or ``webdatase
 the one place that uses their private attributes, reached through :mod:`shardplug.core._internal.compat`
 (``datasets.IterableDataset._distributed``, ``._ex_iterable``, its chain's ``BufferShuffledExamplesIterable``
 and ``generator``s; webdataset's ``pipeline`` stages by name), each checked by
-``tests/test_streams.py::test_the_stream_attributes_shardplug_reads_still_exist``:
+``tests/streams/test_streams.py::test_the_stream_attributes_shardplug_reads_still_exist``:
 
 * Hugging Face ``datasets.IterableDataset``: splits its shards across DataLoader workers by
   itself; ``split_dataset_by_node`` records the node split in ``_distributed``; ``shuffle()``

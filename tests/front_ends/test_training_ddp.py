@@ -253,7 +253,7 @@ def test_ddp_accumulation_equals_large_batch_steps_and_skips_all_reduce():
 def test_example_runs_under_torchrun():
     from pathlib import Path
 
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     done = run_torchrun(root / "examples" / "train_accumulation.py", "--epochs", "2")
     assert done.returncode == 0, done.stderr[-3000:]
     lines = [line for line in done.stderr.splitlines() if line.startswith("epoch ")]

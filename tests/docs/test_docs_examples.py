@@ -35,7 +35,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 PAGES = sorted((ROOT / "docs").glob("*.md")) + [
     ROOT / "README.md",
     ROOT / "integrations" / "lightning" / "README.md",
@@ -227,7 +227,7 @@ def run_forked(examples: list[Example], workers: int) -> dict[str, subprocess.Co
         done = subprocess.run(
             [
                 sys.executable,
-                str(Path(__file__).with_name("_docs_runner.py")),
+                str(ROOT / "tests" / "_docs_runner.py"),
                 str(spec),
                 str(Path(root) / "results.json"),
             ],

@@ -9,6 +9,7 @@ import pickle
 import pytest
 import torch
 from _combinations import Case, Resume, build, check, check_distributed
+from _datasets import Records
 from _dist import run_gloo
 from torch.utils.data import DataLoader, Dataset
 
@@ -186,3 +187,61 @@ def test_skip_first_batches_on_a_dispatcher_of_two_processes_shares_the_protocol
         assert out["original"] == whole[rank]
         assert out["early"] == whole[rank][2:3]
         assert out["after_early"] == whole[rank]
+
+
+def _record_ids(batch):
+    return batch["x"][:, 0].tolist()
+
+
+def _dispatch_resume(rank: int, world: int) -> dict:
+    """For each (split_batches, drop_last): dispatch for 2 steps, save the position, and finish the
+    epoch from it in a new loader; record len() before and after."""
+    out: dict = {}
+    for split in (False, True):
+        for drop_last in (False, True):
+
+            def make():
+                return shardplug.prepare_data_loader(
+                    DataLoader(Records(23), batch_size=6 if split else 2, shuffle=True, drop_last=drop_last),  # noqa: B023 (called within this iteration)
+                    put_on_device=True,
+                    dispatch_batches=True,
+                    split_batches=split,  # noqa: B023 (called within this iteration)
+                    data_seed=3,
+                )
+
+            loader = make()
+            first = []
+            for step, batch in enumerate(loader):
+                first.append(_record_ids(batch))
+                if step == 1:
+                    break
+            position = loader.state_dict()
+            resumed = make()
+            resumed.load_state_dict(position)
+            length_after_load = len(resumed)
+            rest = [_record_ids(b) for b in resumed]
+            reference = make()
+            out[split, drop_last] = {
+                "first": first,
+                "position": position,
+                "rest": rest,
+                "full": [_record_ids(b) for b in reference],
+                "len": len(reference),
+                "len_after_load": length_after_load,
+            }
+    return out
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_dispatch_resume_continues_the_uninterrupted_run(world):
+    results = run_gloo(_dispatch_resume, world_size=world, timeout=120)
+    for res in results:
+        for (split, _drop_last), got in res.items():
+            per_step = 1 if split else world
+            assert got["position"]["consumed"] == 2 * per_step, (
+                "a dispatched step consumes N global batches (1 when splitting)"
+            )
+            assert got["first"] + got["rest"] == got["full"]
+            assert got["len"] == len(got["full"]), "len() equals the steps dispatched"
+            assert got["len_after_load"] == len(got["rest"]), "len() after load_state_dict equals the resumed pass"
+        assert all(r[key]["full"] != [] for r in results for key in r)

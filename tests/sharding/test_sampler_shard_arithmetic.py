@@ -100,7 +100,9 @@ def test_the_benchmark_figure_runs_at_a_tiny_size():
     import os
     import sys
 
-    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks", "run.py")
+    path = os.path.join(
+        os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "benchmarks", "run.py"
+    )
     spec = importlib.util.spec_from_file_location("_bench_run", path)
     bench = importlib.util.module_from_spec(spec)
     sys.modules["_bench_run"] = bench  # dataclasses look their module up

@@ -13,6 +13,7 @@ from _combinations import Case, Resume, build, check, run_after, run_before, ver
 from _dist import run_gloo
 
 pytest.importorskip("datasets")
+pytest.importorskip("_hf_datasets")  # without datasets' pause of 5 s after each shuffled pass
 pytest.importorskip("webdataset")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")

@@ -1,7 +1,7 @@
 """Streams as users run them (docs/streams.md): Hugging Face ``datasets`` and webdataset built from local
 files, on 2 real gloo processes, with DataLoader workers: every element once per epoch, equal step
 counts, streams that cannot run on several processes as they are refused with the fix (streams
-already split by node: tests/test_presplit_streams.py)."""
+already split by node: tests/streams/test_presplit_streams.py)."""
 
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ from torch.utils.data import DataLoader
 from shardplug import prepare_data_loader
 
 datasets = pytest.importorskip("datasets")
+pytest.importorskip("_hf_datasets")  # without datasets' pause of 5 s after each shuffled pass
 wds = pytest.importorskip("webdataset")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")

@@ -27,6 +27,7 @@ from torch.utils.data import DataLoader
 from shardplug import prepare_data_loader
 
 datasets = pytest.importorskip("datasets")
+pytest.importorskip("_hf_datasets")  # without datasets' pause of 5 s after each shuffled pass
 wds = pytest.importorskip("webdataset")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")

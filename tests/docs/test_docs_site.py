@@ -19,7 +19,7 @@ from types import ModuleType
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("shardplug", "shardplug_lightning", "shardplug_ignite")
 
 

@@ -18,7 +18,7 @@ pytest.importorskip("lightning")
 pytest.importorskip("shardplug_lightning")
 pytest.importorskip("shardplug_ignite")
 
-SCRIPT = Path(__file__).parent / "scripts" / "amp_front_ends.py"
+SCRIPT = Path(__file__).parents[1] / "scripts" / "amp_front_ends.py"
 FRONT_ENDS = ("plain", "ignite", "lightning", "fabric")
 
 

@@ -7,11 +7,13 @@ import signal
 import time
 
 import torch
+from _datasets import Line
 from _dist import run_gloo
-from test_faults import BATCH, Line
 from torch.utils.data import DataLoader
 
 from shardplug import prepare_data_loader
+
+BATCH = 4  # as the fault tests of a resumed training run (tests/resume/test_faults.py)
 
 
 def _dispatch_until_one_dies(rank: int, world: int, victim: int, dataset: object) -> dict:

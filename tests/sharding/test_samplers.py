@@ -184,7 +184,7 @@ class EvenRandomSampler(RandomSampler):
 def test_a_random_sampler_of_the_users_own_is_sharded_as_it_is(workers):
     """Only torch's own RandomSampler is replaced by shardplug's shuffle: a subclass keeps its order
     and its set_epoch, and so does a plain RandomSampler given a set_epoch (Lightning's tests do that).
-    Across processes (2 here, with data_seed; agreed from process 0 in tests/test_multiprocess.py)
+    Across processes (2 here, with data_seed; agreed from process 0 in tests/sharding/test_multiprocess.py)
     its indices are shared out, each once."""
     sampler = EvenRandomSampler(range(10))
     user = DataLoader(range(10), batch_size=2, sampler=sampler, num_workers=workers)

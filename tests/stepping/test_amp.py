@@ -1,4 +1,5 @@
-"""Mixed-precision stepping: the real-step counter, exception safety (the GradScaler privates: test_compat.py)."""
+"""Mixed-precision stepping: the real-step counter, exception safety (the GradScaler privates:
+tests/api/test_compat.py)."""
 
 from __future__ import annotations
 

@@ -32,7 +32,7 @@ def _assert_disjoint_and_complete(shards: list[list[list[int]]], n: int) -> None
 
 
 def test_under_torchrun_without_a_group_only_orders_that_need_no_agreement_are_prepared(tmp_path):
-    script = Path(__file__).parent / "scripts" / "no_process_group.py"
+    script = Path(__file__).parents[1] / "scripts" / "no_process_group.py"
     done = run_torchrun(script, str(tmp_path))
     results = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
     for rank, result in enumerate(results):  # refused on both processes, each naming itself and the fixes

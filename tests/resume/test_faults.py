@@ -14,21 +14,14 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
+from _datasets import Line
 from _dist import run_gloo
 from torch.nn.parallel import DistributedDataParallel
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader
 
 from shardplug import prepare_data_loader
 
-SAMPLES, BATCH, KILL_AFTER = 47, 4, 3
-
-
-class Line(Dataset):
-    def __len__(self) -> int:
-        return SAMPLES
-
-    def __getitem__(self, i: int):
-        return torch.tensor([float(i)]), torch.tensor([2.0 * i + 1.0])
+SAMPLES, BATCH, KILL_AFTER = Line.samples, 4, 3
 
 
 def _train(rank: int, world: int, ckpt: str, resume: bool) -> dict:

@@ -180,7 +180,8 @@ def test_audit_state_round_trips_with_weights_only(tmp_path):
 def test_stateful_stream_split_by_its_workers_refuses_to_resize():
     from _combinations import WorkerSplitStream
 
-    # map-style data and streams split by shardplug resize with a StatefulDataLoader too (tests/test_combinations.py)
+    # map-style data and streams split by shardplug resize with a StatefulDataLoader too
+    # (tests/resume/test_combinations.py)
     def make(world, rank):
         dataset = WorkerSplitStream(21)
         loader = DataLoader(dataset, batch_size=2, num_workers=2, multiprocessing_context="fork")

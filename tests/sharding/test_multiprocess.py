@@ -1,37 +1,17 @@
-"""Real gloo process groups (2 and 3 processes): shuffles, dispatch, iterable data with workers."""
+"""Real gloo process groups (2 and 3 processes): shuffles, dispatch, iterable data with workers (one spawn
+per number of processes runs every scenario; a dispatching loader resumed: tests/resume/test_dispatch_resume.py)."""
 
 from __future__ import annotations
 
-from collections import namedtuple
-
 import pytest
 import torch
-from _datasets import NO_LEN, Stream, Unsized, rows
+from _datasets import NO_LEN, Pair, Records, Stream, Unsized, rows
 from _dist import run_gloo, worker_context
 from test_samplers import EvenRandomSampler
 from torch.utils.data import DataLoader, Dataset
 
 import shardplug
 from shardplug.core.shuffle.seedable import BijectiveRandomSampler, SeedableRandomSampler
-
-Pair = namedtuple("Pair", ["a", "b"])
-
-
-class Records(Dataset):
-    """Nested samples: a dict holding a tensor, a list of tensors and a namedtuple."""
-
-    def __init__(self, n: int) -> None:
-        self.n = n
-
-    def __len__(self) -> int:
-        return self.n
-
-    def __getitem__(self, i: int):
-        return {
-            "x": torch.tensor([i, i]),
-            "parts": [torch.tensor(i), torch.tensor(-i)],
-            "pair": Pair(torch.tensor(i), torch.tensor(2 * i)),
-        }
 
 
 class Named(Dataset):
@@ -203,7 +183,7 @@ def test_user_generators_seeded_per_rank_are_synchronised(runs, shuffle):
 def test_a_random_sampler_subclass_is_shared_out_as_it_yields(runs):
     """A RandomSampler subclass is the user's: the processes share out its own order (one order on
     every process, though they were seeded differently), each index it yields once, and its
-    set_epoch gets each pass's epoch (with DataLoader workers: tests/test_samplers.py)."""
+    set_epoch gets each pass's epoch (with DataLoader workers: tests/sharding/test_samplers.py)."""
     world, results = runs
     evens = list(range(0, 40, 2))
     orders = []
@@ -303,57 +283,3 @@ def test_gather_for_metrics_counts_each_sample_once(runs):
     steps = results[0]["gathered"]
     assert all(r["gathered"] == steps for r in results), "every process gets the same gathered rows"
     assert sorted(x for step in steps for x in step) == list(range(11))
-
-
-def _dispatch_resume(rank: int, world: int) -> dict:
-    """For each (split_batches, drop_last): dispatch for 2 steps, save the position, and finish the
-    epoch from it in a new loader; record len() before and after."""
-    out: dict = {}
-    for split in (False, True):
-        for drop_last in (False, True):
-
-            def make():
-                return shardplug.prepare_data_loader(
-                    DataLoader(Records(23), batch_size=6 if split else 2, shuffle=True, drop_last=drop_last),  # noqa: B023 (called within this iteration)
-                    put_on_device=True,
-                    dispatch_batches=True,
-                    split_batches=split,  # noqa: B023 (called within this iteration)
-                    data_seed=3,
-                )
-
-            loader = make()
-            first = []
-            for step, batch in enumerate(loader):
-                first.append(_ids(batch))
-                if step == 1:
-                    break
-            position = loader.state_dict()
-            resumed = make()
-            resumed.load_state_dict(position)
-            length_after_load = len(resumed)
-            rest = [_ids(b) for b in resumed]
-            reference = make()
-            out[split, drop_last] = {
-                "first": first,
-                "position": position,
-                "rest": rest,
-                "full": [_ids(b) for b in reference],
-                "len": len(reference),
-                "len_after_load": length_after_load,
-            }
-    return out
-
-
-@pytest.mark.parametrize("world", [2, 3])
-def test_dispatch_resume_continues_the_uninterrupted_run(world):
-    results = run_gloo(_dispatch_resume, world_size=world, timeout=120)
-    for res in results:
-        for (split, _drop_last), got in res.items():
-            per_step = 1 if split else world
-            assert got["position"]["consumed"] == 2 * per_step, (
-                "a dispatched step consumes N global batches (1 when splitting)"
-            )
-            assert got["first"] + got["rest"] == got["full"]
-            assert got["len"] == len(got["full"]), "len() equals the steps dispatched"
-            assert got["len_after_load"] == len(got["rest"]), "len() after load_state_dict equals the resumed pass"
-        assert all(r[key]["full"] != [] for r in results for key in r)
