@@ -22,7 +22,7 @@ import shardplug
 from shardplug.explain import ExplainOptions, explain, render_text
 from shardplug.explain.cli import main
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 HAVE_MATPLOTLIB = importlib.util.find_spec("matplotlib") is not None
 
 
