@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from shardplug.core.sharding.shard_plan import _ShardPlan
     from shardplug.core.sharding.stream_traits import _NodeSplit
 
-__all__ = ["KINDS", "MAP_STYLE", "DISPATCH", "LOCAL", "PRESPLIT", "NATIVE", "READ_ALL", "_ShardingKind", "_Shard"]
+__all__ = ["MAP_STYLE", "DISPATCH", "LOCAL", "PRESPLIT", "NATIVE", "READ_ALL", "_ShardingKind", "_Shard"]
 
 MAP_STYLE = "map_style"
 """Map-style data: every process draws one order, and takes its batches (:mod:`~shardplug.core.sharding.map_style`)."""
@@ -36,11 +36,10 @@ NATIVE = "native"
 """A stream that shards itself into one part per process (:mod:`~shardplug.core.sharding.native`)."""
 READ_ALL = "read_all"
 """A stream every process reads whole, keeping its slices (:mod:`~shardplug.core.sharding.read_all`)."""
-KINDS = (MAP_STYLE, DISPATCH, LOCAL, PRESPLIT, NATIVE, READ_ALL)
 
 
 class _ShardingKind(NamedTuple):
-    """The kind of sharding a loader gets (``name``, one of :data:`KINDS`), and what its module needs of
+    """The kind of sharding a loader gets (``name``, one of the names above), and what its module needs of
     the stream, read once where the kind was recognised: how it is already split by node (``split``),
     whether it splits itself across DataLoader workers, is a Hugging Face stream (``hf``), and which
     streaming library's ``StreamingDataset`` it is (``library``).  For dispatch, ``reads``: the kind

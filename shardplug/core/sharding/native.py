@@ -1,6 +1,6 @@
 """A stream that shards itself (``n_shards``, ``shard(num_shards, index)``): this process's part, and its plan.
 
-The whole path of this kind of sharding: :func:`process_part` / :class:`_ProcessPart` (which shards this
+The whole path of this kind of sharding: :func:`_part` / :class:`_ProcessPart` (which shards this
 process reads), :func:`shard` (the planner's entry: the part, its plan and the DataLoader's batch size) and
 :class:`_NativeStreamPlan` (equal step counts from the parts' lengths, or from an agreement on when the
 first part runs out; ``len()``; where a pass resumes).
@@ -27,7 +27,7 @@ Example (5 shards of 2 elements over 2 processes, the last shard's rows shared):
     ...         return Shards(self.shards[index::num_shards])
     ...     def __iter__(self):
     ...         return (10 * s + k for s in self.shards for k in range(2))
-    >>> [list(process_part(Shards(range(5)), 2, i)) for i in range(2)]
+    >>> [list(_part(Shards(range(5)), 2, i, worker_split=False)) for i in range(2)]
     [[0, 1, 20, 21, 40], [10, 11, 30, 31, 41]]
 """
 
@@ -48,9 +48,8 @@ from shardplug.core.sharding.counting import loader_length, worker_batches
 from shardplug.core.sharding.kinds import _Shard, _ShardingKind
 from shardplug.core.sharding.layout import _ShardLayout
 from shardplug.core.sharding.shard_plan import _PassRecord, _PlanDefaults, check_consumed, sized_length
-from shardplug.core.sharding.stream_traits import is_hf_iterable, shards_natively, splits_by_worker
 
-__all__ = ["_NativeStreamPlan", "process_part", "_ProcessPart", "shard", "hf_concatenate"]
+__all__ = ["_NativeStreamPlan", "_ProcessPart", "shard", "hf_concatenate"]
 
 
 logger = logging.getLogger(__name__)
@@ -235,17 +234,6 @@ class _NativeStreamPlan(_PlanDefaults):
 
 
 _END = object()
-
-
-def process_part(dataset: Any, num_processes: int, process_index: int) -> Any | None:
-    """Process ``process_index``'s part of a stream that shards itself, or ``None`` when it has
-    fewer shards than processes (then every process reads it), or shards that do not divide and
-    that split themselves across workers without being a Hugging Face stream (their parts cannot
-    be joined with the worker split kept: see :func:`~shardplug.core.sharding.stream_traits.shards_natively`)."""
-    worker_split = splits_by_worker(dataset)
-    if not shards_natively(dataset, num_processes, worker_split, is_hf_iterable(dataset)):
-        return None
-    return _part(dataset, num_processes, process_index, worker_split)
 
 
 def _part(dataset: Any, num_processes: int, process_index: int, worker_split: bool) -> Any:

@@ -111,7 +111,7 @@ def stream_kind(
 
 def shards_natively(dataset: Any, num_processes: int, splits_by_worker: bool, hf: bool) -> bool:
     """Whether a stream gives each of ``num_processes`` processes a part of its own (see
-    :func:`~shardplug.core.sharding.native.process_part`): it shards itself into at least as many shards,
+    :func:`~shardplug.core.sharding.native._part`): it shards itself into at least as many shards,
     and shards that do not divide can be joined keeping its own split across workers (a Hugging Face
     stream's can) or shardplug splits them."""
     if not can_shard(dataset) or dataset.n_shards // num_processes == 0:
