@@ -319,7 +319,7 @@ class ShardplugStrategyMixin(ShardplugOptions):
             [cast(int, loader.epoch_length)]
             + [int(x) for x in getattr(combined, "limits", None) or [] if x != float("inf")]
         )
-        resumed = _batches_done(loader, trainer.current_epoch, limit, progress.current.ready)
+        resumed = _batches_done(loader, trainer.current_epoch, limit, progress.current.ready, progress.is_last_batch)
         if resumed is None:
             return  # Lightning starts its epoch from the beginning: nothing to align
         compat.set_epoch_length(trainer, fit_loop, limit)
@@ -348,20 +348,32 @@ class ShardplugStrategyMixin(ShardplugOptions):
                 loader.epoch = epoch
 
 
-def _batches_done(loader: PreparedDataLoader, epoch: int, limit: int, counted: int) -> int | None:
+def _batches_done(loader: PreparedDataLoader, epoch: int, limit: int, counted: int, last_counted: bool) -> int | None:
     """The batches of Lightning's running ``epoch`` done, on the loader's layout, where the loader and
-    Lightning (which ``counted`` batches of it done) describe the same place in it: the loader resumes
-    inside that epoch (its ``resume.resumed_batches``), or it stands at the next epoch's start while Lightning
-    still counts batches of this one (a checkpoint saved after the epoch's last batch, e.g. in its
-    validation: all ``limit`` batches are done). ``None``: Lightning starts its epoch from the beginning
-    (its current counters, if any, are the previous epoch's, which Lightning resets itself).
+    Lightning (which ``counted`` batches done, the last of its epoch if ``last_counted``) describe the
+    same place in it. Three places:
 
-    Example: 4 batches an epoch, saved while epoch 1 validated, resumed: ``_batches_done(loader, 1, 4, 4)``
-    is 4 (the loader stands at epoch 2's start); a pass from epoch 1's start gives ``None``.
+    * the loader resumes inside ``epoch``: its ``resume.resumed_batches``;
+    * the loader stands at the next epoch's start while Lightning still counts batches of this one (a
+      checkpoint saved after the epoch's last batch, e.g. in its validation): all ``limit`` batches;
+    * the loader stands at the start of ``epoch`` while Lightning's counters still hold the previous
+      epoch's last batch (a checkpoint of ``on_train_batch_end`` at an epoch's last batch: Lightning has
+      moved to the next epoch and resets its counters only when they reach the epoch's length, which it
+      compares on this layout): the previous epoch was done whole, ``limit`` batches of it, so that
+      Lightning starts ``epoch`` at its first batch also where an epoch is longer per process than in
+      the checkpoint's layout.
+
+    ``None``: Lightning starts its epoch from the beginning by itself (its counters, if any, are the
+    previous epoch's, which Lightning resets itself).
+
+    Example: 4 batches an epoch, saved while epoch 1 validated, resumed: ``_batches_done(loader, 1, 4, 4, True)``
+    is 4 (the loader stands at epoch 2's start); a pass from epoch 1's start with nothing counted gives ``None``.
     """
     if loader.epoch == epoch and loader.resume.resumed_inside_epoch:
         return loader.resume.resumed_batches
     if loader.epoch == epoch + 1 and not loader.resume.resumed_inside_epoch and counted:
+        return limit
+    if loader.epoch == epoch and not loader.resume.resumed_inside_epoch and counted and last_counted:
         return limit
     return None
 

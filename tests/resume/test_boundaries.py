@@ -1,0 +1,136 @@
+"""Positions saved at an epoch's boundaries resume exactly in every front end, on the same, fewer and more processes.
+
+One matrix (``tests/_boundaries.py`` holds the oracle and its points): a run of 2 epochs is saved after
+the first, a middle and the last optimizer step of epoch 0, inside an accumulation cycle, at the
+epoch's end and after its epoch-end validation, killed with SIGKILL at the first step of epoch 1,
+and each saved position is resumed on another number of processes (2 -> 1, 3 -> 2, 3 -> 1, 1 -> 2,
+2 -> 3, and the same) to the end of epoch 1: every sample once per epoch (padding marked), the
+documented number of batches and optimizer / scheduler steps. Each front end saves its own way:
+Lightning by ``ModelCheckpoint`` and ``Trainer.fit(ckpt_path=...)``, Fabric by ``fabric.save`` /
+``fabric.load``, Ignite by ``Checkpoint`` and ``Checkpoint.load_objects``, plain PyTorch by
+``torch.save`` of ``state_dict()``. Real gloo processes: each scenario program launches its own.
+
+The setups split the options between them (accumulation, ``drop_last``, workers, a seeded and an
+agreed shuffle, a validation loop), each with the layouts that meet it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from _boundaries import Setup, check_resumed, rows_until
+
+SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
+
+LIGHTNING: dict[str, tuple[Setup, tuple[tuple[int, tuple[int, ...]], ...]]] = {
+    # setup id: (setup, ((resumed on M, from (N, ...)), ...))
+    "seeded": (Setup(n=37), ((1, (2, 3)), (2, (3, 2)), (3, (2,)))),
+    "agreed-accumulate3-droplast-workers2-validation": (
+        Setup(n=64, accumulation=3, drop_last=True, workers=2, shuffle="agreed", validation=True),
+        ((2, (1, 3)), (1, (3,))),
+    ),
+}
+
+
+def _run(script: str, out: Path, *args: str, expect_killed: bool = False) -> None:
+    """Run ``scripts/<script> OUT ARGS...`` (it launches its own processes) in a session of its own; fail with
+    its output. What it leaves running (DataLoader workers and fork servers of a killed run) is killed after."""
+    env = dict(os.environ, PYTHONWARNINGS="ignore", OMP_NUM_THREADS="1")
+    for key in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "NODE_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(key, None)
+    log = out / "output.log"
+    with open(log, "w") as output:
+        proc = subprocess.Popen(
+            [sys.executable, str(SCRIPTS / script), str(out), *args],
+            cwd=out,
+            env=env,
+            stdout=output,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        try:
+            code = proc.wait(timeout=240)
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+    wanted = -signal.SIGKILL if expect_killed else 0
+    assert code == wanted, f"{script} {args[:1]}: exit {code}, wanted {wanted}:\n{log.read_text()[-8000:]}"
+
+
+def _first_rows(folder: Path, processes: int) -> list[list[Any]]:
+    import json
+
+    return [
+        [json.loads(line) for line in (folder / f"first_rank{r}.jsonl").read_text().splitlines()]
+        for r in range(processes)
+    ]
+
+
+@pytest.fixture(scope="module")
+def lightning_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """Every Lightning setup's first runs (killed) and resumed runs, by setup id."""
+    pytest.importorskip("shardplug_lightning")
+    import json
+
+    runs: dict[str, Any] = {}
+    for name, (setup, layouts) in LIGHTNING.items():
+        root = tmp_path_factory.mktemp(f"lightning-{name}")
+        firsts = sorted({n for _, sources in layouts for n in sources})
+        first: dict[int, list[list[Any]]] = {}
+        for n in firsts:
+            (root / f"first{n}").mkdir()
+            _run("boundaries_lightning.py", root / f"first{n}", str(n), setup.to_json(), "first", expect_killed=True)
+            first[n] = _first_rows(root / f"first{n}", n)
+        resumed: dict[int, list[Any]] = {}
+        for m, sources in layouts:
+            out = root / f"resumed{m}"
+            out.mkdir()
+            ckpts = [f"{root / f'first{n}' / 'ckpt'}:{n}" for n in sources]
+            _run("boundaries_lightning.py", out, str(m), setup.to_json(), "resume", *ckpts)
+            resumed[m] = [json.loads((out / f"resume_rank{r}.json").read_text()) for r in range(m)]
+        runs[name] = {"first": first, "resumed": resumed}
+    return runs
+
+
+def _lightning_cases() -> list[Any]:
+    cases = []
+    for name, (setup, layouts) in LIGHTNING.items():
+        for m, sources in layouts:
+            for n in sources:
+                for point in setup.saved_points():
+                    cases.append(pytest.param(name, n, m, point, id=f"{name}-{n}to{m}-{point}"))
+    return cases
+
+
+@pytest.mark.parametrize("name, before, after, point", _lightning_cases())
+def test_lightning_resumes_a_checkpoint_of_every_boundary_exactly(
+    lightning_runs: dict[str, Any], name: str, before: int, after: int, point: str
+) -> None:
+    setup = LIGHTNING[name][0]
+    first = lightning_runs[name]["first"][before]
+    ranks = lightning_runs[name]["resumed"][after]
+    run = [rank["resumed"][f"{before}:{point}"] for rank in ranks]
+    fresh = [rank["fresh"] for rank in ranks]
+    check_resumed(
+        setup,
+        point,
+        [rows_until(rows, point, setup, before) for rows in first],
+        [r["rows"] for r in run],
+        [tuple(r["counters"]) for r in run],
+        fresh=[f["rows"] for f in fresh],
+        factor=_factor(fresh[0]),
+    )
+
+
+def _factor(fresh: dict[str, Any]) -> int:
+    """Scheduler steps per optimizer step in an uninterrupted run."""
+    steps, scheduled = fresh["counters"]
+    assert steps and scheduled % steps == 0, fresh["counters"]
+    return scheduled // steps
