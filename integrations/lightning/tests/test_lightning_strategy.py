@@ -298,53 +298,6 @@ def test_a_hugging_face_stream_trains_exactly_once_per_epoch_with_equal_steps(ru
         assert len(seen) - total == BATCH, "the only repeat: one padding step (the shorter part's first batch)"
 
 
-# -- resuming with another number of devices -------------------------------------------------------
-ELASTIC_N, ELASTIC_BATCH, ELASTIC_STOP = 36, 2, 4  # mid-epoch on 2 and on 3 devices
-
-
-@pytest.fixture(scope="module")
-def elastic(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    """Checkpoints after 4 steps on 2 and on 3 devices; resumed on 3 (from 2) and on 2 (from 3, and from 2)."""
-    root = tmp_path_factory.mktemp("elastic")
-    out: dict[str, Any] = {}
-    for devices in (2, 3):
-        first = root / f"first{devices}"
-        first.mkdir()
-        _run_elastic(first, devices, "first")
-        out[f"first{devices}"] = [json.loads((first / f"first_rank{r}.json").read_text()) for r in range(devices)]
-    for devices, sources in ((3, ["first2"]), (2, ["first3", "first2"])):
-        resumed = root / f"resumed{devices}"
-        resumed.mkdir()
-        _run_elastic(resumed, devices, "resume", *[str(root / s / "ckpt") for s in sources])
-        out[f"resumed{devices}"] = [json.loads((resumed / f"resume_rank{r}.json").read_text()) for r in range(devices)]
-    return out
-
-
-def _run_elastic(out: Path, devices: int, *args: str) -> None:
-    _run_script("lightning_elastic.py", out, str(devices), *args)
-
-
-@pytest.mark.parametrize("before, after, index", [(2, 3, 0), (3, 2, 0), (2, 2, 1)], ids=["2to3", "3to2", "2to2"])
-def test_fit_resumes_mid_epoch_with_another_number_of_devices(
-    elastic: dict[str, Any], before: int, after: int, index: int
-):
-    first = elastic[f"first{before}"]
-    runs = elastic[f"resumed{after}"]
-    done = [i for rank in first for epoch, _, real, _, _ in rank["rows"] if epoch == 0 for i in real]
-    assert len(done) == ELASTIC_STOP * ELASTIC_BATCH * before
-    rest = [i for rank in runs for epoch, _, real, _, _ in rank["resumed"][index]["rows"] if epoch == 0 for i in real]
-    assert sorted(done + rest) == list(range(ELASTIC_N))  # the rest of the epoch exactly once (padding marked)
-    per_epoch = -(-ELASTIC_N // (ELASTIC_BATCH * after))
-    for rank in runs:
-        rows = rank["resumed"][index]["rows"]
-        epoch0 = [row for row in rows if row[0] == 0]
-        # Lightning's batch_idx continues on the new layout and the epoch ends on time
-        assert [row[1] for row in epoch0] == list(range(per_epoch - len(epoch0), per_epoch))
-        assert [row[:4] for row in rows if row[0] == 1] == [row[:4] for row in rank["fresh"] if row[0] == 1]
-        assert [row[4] for row in rows] == list(range(ELASTIC_STOP, ELASTIC_STOP + len(rows)))  # global_step
-        assert rank["resumed"][index]["global_step"] == ELASTIC_STOP + len(rows)
-
-
 # -- FSDP and model parallelism --------------------------------------------------------------------
 def test_model_parallel_shards_over_the_data_parallel_dimension_only(tmp_path: Path) -> None:
     _run("lightning_model_parallel.py", tmp_path)
