@@ -6,13 +6,13 @@ from shardplug.core.dispatch.dispatch_plan import DispatchError
 from shardplug.core.dispatch.dispatcher import DataLoaderDispatcher
 from shardplug.core.loader.passes import LengthMismatchWarning
 from shardplug.core.loader.prepared import DataLoaderShard, PreparedDataLoader
+from shardplug.core.loader.resume_state import ResumeState
 from shardplug.core.loader.transfer import send_to_device
 from shardplug.core.padding.audit import AuditReport, SampleAudit
 from shardplug.core.padding.metrics import drop_padding, gather_for_metrics
+from shardplug.core.planner import prepare_data_loader, skip_first_batches
 from shardplug.core.resume.position import Position
-from shardplug.core.resume.state import ResumeState
 from shardplug.core.sharding.map_style import BatchSamplerShard
-from shardplug.core.sharding.planner import prepare_data_loader, skip_first_batches
 from shardplug.core.sharding.read_all import IterableDatasetShard
 from shardplug.core.shuffle.rng import synchronize_rng_states
 from shardplug.core.shuffle.seedable import BijectiveRandomSampler, SeedableRandomSampler

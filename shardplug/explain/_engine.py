@@ -22,10 +22,10 @@ from torch.utils.data import DataLoader, Dataset
 
 import shardplug
 from shardplug.core._internal.arguments import is_int
+from shardplug.core._internal.rows import slice_rows
 from shardplug.core.dispatch.dispatch_plan import _DispatchPlan
 from shardplug.core.dispatch.sender import _StepReader
 from shardplug.core.dispatch.transport import _Wire
-from shardplug.core.loader.rows import slice_rows
 from shardplug.core.sharding.map_style import _BatchSamplerPlan
 from shardplug.core.sharding.shard_plan import _PassRecord
 

@@ -134,7 +134,7 @@ def test_one_layout_is_handed_down_to_the_shard_and_the_loader():
 
 
 def test_prepare_reads_exactly_the_data_options_of_the_config():
-    from shardplug.core.sharding import planner as prepare
+    from shardplug.core import planner as prepare
 
     assert prepare._DataOptions._fields == DATA_OPTIONS
     assert set(DATA_OPTIONS) == set(ShardplugConfig().data_loader_kwargs())

@@ -14,8 +14,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from shardplug import DispatchError
+from shardplug.core._internal.rows import slice_rows
 from shardplug.core.dispatch.dispatch_plan import _CutStep, _DispatchPlan
-from shardplug.core.loader.rows import slice_rows
 from shardplug.core.sharding.layout import _ShardLayout
 
 

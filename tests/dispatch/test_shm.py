@@ -11,8 +11,8 @@ import pytest
 import torch
 from torch.utils.data import default_collate
 
+from shardplug.core._internal.rows import flatten
 from shardplug.core.dispatch.shm import _CollateIntoRing, _RingReader, _SharedRing
-from shardplug.core.loader.rows import flatten
 
 Pair = namedtuple("Pair", "left right")
 

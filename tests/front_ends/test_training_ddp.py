@@ -142,7 +142,7 @@ def test_prepare_scheduler_follows_its_own_optimizer():
 
 
 def test_prepared_loader_drives_the_cycle_in_one_process():
-    pytest.importorskip("shardplug.core.sharding.planner")
+    pytest.importorskip("shardplug.core.planner")
     run = single_run(2)
     loader = run.prepare_data_loader(DataLoader(torch.arange(10.0), batch_size=2))
     assert loader.gradient_state is run.gradient_state

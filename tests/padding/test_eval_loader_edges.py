@@ -1,4 +1,4 @@
-"""The evaluation-loader rule (``shardplug.core.padding.evaluation``) on tiny sets, processes simulated.
+"""The evaluation-loader rule (``shardplug.core.evaluation``) on tiny sets, processes simulated.
 
 Every process gets the same number of batches (also with ``even_batches=False`` in the training
 config, a set smaller than one global batch, or more processes than batches), and the real rows
@@ -12,7 +12,7 @@ from torch.utils.data import DataLoader
 
 from shardplug import drop_padding
 from shardplug.core.config import ShardplugConfig
-from shardplug.core.padding.evaluation import prepare_eval_loader
+from shardplug.core.evaluation import prepare_eval_loader
 from shardplug.core.stepping.training import TrainingRun
 
 

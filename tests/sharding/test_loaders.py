@@ -345,7 +345,7 @@ def test_a_natively_sharded_stream_refuses_to_resize():
 
 
 def test_a_stream_that_splits_itself_by_worker_and_whose_shards_do_not_divide_warns_that_every_process_reads_it(caplog):
-    with caplog.at_level("WARNING", logger="shardplug.core.sharding.planner"):
+    with caplog.at_level("WARNING", logger="shardplug.core.planner"):
         prepare_data_loader(DataLoader(Files(range(3)), batch_size=2), num_processes=2, process_index=0)
     assert any(
         "n_shards=3" in r.getMessage() and "every process reads the whole stream" in r.getMessage()

@@ -1,4 +1,4 @@
-"""The one walker over nested batches (shardplug.core.loader.rows) and the modules that walk with it."""
+"""The one walker over nested batches (shardplug.core._internal.rows) and the modules that walk with it."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from collections import OrderedDict, defaultdict, namedtuple
 
 import torch
 
-from shardplug.core.loader.rows import first_leaf, iter_leaves, map_leaves
+from shardplug.core._internal.rows import first_leaf, iter_leaves, map_leaves
 from shardplug.core.loader.transfer import send_to_device
 from shardplug.core.padding.metrics import drop_padding
 from shardplug.core.sharding.native import _detached, _rows

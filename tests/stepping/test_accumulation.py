@@ -206,7 +206,7 @@ def test_pickle_round_trip_keeps_counters_not_passes():
 
 
 def test_through_a_real_prepared_loader():
-    prepare = pytest.importorskip("shardplug.core.sharding.planner")
+    prepare = pytest.importorskip("shardplug.core.planner")
     state = GradientState(num_steps=2)
     loader = prepare.prepare_data_loader(DataLoader(torch.arange(10), batch_size=2), num_processes=1, process_index=0)
     loader.gradient_state = state

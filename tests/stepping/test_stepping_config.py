@@ -78,7 +78,7 @@ def test_rng_types_become_a_fresh_tuple():
 
 
 def test_data_loader_kwargs_are_prepare_data_loader_arguments():
-    prepare = pytest.importorskip("shardplug.core.sharding.planner")
+    prepare = pytest.importorskip("shardplug.core.planner")
 
     def slicer(data, s, i, n):
         return data

@@ -247,7 +247,7 @@ def test_every_front_end_cuts_the_padding_rows_alike():
     the same rows (one cut); a value of the whole batch (a 0-dim tensor) is kept by each."""
     import shardplug
     import shardplug_ignite
-    from shardplug.core.padding.evaluation import prepare_eval_loader
+    from shardplug.core.evaluation import prepare_eval_loader
 
     def loader(drop: bool) -> Any:  # process 1 of 2: [4, padding, padding, padding]
         data = DataLoader(torch.arange(5.0), batch_size=4)

@@ -30,7 +30,7 @@ from typing_extensions import override
 
 from shardplug import prepare_data_loader
 from shardplug.core.config import ShardplugConfig
-from shardplug.core.padding.evaluation import prepare_eval_loader
+from shardplug.core.evaluation import prepare_eval_loader
 from shardplug.core.stepping import amp
 from shardplug.core.stepping.scheduler import PreparedScheduler
 
@@ -113,7 +113,7 @@ class ShardplugFabricDDPStrategy(ShardplugOptions, DDPStrategy):
         return prepare_data_loader(dataloader, **self._loader_arguments(self.world_size, self.global_rank))
 
     def prepare_eval_loader(self, dataloader: DataLoader[Any], *, drop_padding: bool = False) -> DataLoader[Any]:
-        """This process's evaluation loader, by the core's rule (``shardplug.core.padding.evaluation``): the same
+        """This process's evaluation loader, by the core's rule (``shardplug.core.evaluation``): the same
         number of batches on every process whatever ``even_batches`` says (a set smaller than one
         global batch, or more processes than batches, leaves no process out of a collective), the
         padding marked in ``loader.batch_real_count`` (``shardplug.gather_for_metrics(outputs, loader)``

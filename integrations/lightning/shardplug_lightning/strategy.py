@@ -27,8 +27,8 @@ from typing_extensions import override
 
 from shardplug import prepare_data_loader
 from shardplug.core.config import ShardplugConfig
+from shardplug.core.evaluation import prepare_eval_loader
 from shardplug.core.loader.prepared import PreparedDataLoader
-from shardplug.core.padding.evaluation import prepare_eval_loader
 from shardplug.core.stepping import amp
 from shardplug.core.stepping.scheduler import PreparedScheduler
 
@@ -80,7 +80,7 @@ class ShardplugStrategyMixin(ShardplugOptions):
             ``False`` is refused for training: Lightning cannot join ranks that run out of batches
             at different steps.
         eval_even_batches: what validation / test batches hold. Every rank always runs the same
-            number of evaluation steps (the core's rule, ``shardplug.core.padding.evaluation``: an
+            number of evaluation steps (the core's rule, ``shardplug.core.evaluation``: an
             evaluation set smaller than one global batch, or more ranks than batches, leaves no rank
             out, so ``self.log(..., sync_dist=True)`` and other collectives never hang). Default
             ``False``: the padding that evens out the last step is cut off before ``validation_step``

@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from shardplug.core.loader.rows import (
+from shardplug.core._internal.rows import (
     batch_rows,
     concatenate_rows,
     describe_path,

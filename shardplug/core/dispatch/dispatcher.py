@@ -21,6 +21,7 @@ from shardplug.core._internal.collectives import (
     require_group,
     world_size,
 )
+from shardplug.core._internal.rows import slice_rows
 from shardplug.core._internal.topology import resolve_data_topology
 from shardplug.core.config import ShardplugConfig
 from shardplug.core.dispatch.dispatch_plan import _DispatchPlan
@@ -30,7 +31,6 @@ from shardplug.core.dispatch.shm import _CollateIntoRing
 from shardplug.core.dispatch.transport import _Wire
 from shardplug.core.dispatch.wire import DispatchStats
 from shardplug.core.loader.prepared import DataLoaderShard, PreparedDataLoader
-from shardplug.core.loader.rows import slice_rows
 from shardplug.core.resume.stateful import stateful_dataloader_class
 from shardplug.core.sharding.layout import _ShardLayout
 from shardplug.core.sharding.shard_plan import _ShardPlan
@@ -83,7 +83,7 @@ class DataLoaderDispatcher(DataLoaderShard):
     concatenated along dim 0, and process ``i`` receives rows ``[i*k, (i+1)*k)``.  A final
     step whose rows do not divide by ``N`` is completed with rows of the first step.  Shapes may
     change from step to step; the batches joined into one step must agree beyond dim 0.
-    Non-tensor leaves are delivered (:mod:`shardplug.core.loader.rows`: per-row lists cut, other values
+    Non-tensor leaves are delivered (:mod:`shardplug.core._internal.rows`: per-row lists cut, other values
     kept).  A batch that cannot be dispatched is a :class:`DispatchError` raised on every process,
     never a hang.
 

@@ -15,6 +15,7 @@ import torch
 import torch.distributed as dist
 
 from shardplug.core._internal.collectives import broadcast_object
+from shardplug.core._internal.rows import OBJECT, unflatten
 from shardplug.core.dispatch.dispatch_plan import DispatchError
 from shardplug.core.dispatch.transport import _Wire
 from shardplug.core.dispatch.wire import (
@@ -34,7 +35,6 @@ from shardplug.core.dispatch.wire import (
     receive_message,
     with_rows,
 )
-from shardplug.core.loader.rows import OBJECT, unflatten
 
 __all__ = ["_StepReceiver"]
 

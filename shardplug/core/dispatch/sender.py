@@ -16,6 +16,7 @@ import torch
 import torch.distributed as dist
 
 from shardplug.core._internal.collectives import broadcast_object, world_size
+from shardplug.core._internal.rows import OBJECT, batch_rows, flatten, leaf_spec, slice_rows, unflatten
 from shardplug.core.dispatch.dispatch_plan import DispatchError, _DispatchPlan
 from shardplug.core.dispatch.shm import _CollateIntoRing
 from shardplug.core.dispatch.transport import RECEIPT_LAG, _Wire
@@ -39,7 +40,6 @@ from shardplug.core.dispatch.wire import (
     transportable,
     wait_all,
 )
-from shardplug.core.loader.rows import OBJECT, batch_rows, flatten, leaf_spec, slice_rows, unflatten
 from shardplug.core.sharding.shard_plan import _PassRecord
 
 __all__ = ["_StepReader", "_StepSender", "local_steps", "overlaps_reads"]

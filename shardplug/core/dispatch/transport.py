@@ -21,10 +21,10 @@ import torch
 import torch.distributed as dist
 
 from shardplug.core._internal.collectives import broadcast_object, global_rank, world_size
+from shardplug.core._internal.rows import OBJECT, leaf_spec
 from shardplug.core.dispatch.dispatch_plan import DispatchError
 from shardplug.core.dispatch.shm import _ReceiptCounter, _RingReader, _SharedRing, ring_bytes, shared_memory_dir
 from shardplug.core.dispatch.wire import ACK_TAG, tensors
-from shardplug.core.loader.rows import OBJECT, leaf_spec
 
 __all__ = ["_ReceiptCounter", "process_alive"]
 

@@ -37,8 +37,8 @@ from typing import Any, NamedTuple
 import torch
 import torch.distributed as dist
 
+from shardplug.core._internal.rows import OBJECT, leaf_spec
 from shardplug.core.dispatch.dispatch_plan import DispatchError
-from shardplug.core.loader.rows import OBJECT, leaf_spec
 
 __all__ = ["DispatchError", "DispatchStats"]
 

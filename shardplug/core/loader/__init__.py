@@ -1,3 +1,5 @@
 """The prepared loader: its settings (:mod:`~shardplug.core.loader.prepared`), one pass over it
-(:mod:`~shardplug.core.loader.passes`), the move of its batches to a device (:mod:`~shardplug.core.loader.transfer`)
-and the one walker over nested batches (:mod:`~shardplug.core.loader.rows`)."""
+(:mod:`~shardplug.core.loader.passes`), its resume state (:mod:`~shardplug.core.loader.resume_state`, which
+places each pass with :mod:`~shardplug.core.loader.placing` and builds positions with
+:mod:`~shardplug.core.loader.building`) and the move of its batches to a device
+(:mod:`~shardplug.core.loader.transfer`)."""

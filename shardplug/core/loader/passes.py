@@ -24,7 +24,7 @@ from __future__ import annotations
 import warnings
 import weakref
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 import torch
 
@@ -35,7 +35,19 @@ from shardplug.core.shuffle.agreement import synchronize
 if TYPE_CHECKING:
     from shardplug.core.loader.prepared import PreparedDataLoader
 
-__all__ = ["_LoaderPass", "LengthMismatchWarning", "weak_reference", "_WeakLoader"]
+__all__ = ["_LoaderPass", "LengthMismatchWarning", "PassListener", "weak_reference", "_WeakLoader"]
+
+
+class PassListener(Protocol):
+    """What a pass tells about itself as it goes (the run's
+    :class:`~shardplug.core.stepping.accumulation.GradientState` listens: it ends an accumulation cycle with
+    the pass). ``loader`` stands for the pass's loader."""
+
+    def loader_started(self, loader: object) -> None: ...
+
+    def batch_ready(self, loader: object, end_of_dataloader: bool) -> None: ...
+
+    def loader_stopped(self, loader: object) -> None: ...
 
 
 def _no_loader() -> None:

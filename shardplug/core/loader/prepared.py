@@ -7,7 +7,7 @@ stateful components (each keeps its own state):
 
 * each pass is a :class:`~shardplug.core.loader.passes._LoaderPass` (``passes.py``): its start, delivery,
   look-ahead, ``end_of_dataloader``, the gradient state's notices and the ``len()`` check;
-* the resume state (:attr:`PreparedDataLoader.resume`, a :class:`~shardplug.core.resume.state.ResumeState`):
+* the resume state (:attr:`PreparedDataLoader.resume`, a :class:`~shardplug.core.loader.resume_state.ResumeState`):
   the last pass, the start of the next one, the position (build, validate, load; ``state_dict()`` /
   ``load_state_dict()``), with the ``StatefulDataLoader``'s own state beside it (``resume/``);
 * padding tracking and the audit (``tracking.py``, ``audit.py``), device transfer (``transfer.py``)
@@ -24,7 +24,7 @@ from __future__ import annotations
 import copy
 import logging
 from collections.abc import Iterable, Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from torch.utils.data import DataLoader, IterableDataset
@@ -32,22 +32,19 @@ from torch.utils.data import DataLoader, IterableDataset
 from shardplug.core._internal import compat
 from shardplug.core._internal.arguments import is_int
 from shardplug.core.config import ShardplugConfig
-from shardplug.core.loader.passes import LengthMismatchWarning, _LoaderPass
+from shardplug.core.loader.passes import LengthMismatchWarning, PassListener, _LoaderPass
+from shardplug.core.loader.resume_state import ResumeState
 from shardplug.core.padding.audit import SampleAudit
-from shardplug.core.padding.marks import _TagCollate
 from shardplug.core.padding.tracking import _PaddingTracker
-from shardplug.core.resume.state import ResumeState
 from shardplug.core.resume.stateful import is_stateful, stateful_dataloader_class
 from shardplug.core.sharding.layout import _ShardLayout
 from shardplug.core.sharding.local import _LocalPlan
 from shardplug.core.sharding.map_style import BatchSamplerShard, _IndexSamplerShard
+from shardplug.core.sharding.marks import _TagCollate
 from shardplug.core.sharding.read_all import IterableDatasetShard
 from shardplug.core.sharding.shard_plan import _ShardPlan, plan_traits, sized_length, start_tagging
 from shardplug.core.shuffle.agreement import agree_at_prepare
 from shardplug.core.shuffle.rng import check_rng_types
-
-if TYPE_CHECKING:
-    from shardplug.core.stepping.accumulation import GradientState
 
 __all__ = [
     "PreparedDataLoader",
@@ -140,7 +137,7 @@ class PreparedDataLoader(DataLoader[Any]):
         self.non_blocking = bool(non_blocking)
         self.rng_types = check_rng_types(rng_types)
         self.synchronized_generator = synchronized_generator
-        self.gradient_state: GradientState | None = None
+        self.gradient_state: PassListener | None = None  # the run's GradientState, when one is connected
         self.epoch = 0
         self.plan = plan if plan is not None else self._default_plan()
         self._resume = ResumeState(self, skip_batches)  # the last pass; skip_batches shortens the next one
@@ -261,7 +258,7 @@ class PreparedDataLoader(DataLoader[Any]):
     @property
     def resume(self) -> ResumeState:
         """Where this loader stands and where its next pass starts (see
-        :class:`~shardplug.core.resume.state.ResumeState`): its :meth:`~ResumeState.position`, the
+        :class:`~shardplug.core.loader.resume_state.ResumeState`): its :meth:`~ResumeState.position`, the
         counters a front end sets its own from (``resumed_batches``, ``resumed_inside_epoch``), and
         :meth:`~ResumeState.resume_at` for a front end that counts batches itself."""
         return self._resume
@@ -278,7 +275,7 @@ class PreparedDataLoader(DataLoader[Any]):
 
     def skipped_copy(self, num_batches: int) -> PreparedDataLoader:
         """A copy of this loader whose next pass starts after its first ``num_batches`` batches
-        (what :func:`~shardplug.core.sharding.planner.skip_first_batches` returns): the same settings,
+        (what :func:`~shardplug.core.planner.skip_first_batches` returns): the same settings,
         plan, epoch and position. This loader follows the copy's passes (its epoch and position), so
         it continues with the next epoch once the copy's pass is over.
 

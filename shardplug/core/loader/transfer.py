@@ -7,8 +7,8 @@ from typing import Any
 
 import torch
 
+from shardplug.core._internal.rows import map_leaves
 from shardplug.core.config import ShardplugConfig
-from shardplug.core.loader.rows import map_leaves
 
 __all__ = ["send_to_device", "_DeviceTransfer"]
 
@@ -21,7 +21,7 @@ def send_to_device(
 ) -> Any:
     """Move every tensor in ``data`` (nested lists, tuples, namedtuples, dicts, objects with ``.to()``) to ``device``.
 
-    Containers keep their type (:func:`~shardplug.core.loader.rows.map_leaves`); ``skip_keys`` names dict
+    Containers keep their type (:func:`~shardplug.core._internal.rows.map_leaves`); ``skip_keys`` names dict
     keys whose values stay where they are; leaves that are not tensors and have no ``.to()`` are
     returned unchanged.
 

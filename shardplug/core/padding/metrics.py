@@ -2,19 +2,24 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any, Protocol, cast
 
 import torch
 import torch.distributed as dist
 
+from shardplug.core._internal.rows import iter_leaves, map_leaves
 from shardplug.core._internal.topology import distributed_is_active
-from shardplug.core.loader.rows import iter_leaves, map_leaves
 from shardplug.core.padding.tracking import leading_rows
 
-if TYPE_CHECKING:
-    from shardplug.core.loader.prepared import PreparedDataLoader
+__all__ = ["drop_padding", "gather_for_metrics", "MarksPadding"]
 
-__all__ = ["drop_padding", "gather_for_metrics"]
+
+class MarksPadding(Protocol):
+    """A loader that tells how many leading samples of the batch being processed are real (a prepared
+    loader after ``track_padding()``; ``None`` before)."""
+
+    @property
+    def batch_real_count(self) -> int | None: ...
 
 
 def _tensors_only(data: Any) -> Any:
@@ -25,7 +30,7 @@ def _tensors_only(data: Any) -> Any:
     return data
 
 
-def _real_count(loader: PreparedDataLoader) -> int:
+def _real_count(loader: MarksPadding) -> int:
     real = getattr(loader, "batch_real_count", None)
     if real is None:
         raise ValueError(
@@ -35,7 +40,7 @@ def _real_count(loader: PreparedDataLoader) -> int:
     return cast("int", real)
 
 
-def drop_padding(data: Any, loader: PreparedDataLoader) -> Any:
+def drop_padding(data: Any, loader: MarksPadding) -> Any:
     """The rows of ``data`` (per-sample results of the current batch) that are real samples.
 
     The padding rows come last: this keeps the leading ``loader.batch_real_count`` rows
@@ -58,7 +63,7 @@ def _gather_rows(tensor: torch.Tensor) -> torch.Tensor:
     return torch.cat([part[: int(size.item())] for part, size in zip(parts, sizes)])
 
 
-def gather_for_metrics(data: Any, loader: PreparedDataLoader) -> Any:
+def gather_for_metrics(data: Any, loader: MarksPadding) -> Any:
     """Per-sample results of the current batch from every process, padding dropped, in rank order.
 
     A collective: call it on every process for every batch.  Example::

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from shardplug.core.loader.rows import batch_rows, flatten, slice_rows
+from shardplug.core._internal.rows import batch_rows, flatten, slice_rows
 from shardplug.core.padding.audit import SampleAudit
 
 __all__ = ["_PaddingTracker", "leading_rows"]
@@ -44,7 +44,7 @@ def leading_rows(batch: Any, real: int | None) -> Any:
     """The first ``real`` rows of ``batch`` (unchanged when it has no more, or ``real`` is ``None``).
 
     The one padding cutter: the loader's ``drop_padding_rows()``, :func:`shardplug.drop_padding` and
-    Ignite's ``drop_padding_if_tracked`` all cut here. Rows are as :mod:`shardplug.core.loader.rows`
+    Ignite's ``drop_padding_if_tracked`` all cut here. Rows are as :mod:`shardplug.core._internal.rows`
     defines them: a tensor's dim 0, a list of one value per row; what belongs to the whole batch
     (a 0-dim tensor, a string) is kept.
 

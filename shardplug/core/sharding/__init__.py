@@ -1,6 +1,6 @@
 """Which rows each process gets, how many batches that is, and where a pass resumes: one module per kind.
 
-:func:`~shardplug.core.sharding.planner.prepare_data_loader` (the planner) validates the options once into a
+:func:`~shardplug.core.planner.prepare_data_loader` (the planner) validates the options once into a
 :class:`~shardplug.core.sharding.layout._ShardLayout`, picks the kind of sharding once and hands over to that
 kind's module, which holds its whole path (its wrapper, its plan, its length, where its pass resumes):
 

@@ -1,8 +1,8 @@
 """The kinds of sharding: what the planner recognised (:class:`_ShardingKind`), and what a kind's module
 hands back (:class:`_Shard`).
 
-:func:`~shardplug.core.sharding.planner.prepare_data_loader` recognises the kind once
-(:func:`~shardplug.core.sharding.planner.kind_of`; for a stream in one look,
+:func:`~shardplug.core.planner.prepare_data_loader` recognises the kind once
+(:func:`~shardplug.core.planner.kind_of`; for a stream in one look,
 :func:`~shardplug.core.sharding.stream_traits.stream_kind`) and calls that kind's module once, whose
 ``shard()`` returns a :class:`_Shard`: all the planner needs to build the loader.
 
@@ -14,15 +14,15 @@ Example::
 
 from __future__ import annotations
 
+import dataclasses
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 if TYPE_CHECKING:
     import torch
 
     from shardplug.core.sharding.shard_plan import _ShardPlan
-    from shardplug.core.sharding.stream_traits import _NodeSplit
 
-__all__ = ["MAP_STYLE", "DISPATCH", "LOCAL", "PRESPLIT", "NATIVE", "READ_ALL", "_ShardingKind", "_Shard"]
+__all__ = ["MAP_STYLE", "DISPATCH", "LOCAL", "PRESPLIT", "NATIVE", "READ_ALL", "_NodeSplit", "_ShardingKind", "_Shard"]
 
 MAP_STYLE = "map_style"
 """Map-style data: every process draws one order, and takes its batches (:mod:`~shardplug.core.sharding.map_style`)."""
@@ -36,6 +36,17 @@ NATIVE = "native"
 """A stream that shards itself into one part per process (:mod:`~shardplug.core.sharding.native`)."""
 READ_ALL = "read_all"
 """A stream every process reads whole, keeping its slices (:mod:`~shardplug.core.sharding.read_all`)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class _NodeSplit:
+    """How a stream is already split by node (process): ``how`` in words, and the part it reads
+    (``rank`` of ``world_size``) where the stream says (``None``: it asks ``torch.distributed``
+    when it is read, so it is this process's)."""
+
+    how: str
+    rank: int | None = None
+    world_size: int | None = None
 
 
 class _ShardingKind(NamedTuple):

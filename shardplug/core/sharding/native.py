@@ -43,7 +43,7 @@ import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
 from shardplug.core._internal.collectives import all_reduce_int_async
-from shardplug.core.loader.rows import first_leaf, map_leaves
+from shardplug.core._internal.rows import first_leaf, map_leaves
 from shardplug.core.sharding.counting import loader_length, worker_batches
 from shardplug.core.sharding.kinds import _Shard, _ShardingKind
 from shardplug.core.sharding.layout import _ShardLayout

@@ -44,11 +44,11 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from shardplug.core._internal.collectives import all_gather_objects, all_reduce_int_async, world_size
 from shardplug.core.sharding.counting import loader_length, worker_batches
-from shardplug.core.sharding.kinds import _Shard, _ShardingKind
+from shardplug.core.sharding.kinds import _NodeSplit, _Shard, _ShardingKind
 from shardplug.core.sharding.layout import _ShardLayout
 from shardplug.core.sharding.native import _NativeStreamPlan
 from shardplug.core.sharding.shard_plan import sized_length
-from shardplug.core.sharding.stream_traits import _NodeSplit, stream_library
+from shardplug.core.sharding.stream_traits import stream_library
 
 __all__ = ["_NodePart", "shard", "check_node_split", "tail_notice", "library_epoch_samples"]
 

@@ -21,10 +21,10 @@ from torch.utils.data import IterableDataset, get_worker_info
 from shardplug.core._internal.arguments import is_int
 from shardplug.core._internal.collectives import world_size
 from shardplug.core.config import ShardplugConfig
-from shardplug.core.padding.marks import _PaddingTag, untagged
 from shardplug.core.sharding.fingerprint import _FirstBatchCheck, checked_first_batch
 from shardplug.core.sharding.kinds import _Shard, _ShardingKind
 from shardplug.core.sharding.layout import _ShardLayout
+from shardplug.core.sharding.marks import _PaddingTag, untagged
 from shardplug.core.sharding.shard_plan import _PassRecord, _PlanDefaults, check_consumed, sized_length
 from shardplug.core.sharding.stream_traits import hf_shuffles, splits_by_worker
 from shardplug.core.shuffle.seedable import epoch_seed

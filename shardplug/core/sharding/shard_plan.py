@@ -189,7 +189,7 @@ class _TagsElements(Protocol):
 
     def start_tagging(self) -> bool:
         """Have the readers tag each element where the places cannot be computed; ``True`` when that
-        starts now (the loader then collates through :class:`~shardplug.core.padding.marks._TagCollate`,
+        starts now (the loader then collates through :class:`~shardplug.core.sharding.marks._TagCollate`,
         with new workers)."""
         ...
 

@@ -34,7 +34,6 @@ Example::
 
 from __future__ import annotations
 
-import dataclasses
 import inspect
 import logging
 from typing import Any
@@ -44,7 +43,7 @@ import torch  # noqa: F401  (the docstring example)
 from shardplug.core._internal import compat
 from shardplug.core._internal.collectives import all_gather_objects, require_group
 from shardplug.core._internal.topology import Readers
-from shardplug.core.sharding.kinds import DISPATCH, LOCAL, NATIVE, PRESPLIT, READ_ALL, _ShardingKind
+from shardplug.core.sharding.kinds import DISPATCH, LOCAL, NATIVE, PRESPLIT, READ_ALL, _NodeSplit, _ShardingKind
 from shardplug.core.sharding.layout import _ShardLayout
 
 __all__ = [
@@ -56,7 +55,6 @@ __all__ = [
     "splits_by_worker",
     "declared_worker_split",
     "asks_for_its_worker",
-    "_NodeSplit",
     "node_split",
     "stream_library",
     "single_node_only",
@@ -193,17 +191,6 @@ def declared_worker_split(dataset: Any) -> bool | None:
     if stages:
         return _stage_named(stages, "split_by_worker")
     return None
-
-
-@dataclasses.dataclass(frozen=True)
-class _NodeSplit:
-    """How a stream is already split by node (process): ``how`` in words, and the part it reads
-    (``rank`` of ``world_size``) where the stream says (``None``: it asks ``torch.distributed``
-    when it is read, so it is this process's)."""
-
-    how: str
-    rank: int | None = None
-    world_size: int | None = None
 
 
 def node_split(dataset: Any) -> _NodeSplit | None:

@@ -31,8 +31,8 @@ from torch.optim import Optimizer
 
 from shardplug.core._internal.topology import ProcessTopology, resolve_data_topology
 from shardplug.core.config import FRONT_ENDS, ShardplugConfig
-from shardplug.core.padding.evaluation import prepare_eval_loader
-from shardplug.core.sharding.planner import prepare_data_loader
+from shardplug.core.evaluation import prepare_eval_loader
+from shardplug.core.planner import prepare_data_loader
 from shardplug.core.stepping import amp
 from shardplug.core.stepping.accumulation import GradientState
 from shardplug.core.stepping.optimizer import PreparedOptimizer
@@ -140,7 +140,7 @@ class TrainingRun:
     def prepare_eval_loader(
         self, dataloader: DataLoader[Any], *, drop_padding: bool = False, **overrides: Any
     ) -> PreparedDataLoader:
-        """This process's evaluation loader: :func:`shardplug.core.padding.evaluation.prepare_eval_loader` with
+        """This process's evaluation loader: :func:`shardplug.core.evaluation.prepare_eval_loader` with
         this run's options (``overrides`` win), never tied to the gradient state.
 
         Every process gets the same number of batches whatever the configured ``even_batches`` (an

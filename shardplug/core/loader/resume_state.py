@@ -5,9 +5,9 @@ One :class:`ResumeState` per loader (``loader.resume``) keeps the loader's last 
 iterated yet with the ``skip_first_batches`` start (:class:`~shardplug.core.resume.pending._PendingStart`)
 and the ``StatefulDataLoader``'s own state (:class:`~shardplug.core.resume.stateful._InnerState`).  It
 builds the loader's :class:`~shardplug.core.resume.position.Position` from the last pass
-(:func:`~shardplug.core.resume.building.pass_position`), validates a position before anything changes
+(:func:`~shardplug.core.loader.building.pass_position`), validates a position before anything changes
 (:class:`~shardplug.core.resume.checks._PositionCheck`), loads it (the next pass then starts after it),
-places each pass as it begins (:class:`~shardplug.core.resume.placing._PassPlacement`, by the plan's
+places each pass as it begins (:class:`~shardplug.core.loader.placing._PassPlacement`, by the plan's
 :meth:`~shardplug.core.sharding.shard_plan._ShardPlan.start_after`), and answers ``state_dict()`` /
 ``load_state_dict()`` and the lengths that depend on where a pass starts
 (:class:`~shardplug.core.resume.lengths._PassLengths`).
@@ -32,12 +32,12 @@ import copy
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, cast
 
+from shardplug.core.loader.building import pass_position
 from shardplug.core.loader.passes import _LoaderPass, _WeakLoader, weak_reference
-from shardplug.core.resume.building import pass_position
+from shardplug.core.loader.placing import _PassPlacement
 from shardplug.core.resume.checks import _PositionCheck
 from shardplug.core.resume.lengths import _PassLengths
 from shardplug.core.resume.pending import _PendingStart
-from shardplug.core.resume.placing import _PassPlacement
 from shardplug.core.resume.position import Position
 from shardplug.core.resume.stateful import POSITION_KEY, _InnerState
 from shardplug.core.sharding.shard_plan import _PlanTraits, _ShardPlan, plan_traits
@@ -120,7 +120,7 @@ class ResumeState(_WeakLoader):
 
     def start(self, current: _LoaderPass) -> int:
         """Position the pass ``current`` (which begins) after the loaded position and the pending skip
-        (:class:`~shardplug.core.resume.placing._PassPlacement`); return how many batches it reads and
+        (:class:`~shardplug.core.loader.placing._PassPlacement`); return how many batches it reads and
         drops first."""
         reads_through = self.loader.use_stateful_dataloader and self.inner_state_resumes()
         placement = _PassPlacement(self.plan, self.inner, reads_through, self.check().workers_split_stream)

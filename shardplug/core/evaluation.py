@@ -30,7 +30,7 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any
 
-from shardplug.core.sharding.planner import prepare_data_loader
+from shardplug.core.planner import prepare_data_loader
 from shardplug.core.sharding.shard_plan import plan_traits
 
 if TYPE_CHECKING:
