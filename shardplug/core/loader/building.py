@@ -8,22 +8,42 @@ process is the next epoch's start.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import NamedTuple
+
+import torch
 
 from shardplug.core.resume.position import Position
-from shardplug.core.sharding.shard_plan import plan_traits
+from shardplug.core.sharding.shard_plan import _ShardPlan, plan_traits
 from shardplug.core.shuffle.agreement import _Shuffles
 
-if TYPE_CHECKING:
-    from shardplug.core.loader.passes import _LoaderPass
-    from shardplug.core.loader.prepared import PreparedDataLoader
-
-__all__ = ["pass_position"]
+__all__ = ["pass_position", "PassCounts", "LoaderIdentity"]
 
 
-def pass_position(loader: PreparedDataLoader, current: _LoaderPass, shuffles: _Shuffles) -> Position:
-    """Where ``current`` (the last pass of ``loader``) stands, in the loader's own layout."""
-    plan = loader.plan
+class PassCounts(NamedTuple):
+    """Where a pass stands, as values: its batches of the epoch (``batches_yielded``, ``resumed`` of them
+    before it started), what the epoch consumed before it (``consumed_at_start``, in the plan's unit),
+    whether its last batch was handed out (``complete``) and its loop ended by itself (``exhausted``), and
+    its shuffle generator's state at its start."""
+
+    batches_yielded: int = 0
+    resumed: int = 0
+    consumed_at_start: int = 0
+    complete: bool = False
+    exhausted: bool = False
+    generator_state: torch.Tensor | None = None
+
+
+class LoaderIdentity(NamedTuple):
+    """What a position records of the loader besides its plan: its epoch, the dataset's length (``None``
+    for a stream) and its number of DataLoader workers."""
+
+    epoch: int
+    dataset_length: int | None
+    num_workers: int
+
+
+def pass_position(plan: _ShardPlan, loader: LoaderIdentity, current: PassCounts, shuffles: _Shuffles) -> Position:
+    """Where a pass that stands at ``current`` stands, in the layout of ``plan``."""
     layout = plan.layout
     generator = shuffles.generator
     epoch, done, dataset_state = loader.epoch, current.batches_yielded, None
@@ -57,7 +77,7 @@ def pass_position(loader: PreparedDataLoader, current: _LoaderPass, shuffles: _S
         split_batches=layout.split_batches,
         even_batches=layout.even_batches,
         drop_last=layout.drop_last,
-        dataset_length=None if plan.stream else loader.total_dataset_length,
+        dataset_length=None if plan.stream else loader.dataset_length,
         batch_size=layout.batch_size,
         process_batch_size=layout.process_batch_size,
         step_batch_size=layout.step_batch_size,

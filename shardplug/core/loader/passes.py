@@ -21,21 +21,33 @@ later garbage collection.  The running pass (the generator ``iter()`` returns) h
 
 from __future__ import annotations
 
+import copy
 import warnings
 import weakref
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any, Protocol, cast
+from typing import Any, Generic, Protocol, TypeVar, cast
 
 import torch
 
+from shardplug.core.loader.building import PassCounts
+from shardplug.core.loader.placing import PassStart
 from shardplug.core.loader.transfer import _DeviceTransfer
-from shardplug.core.sharding.shard_plan import _PassRecord, plan_traits
-from shardplug.core.shuffle.agreement import synchronize
+from shardplug.core.padding.tracking import _PaddingTracker
+from shardplug.core.resume.lengths import _PassLengths
+from shardplug.core.resume.stateful import _InnerState
+from shardplug.core.sharding.map_style import BatchSamplerShard
+from shardplug.core.sharding.shard_plan import _PassRecord, _ShardPlan, plan_traits
+from shardplug.core.shuffle.agreement import _Shuffles, synchronize
 
-if TYPE_CHECKING:
-    from shardplug.core.loader.prepared import PreparedDataLoader
-
-__all__ = ["_LoaderPass", "LengthMismatchWarning", "PassListener", "weak_reference", "_WeakLoader"]
+__all__ = [
+    "_LoaderPass",
+    "LengthMismatchWarning",
+    "PassListener",
+    "PassKeeper",
+    "PassHost",
+    "weak_reference",
+    "_WeakLoader",
+]
 
 
 class PassListener(Protocol):
@@ -50,6 +62,58 @@ class PassListener(Protocol):
     def loader_stopped(self, loader: object) -> None: ...
 
 
+class PassKeeper(Protocol):
+    """What keeps a loader's passes (its :class:`~shardplug.core.loader.resume_state.ResumeState`), as a pass
+    asks it: the last pass, the shuffles to agree, where a pass starts, the lengths, the
+    ``StatefulDataLoader``'s state."""
+
+    last_pass: _LoaderPass
+    inner: _InnerState
+
+    def shuffles(self) -> _Shuffles: ...
+
+    def start(self) -> PassStart: ...
+
+    def adopt(self, current: _LoaderPass) -> None: ...
+
+    def lengths(self) -> _PassLengths: ...
+
+
+class PassHost(Protocol):
+    """What a pass reads of its loader (a :class:`~shardplug.core.loader.prepared.PreparedDataLoader`)."""
+
+    plan: _ShardPlan
+    epoch: int
+    device: torch.device | None
+    non_blocking: bool
+    rng_types: tuple[str, ...]
+    synchronized_generator: torch.Generator | None
+    gradient_state: PassListener | None
+
+    @property
+    def source_marks_last(self) -> bool: ...
+
+    @property
+    def use_stateful_dataloader(self) -> bool: ...
+
+    @property
+    def batch_shard(self) -> BatchSamplerShard | None: ...
+
+    @property
+    def padding_tracker(self) -> _PaddingTracker | None: ...
+
+    @property
+    def resume(self) -> PassKeeper: ...
+
+    def set_epoch(self, epoch: int) -> None: ...
+
+    def inner_loader(self) -> Any: ...
+
+    def inner_batches(self, discard: int) -> Iterator[Any]: ...
+
+    def __len__(self) -> int: ...
+
+
 def _no_loader() -> None:
     return None
 
@@ -59,7 +123,10 @@ def weak_reference(obj: Any) -> Callable[[], Any]:
     return weakref.ref(obj) if obj is not None else _no_loader
 
 
-class _WeakLoader:
+_Loader = TypeVar("_Loader")
+
+
+class _WeakLoader(Generic[_Loader]):
     """Holds its ``loader`` weakly (in ``_loader``): the loader keeps this object, so a strong reference
     back would make a cycle that only the garbage collector frees.  A copy or a pickle carries the
     loader itself (a weak reference does not travel)."""
@@ -68,12 +135,12 @@ class _WeakLoader:
     _loader: Callable[[], Any]
 
     @property
-    def loader(self) -> PreparedDataLoader:
+    def loader(self) -> _Loader:
         """The loader (``None`` once it is gone)."""
-        return cast("PreparedDataLoader", self._loader())
+        return cast("_Loader", self._loader())
 
     @loader.setter
-    def loader(self, loader: PreparedDataLoader) -> None:
+    def loader(self, loader: _Loader) -> None:
         self._loader = weak_reference(loader)
 
     def __getstate__(self) -> dict[str, Any]:
@@ -94,8 +161,9 @@ class LengthMismatchWarning(UserWarning):
     ``DataLoader`` warns for an iterable dataset whose ``len()`` is wrong)."""
 
 
-class _LoaderPass(_WeakLoader):
-    """One pass (one iteration) of the prepared loader ``loader`` (see the module docstring).
+class _LoaderPass(_WeakLoader[PassHost]):
+    """One pass (one iteration) of the prepared loader ``loader`` (see the module docstring), the only
+    writer of its fields: it places its start, counts what it hands out, marks padding and knows its end.
 
     ``batches_yielded`` counts this process's batches of the epoch, including those before a
     resume (``resumed``); ``consumed_at_start`` is how much of the epoch (in the plan's unit) was
@@ -121,7 +189,7 @@ class _LoaderPass(_WeakLoader):
         "empty",
     )
 
-    def __init__(self, loader: PreparedDataLoader) -> None:
+    def __init__(self, loader: PassHost) -> None:
         self._loader = weak_reference(loader)
         self.open = False  # begun and not yet ended: len() is this pass's
         self.length: int | None = None  # len() when the pass began (None: unknown), checked at its end
@@ -138,11 +206,32 @@ class _LoaderPass(_WeakLoader):
         self.generator_state: torch.Tensor | None = None  # the shuffle generator's state at the pass start
         self.empty = False  # the rest of an epoch whose end was loaded: the DataLoader is not read
 
+    def counts(self) -> PassCounts:
+        """Where this pass stands, as values (a position is built from them)."""
+        return PassCounts(
+            self.batches_yielded,
+            self.resumed,
+            self.consumed_at_start,
+            self.complete,
+            self.exhausted,
+            self.generator_state,
+        )
+
+    def continue_epoch(self) -> None:
+        """The loader was set to this pass's epoch while the pass runs: its end is not the epoch's end."""
+        self.complete = False
+
+    def kept_by(self, loader: PassHost) -> _LoaderPass:
+        """A closed copy of this pass as ``loader``'s last pass (a ``skip_first_batches`` copy of its loader)."""
+        new = copy.copy(self)
+        new._loader, new.open = weak_reference(loader), False
+        return new
+
     def __iter__(self) -> Iterator[Any]:
         """The pass's batches as handed out (a generator: the pass begins at its first ``next()``)."""
         return self._run(self.loader)  # the generator holds the loader from here on
 
-    def _run(self, loader: PreparedDataLoader) -> Iterator[Any]:
+    def _run(self, loader: PassHost) -> Iterator[Any]:
         discard = self._begin()
         resume = loader.resume
         state = loader.gradient_state
@@ -175,7 +264,9 @@ class _LoaderPass(_WeakLoader):
         generator = shuffles.generator
         if generator is not None:
             self.generator_state = generator.get_state()
-        discard = resume.start(self)
+        start = resume.start()
+        self.consumed_at_start, self.resumed, self.empty = start.consumed_at_start, start.resumed, start.empty
+        self.record.fast_forwarded = start.fast_forwarded
         self.batches_yielded = self.resumed
         self.open = True
         self.record.started_at = self.consumed_at_start
@@ -188,7 +279,7 @@ class _LoaderPass(_WeakLoader):
             self.length = len(loader)
         except TypeError:
             self.length = None
-        return discard
+        return start.discard
 
     def _counted_total(self) -> int | None:
         """The epoch's batches counted up to the end of this pass, when the plan's length is exact
@@ -203,50 +294,57 @@ class _LoaderPass(_WeakLoader):
 
     # -- delivery ---------------------------------------------------------------------------
     def _deliver(self, batches: Iterator[Any]) -> Iterator[Any]:
-        """The pass's batches as handed out: the last one from the source (it marks it), from the exact
-        length, else by reading one ahead."""
+        """The pass's batches as handed out, each through :meth:`_hand_out`: the last one known from the
+        source (it marks it), from the exact length, else by reading one ahead."""
         loader = self.loader
-        transfer = _DeviceTransfer.to(loader.device, loader.non_blocking)
         if loader.source_marks_last:
-            return self._deliver_marked(batches, transfer)
-        if self.total is not None:
-            return self._deliver_counted(batches, transfer)
-        return self._deliver_lookahead(batches, transfer)
+            steps = cast("Iterator[tuple[Any, bool]]", batches)
+        elif self.total is not None:
+            steps = self._counted(batches, self.total)
+        else:
+            steps = self._looked_ahead(batches)
+        hand_out = self._hand_out
+        transfer = _DeviceTransfer.to(loader.device, loader.non_blocking)
+        if loader.gradient_state is None and transfer is None and loader.padding_tracker is None:
+            hand_out = self._count  # nothing more to do per batch than counting it
+        for batch, last in steps:
+            yield hand_out(batch, last, transfer)
 
-    def _hand_out(self, batch: Any, count: int, last: bool, transfer: _DeviceTransfer | None) -> Any:
-        self.batches_yielded = count
+    def _count(self, batch: Any, last: bool, transfer: _DeviceTransfer | None = None) -> Any:
+        """Count ``batch`` as handed out (``last``: the pass's last)."""
+        self.batches_yielded += 1
         if last:
             self.end_of_dataloader = self.complete = True
+        return batch
+
+    def _hand_out(self, batch: Any, last: bool, transfer: _DeviceTransfer | None) -> Any:
+        """The one step every batch leaves the pass by: count it, mark its padding (and cut it where the loader
+        drops it), tell the run's gradient state, move it to the device."""
+        self._count(batch, last)
         loader = self.loader
         tracker = loader.padding_tracker
         if tracker is not None:
-            batch = tracker.hand_out(batch, self, loader.plan, loader.epoch)
+            indices, real = loader.plan.batch_record(self.record, self.batches_yielded - self.resumed - 1)
+            self.batch_indices, self.batch_real = indices, real
+            batch = tracker.hand_out(batch, indices, real, loader.epoch)
         state = loader.gradient_state
         if state is not None:
             state.batch_ready(loader, last)
         return transfer(batch) if transfer is not None else batch
 
-    def _deliver_counted(self, batches: Iterator[Any], transfer: _DeviceTransfer | None) -> Iterator[Any]:
-        count, total = self.batches_yielded, self.total
-        loader = self.loader
-        if loader.gradient_state is None and transfer is None and loader.padding_tracker is None:
-            # the hot path: bookkeeping only
-            for batch in batches:
-                count += 1
-                self.batches_yielded = count
-                if count >= total:  # type: ignore[operator]
-                    self.end_of_dataloader = self.complete = True
-                yield batch
-            return
+    def _counted(self, batches: Iterator[Any], total: int) -> Iterator[tuple[Any, bool]]:
+        """``(batch, last)`` where the pass's length is exact."""
+        count = self.batches_yielded
         for batch in batches:
             count += 1
-            yield self._hand_out(batch, count, count >= total, transfer)  # type: ignore[operator]
+            yield batch, count >= total
 
-    def _deliver_lookahead(self, batches: Iterator[Any], transfer: _DeviceTransfer | None) -> Iterator[Any]:
+    def _looked_ahead(self, batches: Iterator[Any]) -> Iterator[tuple[Any, bool]]:
+        """``(batch, last)`` by reading one batch ahead (a ``StatefulDataLoader``'s state is kept from before
+        each look-ahead)."""
         iterator = iter(batches)
         loader = self.loader
         inner = loader.resume.inner if loader.use_stateful_dataloader else None
-        count = self.batches_yielded
         for upcoming in iterator:  # noqa: B007 (the first item, read ahead: used after the loop)
             break
         else:
@@ -258,18 +356,9 @@ class _LoaderPass(_WeakLoader):
             try:
                 upcoming = next(iterator)
             except StopIteration:
-                yield self._hand_out(batch, count + 1, True, transfer)
+                yield batch, True
                 return
-            count += 1
-            yield self._hand_out(batch, count, False, transfer)
-
-    def _deliver_marked(self, steps: Iterator[tuple[Any, bool]], transfer: _DeviceTransfer | None) -> Iterator[Any]:
-        """``(batch, last)`` pairs from a source that knows where the pass ends (a dispatcher: process 0's
-        end, on every process)."""
-        count = self.batches_yielded
-        for batch, last in steps:
-            count += 1
-            yield self._hand_out(batch, count, last, transfer)
+            yield batch, False
 
     # -- the end ----------------------------------------------------------------------------
     def _check_length(self) -> None:

@@ -1,23 +1,43 @@
 """Where a pass that begins starts: after a loaded position, then after a ``skip_first_batches`` skip.
 
-:class:`_PassPlacement` sets the pass's counters (``consumed_at_start``: how much of the epoch, in the
-plan's unit, was consumed before it; ``resumed``: this process's batches of the epoch before it) and
-tells the plan where its batches start (:meth:`~shardplug.core.sharding.shard_plan._ShardPlan.start_after`);
-what the plan cannot skip the loader reads and drops (the count it returns).
+:class:`_PassPlacement` answers a :class:`PassStart` (a value: ``consumed_at_start``, how much of the epoch,
+in the plan's unit, was consumed before the pass; ``resumed``, this process's batches of the epoch before
+it; how many batches to read and drop first) and tells the plan where its batches start
+(:meth:`~shardplug.core.sharding.shard_plan._ShardPlan.start_after`); the pass takes the start as its own.
+
+Example::
+
+    >>> from torch.utils.data import BatchSampler, SequentialSampler
+    >>> from shardplug.core.resume.stateful import _InnerState
+    >>> from shardplug.core.sharding.layout import _ShardLayout
+    >>> from shardplug.core.sharding.map_style import _BatchSamplerPlan
+    >>> plan = _BatchSamplerPlan(BatchSampler(SequentialSampler(range(12)), 2, False), _ShardLayout(2, 0, batch_size=2))
+    >>> _PassPlacement(plan, _InnerState(), False, False).place(None, False, 2)
+    PassStart(consumed_at_start=4, resumed=2, discard=0, fast_forwarded=0, empty=False)
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import NamedTuple
 
 from shardplug.core.resume.position import Position
 from shardplug.core.resume.stateful import _InnerState
 from shardplug.core.sharding.shard_plan import _ShardPlan
 
-if TYPE_CHECKING:
-    from shardplug.core.loader.passes import _LoaderPass
+__all__ = ["_PassPlacement", "PassStart"]
 
-__all__ = ["_PassPlacement"]
+
+class PassStart(NamedTuple):
+    """Where a pass starts: ``consumed_at_start`` (the epoch consumed before it, in the plan's unit),
+    ``resumed`` (this process's batches of the epoch before it), ``discard`` (batches to read and drop
+    first), ``fast_forwarded`` (batches drawn before the first one handed out, whose records are not the
+    batches handed out) and ``empty`` (the rest of an epoch whose end was loaded: nothing is read)."""
+
+    consumed_at_start: int = 0
+    resumed: int = 0
+    discard: int = 0
+    fast_forwarded: int = 0
+    empty: bool = False
 
 
 class _PassPlacement:
@@ -33,48 +53,40 @@ class _PassPlacement:
         self.reads_through = reads_through
         self.workers_split_stream = workers_split_stream
 
-    def place(self, current: _LoaderPass, position: Position | None, ended: bool, skip: int) -> int:
-        """Position the pass ``current`` (which begins) after ``position`` and ``skip`` batches more
-        (``ended``: the rest of an epoch whose end was loaded, an empty pass); return how many batches
-        it reads and drops first."""
-        discard = 0
+    def place(self, position: Position | None, ended: bool, skip: int) -> PassStart:
+        """Where a pass that begins starts: after ``position`` and ``skip`` batches more (``ended``: the rest
+        of an epoch whose end was loaded, an empty pass)."""
         if ended:  # the rest of an epoch whose end was loaded: nothing (the DataLoader is not read)
-            current.empty = True
             self.inner.repositions = False
-            return 0
-        if position is not None:
-            discard = self._start_after(position, current)
+            return PassStart(empty=True)
+        start = self._start_after(position) if position is not None else PassStart()
         if skip:  # skip_first_batches: this pass starts that many batches later still
             plan = self.plan
-            current.consumed_at_start += skip * plan.consumed_per_batch
-            current.resumed += skip
+            consumed = start.consumed_at_start + skip * plan.consumed_per_batch
+            start = start._replace(consumed_at_start=consumed, resumed=start.resumed + skip)
             if self.reads_through:  # read through the StatefulDataLoader: its state counts them
-                discard += skip
-                current.record.fast_forwarded += skip  # their records are not the batches handed out
+                start = start._replace(discard=start.discard + skip, fast_forwarded=start.fast_forwarded + skip)
             elif self.workers_split_stream:  # only whole batches tell where each worker is: read and drop them
-                discard += skip
+                start = start._replace(discard=start.discard + skip)
             else:
-                discard = plan.start_after(current.consumed_at_start)
+                start = start._replace(discard=plan.start_after(consumed))
         self.inner.repositions = False  # a loaded state of the StatefulDataLoader's own repositions this pass only
-        return discard
+        return start
 
-    def _start_after(self, position: Position, current: _LoaderPass) -> int:
-        """Position the pass ``current`` after what ``position`` consumed; return batches to read and drop."""
+    def _start_after(self, position: Position) -> PassStart:
+        """The start after what ``position`` consumed."""
         plan = self.plan
         layout = plan.layout
         same_layout = (position.num_processes, position.split_batches) == (layout.num_processes, layout.split_batches)
-        current.consumed_at_start = position.consumed
+        consumed = position.consumed
         if self.inner.repositions:  # a StatefulDataLoader that loaded its own state
-            current.resumed = position.batches_yielded
-            current.record.fast_forwarded = current.resumed  # drawn (and logged where the sampler logs), never handed
-            return 0
+            # drawn (and logged where the sampler logs), never handed out
+            return PassStart(consumed, position.batches_yielded, fast_forwarded=position.batches_yielded)
         if same_layout:
-            current.resumed = position.batches_yielded
             if self.workers_split_stream:  # only whole batches tell where each worker is: read and drop them
-                return position.batches_yielded
+                return PassStart(consumed, position.batches_yielded, discard=position.batches_yielded)
+            resumed = position.batches_yielded
         else:
-            full, rest = plan.num_batches(0), plan.num_batches(position.consumed)
-            current.resumed = (
-                full - rest if full is not None and rest is not None else (position.consumed // plan.consumed_per_batch)
-            )
-        return plan.start_after(position.consumed, position.dataset_state)
+            full, rest = plan.num_batches(0), plan.num_batches(consumed)
+            resumed = full - rest if full is not None and rest is not None else consumed // plan.consumed_per_batch
+        return PassStart(consumed, resumed, discard=plan.start_after(consumed, position.dataset_state))

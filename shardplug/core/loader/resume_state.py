@@ -30,11 +30,11 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any, Protocol, cast
 
-from shardplug.core.loader.building import pass_position
-from shardplug.core.loader.passes import _LoaderPass, _WeakLoader, weak_reference
-from shardplug.core.loader.placing import _PassPlacement
+from shardplug.core.loader.building import LoaderIdentity, pass_position
+from shardplug.core.loader.passes import PassHost, _LoaderPass, _WeakLoader, weak_reference
+from shardplug.core.loader.placing import PassStart, _PassPlacement
 from shardplug.core.resume.checks import _PositionCheck
 from shardplug.core.resume.lengths import _PassLengths
 from shardplug.core.resume.pending import _PendingStart
@@ -43,13 +43,24 @@ from shardplug.core.resume.stateful import POSITION_KEY, _InnerState
 from shardplug.core.sharding.shard_plan import _PlanTraits, _ShardPlan, plan_traits
 from shardplug.core.shuffle.agreement import _Shuffles
 
-if TYPE_CHECKING:
-    from shardplug.core.loader.prepared import PreparedDataLoader
-
-__all__ = ["ResumeState"]
+__all__ = ["ResumeState", "ResumeHost"]
 
 
-class ResumeState(_WeakLoader):
+class ResumeHost(PassHost, Protocol):
+    """What the resume state reads of its loader (a :class:`~shardplug.core.loader.prepared.PreparedDataLoader`)
+    beyond what a pass reads."""
+
+    num_workers: int
+    dataset: Any  # the user's dataset (or shardplug's shard of it)
+
+    @property
+    def resume(self) -> ResumeState: ...
+
+    @property
+    def total_dataset_length(self) -> int | None: ...
+
+
+class ResumeState(_WeakLoader[ResumeHost]):
     """The resume state of one prepared loader (``loader``, held weakly; see the module docstring).
 
     ``last_pass``: the last pass begun (a new one, not begun, after ``set_epoch``); ``pending``: where
@@ -57,12 +68,12 @@ class ResumeState(_WeakLoader):
     this one is a ``skip_first_batches`` copy of (it follows this loader's passes).
     """
 
-    def __init__(self, loader: PreparedDataLoader, skip: int = 0) -> None:
+    def __init__(self, loader: ResumeHost, skip: int = 0) -> None:
         self._loader = weak_reference(loader)  # weakly: the loader keeps its state (no reference cycle)
         self.last_pass = _LoaderPass(loader)
         self.pending = _PendingStart(skip)
         self.inner = _InnerState()
-        self.skipped_from: PreparedDataLoader | None = None
+        self.skipped_from: ResumeHost | None = None
 
     def __getstate__(self) -> dict[str, Any]:
         state = super().__getstate__()
@@ -82,13 +93,12 @@ class ResumeState(_WeakLoader):
         loader = self.loader
         return _Shuffles(loader.plan.sampler, getattr(loader, "sampler", None))
 
-    def copy_for(self, loader: PreparedDataLoader, skip: int) -> ResumeState:
+    def copy_for(self, loader: ResumeHost, skip: int) -> ResumeState:
         """The same place, kept for ``loader`` (a ``skip_first_batches`` copy whose next pass starts
         ``skip`` batches later): this loader then follows the copy's passes."""
         new = copy.copy(self)
         new.loader = loader
-        new.last_pass = copy.copy(self.last_pass)
-        new.last_pass.loader, new.last_pass.open = loader, False
+        new.last_pass = self.last_pass.kept_by(loader)
         new.pending = copy.copy(self.pending)
         new.pending.skip = skip
         new.inner = copy.copy(self.inner)
@@ -102,7 +112,7 @@ class ResumeState(_WeakLoader):
         of the last pass is this epoch's."""
         self.pending.enter_epoch(epoch)
         if self.last_pass.open:
-            self.last_pass.complete = False  # the next pass is this epoch
+            self.last_pass.continue_epoch()  # the next pass is this epoch
         else:
             self.last_pass = _LoaderPass(self.loader)
 
@@ -118,13 +128,12 @@ class ResumeState(_WeakLoader):
             state.pending.forget()
             origin = state.skipped_from
 
-    def start(self, current: _LoaderPass) -> int:
-        """Position the pass ``current`` (which begins) after the loaded position and the pending skip
-        (:class:`~shardplug.core.loader.placing._PassPlacement`); return how many batches it reads and
-        drops first."""
+    def start(self) -> PassStart:
+        """Where a pass that begins starts: after the loaded position and the pending skip, which it takes
+        (:class:`~shardplug.core.loader.placing._PassPlacement`)."""
         reads_through = self.loader.use_stateful_dataloader and self.inner_state_resumes()
         placement = _PassPlacement(self.plan, self.inner, reads_through, self.check().workers_split_stream)
-        return placement.place(current, *self.pending.take())
+        return placement.place(*self.pending.take())
 
     # -- lengths ----------------------------------------------------------------------------
     def lengths(self) -> _PassLengths:
@@ -188,7 +197,9 @@ class ResumeState(_WeakLoader):
 
     def pass_position(self) -> Position:
         """Where the last pass stands, in this loader's own layout (a loaded position aside)."""
-        return pass_position(self.loader, self.last_pass, self.shuffles())
+        loader = self.loader
+        identity = LoaderIdentity(loader.epoch, loader.total_dataset_length, loader.num_workers)
+        return pass_position(loader.plan, identity, self.last_pass.counts(), self.shuffles())
 
     def check(self) -> _PositionCheck:
         """The refusals of a position for this loader."""

@@ -1,10 +1,10 @@
 """Padding tracking: which samples each batch a loader hands out holds, and how many are real.
 
 A prepared loader with :meth:`~shardplug.core.loader.prepared.PreparedDataLoader.track_padding` has a
-:class:`_PaddingTracker`: for every batch handed out it asks the plan for the batch's record
-(indices or stream positions, real count), records it in the loader's audit when there is one
-(:class:`~shardplug.core.padding.audit.SampleAudit`) and, with ``drop_padding_rows()``, cuts the padding
-rows off the batch.
+:class:`_PaddingTracker`: its pass asks the plan for the record of every batch it hands out (indices or
+stream positions, real count) and hands both to the tracker, which records them in the loader's audit when
+there is one (:class:`~shardplug.core.padding.audit.SampleAudit`) and, with ``drop_padding_rows()``, cuts
+the padding rows off the batch.
 """
 
 from __future__ import annotations
@@ -29,13 +29,10 @@ class _PaddingTracker:
         self.dropping = False
         self.audit: SampleAudit | None = None
 
-    def hand_out(self, batch: Any, current: Any, plan: Any, epoch: int) -> Any:
-        """Record the batch ``current`` (a pass, see :class:`~shardplug.core.loader.passes._LoaderPass`)
-        hands out as its ``batches_yielded``-th: its indices and real count go on the pass, into the
-        audit, and the padding rows off the batch when dropping."""
-        indices, real = plan.batch_record(current.record, current.batches_yielded - current.resumed - 1)
-        current.batch_indices, current.batch_real = indices, real
-        if self.audit is not None:
+    def hand_out(self, batch: Any, indices: list[int] | None, real: int, epoch: int) -> Any:
+        """Record a batch of ``epoch`` handed out, with its ``indices`` (or stream positions) of which the first
+        ``real`` are real samples: into the audit, and the padding rows off the batch when dropping."""
+        if self.audit is not None and indices is not None:  # an audit needs ids (enable_audit checks the plan)
             self.audit.record(epoch, indices, real)
         return leading_rows(batch, real) if self.dropping else batch
 
