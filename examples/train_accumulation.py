@@ -22,8 +22,7 @@ import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, TensorDataset
 
-from shardplug.core.config import ShardplugConfig
-from shardplug.core.stepping.training import TrainingRun
+from shardplug import ShardplugConfig, TrainingRun
 
 logger = logging.getLogger("train_accumulation")
 

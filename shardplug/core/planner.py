@@ -163,7 +163,7 @@ def prepare_data_loader(
     ``shuffle_algorithm="bijective"`` replaces it with a :class:`BijectiveRandomSampler` instead:
     no permutation in memory, each process computes only its own rows (for very large datasets).
     The layout (:class:`_ShardLayout`) is validated once, here, and the loader is built with its
-    plan (``plan/``) in the same call.
+    plan (from the kind's module in ``sharding/``) in the same call.
 
     ``config``: a :class:`ShardplugConfig` whose data options replace the keywords (the run's
     ``device``, ``num_processes``, ``process_index`` and ``torch_device_mesh`` stay arguments); a

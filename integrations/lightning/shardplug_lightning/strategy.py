@@ -14,9 +14,7 @@ Public equivalents are used everywhere else (``lightning_module.trainer``,
 
 from __future__ import annotations
 
-import importlib
 import logging
-import types
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, cast
 
@@ -148,10 +146,6 @@ class ShardplugStrategyMixin(ShardplugOptions):
             )
 
     # -- helpers ------------------------------------------------------------------------
-    @classmethod
-    def _pl(cls, module: str) -> types.ModuleType:
-        return importlib.import_module(f"{cls._pl_namespace}.{module}")
-
     def _get_trainer(self) -> Any:
         module = getattr(self, "lightning_module", None)
         try:

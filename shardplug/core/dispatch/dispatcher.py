@@ -219,10 +219,6 @@ class DataLoaderDispatcher(DataLoaderShard):
     """Process 0 reads the next step while the current one is sent: ``None`` decides by the cores
     available (see :func:`~shardplug.core.dispatch.sender.overlaps_reads`); ``True`` / ``False`` force it."""
 
-    @property
-    def _batches_per_step(self) -> int:
-        return self.plan.layout.batches_per_step
-
     def inner_batches(self, discard: int) -> Iterator[Any]:
         return self._receive(discard)
 

@@ -10,13 +10,13 @@ stateful components (each keeps its own state):
 * the resume state (:attr:`PreparedDataLoader.resume`, a :class:`~shardplug.core.loader.resume_state.ResumeState`):
   the last pass, the start of the next one, the position (build, validate, load; ``state_dict()`` /
   ``load_state_dict()``), with the ``StatefulDataLoader``'s own state beside it (``resume/``);
-* padding tracking and the audit (``tracking.py``, ``audit.py``), device transfer (``transfer.py``)
-  and the shuffle seeds (``seeding.py``);
+* padding tracking and the audit (``padding/tracking.py``, ``padding/audit.py``), device transfer
+  (``transfer.py``) and the shuffle seeds (``shuffle/agreement.py``);
 * which rows this process gets, how many batches and where a pass resumes: its plan (``sharding/``),
   which answers everything that differs between kinds of sharding.
 
 :class:`DataLoaderShard` is the loader whose sampler or dataset is already sharded.  The dispatcher
-lives in ``dispatch.py``.
+lives in ``dispatch/dispatcher.py``.
 """
 
 from __future__ import annotations

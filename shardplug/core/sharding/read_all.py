@@ -264,7 +264,8 @@ class IterableDatasetShard(IterableDataset[Any]):
     completed with elements of the first global batch, cycled.  Inside ``DataLoader`` workers,
     worker ``w`` of ``W`` keeps only global batches ``w, w+W, ...``, so each element reaches
     exactly one worker and batches arrive in stream order; a dataset that splits itself across
-    workers (Hugging Face, webdataset, ``splits_by_worker = True``: see ``streams.py``) is not split
+    workers (Hugging Face, webdataset, ``splits_by_worker = True``: see
+    :mod:`~shardplug.core.sharding.stream_traits`) is not split
     again: each worker's part is shared by process, and padded from its own start.
     ``even_batches=False``: a short final global batch is not completed; the first processes get
     its leftovers.  The arithmetic is :class:`~shardplug.core.sharding.read_all._StreamPlan`'s.
@@ -355,16 +356,6 @@ class IterableDatasetShard(IterableDataset[Any]):
         """The loader starts a pass (in its own process, before any worker reads it): its plan's
         :meth:`~shardplug.core.sharding.read_all._StreamPlan.begin_pass`."""
         self.plan.begin_pass()
-
-    def check_first_batch(self) -> None:
-        """Every process compares the first global batch of this pass (a collective: call it on every
-        process, after the pass's first batch was fetched or the pass ended); a ``RuntimeError`` on
-        every process when the streams differ.  The plan's ``pass_batches`` does it for the loader."""
-        cast(_FirstBatchCheck, self.plan.first_batch).agree()  # set where there are several processes
-
-    def state_at(self, elements: int) -> Any:
-        """The dataset's ``state_dict()`` after its first ``elements`` elements of this pass, if recorded."""
-        return self.plan.saved_state(elements)
 
     def __iter__(self) -> Iterator[Any]:
         if self._generator_seed is not None:
