@@ -36,7 +36,7 @@ from shardplug import (  # noqa: E402
     SeedableRandomSampler,
     prepare_data_loader,
 )
-from shardplug.core.sharding.native import _NativeStreamPlan  # noqa: E402
+from shardplug.core.sharding.native import NativeStreamPlan  # noqa: E402
 
 try:  # optional: the reference, for a side-by-side ratio only
     import accelerate.data_loader as reference  # type: ignore[import-not-found]
@@ -763,7 +763,7 @@ def p8_streams(rows_per_shard: int, work: int, step_ms: float, repeats: int, tim
             "native reads 1/N (+ padding)",
         ),
         Row(
-            f"P8 exhaustion agreement (one all-reduce per {_NativeStreamPlan.steps_per_agreement} steps), "
+            f"P8 exhaustion agreement (one all-reduce per {NativeStreamPlan.steps_per_agreement} steps), "
             f"at {step_ms:g} ms of work a step (vs none)",
             native[0],
             unagreed[0],

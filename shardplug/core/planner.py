@@ -1,12 +1,12 @@
 """``prepare_data_loader`` and ``skip_first_batches``: from a user's ``DataLoader`` to a per-process one.
 
 ``prepare_data_loader`` is a planner: it reads its options (from a :class:`ShardplugConfig`, or
-from keywords), builds the :class:`_ShardLayout` once, recognises the kind of sharding once
+from keywords), builds the :class:`ShardLayout` once, recognises the kind of sharding once
 (:func:`kind_of`) and calls that kind's module once (its ``shard()``: ``map_style``, ``local``,
 ``read_all``, ``native`` or ``presplit``), which hands back the dataset, the DataLoader's keywords and
-the plan (a :class:`~shardplug.core.sharding.kinds._Shard`); it builds the loader with them.  Dispatch
+the plan (a :class:`~shardplug.core.sharding.kinds.Shard`); it builds the loader with them.  Dispatch
 is one reader and a scatter: process 0's batches are the data's own kind under the layout's
-:meth:`~_ShardLayout.reader` (map-style, or a stream read as it is), which the dispatcher shares out.
+:meth:`~ShardLayout.reader` (map-style, or a stream read as it is), which the dispatcher shares out.
 
 Example (the walk of a stream that shards itself: the planner enters each module once)::
 
@@ -27,12 +27,12 @@ from torch.utils.data import DataLoader, IterableDataset
 from shardplug.core._internal import compat
 from shardplug.core._internal.topology import ProcessTopology, Readers, resolve_data_topology
 from shardplug.core.config import ShardplugConfig
-from shardplug.core.dispatch.dispatcher import DataLoaderDispatcher, _DispatchOptions, check_slice_fn
+from shardplug.core.dispatch.dispatcher import DataLoaderDispatcher, DispatchOptions, check_slice_fn
 from shardplug.core.loader.prepared import DataLoaderShard, PreparedDataLoader, combined_class
 from shardplug.core.resume.stateful import stateful_dataloader_class
 from shardplug.core.sharding import local, map_style, native, presplit, read_all
-from shardplug.core.sharding.kinds import DISPATCH, LOCAL, MAP_STYLE, NATIVE, PRESPLIT, _Shard, _ShardingKind
-from shardplug.core.sharding.layout import _ShardLayout
+from shardplug.core.sharding.kinds import DISPATCH, LOCAL, MAP_STYLE, NATIVE, PRESPLIT, Shard, ShardingKind
+from shardplug.core.sharding.layout import ShardLayout
 from shardplug.core.sharding.stream_traits import stream_kind
 from shardplug.core.shuffle.rng import check_rng_types
 from shardplug.core.shuffle.seedable import check_seed, check_shuffle_algorithm
@@ -162,7 +162,7 @@ def prepare_data_loader(
     (a sampler of the user's own keeps its order, with a generator agreed from process 0).
     ``shuffle_algorithm="bijective"`` replaces it with a :class:`BijectiveRandomSampler` instead:
     no permutation in memory, each process computes only its own rows (for very large datasets).
-    The layout (:class:`_ShardLayout`) is validated once, here, and the loader is built with its
+    The layout (:class:`ShardLayout`) is validated once, here, and the loader is built with its
     plan (from the kind's module in ``sharding/``) in the same call.
 
     ``config``: a :class:`ShardplugConfig` whose data options replace the keywords (the run's
@@ -206,7 +206,7 @@ def prepare_data_loader(
         generator = dataloader.generator
     finish: dict[str, Any] = {}
     if dispatch:
-        finish["dispatch"] = _DispatchOptions.from_layout(layout, options.slice_fn_for_dispatch, torch_device_mesh)
+        finish["dispatch"] = DispatchOptions.from_layout(layout, options.slice_fn_for_dispatch, torch_device_mesh)
     new = _rebuild(
         dataloader,
         DataLoaderDispatcher if dispatch else DataLoaderShard,
@@ -230,9 +230,7 @@ def prepare_data_loader(
     return new
 
 
-def kind_of(
-    dataloader: DataLoader[Any], options: _DataOptions, layout: _ShardLayout, readers: Readers
-) -> _ShardingKind:
+def kind_of(dataloader: DataLoader[Any], options: _DataOptions, layout: ShardLayout, readers: Readers) -> ShardingKind:
     """The kind of sharding of ``dataloader`` under ``layout`` (see :mod:`~shardplug.core.sharding.kinds`):
     map-style data, unless dispatched; a stream in one look at it
     (:func:`~shardplug.core.sharding.stream_traits.stream_kind`, with its checks).  Dispatch needs
@@ -247,7 +245,7 @@ def kind_of(
             readers,
         )
     else:
-        kind = _ShardingKind(DISPATCH, reads=MAP_STYLE) if options.dispatch_batches else _ShardingKind(MAP_STYLE)
+        kind = ShardingKind(DISPATCH, reads=MAP_STYLE) if options.dispatch_batches else ShardingKind(MAP_STYLE)
     if kind.name == DISPATCH and not options.put_on_device:
         raise ValueError(
             "dispatch_batches=True sends each process its rows, which needs put_on_device=True; "
@@ -257,14 +255,14 @@ def kind_of(
 
 
 def _shard(
-    dataloader: DataLoader[Any], kind: _ShardingKind, layout: _ShardLayout, options: _DataOptions, readers: Readers
-) -> _Shard:
+    dataloader: DataLoader[Any], kind: ShardingKind, layout: ShardLayout, options: _DataOptions, readers: Readers
+) -> Shard:
     """The one call into the module of ``kind`` (for dispatch: of the kind process 0 reads the data by,
     under the reader's ``layout``)."""
     dataset, batch_size, drop_last = dataloader.dataset, dataloader.batch_size, dataloader.drop_last
     name = kind.reads if kind.name == DISPATCH else kind.name
     if name == MAP_STYLE:
-        shuffling = map_style._MapOptions(options.shuffle_algorithm, options.use_seedable_sampler, options.data_seed)
+        shuffling = map_style.MapOptions(options.shuffle_algorithm, options.use_seedable_sampler, options.data_seed)
         return map_style.shard(dataloader, layout, shuffling)
     if name == LOCAL:  # one reader: a dispatcher's process 0 compares nothing
         return local.shard(dataset, layout, batch_size, drop_last, readers if kind.name == LOCAL else Readers())
@@ -302,7 +300,7 @@ def _check_arguments(dataloader: DataLoader[Any], options: _DataOptions) -> tupl
     return rng
 
 
-def _layout(dataloader: DataLoader[Any], num_processes: int, process_index: int, options: _DataOptions) -> _ShardLayout:
+def _layout(dataloader: DataLoader[Any], num_processes: int, process_index: int, options: _DataOptions) -> ShardLayout:
     """The one layout of this loader: its global batch size and ``drop_last`` (the batch sampler's,
     also one passed as ``sampler=``), the topology and the options."""
     batch_size = dataloader.batch_size
@@ -312,7 +310,7 @@ def _layout(dataloader: DataLoader[Any], num_processes: int, process_index: int,
         batch_size = getattr(dataloader.sampler, "batch_size", None)
     source = dataloader.batch_sampler if dataloader.batch_sampler is not None else dataloader.sampler
     drop_last = bool(dataloader.drop_last or getattr(source, "drop_last", False))
-    return _ShardLayout.for_batches(
+    return ShardLayout.for_batches(
         batch_size, num_processes, process_index, options.split_batches, options.even_batches, drop_last
     )
 

@@ -23,11 +23,11 @@ from torch.utils.data import DataLoader, Dataset
 import shardplug
 from shardplug.core._internal.arguments import is_int
 from shardplug.core._internal.rows import slice_rows
-from shardplug.core.dispatch.dispatch_plan import _DispatchPlan
-from shardplug.core.dispatch.sender import _StepReader
-from shardplug.core.dispatch.transport import _Wire
-from shardplug.core.sharding.map_style import _BatchSamplerPlan
-from shardplug.core.sharding.shard_plan import _PassRecord
+from shardplug.core.dispatch.dispatch_plan import DispatchPlan
+from shardplug.core.dispatch.sender import StepReader
+from shardplug.core.dispatch.transport import Wire
+from shardplug.core.sharding.map_style import BatchSamplerPlan
+from shardplug.core.sharding.shard_plan import PassRecord
 
 __all__ = [
     "LoaderSpec",
@@ -77,9 +77,9 @@ def prepared(spec: LoaderSpec, num_processes: int, process_index: int, epoch: in
     return loader
 
 
-def _map_plan(loader: shardplug.PreparedDataLoader) -> _BatchSamplerPlan:
+def _map_plan(loader: shardplug.PreparedDataLoader) -> BatchSamplerPlan:
     plan = loader.plan
-    if not isinstance(plan, _BatchSamplerPlan):  # DataLoader(range(n), batch_size=b): always map-style batches
+    if not isinstance(plan, BatchSamplerPlan):  # DataLoader(range(n), batch_size=b): always map-style batches
         raise TypeError(f"expected the plan of map-style batches, got {type(plan).__name__}")
     return plan
 
@@ -106,8 +106,8 @@ def dispatched_batches(
     """
     source = _map_plan(reader)
     layout = loader.plan.layout
-    plan = _DispatchPlan(layout, source.num_batches(0), source)
-    record = _PassRecord(track=True)  # the source's batches come with their real counts
+    plan = DispatchPlan(layout, source.num_batches(0), source)
+    record = PassRecord(track=True)  # the source's batches come with their real counts
     read = [0]  # rows read so far: a step's real rows are those read for it (padding is appended)
 
     def global_batches() -> Iterator[torch.Tensor]:
@@ -118,9 +118,9 @@ def dispatched_batches(
     def load(indices: list[int]) -> torch.Tensor:
         return torch.tensor(indices, dtype=torch.int64)
 
-    steps = _StepReader(
+    steps = StepReader(
         plan,
-        _Wire(),
+        Wire(),
         global_batches,
         slice_rows,
         uncut=not layout.split_batches,
@@ -143,5 +143,5 @@ def dispatched_batches(
 def dispatched_length(reader: shardplug.PreparedDataLoader, loader: shardplug.PreparedDataLoader, consumed: int) -> int:
     """``len()`` of every process's dispatcher after ``consumed`` global batches."""
     source = _map_plan(reader)
-    length = _DispatchPlan(loader.plan.layout, source.num_batches(0), source).num_batches(consumed)
+    length = DispatchPlan(loader.plan.layout, source.num_batches(0), source).num_batches(consumed)
     return int(length) if length is not None else 0

@@ -135,12 +135,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         sub.error(str(exc))
     sys.stdout.write(render_text(picture) + "\n")
     if target is not None:
-        from .figure import _MissingExtra, save_figure
+        from .figure import MissingExtra, save_figure
 
         form, path = target
         try:
             save_figure(picture, path, form)
-        except _MissingExtra as exc:
+        except MissingExtra as exc:
             sys.stderr.write(f"shardplug explain: error: {exc}\n")
             return 1
         sys.stdout.write(f"figure: {path}\n")

@@ -22,7 +22,7 @@ from typing import Any
 
 from .picture import EpochView, Picture
 
-__all__ = ["_MissingExtra", "save_figure"]
+__all__ = ["MissingExtra", "save_figure"]
 
 CELL = 0.34  # inches per sample slot
 GAP = 0.4  # slots between two batches
@@ -37,17 +37,17 @@ _STYLE = {
 }
 
 
-class _MissingExtra(ImportError):
+class MissingExtra(ImportError):
     """matplotlib is not installed: figures need the ``plot`` extra."""
 
 
 def _matplotlib() -> Any:
-    """matplotlib, or a :class:`_MissingExtra` naming the extra to install."""
+    """matplotlib, or a :class:`MissingExtra` naming the extra to install."""
     try:
         import matplotlib
         import matplotlib.figure  # noqa: F401 (Figure: no pyplot, no backend chosen for the caller)
     except ImportError:
-        raise _MissingExtra(
+        raise MissingExtra(
             "figures need matplotlib, which is not installed: pip install 'shardplug[plot]' (or pip install "
             "matplotlib), or leave out --format svg/png to print the text"
         ) from None
@@ -181,7 +181,7 @@ def _finish(ax: Any, fig: Any, rows: _Rows, right: float, picture: Picture) -> N
 
 def save_figure(picture: Picture, path: str | Path, form: str | None = None) -> None:
     """Write the figure of ``picture`` to ``path`` as ``form`` (``"svg"`` or ``"png"``; default: the
-    suffix of ``path``). A :class:`_MissingExtra` when matplotlib is not installed."""
+    suffix of ``path``). A :class:`MissingExtra` when matplotlib is not installed."""
     form = form or Path(path).suffix.lstrip(".").lower()
     if form not in ("svg", "png"):
         raise ValueError(f"form={form!r} is invalid: draw 'svg' or 'png'")

@@ -15,12 +15,12 @@ from hypothesis import strategies as st
 
 from shardplug import DispatchError
 from shardplug.core._internal.rows import slice_rows
-from shardplug.core.dispatch.dispatch_plan import _CutStep, _DispatchPlan
-from shardplug.core.sharding.layout import _ShardLayout
+from shardplug.core.dispatch.dispatch_plan import CutStep, DispatchPlan
+from shardplug.core.sharding.layout import ShardLayout
 
 
-def _plan(n: int, even_batches: bool = True, split_batches: bool = False) -> _DispatchPlan:
-    return _DispatchPlan(_ShardLayout.for_batches(n if split_batches else 1, n, 0, split_batches, even_batches))
+def _plan(n: int, even_batches: bool = True, split_batches: bool = False) -> DispatchPlan:
+    return DispatchPlan(ShardLayout.for_batches(n if split_batches else 1, n, 0, split_batches, even_batches))
 
 
 @settings(max_examples=200, deadline=None)
@@ -49,7 +49,7 @@ def test_n_full_batches_of_equal_rows_are_the_parts_as_they_are() -> None:
     plan = _plan(3)
     group = [torch.full((2,), j) for j in range(3)]
     step = plan.step(group, plan.check_step(group), None, uncut=True)
-    assert isinstance(step, _CutStep) and plan.cut(step, slice_rows) is group
+    assert isinstance(step, CutStep) and plan.cut(step, slice_rows) is group
     joined = plan.step(group, plan.check_step(group), None, uncut=False)  # a slice_fn of the user's: joined
     assert joined.tolist() == [0, 0, 1, 1, 2, 2]
 
@@ -62,8 +62,8 @@ def test_unequal_batches_are_joined_and_padded_from_the_head() -> None:
 
 
 def test_a_step_drops_its_short_group_only_with_drop_last() -> None:
-    keep = _DispatchPlan(_ShardLayout.for_batches(2, 2))
-    drop = _DispatchPlan(_ShardLayout.for_batches(2, 2, drop_last=True))
+    keep = DispatchPlan(ShardLayout.for_batches(2, 2))
+    drop = DispatchPlan(ShardLayout.for_batches(2, 2, drop_last=True))
     assert keep.takes_step([torch.zeros(2)]) and not drop.takes_step([torch.zeros(2)])
     assert drop.takes_step([torch.zeros(2), torch.zeros(2)])
 

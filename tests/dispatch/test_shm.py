@@ -12,7 +12,7 @@ import torch
 from torch.utils.data import default_collate
 
 from shardplug.core._internal.rows import flatten
-from shardplug.core.dispatch.shm import _CollateIntoRing, _RingReader, _SharedRing
+from shardplug.core.dispatch.shm import CollateIntoRing, RingReader, SharedRing
 
 Pair = namedtuple("Pair", "left right")
 
@@ -46,7 +46,7 @@ def _tensors(batch) -> list[torch.Tensor]:
 
 @pytest.fixture
 def ring():
-    ring = _SharedRing(slots=3, slot_bytes=4096)
+    ring = SharedRing(slots=3, slot_bytes=4096)
     yield ring
     ring.close()
 
@@ -54,14 +54,14 @@ def ring():
 @pytest.mark.parametrize("kind", list(SAMPLES))
 def test_collating_into_a_slot_gives_what_default_collate_gives_and_leaves_nothing_to_copy(ring, kind):
     samples = [SAMPLES[kind](i) for i in range(4)]
-    collate = _CollateIntoRing()
+    collate = CollateIntoRing()
     collate.target = (ring, 1)
     batch = collate(samples)
     assert _same(batch, default_collate(samples))
     tensors = _tensors(batch)
     assert tensors and all(ring.holds(t) for t in tensors), "every tensor with rows is in the slot"
     assert ring.write(1, tensors) == 0, "nothing left to copy: each tensor is where the write puts it"
-    reader = _RingReader(ring.path, ring.slots, ring.slot_bytes)
+    reader = RingReader(ring.path, ring.slots, ring.slot_bytes)
     try:
         read = reader.read(1, [(t.dtype, tuple(t.shape)) for t in tensors])
         assert all(torch.equal(r, t) for r, t in zip(read, tensors))
@@ -71,7 +71,7 @@ def test_collating_into_a_slot_gives_what_default_collate_gives_and_leaves_nothi
 
 def test_without_a_target_it_is_default_collate_and_the_target_serves_one_batch(ring):
     samples = [SAMPLES["dict with numbers and text"](i) for i in range(4)]
-    collate = _CollateIntoRing()
+    collate = CollateIntoRing()
     plain = collate(samples)
     assert _same(plain, default_collate(samples)) and not any(ring.holds(t) for t in _tensors(plain))
     collate.target = (ring, 0)
@@ -91,7 +91,7 @@ def test_without_a_target_it_is_default_collate_and_the_target_serves_one_batch(
     ids=["requires_grad", "mixed_dtypes", "too_big"],
 )
 def test_tensors_it_cannot_place_are_collated_as_default_collate_does(ring, samples):
-    collate = _CollateIntoRing()
+    collate = CollateIntoRing()
     collate.target = (ring, 2)
     batch = collate(samples)
     expected = default_collate(samples)
@@ -101,7 +101,7 @@ def test_tensors_it_cannot_place_are_collated_as_default_collate_does(ring, samp
 
 
 def test_unequal_shapes_fail_as_in_default_collate(ring):
-    collate = _CollateIntoRing()
+    collate = CollateIntoRing()
     collate.target = (ring, 0)
     samples = [torch.ones(2), torch.ones(3)]
     with pytest.raises(RuntimeError) as ours:
@@ -112,12 +112,12 @@ def test_unequal_shapes_fail_as_in_default_collate(ring):
 
 
 def test_a_write_whose_sources_lie_elsewhere_in_the_ring_copies_them_out_first(ring):
-    collate = _CollateIntoRing()
+    collate = CollateIntoRing()
     collate.target = (ring, 0)
     a, b = collate([(torch.full((4,), 1.0), torch.full((4,), 2.0)) for _ in range(3)])
     expected_a, expected_b = a.clone(), b.clone()
     assert ring.write(0, [b, a]) == a.numel() * 4 + b.numel() * 4  # swapped: both overlap their targets
-    reader = _RingReader(ring.path, ring.slots, ring.slot_bytes)
+    reader = RingReader(ring.path, ring.slots, ring.slot_bytes)
     try:
         got_b, got_a = reader.read(0, [(torch.float32, (3, 4)), (torch.float32, (3, 4))])
     finally:
@@ -126,7 +126,7 @@ def test_a_write_whose_sources_lie_elsewhere_in_the_ring_copies_them_out_first(r
 
 
 def test_a_copy_of_the_collate_holds_no_ring(ring):
-    collate = _CollateIntoRing()
+    collate = CollateIntoRing()
     collate.target = (ring, 0)
     copy = pickle.loads(pickle.dumps(collate))
     assert copy.target is None

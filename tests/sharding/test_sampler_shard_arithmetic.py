@@ -10,7 +10,7 @@ from torch.utils.data import BatchSampler, RandomSampler, SequentialSampler
 
 from shardplug import BatchSamplerShard
 from shardplug.core.sharding.arithmetic import walk_shard
-from shardplug.core.sharding.layout import _ShardLayout
+from shardplug.core.sharding.layout import ShardLayout
 from shardplug.core.shuffle.seedable import advance_past_randperm
 
 
@@ -50,7 +50,7 @@ def test_arithmetic_shard_equals_the_walked_one(layout, kind, rank, start, seed)
     ours_sampler, walked_sampler = _sampler(kind, n, seed), _sampler(kind, n, seed)
     shard = BatchSamplerShard(BatchSampler(ours_sampler, batch_size, drop_last), processes, rank, split, even)
     assert shard.plan._arithmetic(), "a standard batch sampler takes the arithmetic path"
-    shard_layout = _ShardLayout.for_batches(batch_size, processes, rank, split, even, drop_last)
+    shard_layout = ShardLayout.for_batches(batch_size, processes, rank, split, even, drop_last)
     for epoch in range(2):  # the second epoch shows the generators were left alike
         skip = start if epoch == 0 else 0
         shard.start_at_global(skip)

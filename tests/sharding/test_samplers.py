@@ -9,8 +9,8 @@ from hypothesis import strategies as st
 from torch.utils.data import BatchSampler, DataLoader, RandomSampler, SequentialSampler
 
 from shardplug import BatchSamplerShard, SeedableRandomSampler, prepare_data_loader
-from shardplug.core.sharding.arithmetic import _ArithmeticShard, _EpochOrder, walk_shard
-from shardplug.core.sharding.layout import _ShardLayout
+from shardplug.core.sharding.arithmetic import ArithmeticShard, EpochOrder, walk_shard
+from shardplug.core.sharding.layout import ShardLayout
 
 
 def shards(n, b, num_processes, split=False, even=True, drop_last=False):
@@ -256,9 +256,9 @@ def test_arithmetic_and_walk_agree_and_len_is_exact(params):
     if split:
         b = b * num
     for i in range(num):
-        layout = _ShardLayout(num, i, split, even, drop_last)
+        layout = ShardLayout(num, i, split, even, drop_last)
         walked = list(walk_shard(BatchSampler(SequentialSampler(range(n)), b, drop_last), b, layout))
-        plan = _ArithmeticShard(_EpochOrder(n), b, drop_last, layout)
+        plan = ArithmeticShard(EpochOrder(n), b, drop_last, layout)
         assert list(plan.rows()) == walked
         assert len(plan) == len(walked)
         shard = BatchSamplerShard(BatchSampler(SequentialSampler(range(n)), b, drop_last), num, i, split, even)

@@ -328,7 +328,7 @@ def test_each_process_reads_its_own_part_once_with_equal_steps(runs, kind, worke
             assert real == native, f"epoch {epoch}: what the library gives its ranks, once"
         else:
             assert real == list(range(N)), f"epoch {epoch}: every element once"
-    assert all(runs[rank][kind, workers]["part"] == "_NodePart" for rank in range(2))
+    assert all(runs[rank][kind, workers]["part"] == "NodePart" for rank in range(2))
 
 
 def test_the_library_s_own_tail_rule_is_what_the_processes_get(runs):

@@ -23,7 +23,7 @@ from shardplug.core.loader.prepared import PreparedDataLoader
 
 from .compat import requires_state_keys
 
-__all__ = ["_EpochSync", "current_loader"]
+__all__ = ["EpochSync", "current_loader"]
 
 logger = logging.getLogger(__name__)
 
@@ -40,7 +40,7 @@ def current_loader(engine: Engine) -> PreparedDataLoader:
 
 
 @requires_state_keys("loader")
-class _EpochSync(Serializable):
+class EpochSync(Serializable):
     """Sets the loader's epoch at the engine's epoch events, and resumes it from a checkpoint.
 
     Ignite never calls ``set_epoch``; this does, at the events where the next pass is opened:

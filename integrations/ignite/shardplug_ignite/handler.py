@@ -1,8 +1,8 @@
 """``ShardplugHandler``: shardplug's loaders and stepping for a PyTorch-Ignite ``Engine``.
 
-It composes small handlers, each with ``attach(engine)``: :class:`~shardplug_ignite.epochs._EpochSync`
-(epochs and resume), :class:`~shardplug_ignite.steps._StepEvents` (accumulation and real-step
-events), :class:`~shardplug_ignite.steps._SchedulerSteps` (the attached schedulers) and the
+It composes small handlers, each with ``attach(engine)``: :class:`~shardplug_ignite.epochs.EpochSync`
+(epochs and resume), :class:`~shardplug_ignite.steps.StepEvents` (accumulation and real-step
+events), :class:`~shardplug_ignite.steps.SchedulerSteps` (the attached schedulers) and the
 evaluation pieces of :mod:`shardplug_ignite.evaluation`; the sharding and stepping rules are the
 core's (``shardplug.core``). The first three are ``Serializable``: the handler's state is theirs,
 gathered.
@@ -38,9 +38,9 @@ from shardplug.core.stepping.scheduler import PreparedScheduler
 from shardplug.core.stepping.training import TrainingRun
 
 from .compat import ignite_prepare_batch, required_state_keys, requires_state_keys
-from .epochs import _EpochSync
+from .epochs import EpochSync
 from .evaluation import RealSamplesOnly, _call_model, _identity, evaluation_step
-from .steps import ShardplugEvents, _SchedulerSteps, _StepEvents, register_step_events
+from .steps import SchedulerSteps, ShardplugEvents, StepEvents, register_step_events
 
 __all__ = ["ShardplugHandler"]
 
@@ -52,7 +52,7 @@ def _loss_item(x: Any, y: Any, y_pred: Any, loss: torch.Tensor) -> float:
 
 
 @requires_state_keys(
-    *required_state_keys(_EpochSync), *required_state_keys(_StepEvents), *required_state_keys(_SchedulerSteps)
+    *required_state_keys(EpochSync), *required_state_keys(StepEvents), *required_state_keys(SchedulerSteps)
 )  # ("loader", "gradient_state", "optimizer_step", "optimizer_step_skipped", "schedulers")
 class ShardplugHandler(Serializable):
     """Makes an Ignite ``Engine`` train with shardplug's exact data sharding and stepping.
@@ -67,10 +67,10 @@ class ShardplugHandler(Serializable):
         num_processes: ``None`` = from the running job (``idist``'s process group).
         process_index: ``None`` = from the running job.
 
-    :meth:`attach` attaches :class:`~shardplug_ignite.epochs._EpochSync` (``STARTED``,
+    :meth:`attach` attaches :class:`~shardplug_ignite.epochs.EpochSync` (``STARTED``,
     ``EPOCH_STARTED``, ``DATALOADER_STOP_ITERATION``, ``TERMINATE_SINGLE_EPOCH``: the loader's
     epoch, the resume position, equal epoch lengths on every rank) and
-    :class:`~shardplug_ignite.steps._StepEvents` (``ITERATION_STARTED``: sync or accumulate;
+    :class:`~shardplug_ignite.steps.StepEvents` (``ITERATION_STARTED``: sync or accumulate;
     ``ITERATION_COMPLETED``: ``OPTIMIZER_STEP_COMPLETED`` / ``OPTIMIZER_STEP_SKIPPED``).
 
     The handler is ``Serializable``: put it in a ``Checkpoint``'s ``to_save``. Its state is the
@@ -111,9 +111,9 @@ class ShardplugHandler(Serializable):
             torch_device_mesh=torch_device_mesh,
         )
         self.config: ShardplugConfig = self.run.config
-        self.epochs = _EpochSync()
-        self.steps = _StepEvents(self.run)
-        self.schedulers = _SchedulerSteps(self.run)
+        self.epochs = EpochSync()
+        self.steps = StepEvents(self.run)
+        self.schedulers = SchedulerSteps(self.run)
         #: the pieces whose states make the handler's (each saves and loads its own keys)
         self._pieces: tuple[Serializable, ...] = (self.epochs, self.steps, self.schedulers)
         self._engine: Engine | None = None

@@ -26,13 +26,13 @@ from shardplug.core.stepping.training import TrainingRun
 
 from .compat import requires_state_keys
 
-__all__ = ["ShardplugEvents", "_StepEvents", "_SchedulerSteps"]
+__all__ = ["ShardplugEvents", "StepEvents", "SchedulerSteps"]
 
 logger = logging.getLogger(__name__)
 
 
 class ShardplugEvents(EventEnum):
-    """Events fired on a trainer by :class:`_StepEvents` (part of ``ShardplugHandler``).
+    """Events fired on a trainer by :class:`StepEvents` (part of ``ShardplugHandler``).
 
     * ``OPTIMIZER_STEP_COMPLETED``: after an iteration in which the prepared optimizer(s) really
       updated the parameters; counted in ``engine.state.optimizer_step`` (so ``every=``/``once=``
@@ -65,7 +65,7 @@ def register_step_events(engine: Engine) -> None:
 
 
 @requires_state_keys("gradient_state", "optimizer_step", "optimizer_step_skipped")
-class _StepEvents(Serializable):
+class StepEvents(Serializable):
     """Gradient-accumulation and optimizer-step events of one trainer.
 
     Args:
@@ -162,7 +162,7 @@ class _StepEvents(Serializable):
 
 
 @requires_state_keys("schedulers")
-class _SchedulerSteps(Serializable):
+class SchedulerSteps(Serializable):
     """The schedulers attached to a trainer (``ShardplugHandler.attach_scheduler``): each steps at
     its event, and their states are saved and loaded together.
 

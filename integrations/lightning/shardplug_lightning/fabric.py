@@ -81,7 +81,7 @@ class ShardplugFabricDDPStrategy(ShardplugOptions, DDPStrategy):
         **kwargs: Any,
     ) -> None:
         self._take_options(config, locals())  # every ShardplugConfig field is a parameter above
-        self._last_step: amp._StepAttempt | None = None
+        self._last_step: amp.StepAttempt | None = None
         super().__init__(**kwargs)  # Fabric's DDPStrategy keywords
 
     @override
@@ -142,7 +142,7 @@ class ShardplugFabricDDPStrategy(ShardplugOptions, DDPStrategy):
         """Fabric's optimizer step, counted by shardplug's real-step counter (:attr:`step_was_skipped`);
         if it raises, the scaler's record of the step is closed."""
         scaler = getattr(self.precision, "scaler", None)
-        with amp._StepAttempt(optimizer, scaler) as attempt:
+        with amp.StepAttempt(optimizer, scaler) as attempt:
             self._last_step = attempt
             return super().optimizer_step(optimizer, **kwargs)
 

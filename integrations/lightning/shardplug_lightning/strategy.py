@@ -131,7 +131,7 @@ class ShardplugStrategyMixin(ShardplugOptions):
             raise TypeError(f"eval_even_batches={eval_even_batches!r} is invalid: it must be True or False")
         self._take_options(config, locals())  # every ShardplugConfig field is a parameter above
         self.eval_even_batches = eval_even_batches
-        self._last_step: amp._StepAttempt | None = None
+        self._last_step: amp.StepAttempt | None = None
         super().__init__(**kwargs)  # the Lightning strategy's keywords
 
     @override
@@ -270,7 +270,7 @@ class ShardplugStrategyMixin(ShardplugOptions):
         the step raises, the scaler's record of it is closed (no stale unscale survives).
         """
         scaler = getattr(self.precision_plugin, "scaler", None)  # type: ignore[attr-defined]
-        with amp._StepAttempt(optimizer, scaler) as attempt:
+        with amp.StepAttempt(optimizer, scaler) as attempt:
             self._last_step = attempt
             return super().optimizer_step(optimizer, closure, model, **kwargs)  # type: ignore[misc]
 

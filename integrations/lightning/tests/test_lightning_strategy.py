@@ -387,7 +387,7 @@ def test_litdata_and_streaming_train_once_per_epoch_with_equal_steps(tmp_path: P
     _run_script("lightning_presplit.py", tmp_path)
     ranks = [_json(tmp_path / f"presplit_rank{r}.json") for r in range(WORLD)]
     for kind in ("litdata", "streaming"):
-        assert all(r[kind]["part"] == "_NodePart" for r in ranks), "read as each process's part"
+        assert all(r[kind]["part"] == "NodePart" for r in ranks), "read as each process's part"
         for epoch in range(2):
             batches = [[b for e, b in r[kind]["train"] if e == epoch] for r in ranks]
             assert len(batches[0]) == len(batches[1]) > 0, "equal steps on both ranks"

@@ -4,12 +4,15 @@ what cannot be done without one (:func:`require_group`)."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
 
 from shardplug.core._internal.topology import distributed_is_active
+
+if TYPE_CHECKING:
+    from torch.distributed import ProcessGroup
 
 __all__ = [
     "broadcast_object",
@@ -51,7 +54,7 @@ def require_group(num_processes: int, process_index: int, needs: str, without: s
     )
 
 
-def broadcast_object(obj: Any, src: int = 0, group: Any | None = None) -> Any:
+def broadcast_object(obj: Any, src: int = 0, group: ProcessGroup | None = None) -> Any:
     """Return process ``src``'s ``obj`` on every process (``obj`` itself without a process group)."""
     if world_size() == 1:
         return obj
@@ -60,7 +63,7 @@ def broadcast_object(obj: Any, src: int = 0, group: Any | None = None) -> Any:
     return box[0]
 
 
-def all_gather_objects(obj: Any, group: Any | None = None) -> list[Any]:
+def all_gather_objects(obj: Any, group: ProcessGroup | None = None) -> list[Any]:
     """Every process's ``obj``, by rank (``[obj]`` without a process group)."""
     if world_size() == 1:
         return [obj]

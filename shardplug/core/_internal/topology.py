@@ -17,12 +17,15 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
 
 from shardplug.core._internal.arguments import check_int, is_int
+
+if TYPE_CHECKING:
+    from torch.distributed import ProcessGroup
 
 __all__ = ["ProcessTopology", "Readers", "resolve_data_topology", "distributed_is_active"]
 
@@ -163,7 +166,7 @@ class Readers:
     """
 
     size: int = 1
-    group: Any = None
+    group: ProcessGroup | None = None
 
     @classmethod
     def of(cls, num_processes: int, torch_device_mesh: Any = None) -> Readers:

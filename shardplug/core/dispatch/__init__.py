@@ -1,7 +1,7 @@
 """Dispatch mode: process 0 reads the data and scatters each process its own rows.
 
 * :mod:`~shardplug.core.dispatch.dispatcher`: :class:`DataLoaderDispatcher`, its options and wiring.
-* :class:`~shardplug.core.dispatch.dispatch_plan._DispatchPlan`: which rows of a step go to which process, the
+* :class:`~shardplug.core.dispatch.dispatch_plan.DispatchPlan`: which rows of a step go to which process, the
   padding of a short last step, the check of the batches joined into one step.
 * :mod:`~shardplug.core.dispatch.wire`: the wire protocol (the message before every step,
   the header, what follows), :class:`DispatchError`, :class:`DispatchStats`.

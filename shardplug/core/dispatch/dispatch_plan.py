@@ -16,23 +16,23 @@ from shardplug.core._internal.rows import (
     slice_rows,
     take_rows,
 )
-from shardplug.core.sharding.layout import _ShardLayout
+from shardplug.core.sharding.layout import ShardLayout
 from shardplug.core.sharding.shard_plan import (
-    _PassRecord,
-    _PlanDefaults,
-    _ShardPlan,
+    PassRecord,
+    PlanDefaults,
+    ShardPlan,
     check_consumed,
     global_batch_samples,
 )
 
-__all__ = ["_DispatchPlan", "DispatchError", "_CutStep"]
+__all__ = ["DispatchPlan", "DispatchError", "CutStep"]
 
 
 class DispatchError(RuntimeError):
     """Raised on every process when process 0 cannot dispatch a batch."""
 
 
-class _CutStep:
+class CutStep:
     """A step that is already cut: one batch per process (``N`` full batches of equal rows)."""
 
     __slots__ = ("parts",)
@@ -50,7 +50,7 @@ def _trailing(leaf: Any) -> Any:
     return (dtype, shape[1:]) if shape is not None else dtype
 
 
-class _DispatchPlan(_PlanDefaults):
+class DispatchPlan(PlanDefaults):
     """Process 0 reads the global batches; each step takes one of them (splitting) or ``N``, and
     every process receives its rows.  ``length`` is the number of global batches per epoch;
     ``source`` the plan of process 0's global batches (it skips them on a resume), or ``None``
@@ -62,7 +62,7 @@ class _DispatchPlan(_PlanDefaults):
 
     Example (2 processes, batches of 2: a short last step is padded with the epoch's first row)::
 
-        >>> plan = _DispatchPlan(_ShardLayout.for_batches(2, num_processes=2), length=3)
+        >>> plan = DispatchPlan(ShardLayout.for_batches(2, num_processes=2), length=3)
         >>> plan.num_batches()
         2
         >>> group = [torch.tensor([4]), torch.tensor([5])]
@@ -79,7 +79,7 @@ class _DispatchPlan(_PlanDefaults):
         "loader.remainder for the real rows of the last step, or dispatch_batches=False"
     )
 
-    def __init__(self, layout: _ShardLayout, length: int | None = None, source: _ShardPlan | None = None) -> None:
+    def __init__(self, layout: ShardLayout, length: int | None = None, source: ShardPlan | None = None) -> None:
         self.layout = layout
         self.length = length
         self.source = source
@@ -95,7 +95,7 @@ class _DispatchPlan(_PlanDefaults):
             return self.source.start_after(consumed)
         return check_consumed(consumed)
 
-    def batch_record(self, record: _PassRecord, batch: int) -> tuple[list[int], int]:
+    def batch_record(self, record: PassRecord, batch: int) -> tuple[list[int], int]:
         raise ValueError(self.untracked_reason)
 
     @property
@@ -136,7 +136,7 @@ class _DispatchPlan(_PlanDefaults):
 
         Example::
 
-            >>> plan = _DispatchPlan(_ShardLayout.for_batches(2, num_processes=2))
+            >>> plan = DispatchPlan(ShardLayout.for_batches(2, num_processes=2))
             >>> plan.check_step([torch.zeros(2, 3), torch.zeros(1, 3)])
             [2, 1]
         """
@@ -168,20 +168,20 @@ class _DispatchPlan(_PlanDefaults):
         return rows
 
     def step(self, group: list[Any], rows: list[int], head: Any, uncut: bool) -> Any:
-        """The step made of ``group`` (its batches' ``rows`` checked): a :class:`_CutStep` when
+        """The step made of ``group`` (its batches' ``rows`` checked): a :class:`CutStep` when
         ``uncut`` (the default cut of whole batches) and the group is ``N`` batches of equal rows
         -- batch ``j`` is exactly process ``j``'s rows --, else the batches joined along dim 0, a
         short step padded from ``head`` with ``even_batches``.
 
         Example::
 
-            >>> plan = _DispatchPlan(_ShardLayout.for_batches(2, num_processes=2))
+            >>> plan = DispatchPlan(ShardLayout.for_batches(2, num_processes=2))
             >>> head = plan.head_rows([torch.arange(2)])
             >>> plan.step([torch.arange(2), torch.arange(2, 3)], [2, 1], head, uncut=True).tolist()
             [0, 1, 2, 0]
         """
         if uncut and len(group) == self.layout.batches_per_step and len(set(rows)) == 1:
-            return _CutStep(group)
+            return CutStep(group)
         step = group[0] if len(group) == 1 else concatenate_rows(group)
         return self.pad_step(step, head) if self.layout.even_batches else step
 
@@ -207,7 +207,7 @@ class _DispatchPlan(_PlanDefaults):
         rows = concatenate_rows(pieces) if len(pieces) > 1 else pieces[0]
         return take_rows(rows, torch.arange(min(count, taken)))
 
-    def epoch_head(self, group: list[Any], record: _PassRecord, load: Callable[[list[int]], Any] | None = None) -> Any:
+    def epoch_head(self, group: list[Any], record: PassRecord, load: Callable[[list[int]], Any] | None = None) -> Any:
         """The rows padding cycles through: a copy of the epoch's first :attr:`head_size` rows.
 
         They are the first rows of ``group`` (the pass's first step), unless the pass starts
@@ -224,7 +224,7 @@ class _DispatchPlan(_PlanDefaults):
 
         Example::
 
-            >>> _DispatchPlan(_ShardLayout.for_batches(2, num_processes=3, even_batches=False)).part_slices(7)
+            >>> DispatchPlan(ShardLayout.for_batches(2, num_processes=3, even_batches=False)).part_slices(7)
             [slice(0, 3, None), slice(3, 5, None), slice(5, 7, None)]
         """
         n = self.layout.num_processes
@@ -235,7 +235,7 @@ class _DispatchPlan(_PlanDefaults):
     def cut(self, step: Any, slice_fn: Callable[[Any, slice, int, int], Any]) -> list[Any]:
         """Every process's part of ``step`` (``slice_fn(step, rows, j, N)`` for process ``j``); a
         :class:`DispatchError` when the parts differ in structure or in shape beyond dim 0."""
-        if isinstance(step, _CutStep):  # already one batch per process, nothing to cut
+        if isinstance(step, CutStep):  # already one batch per process, nothing to cut
             return step.parts
         n = self.layout.num_processes
         slices = self.part_slices(batch_rows(flatten(step)[0]) or 0)

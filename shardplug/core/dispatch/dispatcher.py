@@ -24,22 +24,22 @@ from shardplug.core._internal.collectives import (
 from shardplug.core._internal.rows import slice_rows
 from shardplug.core._internal.topology import resolve_data_topology
 from shardplug.core.config import ShardplugConfig
-from shardplug.core.dispatch.dispatch_plan import _DispatchPlan
-from shardplug.core.dispatch.receiver import _StepReceiver
-from shardplug.core.dispatch.sender import SliceFn, _StepReader, _StepSender, local_steps
-from shardplug.core.dispatch.shm import _CollateIntoRing
-from shardplug.core.dispatch.transport import _Wire
+from shardplug.core.dispatch.dispatch_plan import DispatchPlan
+from shardplug.core.dispatch.receiver import StepReceiver
+from shardplug.core.dispatch.sender import SliceFn, StepReader, StepSender, local_steps
+from shardplug.core.dispatch.shm import CollateIntoRing
+from shardplug.core.dispatch.transport import Wire
 from shardplug.core.dispatch.wire import DispatchStats
 from shardplug.core.loader.prepared import DataLoaderShard, PreparedDataLoader
 from shardplug.core.resume.stateful import stateful_dataloader_class
-from shardplug.core.sharding.layout import _ShardLayout
-from shardplug.core.sharding.shard_plan import _ShardPlan
+from shardplug.core.sharding.layout import ShardLayout
+from shardplug.core.sharding.shard_plan import ShardPlan
 
-__all__ = ["DataLoaderDispatcher", "_DispatchOptions", "check_slice_fn"]
+__all__ = ["DataLoaderDispatcher", "DispatchOptions", "check_slice_fn"]
 
 
 @dataclass(frozen=True)
-class _DispatchOptions:
+class DispatchOptions:
     """What a dispatcher needs beyond a loader's settings (see :class:`DataLoaderDispatcher`)."""
 
     split_batches: bool = ShardplugConfig.split_batches
@@ -54,8 +54,8 @@ class _DispatchOptions:
 
     @classmethod
     def from_layout(
-        cls, layout: _ShardLayout, slice_fn: SliceFn | None = None, torch_device_mesh: Any = None
-    ) -> _DispatchOptions:
+        cls, layout: ShardLayout, slice_fn: SliceFn | None = None, torch_device_mesh: Any = None
+    ) -> DispatchOptions:
         """The options of a dispatcher sharing its batches by ``layout`` (``prepare_data_loader``'s)."""
         return cls(
             layout.split_batches,
@@ -106,7 +106,7 @@ class DataLoaderDispatcher(DataLoaderShard):
             ...
     """
 
-    plan: _DispatchPlan  # process 0's global batches, shared out by steps (set in finish_init)
+    plan: DispatchPlan  # process 0's global batches, shared out by steps (set in finish_init)
 
     def __init__(
         self,
@@ -126,7 +126,7 @@ class DataLoaderDispatcher(DataLoaderShard):
         **dataloader_kwargs: Any,
     ) -> None:
         super(DataLoaderShard, self).__init__(dataset, **dataloader_kwargs)
-        options = _DispatchOptions(
+        options = DispatchOptions(
             split_batches, slice_fn_for_dispatch, torch_device_mesh, num_processes, process_index, even_batches
         )
         self.finish_init(device, rng_types, synchronized_generator, skip_batches, non_blocking, dispatch=options)
@@ -138,16 +138,16 @@ class DataLoaderDispatcher(DataLoaderShard):
         synchronized_generator: torch.Generator | None,
         skip_batches: int,
         non_blocking: bool,
-        plan: _ShardPlan | None = None,
-        dispatch: _DispatchOptions | None = None,
+        plan: ShardPlan | None = None,
+        dispatch: DispatchOptions | None = None,
     ) -> None:
         super().finish_init(device, rng_types, synchronized_generator, skip_batches, non_blocking, plan)
-        options = dispatch if dispatch is not None else _DispatchOptions()
+        options = dispatch if dispatch is not None else DispatchOptions()
         self.split_batches = options.split_batches
         self.slice_fn: SliceFn = options.slice_fn or slice_rows
         self.dispatch_stats = DispatchStats()
         self.num_processes, self.process_index = resolve_topology(options)
-        layout = _ShardLayout.for_batches(
+        layout = ShardLayout.for_batches(
             self.batch_size,
             self.num_processes,
             self.process_index,
@@ -155,21 +155,21 @@ class DataLoaderDispatcher(DataLoaderShard):
             options.even_batches,
             drop_last=bool(self.drop_last),
         )
-        source: _ShardPlan = self.plan  # process 0's global batches: a shard of the user's batches, or the stream's own
+        source: ShardPlan = self.plan  # process 0's global batches: a shard of the user's batches, or the stream's own
         try:
             length = source.num_batches(0)
         except TypeError:  # a batch sampler without __len__
             length = None
         # All dispatch traffic goes through a process group of its own: a message a process has not
         # read yet (the close of a pass it left early) can never meet the user's own collectives.
-        self._wire = _Wire(dist.new_group() if world_size() > 1 else None)
+        self._wire = Wire(dist.new_group() if world_size() > 1 else None)
         if self._wire.group is not None:  # process 0 reads the data: its length is everybody's
             length = broadcast_object(length if global_rank() == 0 else None, group=self._wire.group)
-        self.plan = _DispatchPlan(layout, length, source if source.unit == "global_batches" else None)
+        self.plan = DispatchPlan(layout, length, source if source.unit == "global_batches" else None)
         self._wire.shm_targets = self._same_host_processes()
         self._collate = self._collate_into_rings()
 
-    def _collate_into_rings(self) -> _CollateIntoRing | None:
+    def _collate_into_rings(self) -> CollateIntoRing | None:
         """Process 0: a ``default_collate`` that stacks the other processes' batches straight into
         their ring slots (one copy less per step), where the batches are process ``j``'s rows as
         collated: ``default_collate``, no workers (collation happens in this process, one batch per
@@ -186,7 +186,7 @@ class DataLoaderDispatcher(DataLoaderShard):
         )
         if not usable:
             return None
-        collate = _CollateIntoRing()
+        collate = CollateIntoRing()
         object.__setattr__(self, "collate_fn", collate)  # without a target it is default_collate
         return collate
 
@@ -197,7 +197,7 @@ class DataLoaderDispatcher(DataLoaderShard):
     ``False``: always through the process group. Read when the loader is built."""
 
     def _same_host_processes(self) -> frozenset[int]:
-        """The processes other than 0 that share process 0's host (see :meth:`_Wire.find_host_processes`)."""
+        """The processes other than 0 that share process 0's host (see :meth:`Wire.find_host_processes`)."""
         if self._wire.group is None or communication_device().type != "cpu":
             return frozenset()
         wanted = self.shared_memory
@@ -208,8 +208,8 @@ class DataLoaderDispatcher(DataLoaderShard):
     def __reduce_ex__(self, protocol: Any) -> Any:
         rebuild, args, state = super().__reduce_ex__(protocol)
         # the process group and the open pass belong to this process (a copy cannot dispatch)
-        state.update(_wire=_Wire(), _collate=None)
-        if isinstance(state.get("collate_fn"), _CollateIntoRing):
+        state.update(_wire=Wire(), _collate=None)
+        if isinstance(state.get("collate_fn"), CollateIntoRing):
             state["collate_fn"] = default_collate
         return rebuild, args, state
 
@@ -239,7 +239,7 @@ class DataLoaderDispatcher(DataLoaderShard):
             if previous is not None:
                 previous.close()  # a pass still open: the others learn it ended here
             wire.check_group()
-            sender = _StepSender(
+            sender = StepSender(
                 self._step_reader(skip),
                 self.dispatch_stats,
                 wire.passes_started,
@@ -250,12 +250,12 @@ class DataLoaderDispatcher(DataLoaderShard):
             wire.sending = weakref.ref(steps)  # weak: an abandoned pass is closed by the garbage collector
             return steps
         wire.check_group()
-        receiver = _StepReceiver(
+        receiver = StepReceiver(
             wire, self.dispatch_stats, self.process_index, wire.passes_started, communication_device()
         )
         return receiver.steps()
 
-    def _step_reader(self, discard: int) -> _StepReader:
+    def _step_reader(self, discard: int) -> StepReader:
         """Process 0: the reader of this pass's steps, after ``discard`` global batches read and dropped.
 
         With the default ``slice_fn`` ``N`` full batches of equal rows are not concatenated: batch
@@ -265,7 +265,7 @@ class DataLoaderDispatcher(DataLoaderShard):
         load: Callable[[list[int]], Any] | None = None
         if not isinstance(self.dataset, IterableDataset):  # padding of a pass begun mid-epoch: by index
             load = lambda indices: self.collate_fn([self.dataset[i] for i in indices])  # noqa: E731
-        return _StepReader(
+        return StepReader(
             self.plan,
             self._wire,
             partial(super().inner_batches, discard),
@@ -282,7 +282,7 @@ class DataLoaderDispatcher(DataLoaderShard):
         self._wire.close()
 
 
-def resolve_topology(options: _DispatchOptions) -> tuple[int, int]:
+def resolve_topology(options: DispatchOptions) -> tuple[int, int]:
     """``(num_processes, process_index)`` of a dispatcher: one process per data shard."""
     num_processes, process_index = resolve_data_topology(
         options.num_processes, options.process_index, options.torch_device_mesh

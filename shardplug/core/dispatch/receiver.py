@@ -17,7 +17,7 @@ import torch.distributed as dist
 from shardplug.core._internal.collectives import broadcast_object
 from shardplug.core._internal.rows import OBJECT, unflatten
 from shardplug.core.dispatch.dispatch_plan import DispatchError
-from shardplug.core.dispatch.transport import _Wire
+from shardplug.core.dispatch.transport import Wire
 from shardplug.core.dispatch.wire import (
     CLOSE,
     END,
@@ -29,17 +29,17 @@ from shardplug.core.dispatch.wire import (
     UNEVEN,
     DispatchStats,
     Header,
-    _Message,
+    Message,
     has_objects,
     new_control,
     receive_message,
     with_rows,
 )
 
-__all__ = ["_StepReceiver"]
+__all__ = ["StepReceiver"]
 
 
-class _StepReceiver:
+class StepReceiver:
     """A process other than 0: the steps of pass ``pass_number`` as ``(batch, last)``.
 
     A failure of the process group while waiting (process 0 died, a timeout) is a
@@ -47,7 +47,7 @@ class _StepReceiver:
     """
 
     def __init__(
-        self, wire: _Wire, stats: DispatchStats, process_index: int, pass_number: int, device: torch.device
+        self, wire: Wire, stats: DispatchStats, process_index: int, pass_number: int, device: torch.device
     ) -> None:
         self.wire, self.stats, self.process_index, self.pass_number, self.device = (
             wire,
@@ -113,7 +113,7 @@ class _StepReceiver:
             self.stats.steps += 1
             return kind, bool(message.last), header_after, unflatten(iter(leaves), header[0])
 
-    def _header(self, message: _Message, header: Header | None) -> Header:
+    def _header(self, message: Message, header: Header | None) -> Header:
         """This process's header of the step ``message`` announces (received when one follows)."""
         kind = message.kind
         if kind in (HEADER, UNEVEN):
@@ -129,7 +129,7 @@ class _StepReceiver:
             raise DispatchError(f"process 0 sent an unexpected dispatch message {kind}")
         return header
 
-    def _receive_rows(self, header: Header, message: _Message) -> list[Any]:
+    def _receive_rows(self, header: Header, message: Message) -> list[Any]:
         """This process's leaves of the step: pickled ones first, then tensors (from process 0's
         ring on its host, else through the process group)."""
         _, specs, rings = header

@@ -1,7 +1,7 @@
 """Process 0's side of the step protocol: it reads each step and sends the others their rows.
 
-:class:`_StepReader` reads the loader's global batches and has the plan make them into steps
-(checked, padded, cut into every process's part); :class:`_StepSender` announces each step,
+:class:`StepReader` reads the loader's global batches and has the plan make them into steps
+(checked, padded, cut into every process's part); :class:`StepSender` announces each step,
 sends its rows (:mod:`~shardplug.core.dispatch.wire`) and hands out process 0's own.
 """
 
@@ -17,9 +17,9 @@ import torch.distributed as dist
 
 from shardplug.core._internal.collectives import broadcast_object, world_size
 from shardplug.core._internal.rows import OBJECT, batch_rows, flatten, leaf_spec, slice_rows, unflatten
-from shardplug.core.dispatch.dispatch_plan import DispatchError, _DispatchPlan
-from shardplug.core.dispatch.shm import _CollateIntoRing
-from shardplug.core.dispatch.transport import RECEIPT_LAG, _Wire
+from shardplug.core.dispatch.dispatch_plan import DispatchError, DispatchPlan
+from shardplug.core.dispatch.shm import CollateIntoRing
+from shardplug.core.dispatch.transport import RECEIPT_LAG, Wire
 from shardplug.core.dispatch.wire import (
     CLOSE,
     END,
@@ -29,7 +29,7 @@ from shardplug.core.dispatch.wire import (
     UNEVEN,
     DispatchStats,
     Header,
-    _Step,
+    Step,
     announce,
     control_for,
     error_text,
@@ -40,9 +40,9 @@ from shardplug.core.dispatch.wire import (
     transportable,
     wait_all,
 )
-from shardplug.core.sharding.shard_plan import _PassRecord
+from shardplug.core.sharding.shard_plan import PassRecord
 
-__all__ = ["_StepReader", "_StepSender", "local_steps", "overlaps_reads"]
+__all__ = ["StepReader", "StepSender", "local_steps", "overlaps_reads"]
 
 logger = logging.getLogger(__name__)
 
@@ -51,12 +51,12 @@ SliceFn = Callable[[Any, slice, int, int], Any]
 _NO_BATCH = object()
 
 
-class _StepReader:
+class StepReader:
     """Process 0: the steps of one pass, each with the ring slot its rows will take.
 
     ``read_batches()`` gives the pass's global batches; per step the reader takes one of them
     (``split_batches``) or ``N``, collating batch ``j`` straight into ``j``'s ring slot where
-    ``collate`` can (and the slot is free), and the plan makes the step (:meth:`_DispatchPlan.step`):
+    ``collate`` can (and the slot is free), and the plan makes the step (:meth:`DispatchPlan.step`):
     with the default ``slice_fn`` (``uncut``) ``N`` full batches of equal rows are already every
     process's part. Padding comes from the epoch's head: the first step's rows, or ``load`` of
     the epoch's first indices in ``record`` when the pass starts mid-epoch.
@@ -64,14 +64,14 @@ class _StepReader:
 
     def __init__(
         self,
-        plan: _DispatchPlan,
-        wire: _Wire,
+        plan: DispatchPlan,
+        wire: Wire,
         read_batches: Callable[[], Iterator[Any]],
         slice_fn: SliceFn,
         *,
         uncut: bool,
-        collate: _CollateIntoRing | None,
-        record: _PassRecord,
+        collate: CollateIntoRing | None,
+        record: PassRecord,
         load: Callable[[list[int]], Any] | None,
     ) -> None:
         self.plan, self.wire, self.read_batches, self.slice_fn = plan, wire, read_batches, slice_fn
@@ -113,7 +113,7 @@ class _StepReader:
                 collate.target = None
         return group
 
-    def cut_steps(self, device: torch.device) -> Iterator[_Step]:
+    def cut_steps(self, device: torch.device) -> Iterator[Step]:
         """Each step cut into the parts of every process, ready to send."""
         for step, slot in self.steps():
             parts = self.plan.cut(step, self.slice_fn)
@@ -124,10 +124,10 @@ class _StepReader:
                 parts[0] = unflatten(iter(leaves), skeleton)
             flat = [[transportable(leaf, device) for leaf in flatten(part)[0]] for part in parts]
             rows = [batch_rows(part_leaves) or 0 for part_leaves in flat]
-            yield _Step(parts[0], flat, (skeleton, [leaf_spec(leaf) for leaf in leaves]), rows, slot)
+            yield Step(parts[0], flat, (skeleton, [leaf_spec(leaf) for leaf in leaves]), rows, slot)
 
 
-def local_steps(reader: _StepReader, stats: DispatchStats) -> Iterator[tuple[Any, bool]]:
+def local_steps(reader: StepReader, stats: DispatchStats) -> Iterator[tuple[Any, bool]]:
     """Without a process group: process 0's own part of every step, and whether it is the last."""
     for (step, _), last in _flag_last(reader.steps()):
         parts = reader.plan.cut(step, reader.slice_fn)
@@ -135,7 +135,7 @@ def local_steps(reader: _StepReader, stats: DispatchStats) -> Iterator[tuple[Any
         yield parts[0], last
 
 
-class _StepSender:
+class StepSender:
     """Process 0: one pass's steps, announced and sent to the other processes; its own handed out.
 
     Step ``t + 1`` is read before step ``t`` is announced, so the announcement says whether
@@ -149,7 +149,7 @@ class _StepSender:
 
     def __init__(
         self,
-        reader: _StepReader,
+        reader: StepReader,
         stats: DispatchStats,
         pass_number: int,
         device: torch.device,
@@ -205,7 +205,7 @@ class _StepSender:
         finally:
             self._finish()
 
-    def _read_next(self, steps: Iterator[_Step]) -> Any:
+    def _read_next(self, steps: Iterator[Step]) -> Any:
         """The next step, ``None`` at the end, or the exception reading it raised."""
         if not self.overlap_reads:
             wait_all(self.pending)
@@ -225,7 +225,7 @@ class _StepSender:
         broadcast_object(error_text(exc), group=self.group)
         raise exc
 
-    def _send(self, step: _Step, last: bool) -> Any:
+    def _send(self, step: Step, last: bool) -> Any:
         """Announce ``step`` and send its rows; process 0's own part as handed out."""
         own, parts, first, part_rows, slot = step
         header: Header = first + (self.wire.ring_table(parts),)

@@ -2,17 +2,17 @@
 
 Process 0 writes each step's rows for process ``j`` into one slot of a ring it made for ``j``
 (a file in ``/dev/shm``, memory-mapped); process ``j`` maps the same file, copies its rows out
-and counts the step in its :class:`_ReceiptCounter` (shared memory too), after which the slot may
+and counts the step in its :class:`ReceiptCounter` (shared memory too), after which the slot may
 be written again. The process group carries only the control messages. With the loader's
-``default_collate``, :class:`_CollateIntoRing` makes the rows in the slot in the first place.
+``default_collate``, :class:`CollateIntoRing` makes the rows in the slot in the first place.
 The file is removed as soon as process ``j`` has mapped it
 (the mapping stays valid), so nothing is left in ``/dev/shm`` when a process exits, fails or is
 killed; a ring nobody mapped is removed by its owner when it is closed or at exit.
 
 Example::
 
-    >>> ring = _SharedRing(slots=2, slot_bytes=64)
-    >>> reader = _RingReader(ring.path, ring.slots, ring.slot_bytes)  # in the other process
+    >>> ring = SharedRing(slots=2, slot_bytes=64)
+    >>> reader = RingReader(ring.path, ring.slots, ring.slot_bytes)  # in the other process
     >>> ring.write(0, [torch.arange(4)])  # the bytes copied
     32
     >>> reader.read(0, [(torch.int64, (4,))])[0].tolist()
@@ -36,10 +36,10 @@ from torch.utils.data import default_collate
 from shardplug.core._internal.compat import torch_collate as _torch_collate
 
 __all__ = [
-    "_SharedRing",
-    "_RingReader",
-    "_ReceiptCounter",
-    "_CollateIntoRing",
+    "SharedRing",
+    "RingReader",
+    "ReceiptCounter",
+    "CollateIntoRing",
     "ring_bytes",
     "shared_memory_dir",
 ]
@@ -118,7 +118,7 @@ def _attach_mapped(path: str, nbytes: int) -> mmap.mmap:
     return mapped
 
 
-class _SharedRing:
+class SharedRing:
     """Process 0's side: ``slots`` slots of ``slot_bytes`` bytes in one memory-mapped file."""
 
     def __init__(self, slots: int, slot_bytes: int, directory: str | None = None) -> None:
@@ -146,7 +146,7 @@ class _SharedRing:
     def write(self, slot: int, tensors: list[torch.Tensor]) -> int:
         """Put ``tensors`` (one after the other, each aligned) into ``slot``; the bytes copied.
 
-        A tensor already in its place (collated there by :class:`_CollateIntoRing`) is not copied;
+        A tensor already in its place (collated there by :class:`CollateIntoRing`) is not copied;
         one that lies elsewhere in the ring is copied out first, so no write overwrites a source.
         """
         offset, placed = slot * self.slot_bytes, []
@@ -174,7 +174,7 @@ class _SharedRing:
             logger.debug("dispatch ring %s still viewed; unmapped when the view goes", self.path)
 
 
-class _RingReader:
+class RingReader:
     """Process ``j``'s side: maps the ring's file (and removes it: the mapping stays valid)."""
 
     def __init__(self, path: str, slots: int, slot_bytes: int) -> None:
@@ -200,17 +200,17 @@ class _RingReader:
             pass
 
 
-class _ReceiptCounter:
+class ReceiptCounter:
     """How many steps process ``j`` has received, in shared memory: ``j`` counts, process 0 reads.
 
     The receipt a process sends for every step, without the process group: on one host a gloo
     send and receive cost more than the rows of a step cost to copy. Process 0 makes it
-    (``_ReceiptCounter()``), process ``j`` maps it (``_ReceiptCounter(path)``, which removes the file).
+    (``ReceiptCounter()``), process ``j`` maps it (``ReceiptCounter(path)``, which removes the file).
 
     Example::
 
-        >>> mine = _ReceiptCounter()
-        >>> theirs = _ReceiptCounter(mine.path)  # in process j
+        >>> mine = ReceiptCounter()
+        >>> theirs = ReceiptCounter(mine.path)  # in process j
         >>> theirs.count = 3
         >>> mine.count
         3
@@ -245,11 +245,11 @@ def ring_bytes(specs: list[tuple[Any, Any]]) -> int:
     return sum(_padded(_nbytes(dtype, shape)) for dtype, shape in specs)
 
 
-class _CollateIntoRing:
+class CollateIntoRing:
     """``default_collate`` that can stack a batch's tensors straight into a slot of a ring.
 
     While :attr:`target` is ``(ring, slot)``, the next batch collated puts its tensors one after
-    the other into that slot, in the order :meth:`_SharedRing.write` lays them out (the batch's
+    the other into that slot, in the order :meth:`SharedRing.write` lays them out (the batch's
     leaves in order), so writing the batch there copies nothing. Numbers become their tensor as
     ``default_collate`` makes it and are put in place too. A tensor that ``torch.stack(out=)``
     cannot make as ``default_collate`` does (autograd, mixed dtypes or shapes, not strided CPU
@@ -258,8 +258,8 @@ class _CollateIntoRing:
 
     Example::
 
-        >>> ring = _SharedRing(slots=2, slot_bytes=64)
-        >>> collate = _CollateIntoRing()
+        >>> ring = SharedRing(slots=2, slot_bytes=64)
+        >>> collate = CollateIntoRing()
         >>> collate.target = (ring, 1)
         >>> batch = collate([torch.arange(2), torch.arange(2)])
         >>> ring.holds(batch), ring.write(1, [batch])  # already in place: no byte copied
@@ -268,7 +268,7 @@ class _CollateIntoRing:
     """
 
     def __init__(self) -> None:
-        self.target: tuple[_SharedRing, int] | None = None
+        self.target: tuple[SharedRing, int] | None = None
         self._offset = 0
         table = dict(_torch_collate.default_collate_fn_map)
         for kind, function in table.items():  # the entries that make a tensor without recursing
@@ -317,7 +317,7 @@ class _CollateIntoRing:
         return collate_and_place
 
     def __reduce__(self) -> Any:
-        return _CollateIntoRing, ()  # a copy holds no ring
+        return CollateIntoRing, ()  # a copy holds no ring
 
 
 _NUMBER_FUNCTIONS = (

@@ -3,7 +3,7 @@ rings, the receipts of every step and the liveness of the processes they come fr
 
 Process 0 keeps at most :data:`RECEIPT_LAG` steps ahead of the slowest receipt: processes on
 other hosts send one per step through the process group, those on process 0's host count theirs
-in shared memory (:class:`~shardplug.core.dispatch.shm._ReceiptCounter`), and process 0 waits for
+in shared memory (:class:`~shardplug.core.dispatch.shm.ReceiptCounter`), and process 0 waits for
 them by spinning, then sleeping, checking that the process still runs (:func:`process_alive`)
 and giving up after the process group's timeout.
 """
@@ -15,7 +15,7 @@ import os
 import socket
 import time
 import weakref
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
@@ -23,10 +23,13 @@ import torch.distributed as dist
 from shardplug.core._internal.collectives import broadcast_object, global_rank, world_size
 from shardplug.core._internal.rows import OBJECT, leaf_spec
 from shardplug.core.dispatch.dispatch_plan import DispatchError
-from shardplug.core.dispatch.shm import _ReceiptCounter, _RingReader, _SharedRing, ring_bytes, shared_memory_dir
+from shardplug.core.dispatch.shm import ReceiptCounter, RingReader, SharedRing, ring_bytes, shared_memory_dir
 from shardplug.core.dispatch.wire import ACK_TAG, tensors
 
-__all__ = ["_ReceiptCounter", "process_alive"]
+if TYPE_CHECKING:
+    from torch.distributed import ProcessGroup
+
+__all__ = ["ReceiptCounter", "process_alive"]
 
 logger = logging.getLogger(__name__)
 
@@ -47,7 +50,7 @@ SPIN_S = 2e-4
 """How long process 0 waits for a receipt in shared memory by yielding its core, before it sleeps."""
 
 
-class _Wire:
+class Wire:
     """What a dispatcher keeps about its process group and the traffic on it: the group, the pass
     numbers, the steps sent and received, the receipts and the shared-memory rings.
 
@@ -58,7 +61,7 @@ class _Wire:
     sharing them does.
     """
 
-    def __init__(self, group: Any = None) -> None:
+    def __init__(self, group: ProcessGroup | None = None) -> None:
         self.group = group
         self.passes_started = 0  # passes begun on this process; every message names process 0's
         self.sending: weakref.ref[Any] | None = None  # process 0: the pass whose steps are being sent
@@ -66,15 +69,15 @@ class _Wire:
         self.acks: dict[int, list[Any]] = {}  # process 0: per process elsewhere, receipts of steps not yet seen
         self.ack_sends: list[Any] = []  # the other processes: receipts in flight
         self.steps_received = 0  # the other processes: step messages received (all passes)
-        self.counters: dict[int, _ReceiptCounter] = {}  # process 0: per process of its host, its receipts
-        self.counter: _ReceiptCounter | None = None  # a process on process 0's host: where it counts
+        self.counters: dict[int, ReceiptCounter] = {}  # process 0: per process of its host, its receipts
+        self.counter: ReceiptCounter | None = None  # a process on process 0's host: where it counts
         self.pids: dict[int, int] = {}  # process 0: the process id of every process of its host
         self.shm_targets: frozenset[int] = frozenset()  # the processes of process 0's host (shared memory)
-        self.rings: dict[int, _SharedRing] = {}  # process 0: a ring per process of its host
+        self.rings: dict[int, SharedRing] = {}  # process 0: a ring per process of its host
         self.steps_sent = 0  # process 0: steps announced (all passes)
         self.slot_steps = [-1] * RING_SLOTS  # process 0: the step last announced in each ring slot
         self.slots_taken = 0  # process 0: steps read, each given the next slot in turn
-        self.reader: _RingReader | None = None  # the others: process 0's ring for this process
+        self.reader: RingReader | None = None  # the others: process 0's ring for this process
 
     def close(self) -> None:
         """Release the shared-memory rings.
@@ -123,11 +126,11 @@ class _Wire:
                 if j and usable and (h, u) == (host, True) and process_alive(pid)
             ]
             self.pids = {j: everyone[j][2] for j in chosen}
-            self.counters = {j: _ReceiptCounter() for j in chosen}
+            self.counters = {j: ReceiptCounter() for j in chosen}
             table = {j: counter.path for j, counter in self.counters.items()}
         table = broadcast_object(table, group=self.group)
         if process_index in table:
-            self.counter = _ReceiptCounter(table[process_index])
+            self.counter = ReceiptCounter(table[process_index])
         return frozenset(table)
 
     # -- receipts -----------------------------------------------------------------------------
@@ -221,7 +224,7 @@ class _Wire:
                 if ring is not None:
                     ring.close(remove=False)  # the others may still map it: they remove it
                 size = max(need, 2 * ring.slot_bytes if ring is not None else 0, MIN_SLOT_BYTES)
-                ring = self.rings[j] = _SharedRing(RING_SLOTS, size)
+                ring = self.rings[j] = SharedRing(RING_SLOTS, size)
             table.append((j, ring.path, ring.slots, ring.slot_bytes))
         return tuple(table)
 
@@ -248,7 +251,7 @@ class _Wire:
         if self.reader is None or self.reader.path != path:
             if self.reader is not None:
                 self.reader.close()
-            self.reader = _RingReader(path, slots, slot_bytes)
+            self.reader = RingReader(path, slots, slot_bytes)
         return self.reader.read(slot, [spec for spec in specs if spec[0] != OBJECT])
 
 

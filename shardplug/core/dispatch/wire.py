@@ -32,13 +32,16 @@ Example::
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
 import torch.distributed as dist
 
 from shardplug.core._internal.rows import OBJECT, leaf_spec
 from shardplug.core.dispatch.dispatch_plan import DispatchError
+
+if TYPE_CHECKING:
+    from torch.distributed import ProcessGroup
 
 __all__ = ["DispatchError", "DispatchStats"]
 
@@ -90,7 +93,7 @@ Header = tuple[Any, list[tuple[Any, Any]], tuple[tuple[int, str, int, int], ...]
 shared-memory ring of every process on process 0's host: (process, path, slots, slot bytes))."""
 
 
-class _Step(NamedTuple):
+class Step(NamedTuple):
     """Process 0: one step read and cut, ready to send."""
 
     own: Any  # process 0's part, as handed out
@@ -100,7 +103,7 @@ class _Step(NamedTuple):
     slot: int  # the ring slot the step's rows take (processes of process 0's host)
 
 
-class _Message(NamedTuple):
+class Message(NamedTuple):
     """The message before a step, as received."""
 
     kind: int
@@ -123,7 +126,7 @@ def announce(
     last: bool = False,
     slot: int = 0,
     *,
-    group: Any,
+    group: ProcessGroup | None,
     async_op: bool = False,
 ) -> Any:
     """Process 0: broadcast the message of the coming step (its work when ``async_op``)."""
@@ -132,10 +135,10 @@ def announce(
     return work if async_op else _Done()
 
 
-def receive_message(control: torch.Tensor, group: Any) -> _Message:
+def receive_message(control: torch.Tensor, group: ProcessGroup | None) -> Message:
     """The other processes: the next message process 0 broadcast."""
     dist.broadcast(control, src=0, group=group)
-    return _Message(*control.tolist())
+    return Message(*control.tolist())
 
 
 def error_text(exc: BaseException) -> str:

@@ -13,8 +13,8 @@ from typing import NamedTuple
 import torch
 
 from shardplug.core.resume.position import Position
-from shardplug.core.sharding.shard_plan import _ShardPlan, plan_traits
-from shardplug.core.shuffle.agreement import _Shuffles
+from shardplug.core.sharding.shard_plan import ShardPlan, plan_traits
+from shardplug.core.shuffle.agreement import Shuffles
 
 __all__ = ["pass_position", "PassCounts", "LoaderIdentity"]
 
@@ -42,7 +42,7 @@ class LoaderIdentity(NamedTuple):
     num_workers: int
 
 
-def pass_position(plan: _ShardPlan, loader: LoaderIdentity, current: PassCounts, shuffles: _Shuffles) -> Position:
+def pass_position(plan: ShardPlan, loader: LoaderIdentity, current: PassCounts, shuffles: Shuffles) -> Position:
     """Where a pass that stands at ``current`` stands, in the layout of ``plan``."""
     layout = plan.layout
     generator = shuffles.generator

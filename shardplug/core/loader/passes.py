@@ -1,6 +1,6 @@
 """One pass over a prepared loader: what torch's ``_BaseDataLoaderIter`` is to a ``DataLoader``.
 
-``iter(loader)`` makes a :class:`_LoaderPass`; the pass begins at the first ``next()``: it advances
+``iter(loader)`` makes a :class:`LoaderPass`; the pass begins at the first ``next()``: it advances
 the epoch when the previous pass was complete, agrees shuffle seeds and RNG states with process 0,
 lets the loader's resume state place it (a loaded position, ``skip_first_batches``), and then
 hands out the loader's batches, knowing the last one (by counting where the plan's length is
@@ -31,22 +31,22 @@ import torch
 
 from shardplug.core.loader.building import PassCounts
 from shardplug.core.loader.placing import PassStart
-from shardplug.core.loader.transfer import _DeviceTransfer
-from shardplug.core.padding.tracking import _PaddingTracker
-from shardplug.core.resume.lengths import _PassLengths
-from shardplug.core.resume.stateful import _InnerState
+from shardplug.core.loader.transfer import DeviceTransfer
+from shardplug.core.padding.tracking import PaddingTracker
+from shardplug.core.resume.lengths import PassLengths
+from shardplug.core.resume.stateful import InnerState
 from shardplug.core.sharding.map_style import BatchSamplerShard
-from shardplug.core.sharding.shard_plan import _PassRecord, _ShardPlan, plan_traits
-from shardplug.core.shuffle.agreement import _Shuffles, synchronize
+from shardplug.core.sharding.shard_plan import PassRecord, ShardPlan, plan_traits
+from shardplug.core.shuffle.agreement import Shuffles, synchronize
 
 __all__ = [
-    "_LoaderPass",
+    "LoaderPass",
     "LengthMismatchWarning",
     "PassListener",
     "PassKeeper",
     "PassHost",
     "weak_reference",
-    "_WeakLoader",
+    "WeakLoader",
 ]
 
 
@@ -67,22 +67,22 @@ class PassKeeper(Protocol):
     asks it: the last pass, the shuffles to agree, where a pass starts, the lengths, the
     ``StatefulDataLoader``'s state."""
 
-    last_pass: _LoaderPass
-    inner: _InnerState
+    last_pass: LoaderPass
+    inner: InnerState
 
-    def shuffles(self) -> _Shuffles: ...
+    def shuffles(self) -> Shuffles: ...
 
     def start(self) -> PassStart: ...
 
-    def adopt(self, current: _LoaderPass) -> None: ...
+    def adopt(self, current: LoaderPass) -> None: ...
 
-    def lengths(self) -> _PassLengths: ...
+    def lengths(self) -> PassLengths: ...
 
 
 class PassHost(Protocol):
     """What a pass reads of its loader (a :class:`~shardplug.core.loader.prepared.PreparedDataLoader`)."""
 
-    plan: _ShardPlan
+    plan: ShardPlan
     epoch: int
     device: torch.device | None
     non_blocking: bool
@@ -100,7 +100,7 @@ class PassHost(Protocol):
     def batch_shard(self) -> BatchSamplerShard | None: ...
 
     @property
-    def padding_tracker(self) -> _PaddingTracker | None: ...
+    def padding_tracker(self) -> PaddingTracker | None: ...
 
     @property
     def resume(self) -> PassKeeper: ...
@@ -126,7 +126,7 @@ def weak_reference(obj: Any) -> Callable[[], Any]:
 _Loader = TypeVar("_Loader")
 
 
-class _WeakLoader(Generic[_Loader]):
+class WeakLoader(Generic[_Loader]):
     """Holds its ``loader`` weakly (in ``_loader``): the loader keeps this object, so a strong reference
     back would make a cycle that only the garbage collector frees.  A copy or a pickle carries the
     loader itself (a weak reference does not travel)."""
@@ -161,7 +161,7 @@ class LengthMismatchWarning(UserWarning):
     ``DataLoader`` warns for an iterable dataset whose ``len()`` is wrong)."""
 
 
-class _LoaderPass(_WeakLoader[PassHost]):
+class LoaderPass(WeakLoader[PassHost]):
     """One pass (one iteration) of the prepared loader ``loader`` (see the module docstring), the only
     writer of its fields: it places its start, counts what it hands out, marks padding and knows its end.
 
@@ -200,7 +200,7 @@ class _LoaderPass(_WeakLoader[PassHost]):
         self.resumed = 0
         self.consumed_at_start = 0
         self.total: int | None = None
-        self.record = _PassRecord()
+        self.record = PassRecord()
         self.batch_indices: list[int] | None = None
         self.batch_real: int | None = None
         self.generator_state: torch.Tensor | None = None  # the shuffle generator's state at the pass start
@@ -221,7 +221,7 @@ class _LoaderPass(_WeakLoader[PassHost]):
         """The loader was set to this pass's epoch while the pass runs: its end is not the epoch's end."""
         self.complete = False
 
-    def kept_by(self, loader: PassHost) -> _LoaderPass:
+    def kept_by(self, loader: PassHost) -> LoaderPass:
         """A closed copy of this pass as ``loader``'s last pass (a ``skip_first_batches`` copy of its loader)."""
         new = copy.copy(self)
         new._loader, new.open = weak_reference(loader), False
@@ -260,7 +260,7 @@ class _LoaderPass(_WeakLoader[PassHost]):
         synchronize(shuffles.seedable, loader.rng_types, loader.synchronized_generator)
         plan = loader.plan
         plan.begin_pass()
-        self.record = _PassRecord(track=loader.padding_tracker is not None)
+        self.record = PassRecord(track=loader.padding_tracker is not None)
         generator = shuffles.generator
         if generator is not None:
             self.generator_state = generator.get_state()
@@ -304,20 +304,20 @@ class _LoaderPass(_WeakLoader[PassHost]):
         else:
             steps = self._looked_ahead(batches)
         hand_out = self._hand_out
-        transfer = _DeviceTransfer.to(loader.device, loader.non_blocking)
+        transfer = DeviceTransfer.to(loader.device, loader.non_blocking)
         if loader.gradient_state is None and transfer is None and loader.padding_tracker is None:
             hand_out = self._count  # nothing more to do per batch than counting it
         for batch, last in steps:
             yield hand_out(batch, last, transfer)
 
-    def _count(self, batch: Any, last: bool, transfer: _DeviceTransfer | None = None) -> Any:
+    def _count(self, batch: Any, last: bool, transfer: DeviceTransfer | None = None) -> Any:
         """Count ``batch`` as handed out (``last``: the pass's last)."""
         self.batches_yielded += 1
         if last:
             self.end_of_dataloader = self.complete = True
         return batch
 
-    def _hand_out(self, batch: Any, last: bool, transfer: _DeviceTransfer | None) -> Any:
+    def _hand_out(self, batch: Any, last: bool, transfer: DeviceTransfer | None) -> Any:
         """The one step every batch leaves the pass by: count it, mark its padding (and cut it where the loader
         drops it), tell the run's gradient state, move it to the device."""
         self._count(batch, last)

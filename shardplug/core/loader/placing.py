@@ -1,18 +1,18 @@
 """Where a pass that begins starts: after a loaded position, then after a ``skip_first_batches`` skip.
 
-:class:`_PassPlacement` answers a :class:`PassStart` (a value: ``consumed_at_start``, how much of the epoch,
+:class:`PassPlacement` answers a :class:`PassStart` (a value: ``consumed_at_start``, how much of the epoch,
 in the plan's unit, was consumed before the pass; ``resumed``, this process's batches of the epoch before
 it; how many batches to read and drop first) and tells the plan where its batches start
-(:meth:`~shardplug.core.sharding.shard_plan._ShardPlan.start_after`); the pass takes the start as its own.
+(:meth:`~shardplug.core.sharding.shard_plan.ShardPlan.start_after`); the pass takes the start as its own.
 
 Example::
 
     >>> from torch.utils.data import BatchSampler, SequentialSampler
-    >>> from shardplug.core.resume.stateful import _InnerState
-    >>> from shardplug.core.sharding.layout import _ShardLayout
-    >>> from shardplug.core.sharding.map_style import _BatchSamplerPlan
-    >>> plan = _BatchSamplerPlan(BatchSampler(SequentialSampler(range(12)), 2, False), _ShardLayout(2, 0, batch_size=2))
-    >>> _PassPlacement(plan, _InnerState(), False, False).place(None, False, 2)
+    >>> from shardplug.core.resume.stateful import InnerState
+    >>> from shardplug.core.sharding.layout import ShardLayout
+    >>> from shardplug.core.sharding.map_style import BatchSamplerPlan
+    >>> plan = BatchSamplerPlan(BatchSampler(SequentialSampler(range(12)), 2, False), ShardLayout(2, 0, batch_size=2))
+    >>> PassPlacement(plan, InnerState(), False, False).place(None, False, 2)
     PassStart(consumed_at_start=4, resumed=2, discard=0, fast_forwarded=0, empty=False)
 """
 
@@ -21,10 +21,10 @@ from __future__ import annotations
 from typing import NamedTuple
 
 from shardplug.core.resume.position import Position
-from shardplug.core.resume.stateful import _InnerState
-from shardplug.core.sharding.shard_plan import _ShardPlan
+from shardplug.core.resume.stateful import InnerState
+from shardplug.core.sharding.shard_plan import ShardPlan
 
-__all__ = ["_PassPlacement", "PassStart"]
+__all__ = ["PassPlacement", "PassStart"]
 
 
 class PassStart(NamedTuple):
@@ -40,14 +40,14 @@ class PassStart(NamedTuple):
     empty: bool = False
 
 
-class _PassPlacement:
+class PassPlacement:
     """How a pass of a loader with ``plan`` is placed: ``inner`` is its ``StatefulDataLoader``'s state,
     ``reads_through``: a skip is read through that ``StatefulDataLoader`` (its state then counts the
     batches), ``workers_split_stream``: only whole batches tell where each DataLoader worker is."""
 
     __slots__ = ("plan", "inner", "reads_through", "workers_split_stream")
 
-    def __init__(self, plan: _ShardPlan, inner: _InnerState, reads_through: bool, workers_split_stream: bool) -> None:
+    def __init__(self, plan: ShardPlan, inner: InnerState, reads_through: bool, workers_split_stream: bool) -> None:
         self.plan = plan
         self.inner = inner
         self.reads_through = reads_through

@@ -5,7 +5,7 @@ with process 0, its epoch) and hands its jobs to collaborators, in the shape of 
 ``DataLoader`` (settings on the loader, the state of one pass on its iterator) and of torchdata's
 stateful components (each keeps its own state):
 
-* each pass is a :class:`~shardplug.core.loader.passes._LoaderPass` (``passes.py``): its start, delivery,
+* each pass is a :class:`~shardplug.core.loader.passes.LoaderPass` (``passes.py``): its start, delivery,
   look-ahead, ``end_of_dataloader``, the gradient state's notices and the ``len()`` check;
 * the resume state (:attr:`PreparedDataLoader.resume`, a :class:`~shardplug.core.loader.resume_state.ResumeState`):
   the last pass, the start of the next one, the position (build, validate, load; ``state_dict()`` /
@@ -32,17 +32,17 @@ from torch.utils.data import DataLoader, IterableDataset
 from shardplug.core._internal import compat
 from shardplug.core._internal.arguments import is_int
 from shardplug.core.config import ShardplugConfig
-from shardplug.core.loader.passes import LengthMismatchWarning, PassListener, _LoaderPass
+from shardplug.core.loader.passes import LengthMismatchWarning, LoaderPass, PassListener
 from shardplug.core.loader.resume_state import ResumeState
 from shardplug.core.padding.audit import SampleAudit
-from shardplug.core.padding.tracking import _PaddingTracker
+from shardplug.core.padding.tracking import PaddingTracker
 from shardplug.core.resume.stateful import is_stateful, stateful_dataloader_class
-from shardplug.core.sharding.layout import _ShardLayout
-from shardplug.core.sharding.local import _LocalPlan
-from shardplug.core.sharding.map_style import BatchSamplerShard, _IndexSamplerShard
-from shardplug.core.sharding.marks import _TagCollate
+from shardplug.core.sharding.layout import ShardLayout
+from shardplug.core.sharding.local import LocalPlan
+from shardplug.core.sharding.map_style import BatchSamplerShard, IndexSamplerShard
+from shardplug.core.sharding.marks import TagCollate
 from shardplug.core.sharding.read_all import IterableDatasetShard
-from shardplug.core.sharding.shard_plan import _ShardPlan, plan_traits, sized_length, start_tagging
+from shardplug.core.sharding.shard_plan import ShardPlan, plan_traits, sized_length, start_tagging
 from shardplug.core.shuffle.agreement import agree_at_prepare
 from shardplug.core.shuffle.rng import check_rng_types
 
@@ -83,7 +83,7 @@ def _variant_instance(bases: tuple[type, ...]) -> Any:
 class PreparedDataLoader(DataLoader[Any]):
     """What every prepared loader does on top of ``DataLoader``.
 
-    * each pass (:class:`~shardplug.core.loader.passes._LoaderPass`): advance the epoch if the previous
+    * each pass (:class:`~shardplug.core.loader.passes.LoaderPass`): advance the epoch if the previous
       pass was complete, agree shuffling seeds and synchronise the named RNGs from process 0; per
       batch, move it to ``device``, know whether it is the last one (``end_of_dataloader``), and
       tell the run's gradient state (``gradient_state``, when set);
@@ -100,7 +100,7 @@ class PreparedDataLoader(DataLoader[Any]):
     front ends) call; they may change without notice.
     """
 
-    plan: _ShardPlan
+    plan: ShardPlan
 
     source_marks_last = False
     """:meth:`inner_batches` yields ``(batch, is_last)`` pairs: the source knows where its pass ends
@@ -129,7 +129,7 @@ class PreparedDataLoader(DataLoader[Any]):
         synchronized_generator: torch.Generator | None = None,
         skip_batches: int = 0,
         non_blocking: bool = ShardplugConfig.non_blocking,
-        plan: _ShardPlan | None = None,
+        plan: ShardPlan | None = None,
     ) -> None:
         if not isinstance(skip_batches, int) or skip_batches < 0:
             raise ValueError(f"skip_batches={skip_batches!r} must be an integer >= 0")
@@ -141,21 +141,21 @@ class PreparedDataLoader(DataLoader[Any]):
         self.epoch = 0
         self.plan = plan if plan is not None else self._default_plan()
         self._resume = ResumeState(self, skip_batches)  # the last pass; skip_batches shortens the next one
-        self._tracker: _PaddingTracker | None = None  # padding tracking (track_padding), with the audit
+        self._tracker: PaddingTracker | None = None  # padding tracking (track_padding), with the audit
 
-    def _default_plan(self) -> _ShardPlan:
+    def _default_plan(self) -> ShardPlan:
         """The plan of a loader built directly (``prepare_data_loader`` passes its own)."""
         shard = self.batch_shard
         if shard is not None:
             return shard.plan
         if isinstance(self.dataset, IterableDatasetShard):
             return self.dataset.plan
-        layout = _ShardLayout(batch_size=self.batch_size, drop_last=bool(self.drop_last))
+        layout = ShardLayout(batch_size=self.batch_size, drop_last=bool(self.drop_last))
         try:
             length: int | None = DataLoader.__len__(self)
         except (TypeError, NotImplementedError):
             length = None
-        return _LocalPlan(layout, length, stream=isinstance(self.dataset, IterableDataset))
+        return LocalPlan(layout, length, stream=isinstance(self.dataset, IterableDataset))
 
     @property
     def batch_shard(self) -> BatchSamplerShard | None:
@@ -163,7 +163,7 @@ class PreparedDataLoader(DataLoader[Any]):
         for candidate in (self.batch_sampler, getattr(self, "sampler", None)):
             if isinstance(candidate, BatchSamplerShard):
                 return candidate
-            if isinstance(candidate, _IndexSamplerShard):
+            if isinstance(candidate, IndexSamplerShard):
                 return candidate.shard
         return None
 
@@ -197,7 +197,7 @@ class PreparedDataLoader(DataLoader[Any]):
         Outside a pass, the loader then stands at that epoch's start (its position says so), or where a
         loaded position places it: its own epoch keeps it, and the epoch before a position at an epoch's
         start (that epoch's end) makes the next pass that epoch's empty rest; a position inside another
-        epoch is refused (see :meth:`~shardplug.core.resume.pending._PendingStart.enter_epoch`)."""
+        epoch is refused (see :meth:`~shardplug.core.resume.pending.PendingStart.enter_epoch`)."""
         if not is_int(epoch) or epoch < 0:
             raise ValueError(f"epoch={epoch!r} must be an integer >= 0")
         self._resume.enter_epoch(epoch)
@@ -248,7 +248,7 @@ class PreparedDataLoader(DataLoader[Any]):
 
     # -- iteration ------------------------------------------------------------------------
     def __iter__(self) -> Iterator[Any]:  # type: ignore[override]  # a pass of its own, not a _BaseDataLoaderIter
-        return iter(_LoaderPass(self))
+        return iter(LoaderPass(self))
 
     def inner_batches(self, discard: int) -> Iterator[Any]:
         """The batches of this pass, after ``discard`` of them were read and dropped (subclasses)."""
@@ -312,10 +312,10 @@ class PreparedDataLoader(DataLoader[Any]):
         if start_tagging(self.plan):
             # the plan's readers tag each element where the batches' places cannot be computed (a stream
             # without len(), or one that splits itself across workers): the collation hands the tags on
-            self.collate_fn = _TagCollate(self.collate_fn)
+            self.collate_fn = TagCollate(self.collate_fn)
             compat.forget_iterator(self)  # persistent workers would keep their untagged copies
         if self._tracker is None:
-            self._tracker = _PaddingTracker()
+            self._tracker = PaddingTracker()
 
     def drop_padding_rows(self) -> None:
         """Hand out only the real rows of every batch (:meth:`track_padding` first): the padding rows
@@ -324,7 +324,7 @@ class PreparedDataLoader(DataLoader[Any]):
         the same number of batches. A loader of single samples (``batch_size=None``) has no rows to
         cut: a ``ValueError``.
         """
-        if isinstance(getattr(self, "sampler", None), _IndexSamplerShard) or (
+        if isinstance(getattr(self, "sampler", None), IndexSamplerShard) or (
             self.batch_size is None and self.batch_sampler is None
         ):
             raise ValueError(
@@ -346,7 +346,7 @@ class PreparedDataLoader(DataLoader[Any]):
         return self._resume.last_pass.batch_real
 
     @property
-    def padding_tracker(self) -> _PaddingTracker | None:
+    def padding_tracker(self) -> PaddingTracker | None:
         """The padding tracking of this loader's batches (after :meth:`track_padding`; ``None`` before)."""
         return self._tracker
 
@@ -406,14 +406,14 @@ class DataLoaderShard(PreparedDataLoader):
         synchronized_generator: torch.Generator | None,
         skip_batches: int,
         non_blocking: bool,
-        plan: _ShardPlan | None = None,
+        plan: ShardPlan | None = None,
     ) -> None:
         # Own the (batch) sampler so skipping and resuming never load a skipped batch.
         if not isinstance(self.dataset, IterableDataset):
             if self.batch_sampler is not None and not isinstance(self.batch_sampler, BatchSamplerShard):
                 object.__setattr__(self, "batch_sampler", BatchSamplerShard(self.batch_sampler))
-            elif self.batch_sampler is None and not isinstance(self.sampler, (BatchSamplerShard, _IndexSamplerShard)):
-                object.__setattr__(self, "sampler", _IndexSamplerShard(self.sampler))
+            elif self.batch_sampler is None and not isinstance(self.sampler, (BatchSamplerShard, IndexSamplerShard)):
+                object.__setattr__(self, "sampler", IndexSamplerShard(self.sampler))
             if isinstance(self.batch_sampler, BatchSamplerShard):  # what DataLoader reports for a batch sampler
                 object.__setattr__(self, "batch_size", self.batch_sampler.per_process_batch_size)
                 object.__setattr__(self, "drop_last", self.batch_sampler.drop_last)

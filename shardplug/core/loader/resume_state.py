@@ -1,19 +1,19 @@
 """A prepared loader's resume state: where its last pass stands, where its next pass starts.
 
 One :class:`ResumeState` per loader (``loader.resume``) keeps the loader's last pass (a
-:class:`~shardplug.core.loader.passes._LoaderPass`, which counts its batches), a loaded position not
-iterated yet with the ``skip_first_batches`` start (:class:`~shardplug.core.resume.pending._PendingStart`)
-and the ``StatefulDataLoader``'s own state (:class:`~shardplug.core.resume.stateful._InnerState`).  It
+:class:`~shardplug.core.loader.passes.LoaderPass`, which counts its batches), a loaded position not
+iterated yet with the ``skip_first_batches`` start (:class:`~shardplug.core.resume.pending.PendingStart`)
+and the ``StatefulDataLoader``'s own state (:class:`~shardplug.core.resume.stateful.InnerState`).  It
 builds the loader's :class:`~shardplug.core.resume.position.Position` from the last pass
 (:func:`~shardplug.core.loader.building.pass_position`), validates a position before anything changes
-(:class:`~shardplug.core.resume.checks._PositionCheck`), loads it (the next pass then starts after it),
-places each pass as it begins (:class:`~shardplug.core.loader.placing._PassPlacement`, by the plan's
-:meth:`~shardplug.core.sharding.shard_plan._ShardPlan.start_after`), and answers ``state_dict()`` /
+(:class:`~shardplug.core.resume.checks.PositionCheck`), loads it (the next pass then starts after it),
+places each pass as it begins (:class:`~shardplug.core.loader.placing.PassPlacement`, by the plan's
+:meth:`~shardplug.core.sharding.shard_plan.ShardPlan.start_after`), and answers ``state_dict()`` /
 ``load_state_dict()`` and the lengths that depend on where a pass starts
-(:class:`~shardplug.core.resume.lengths._PassLengths`).
+(:class:`~shardplug.core.resume.lengths.PassLengths`).
 
 What differs between kinds of sharding is the plan's: its unit, what it saves beyond the counters
-(:meth:`~shardplug.core.sharding.shard_plan._ShardPlan.saved_state`) and its capabilities
+(:meth:`~shardplug.core.sharding.shard_plan.ShardPlan.saved_state`) and its capabilities
 (:func:`~shardplug.core.sharding.shard_plan.plan_traits`).
 
 Example::
@@ -33,15 +33,15 @@ from collections.abc import Iterable
 from typing import Any, Protocol, cast
 
 from shardplug.core.loader.building import LoaderIdentity, pass_position
-from shardplug.core.loader.passes import PassHost, _LoaderPass, _WeakLoader, weak_reference
-from shardplug.core.loader.placing import PassStart, _PassPlacement
-from shardplug.core.resume.checks import _PositionCheck
-from shardplug.core.resume.lengths import _PassLengths
-from shardplug.core.resume.pending import _PendingStart
+from shardplug.core.loader.passes import LoaderPass, PassHost, WeakLoader, weak_reference
+from shardplug.core.loader.placing import PassPlacement, PassStart
+from shardplug.core.resume.checks import PositionCheck
+from shardplug.core.resume.lengths import PassLengths
+from shardplug.core.resume.pending import PendingStart
 from shardplug.core.resume.position import Position
-from shardplug.core.resume.stateful import POSITION_KEY, _InnerState
-from shardplug.core.sharding.shard_plan import _PlanTraits, _ShardPlan, plan_traits
-from shardplug.core.shuffle.agreement import _Shuffles
+from shardplug.core.resume.stateful import POSITION_KEY, InnerState
+from shardplug.core.sharding.shard_plan import PlanTraits, ShardPlan, plan_traits
+from shardplug.core.shuffle.agreement import Shuffles
 
 __all__ = ["ResumeState", "ResumeHost"]
 
@@ -60,7 +60,7 @@ class ResumeHost(PassHost, Protocol):
     def total_dataset_length(self) -> int | None: ...
 
 
-class ResumeState(_WeakLoader[ResumeHost]):
+class ResumeState(WeakLoader[ResumeHost]):
     """The resume state of one prepared loader (``loader``, held weakly; see the module docstring).
 
     ``last_pass``: the last pass begun (a new one, not begun, after ``set_epoch``); ``pending``: where
@@ -70,9 +70,9 @@ class ResumeState(_WeakLoader[ResumeHost]):
 
     def __init__(self, loader: ResumeHost, skip: int = 0) -> None:
         self._loader = weak_reference(loader)  # weakly: the loader keeps its state (no reference cycle)
-        self.last_pass = _LoaderPass(loader)
-        self.pending = _PendingStart(skip)
-        self.inner = _InnerState()
+        self.last_pass = LoaderPass(loader)
+        self.pending = PendingStart(skip)
+        self.inner = InnerState()
         self.skipped_from: ResumeHost | None = None
 
     def __getstate__(self) -> dict[str, Any]:
@@ -81,17 +81,17 @@ class ResumeState(_WeakLoader[ResumeHost]):
         return state
 
     @property
-    def plan(self) -> _ShardPlan:
+    def plan(self) -> ShardPlan:
         return self.loader.plan
 
     @property
-    def traits(self) -> _PlanTraits:
+    def traits(self) -> PlanTraits:
         return plan_traits(self.loader.plan)
 
-    def shuffles(self) -> _Shuffles:
+    def shuffles(self) -> Shuffles:
         """The shuffles whose seeds and generator state a position records."""
         loader = self.loader
-        return _Shuffles(loader.plan.sampler, getattr(loader, "sampler", None))
+        return Shuffles(loader.plan.sampler, getattr(loader, "sampler", None))
 
     def copy_for(self, loader: ResumeHost, skip: int) -> ResumeState:
         """The same place, kept for ``loader`` (a ``skip_first_batches`` copy whose next pass starts
@@ -107,16 +107,16 @@ class ResumeState(_WeakLoader[ResumeHost]):
 
     # -- epochs and passes ------------------------------------------------------------------
     def enter_epoch(self, epoch: int) -> None:
-        """The loader is set to ``epoch`` (:meth:`_PendingStart.enter_epoch` decides first what becomes
+        """The loader is set to ``epoch`` (:meth:`PendingStart.enter_epoch` decides first what becomes
         of a loaded position): the pass in progress is not the epoch's end, and outside a pass nothing
         of the last pass is this epoch's."""
         self.pending.enter_epoch(epoch)
         if self.last_pass.open:
             self.last_pass.continue_epoch()  # the next pass is this epoch
         else:
-            self.last_pass = _LoaderPass(self.loader)
+            self.last_pass = LoaderPass(self.loader)
 
-    def adopt(self, current: _LoaderPass) -> None:
+    def adopt(self, current: LoaderPass) -> None:
         """``current`` has begun: it is the loader's last pass, and the loaders it was skipped from follow
         it (its epoch, its position)."""
         self.last_pass = current
@@ -130,15 +130,15 @@ class ResumeState(_WeakLoader[ResumeHost]):
 
     def start(self) -> PassStart:
         """Where a pass that begins starts: after the loaded position and the pending skip, which it takes
-        (:class:`~shardplug.core.loader.placing._PassPlacement`)."""
+        (:class:`~shardplug.core.loader.placing.PassPlacement`)."""
         reads_through = self.loader.use_stateful_dataloader and self.inner_state_resumes()
-        placement = _PassPlacement(self.plan, self.inner, reads_through, self.check().workers_split_stream)
+        placement = PassPlacement(self.plan, self.inner, reads_through, self.check().workers_split_stream)
         return placement.place(*self.pending.take())
 
     # -- lengths ----------------------------------------------------------------------------
-    def lengths(self) -> _PassLengths:
+    def lengths(self) -> PassLengths:
         loader = self.loader
-        return _PassLengths(loader.plan, lambda: cast("int", loader.inner_loader().__len__()), loader.dataset)
+        return PassLengths(loader.plan, lambda: cast("int", loader.inner_loader().__len__()), loader.dataset)
 
     def length(self) -> int:
         """Batches the pass yields: the pass in progress while one is open, else the next one."""
@@ -201,9 +201,9 @@ class ResumeState(_WeakLoader[ResumeHost]):
         identity = LoaderIdentity(loader.epoch, loader.total_dataset_length, loader.num_workers)
         return pass_position(loader.plan, identity, self.last_pass.counts(), self.shuffles())
 
-    def check(self) -> _PositionCheck:
+    def check(self) -> PositionCheck:
         """The refusals of a position for this loader."""
-        return _PositionCheck(self.plan, self.loader.num_workers, self.inner_state_resumes())
+        return PositionCheck(self.plan, self.loader.num_workers, self.inner_state_resumes())
 
     def check_loadable(self, position: Position, stateful: bool) -> None:
         """Everything that refuses ``position`` for this loader, before anything changes."""

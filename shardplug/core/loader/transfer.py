@@ -1,4 +1,4 @@
-"""Moving (nested) batches to a device: :func:`send_to_device`, and the :class:`_DeviceTransfer` of a
+"""Moving (nested) batches to a device: :func:`send_to_device`, and the :class:`DeviceTransfer` of a
 prepared loader (what each pass moves its batches with)."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import torch
 from shardplug.core._internal.rows import map_leaves
 from shardplug.core.config import ShardplugConfig
 
-__all__ = ["send_to_device", "_DeviceTransfer"]
+__all__ = ["send_to_device", "DeviceTransfer"]
 
 
 def send_to_device(
@@ -49,13 +49,13 @@ def send_to_device(
     return map_leaves(data, move, skip_keys=set(skip_keys or ()))
 
 
-class _DeviceTransfer:
+class DeviceTransfer:
     """Moves each batch a prepared loader hands out to ``device`` (:func:`send_to_device`).
 
     Example::
 
-        >>> move = _DeviceTransfer.to("cpu")
-        >>> move({"x": torch.ones(1)})["x"].device.type, _DeviceTransfer.to(None)
+        >>> move = DeviceTransfer.to("cpu")
+        >>> move({"x": torch.ones(1)})["x"].device.type, DeviceTransfer.to(None)
         ('cpu', None)
     """
 
@@ -68,7 +68,7 @@ class _DeviceTransfer:
     @classmethod
     def to(
         cls, device: str | torch.device | None, non_blocking: bool = ShardplugConfig.non_blocking
-    ) -> _DeviceTransfer | None:
+    ) -> DeviceTransfer | None:
         """The transfer to ``device``, or ``None`` where batches stay where they are (no device)."""
         return None if device is None else cls(device, non_blocking)
 

@@ -1,7 +1,7 @@
 """Padding tracking: which samples each batch a loader hands out holds, and how many are real.
 
 A prepared loader with :meth:`~shardplug.core.loader.prepared.PreparedDataLoader.track_padding` has a
-:class:`_PaddingTracker`: its pass asks the plan for the record of every batch it hands out (indices or
+:class:`PaddingTracker`: its pass asks the plan for the record of every batch it hands out (indices or
 stream positions, real count) and hands both to the tracker, which records them in the loader's audit when
 there is one (:class:`~shardplug.core.padding.audit.SampleAudit`) and, with ``drop_padding_rows()``, cuts
 the padding rows off the batch.
@@ -14,10 +14,10 @@ from typing import Any
 from shardplug.core._internal.rows import batch_rows, flatten, slice_rows
 from shardplug.core.padding.audit import SampleAudit
 
-__all__ = ["_PaddingTracker", "leading_rows"]
+__all__ = ["PaddingTracker", "leading_rows"]
 
 
-class _PaddingTracker:
+class PaddingTracker:
     """What one loader does with the record of each batch it hands out (see the module docstring).
 
     ``dropping``: hand out the real rows only; ``audit``: the samples consumed, per epoch.

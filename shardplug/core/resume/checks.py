@@ -1,15 +1,15 @@
 """The refusals of a position that a loader cannot resume exactly, decided before anything changes.
 
-:class:`_PositionCheck` compares a saved :class:`~shardplug.core.resume.position.Position` with the
+:class:`PositionCheck` compares a saved :class:`~shardplug.core.resume.position.Position` with the
 loader it is loaded into, beyond the identity that :meth:`Position.check_resumable` compares: another
 number of processes where the place cannot be shared out anew, another number of DataLoader workers
 where each worker makes its own batches.  Every refusal names the fix.
 
 Example::
 
-    >>> from shardplug.core.sharding.layout import _ShardLayout
-    >>> from shardplug.core.sharding.local import _LocalPlan
-    >>> check = _PositionCheck(_LocalPlan(_ShardLayout(batch_size=2)), num_workers=0, inner_state_resumes=False)
+    >>> from shardplug.core.sharding.layout import ShardLayout
+    >>> from shardplug.core.sharding.local import LocalPlan
+    >>> check = PositionCheck(LocalPlan(ShardLayout(batch_size=2)), num_workers=0, inner_state_resumes=False)
     >>> check.workers_split_stream
     False
 """
@@ -19,18 +19,18 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from shardplug.core.resume.position import Position
-from shardplug.core.sharding.shard_plan import _ShardPlan, plan_traits
+from shardplug.core.sharding.shard_plan import ShardPlan, plan_traits
 
-__all__ = ["_PositionCheck"]
+__all__ = ["PositionCheck"]
 
 
-class _PositionCheck:
+class PositionCheck:
     """What refuses a position for a loader with ``plan`` and ``num_workers`` DataLoader workers
     (``inner_state_resumes``: a ``StatefulDataLoader``'s own state is where its resumed pass continues)."""
 
     __slots__ = ("plan", "num_workers", "inner_state_resumes", "splits_by_worker")
 
-    def __init__(self, plan: _ShardPlan, num_workers: int, inner_state_resumes: bool) -> None:
+    def __init__(self, plan: ShardPlan, num_workers: int, inner_state_resumes: bool) -> None:
         self.plan = plan
         self.num_workers = num_workers
         self.inner_state_resumes = inner_state_resumes

@@ -1,15 +1,15 @@
 """How many batches a pass yields after a place in its epoch (what ``len()`` of a loader answers).
 
-The plan counts them (:meth:`~shardplug.core.sharding.shard_plan._ShardPlan.num_batches`); where it
+The plan counts them (:meth:`~shardplug.core.sharding.shard_plan.ShardPlan.num_batches`); where it
 cannot, the ``DataLoader``'s own count is the answer, except where the plan agrees its step counts
 while reading (the ``DataLoader``'s count is then not the agreed one): a ``TypeError`` says how to
 iterate without ``len()``.
 
 Example::
 
-    >>> from shardplug.core.sharding.layout import _ShardLayout
-    >>> from shardplug.core.sharding.local import _LocalPlan
-    >>> lengths = _PassLengths(_LocalPlan(_ShardLayout(batch_size=2), length=5), inner_length=lambda: 5, dataset=None)
+    >>> from shardplug.core.sharding.layout import ShardLayout
+    >>> from shardplug.core.sharding.local import LocalPlan
+    >>> lengths = PassLengths(LocalPlan(ShardLayout(batch_size=2), length=5), inner_length=lambda: 5, dataset=None)
     >>> lengths.batches_after(2), lengths.epoch_length()
     (3, 5)
 """
@@ -21,9 +21,9 @@ from typing import Any
 
 from torch.utils.data import IterableDataset
 
-from shardplug.core.sharding.shard_plan import _ShardPlan, plan_traits
+from shardplug.core.sharding.shard_plan import ShardPlan, plan_traits
 
-__all__ = ["_PassLengths"]
+__all__ = ["PassLengths"]
 
 _WITHOUT_LEN = "iterate without len() (for batch in loader: ..., with a step budget of your own where one is needed)"
 
@@ -35,13 +35,13 @@ def _user_stream(dataset: Any) -> Any:
     return dataset
 
 
-class _PassLengths:
+class PassLengths:
     """The lengths of the passes of a loader with ``plan``: ``inner_length`` is the ``DataLoader``'s own
     ``len()`` (it may raise ``TypeError``), ``dataset`` the loader's dataset (named in the refusal)."""
 
     __slots__ = ("plan", "inner_length", "dataset")
 
-    def __init__(self, plan: _ShardPlan, inner_length: Callable[[], int], dataset: Any) -> None:
+    def __init__(self, plan: ShardPlan, inner_length: Callable[[], int], dataset: Any) -> None:
         self.plan = plan
         self.inner_length = inner_length
         self.dataset = dataset

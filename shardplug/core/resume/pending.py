@@ -1,12 +1,12 @@
 """Where a loader's next pass starts: a loaded position not iterated yet, and ``skip_first_batches``.
 
-A position loaded between passes waits in a :class:`_PendingStart` until the next pass begins, which
+A position loaded between passes waits in a :class:`PendingStart` until the next pass begins, which
 takes it (one-shot).  ``set_epoch`` decides, before anything changes, what becomes of it
-(:meth:`_PendingStart.enter_epoch`).
+(:meth:`PendingStart.enter_epoch`).
 
 Example::
 
-    >>> start = _PendingStart(skip=2)
+    >>> start = PendingStart(skip=2)
     >>> start.next_start(), start.skip
     (0, 2)
     >>> start.forget(); start.skip
@@ -17,10 +17,10 @@ from __future__ import annotations
 
 from shardplug.core.resume.position import Position
 
-__all__ = ["_PendingStart"]
+__all__ = ["PendingStart"]
 
 
-class _PendingStart:
+class PendingStart:
     """The start of the next pass.
 
     ``position``: a loaded position, applied when the next pass starts; ``ended``: that position (an
@@ -35,8 +35,8 @@ class _PendingStart:
         self.ended = False
         self.skip = skip
 
-    def __copy__(self) -> _PendingStart:
-        new = _PendingStart(self.skip)
+    def __copy__(self) -> PendingStart:
+        new = PendingStart(self.skip)
         new.position, new.ended = self.position, self.ended
         return new
 

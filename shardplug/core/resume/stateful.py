@@ -3,7 +3,7 @@
 A prepared loader built with ``use_stateful_dataloader=True`` derives from torchdata's
 ``StatefulDataLoader`` too.  Its own state (where the DataLoader and its workers stand) travels in
 ``loader.state_dict()`` beside shardplug's position (under :data:`POSITION_KEY`); a pass that reads
-one batch ahead takes an :class:`_InnerState` snapshot before each look-ahead, so that the state
+one batch ahead takes an :class:`InnerState` snapshot before each look-ahead, so that the state
 saved after a batch is the state after that batch, not after the one read ahead.
 """
 
@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, cast
 if TYPE_CHECKING:
     from torch.utils.data import DataLoader
 
-__all__ = ["stateful_dataloader_class", "is_stateful", "_InnerState", "POSITION_KEY"]
+__all__ = ["stateful_dataloader_class", "is_stateful", "InnerState", "POSITION_KEY"]
 
 POSITION_KEY = "_shardplug_position"
 """The key of shardplug's position in the state of a loader backed by a ``StatefulDataLoader``."""
@@ -41,7 +41,7 @@ def is_stateful(loader: object) -> bool:
     return isinstance(loader, StatefulDataLoader)
 
 
-class _InnerState:
+class InnerState:
     """A prepared loader's view of the ``StatefulDataLoader`` under it (``inner``: the loader seen
     past shardplug's class, see ``PreparedDataLoader.inner_loader``).
 

@@ -1,7 +1,7 @@
 """Which rows each process gets, how many batches that is, and where a pass resumes: one module per kind.
 
 :func:`~shardplug.core.planner.prepare_data_loader` (the planner) validates the options once into a
-:class:`~shardplug.core.sharding.layout._ShardLayout`, picks the kind of sharding once and hands over to that
+:class:`~shardplug.core.sharding.layout.ShardLayout`, picks the kind of sharding once and hands over to that
 kind's module, which holds its whole path (its wrapper, its plan, its length, where its pass resumes):
 
 * :mod:`~shardplug.core.sharding.map_style`: map-style data; a batch sampler's global batches shared out by
@@ -26,9 +26,9 @@ with N processes continues with M.
 Example::
 
     >>> from torch.utils.data import BatchSampler, SequentialSampler
-    >>> from shardplug.core.sharding.layout import _ShardLayout
-    >>> from shardplug.core.sharding.map_style import _BatchSamplerPlan
-    >>> plan = _BatchSamplerPlan(BatchSampler(SequentialSampler(range(21)), 3, False), _ShardLayout(2, 1, batch_size=3))
+    >>> from shardplug.core.sharding.layout import ShardLayout
+    >>> from shardplug.core.sharding.map_style import BatchSamplerPlan
+    >>> plan = BatchSamplerPlan(BatchSampler(SequentialSampler(range(21)), 3, False), ShardLayout(2, 1, batch_size=3))
     >>> plan.num_batches(), plan.num_batches(consumed=4)
     (4, 2)
     >>> [batch for batch, real in plan.batches(consumed=4)]

@@ -4,7 +4,7 @@ Two ways to compute a process's share of an epoch, with identical results:
 
 * :func:`walk_shard` walks any iterable of batches (the general path: user batch samplers,
   variable-size batches, samplers without ``__len__``).
-* :class:`_ArithmeticShard` computes the rows directly from an epoch order (a permutation or
+* :class:`ArithmeticShard` computes the rows directly from an epoch order (a permutation or
   the identity) for a standard ``BatchSampler``: no Python pass over the other processes'
   batches, memory ``O(n / N)`` beyond the permutation, and any start position at the same cost.
 
@@ -19,9 +19,9 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 
 import torch
 
-from shardplug.core.sharding.layout import _ShardLayout
+from shardplug.core.sharding.layout import ShardLayout
 
-__all__ = ["_ShardLayout", "walk_shard", "walk_shard_counted", "shard_length", "_ArithmeticShard", "_EpochOrder"]
+__all__ = ["ShardLayout", "walk_shard", "walk_shard_counted", "shard_length", "ArithmeticShard", "EpochOrder"]
 
 _ROWS_PER_CHUNK = 4096
 _FIRST_CHUNK = 4
@@ -50,7 +50,7 @@ def _cycle_fill(head: list[int], count: int, offset: int) -> list[int]:
 
 
 def walk_shard(
-    batches: Iterable[Sequence[int]], batch_size: int | None, layout: _ShardLayout, skip: int = 0
+    batches: Iterable[Sequence[int]], batch_size: int | None, layout: ShardLayout, skip: int = 0
 ) -> Iterator[list[int]]:
     """Yield this process's batches by walking the global batches in order.
 
@@ -64,9 +64,9 @@ def walk_shard(
 def walk_shard_counted(
     batches: Iterable[Sequence[int]],
     batch_size: int | None,
-    layout: _ShardLayout,
+    layout: ShardLayout,
     skip: int = 0,
-    head: _EpochHead | None = None,
+    head: EpochHead | None = None,
 ) -> Iterator[tuple[list[int], int]]:
     """Like :func:`walk_shard`, with the number of real (not padding) leading indices of each batch.
 
@@ -75,7 +75,7 @@ def walk_shard_counted(
     n_proc = layout.num_processes
     iterator = iter(batches)
     if head is None:
-        head = _EpochHead.for_layout(batch_size, layout)
+        head = EpochHead.for_layout(batch_size, layout)
     for batch in itertools.islice(iterator, skip):
         _check_len(batch, batch_size)
         head.see(batch)
@@ -89,7 +89,7 @@ def walk_shard_counted(
         yield from _walk_whole(iterator, batch_size, layout, head)
 
 
-class _EpochHead:
+class EpochHead:
     """The first indices (and batches) of an epoch: what padding cycles through."""
 
     def __init__(self, need: int, num_batches: int) -> None:
@@ -98,7 +98,7 @@ class _EpochHead:
         self.batches: list[Sequence[int]] = []
 
     @classmethod
-    def for_layout(cls, batch_size: int | None, layout: _ShardLayout) -> _EpochHead:
+    def for_layout(cls, batch_size: int | None, layout: ShardLayout) -> EpochHead:
         need = (batch_size or 0) * (1 if layout.split_batches else layout.num_processes)
         return cls(need, layout.num_processes)
 
@@ -115,7 +115,7 @@ class _EpochHead:
 
 
 def _walk_whole(
-    batches: Iterator[Sequence[int]], batch_size: int | None, layout: _ShardLayout, head: _EpochHead
+    batches: Iterator[Sequence[int]], batch_size: int | None, layout: ShardLayout, head: EpochHead
 ) -> Iterator[tuple[list[int], int]]:
     n_proc, rank = layout.num_processes, layout.process_index
     group: list[Sequence[int]] = []
@@ -151,7 +151,7 @@ def _walk_whole(
 
 
 def _walk_split(
-    batches: Iterator[Sequence[int]], batch_size: int | None, layout: _ShardLayout, head: _EpochHead
+    batches: Iterator[Sequence[int]], batch_size: int | None, layout: ShardLayout, head: EpochHead
 ) -> Iterator[tuple[list[int], int]]:
     n_proc, rank = layout.num_processes, layout.process_index
     if batch_size is None:
@@ -174,7 +174,7 @@ def _walk_split(
             yield list(batch[lo:hi]), real
 
 
-def shard_length(num_batches: int, last_batch_size: int | None, batch_size: int | None, layout: _ShardLayout) -> int:
+def shard_length(num_batches: int, last_batch_size: int | None, batch_size: int | None, layout: ShardLayout) -> int:
     """Number of batches this process yields for ``num_batches`` global batches.
 
     ``last_batch_size`` is the size of the final global batch (``None`` or ``batch_size`` when full).
@@ -202,11 +202,11 @@ def shard_length(num_batches: int, last_batch_size: int | None, batch_size: int 
     return (num_batches - rank + n_proc - 1) // n_proc
 
 
-class _EpochOrder:
+class EpochOrder:
     """The order of one epoch's indices, as a lookup from positions to indices.
 
-    ``_EpochOrder(n)`` is ``0 .. n-1`` (never materialised); ``_EpochOrder(n, perm)`` is a
-    permutation; ``_EpochOrder(n, bijection=f)`` a function of positions (e.g. a
+    ``EpochOrder(n)`` is ``0 .. n-1`` (never materialised); ``EpochOrder(n, perm)`` is a
+    permutation; ``EpochOrder(n, bijection=f)`` a function of positions (e.g. a
     :class:`~shardplug.core.shuffle.seedable.KeyedPermutation`).  Positions past ``n`` wrap around (that
     is what padding reads).
     """
@@ -229,7 +229,7 @@ class _EpochOrder:
         return wrapped if self.permutation is None else self.permutation[wrapped]
 
 
-class _ArithmeticShard:
+class ArithmeticShard:
     """One process's batches of a ``BatchSampler(order, batch_size, drop_last)`` by arithmetic.
 
     ``first_global`` global batches are taken as already consumed (a resume, possibly by a
@@ -238,13 +238,13 @@ class _ArithmeticShard:
 
     Example::
 
-        >>> plan = _ArithmeticShard(_EpochOrder(10), 3, False, _ShardLayout(3, 0))
+        >>> plan = ArithmeticShard(EpochOrder(10), 3, False, ShardLayout(3, 0))
         >>> list(plan.rows())
         [[0, 1, 2], [9, 0, 1]]
     """
 
     def __init__(
-        self, order: _EpochOrder, batch_size: int, inner_drop_last: bool, layout: _ShardLayout, first_global: int = 0
+        self, order: EpochOrder, batch_size: int, inner_drop_last: bool, layout: ShardLayout, first_global: int = 0
     ) -> None:
         self.order = order
         self.batch_size = batch_size

@@ -3,7 +3,7 @@
 A stream read by every process (each keeps its slice of every global batch) is exact only if it
 yields the same elements in the same order everywhere. An unseeded shuffle, files listed in
 another order, a rank-dependent transform break that silently: samples are duplicated and others
-never seen. :class:`_FirstBatchCheck` hashes the first global batch of every pass where it is read
+never seen. :class:`FirstBatchCheck` hashes the first global batch of every pass where it is read
 (the loader's process, or its first DataLoader worker, through a small shared-memory tensor) and
 the loader compares the hashes of all processes once per pass: a mismatch is a ``RuntimeError``
 on every process.
@@ -28,7 +28,7 @@ import torch
 
 from shardplug.core._internal.collectives import communication_device, world_size
 
-__all__ = ["_FirstBatchCheck", "fingerprint", "checked_first_batch"]
+__all__ = ["FirstBatchCheck", "fingerprint", "checked_first_batch"]
 
 logger = logging.getLogger(__name__)
 
@@ -67,7 +67,7 @@ def fingerprint(elements: list[Any]) -> int:
     return value or 1
 
 
-class _FirstBatchCheck:
+class FirstBatchCheck:
     """The fingerprint of each pass's first global batch, from wherever it is read, and its comparison.
 
     ``slots`` (shared memory, so DataLoader workers can write it): the pass the loader started, the
@@ -130,7 +130,7 @@ class _FirstBatchCheck:
             logger.debug("no fingerprint of the first global batch on any process (an empty pass?)")
 
 
-def checked_first_batch(batches: Iterator[Any], check: _FirstBatchCheck, record: bool = False) -> Iterator[Any]:
+def checked_first_batch(batches: Iterator[Any], check: FirstBatchCheck, record: bool = False) -> Iterator[Any]:
     """``batches``, with the processes' first global batches compared once the first one was read
     (``record``: fingerprinted here, the loader's batches being the global ones; else by the reader)."""
     iterator = iter(batches)

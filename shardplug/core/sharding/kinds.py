@@ -1,15 +1,15 @@
-"""The kinds of sharding: what the planner recognised (:class:`_ShardingKind`), and what a kind's module
-hands back (:class:`_Shard`).
+"""The kinds of sharding: what the planner recognised (:class:`ShardingKind`), and what a kind's module
+hands back (:class:`Shard`).
 
 :func:`~shardplug.core.planner.prepare_data_loader` recognises the kind once
 (:func:`~shardplug.core.planner.kind_of`; for a stream in one look,
 :func:`~shardplug.core.sharding.stream_traits.stream_kind`) and calls that kind's module once, whose
-``shard()`` returns a :class:`_Shard`: all the planner needs to build the loader.
+``shard()`` returns a :class:`Shard`: all the planner needs to build the loader.
 
 Example::
 
-    >>> _ShardingKind(NATIVE, splits_by_worker=True)
-    _ShardingKind(name='native', split=None, splits_by_worker=True, hf=False, library=None, reads=None)
+    >>> ShardingKind(NATIVE, splits_by_worker=True)
+    ShardingKind(name='native', split=None, splits_by_worker=True, hf=False, library=None, reads=None)
 """
 
 from __future__ import annotations
@@ -20,9 +20,9 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 if TYPE_CHECKING:
     import torch
 
-    from shardplug.core.sharding.shard_plan import _ShardPlan
+    from shardplug.core.sharding.shard_plan import ShardPlan
 
-__all__ = ["MAP_STYLE", "DISPATCH", "LOCAL", "PRESPLIT", "NATIVE", "READ_ALL", "_NodeSplit", "_ShardingKind", "_Shard"]
+__all__ = ["MAP_STYLE", "DISPATCH", "LOCAL", "PRESPLIT", "NATIVE", "READ_ALL", "NodeSplit", "ShardingKind", "Shard"]
 
 MAP_STYLE = "map_style"
 """Map-style data: every process draws one order, and takes its batches (:mod:`~shardplug.core.sharding.map_style`)."""
@@ -39,7 +39,7 @@ READ_ALL = "read_all"
 
 
 @dataclasses.dataclass(frozen=True)
-class _NodeSplit:
+class NodeSplit:
     """How a stream is already split by node (process): ``how`` in words, and the part it reads
     (``rank`` of ``world_size``) where the stream says (``None``: it asks ``torch.distributed``
     when it is read, so it is this process's)."""
@@ -49,7 +49,7 @@ class _NodeSplit:
     world_size: int | None = None
 
 
-class _ShardingKind(NamedTuple):
+class ShardingKind(NamedTuple):
     """The kind of sharding a loader gets (``name``, one of the names above), and what its module needs of
     the stream, read once where the kind was recognised: how it is already split by node (``split``),
     whether it splits itself across DataLoader workers, is a Hugging Face stream (``hf``), and which
@@ -57,21 +57,21 @@ class _ShardingKind(NamedTuple):
     process 0 reads the data by, for every process (:data:`MAP_STYLE`, or :data:`LOCAL` for a stream)."""
 
     name: str
-    split: _NodeSplit | None = None
+    split: NodeSplit | None = None
     splits_by_worker: bool = False
     hf: bool = False
     library: str | None = None
     reads: str | None = None
 
 
-class _Shard(NamedTuple):
+class Shard(NamedTuple):
     """What a kind's module hands the planner: the dataset the rebuilt DataLoader reads, its plan, its
     keywords (batch size, ``drop_last``, or the (batch) sampler), the generator to synchronise from
     process 0 at each pass (``None``: none), and what the processes compare when the loader is
     prepared (``None``: nothing; see ``agree_at_prepare``)."""
 
     dataset: Any
-    plan: _ShardPlan
+    plan: ShardPlan
     loader_kwargs: dict[str, Any]
     synchronized_generator: torch.Generator | None = None
     prepare_check: tuple[int | None, int | None] | None = None

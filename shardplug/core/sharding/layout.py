@@ -1,15 +1,15 @@
 """How one process's share is cut out of the global batches: the layout, validated once.
 
-:class:`_ShardLayout` is the one place where ``num_processes``, ``process_index``,
+:class:`ShardLayout` is the one place where ``num_processes``, ``process_index``,
 ``split_batches``, ``even_batches``, ``drop_last`` and the batch size are checked, and where the
 batch sizes that follow from them (per process, per step) are computed.
 
 Example::
 
-    >>> layout = _ShardLayout.for_batches(8, num_processes=2, process_index=1, split_batches=True)
+    >>> layout = ShardLayout.for_batches(8, num_processes=2, process_index=1, split_batches=True)
     >>> layout.process_batch_size, layout.step_batch_size, layout.batches_per_step
     (4, 8, 1)
-    >>> _ShardLayout.for_batches(3, num_processes=2, split_batches=True)
+    >>> ShardLayout.for_batches(3, num_processes=2, split_batches=True)
     Traceback (most recent call last):
     ...
     ValueError: split_batches=True needs a batch size that is a multiple of num_processes, ...
@@ -24,13 +24,13 @@ from shardplug.core._internal.arguments import is_int
 from shardplug.core._internal.topology import check_processes
 from shardplug.core.config import ShardplugConfig
 
-__all__ = ["_ShardLayout"]
+__all__ = ["ShardLayout"]
 
 _FLAGS = ("split_batches", "even_batches", "drop_last")
 
 
 @dataclass(frozen=True)
-class _ShardLayout:
+class ShardLayout:
     """The topology and the options that decide which rows a process gets.
 
     Args:
@@ -77,7 +77,7 @@ class _ShardLayout:
         split_batches: bool = ShardplugConfig.split_batches,
         even_batches: bool = ShardplugConfig.even_batches,
         drop_last: bool = False,
-    ) -> _ShardLayout:
+    ) -> ShardLayout:
         """The layout of a loader whose global batches hold ``batch_size`` samples (``None``:
         variable size, which cannot be split)."""
         if split_batches and num_processes > 1 and batch_size is None:
@@ -88,14 +88,14 @@ class _ShardLayout:
             )
         return cls(num_processes, process_index, split_batches, even_batches, drop_last, batch_size)
 
-    def reader(self) -> _ShardLayout:
+    def reader(self) -> ShardLayout:
         """The layout of one process reading every global batch (a dispatcher's process 0):
         the same batches, one process, nothing split or padded.
 
         Example::
 
-            >>> _ShardLayout.for_batches(8, 2, 1, split_batches=True).reader()
-            _ShardLayout(num_processes=1, process_index=0, split_batches=False, even_batches=True, drop_last=False, batch_size=8)
+            >>> ShardLayout.for_batches(8, 2, 1, split_batches=True).reader()
+            ShardLayout(num_processes=1, process_index=0, split_batches=False, even_batches=True, drop_last=False, batch_size=8)
         """  # noqa: E501 (the doctest's output is one line)
         return dataclasses.replace(self, num_processes=1, process_index=0, split_batches=False, even_batches=True)
 

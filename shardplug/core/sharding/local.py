@@ -1,7 +1,7 @@
-"""A stream this process reads as it is: the loader's own batches are its part (:class:`_LocalPlan`).
+"""A stream this process reads as it is: the loader's own batches are its part (:class:`LocalPlan`).
 
 The whole path of this kind: :func:`shard` (the planner's entry: one process, or a dispatcher's process 0,
-which reads the stream for every process) and :class:`_LocalPlan` (``len()``: the loader's batches,
+which reads the stream for every process) and :class:`LocalPlan` (``len()``: the loader's batches,
 counted by :mod:`~shardplug.core.sharding.counting`; a pass resumes by reading past what was consumed).
 """
 
@@ -12,15 +12,15 @@ from typing import Any
 
 from shardplug.core._internal.topology import Readers
 from shardplug.core.sharding.counting import loader_length
-from shardplug.core.sharding.fingerprint import _FirstBatchCheck, checked_first_batch
-from shardplug.core.sharding.kinds import _Shard
-from shardplug.core.sharding.layout import _ShardLayout
-from shardplug.core.sharding.shard_plan import _PassRecord, _PlanDefaults, check_consumed, global_batch_samples
+from shardplug.core.sharding.fingerprint import FirstBatchCheck, checked_first_batch
+from shardplug.core.sharding.kinds import Shard
+from shardplug.core.sharding.layout import ShardLayout
+from shardplug.core.sharding.shard_plan import PassRecord, PlanDefaults, check_consumed, global_batch_samples
 
-__all__ = ["_LocalPlan", "shard"]
+__all__ = ["LocalPlan", "shard"]
 
 
-class _LocalPlan(_PlanDefaults):
+class LocalPlan(PlanDefaults):
     """The loader's own batches are this process's part: a stream that sharded itself (each
     process reads only its shards), or data read by this process alone.  A position counts this
     loader's batches, so it resumes only with the same number of processes.  ``stream``: whether
@@ -37,10 +37,10 @@ class _LocalPlan(_PlanDefaults):
 
     def __init__(
         self,
-        layout: _ShardLayout,
+        layout: ShardLayout,
         length: int | None = None,
         stream: bool = True,
-        first_batch: _FirstBatchCheck | None = None,
+        first_batch: FirstBatchCheck | None = None,
     ) -> None:
         self.layout = layout
         self.length = length
@@ -51,7 +51,7 @@ class _LocalPlan(_PlanDefaults):
         if self.first_batch is not None:
             self.first_batch.begin_pass()
 
-    def pass_batches(self, batches: Iterator[Any], record: _PassRecord) -> Iterator[Any]:
+    def pass_batches(self, batches: Iterator[Any], record: PassRecord) -> Iterator[Any]:
         """The loader's batches; with ``first_batch``, the ranks' first batches compared once it was read."""
         if self.first_batch is None:
             return batches
@@ -60,7 +60,7 @@ class _LocalPlan(_PlanDefaults):
     def start_after(self, consumed: int, dataset_state: Any = None) -> int:
         return check_consumed(consumed)  # the loader reads and drops them
 
-    def batch_record(self, record: _PassRecord, batch: int) -> tuple[list[int], int]:
+    def batch_record(self, record: PassRecord, batch: int) -> tuple[list[int], int]:
         raise ValueError(self.untracked_reason)
 
     def epoch_size(self) -> int | None:
@@ -77,11 +77,11 @@ class _LocalPlan(_PlanDefaults):
         return None if rest is None else rest == 0
 
 
-def shard(dataset: Any, layout: _ShardLayout, batch_size: int | None, drop_last: bool, readers: Readers) -> _Shard:
+def shard(dataset: Any, layout: ShardLayout, batch_size: int | None, drop_last: bool, readers: Readers) -> Shard:
     """A stream read as it is under ``layout`` (one process, or a dispatcher's reader), its plan and the
     DataLoader's own batch size.  ``readers``: the ranks that read it, which the planner checked shuffle
     alike; where several do without a process group of their own (a device mesh's one data index), their
     first batches are compared."""
-    check = _FirstBatchCheck(replicas=True) if readers.size > 1 and readers.group is None else None
-    plan = _LocalPlan(layout, loader_length(dataset, batch_size, drop_last), first_batch=check)
-    return _Shard(dataset, plan, {"batch_size": batch_size, "drop_last": drop_last})
+    check = FirstBatchCheck(replicas=True) if readers.size > 1 and readers.group is None else None
+    plan = LocalPlan(layout, loader_length(dataset, batch_size, drop_last), first_batch=check)
+    return Shard(dataset, plan, {"batch_size": batch_size, "drop_last": drop_last})

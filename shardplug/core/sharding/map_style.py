@@ -1,22 +1,22 @@
 """Map-style data: one order on every process, and this process's batches of its global batches.
 
 The whole path of this kind of sharding: the sampler every process draws alike (:func:`agreed_sampler`),
-the wrapper (:class:`BatchSamplerShard`, or :class:`_IndexSamplerShard` for a loader without batches) and
-its :class:`_BatchSamplerPlan` (which global batches or slices, by the index arithmetic of
+the wrapper (:class:`BatchSamplerShard`, or :class:`IndexSamplerShard` for a loader without batches) and
+its :class:`BatchSamplerPlan` (which global batches or slices, by the index arithmetic of
 :mod:`~shardplug.core.sharding.arithmetic`; ``len()``; where a pass resumes).  The seedable shuffles live in
 :mod:`shardplug.core.shuffle.seedable`.
 
 ``prepare_data_loader`` calls :func:`shard` with the layout it built: the sampler
 under the user's loader is replaced where needed so that every process draws the same order
 (:func:`agreed_sampler`), then its batches are shared out by a :class:`BatchSamplerShard` (or,
-for a loader without batches, an :class:`_IndexSamplerShard`) built on that layout.  The user's
+for a loader without batches, an :class:`IndexSamplerShard`) built on that layout.  The user's
 loader, batch sampler and sampler are never modified.
 
 Example::
 
     >>> from torch.utils.data import DataLoader
-    >>> layout = _ShardLayout.for_batches(2, num_processes=2, process_index=1)
-    >>> part = shard(DataLoader(range(6), batch_size=2), layout, _MapOptions())
+    >>> layout = ShardLayout.for_batches(2, num_processes=2, process_index=1)
+    >>> part = shard(DataLoader(range(6), batch_size=2), layout, MapOptions())
     >>> list(part.loader_kwargs["batch_sampler"])
     [[2, 3], [0, 1]]
 """
@@ -45,18 +45,18 @@ from shardplug.core._internal import compat
 from shardplug.core._internal.collectives import require_group
 from shardplug.core.config import ShardplugConfig
 from shardplug.core.sharding.arithmetic import (
-    _ArithmeticShard,
-    _EpochHead,
-    _EpochOrder,
+    ArithmeticShard,
+    EpochHead,
+    EpochOrder,
     shard_length,
     walk_shard_counted,
 )
-from shardplug.core.sharding.kinds import _Shard
-from shardplug.core.sharding.layout import _ShardLayout
+from shardplug.core.sharding.kinds import Shard
+from shardplug.core.sharding.layout import ShardLayout
 from shardplug.core.sharding.shard_plan import (
-    _PassRecord,
-    _PlanDefaults,
-    _ShardPlan,
+    PassRecord,
+    PlanDefaults,
+    ShardPlan,
     check_consumed,
     global_batch_samples,
     sized_length,
@@ -69,12 +69,12 @@ from shardplug.core.shuffle.seedable import (
 )
 
 __all__ = [
-    "_BatchSamplerPlan",
+    "BatchSamplerPlan",
     "BatchSamplerShard",
-    "_IndexSamplerShard",
+    "IndexSamplerShard",
     "draw_seed",
-    "_Agreement",
-    "_MapOptions",
+    "Agreement",
+    "MapOptions",
     "order_agreement",
     "shard",
     "agreed_sampler",
@@ -84,7 +84,7 @@ __all__ = [
 ]
 
 
-class _BatchSamplerPlan(_PlanDefaults):
+class BatchSamplerPlan(PlanDefaults):
     """One process's batches of a batch sampler's global batches (map-style data).
 
     Standard ``BatchSampler`` over ``SequentialSampler`` / ``RandomSampler`` /
@@ -97,7 +97,7 @@ class _BatchSamplerPlan(_PlanDefaults):
     first_holds_most = True  # leftovers go to the first processes
     identifies_samples = True  # batch records hold dataset indices
 
-    def __init__(self, batch_sampler: Iterable[Sequence[int]], layout: _ShardLayout) -> None:
+    def __init__(self, batch_sampler: Iterable[Sequence[int]], layout: ShardLayout) -> None:
         self.batch_sampler = batch_sampler
         self.layout = layout
         self.pending_start = 0
@@ -107,12 +107,12 @@ class _BatchSamplerPlan(_PlanDefaults):
         self.pending_start = check_consumed(consumed)
         return 0
 
-    def next_pass(self, record: _PassRecord | None = None) -> Iterator[list[int]]:
+    def next_pass(self, record: PassRecord | None = None) -> Iterator[list[int]]:
         """:meth:`index_batches` after the pending start, which it takes (one-shot)."""
         first, self.pending_start = self.pending_start, 0
         return self.index_batches(first, record)
 
-    def batch_record(self, record: _PassRecord, batch: int) -> tuple[list[int], int]:
+    def batch_record(self, record: PassRecord, batch: int) -> tuple[list[int], int]:
         """The next batch logged where the batch sampler drew it (those a ``StatefulDataLoader``
         fast-forwarded past were logged too: they are dropped first)."""
         log = record.batches
@@ -169,20 +169,20 @@ class _BatchSamplerPlan(_PlanDefaults):
             type(sampler) in (SequentialSampler, RandomSampler) or isinstance(sampler, SeedableRandomSampler)
         )
 
-    def batches(self, consumed: int = 0, record: _PassRecord | None = None) -> Iterator[tuple[list[int], int]]:
+    def batches(self, consumed: int = 0, record: PassRecord | None = None) -> Iterator[tuple[list[int], int]]:
         """This process's batches after ``consumed`` global batches, with their real counts.
 
         Draws the epoch's order as iterating the batch sampler would (one pass of its sampler).
         """
-        record = record if record is not None else _PassRecord(track=True)
+        record = record if record is not None else PassRecord(track=True)
         for batch in self.index_batches(consumed, record):
             yield batch, record.batches.popleft()[1]  # type: ignore[union-attr]
 
-    def index_batches(self, consumed: int = 0, record: _PassRecord | None = None) -> Iterator[list[int]]:
+    def index_batches(self, consumed: int = 0, record: PassRecord | None = None) -> Iterator[list[int]]:
         """This process's batches after ``consumed`` global batches (what a batch sampler yields);
         ``record`` receives the pass's start, the epoch's order and, when tracking, each batch
         with its real count."""
-        record = record if record is not None else _PassRecord()
+        record = record if record is not None else PassRecord()
         record.started_at = consumed = check_consumed(consumed)
         log = record.batches
         if self._arithmetic():
@@ -194,21 +194,21 @@ class _BatchSamplerPlan(_PlanDefaults):
                     # (a position saved at the end of the pass then records that state).
                     advance_past_randperm(generator, order.n)
                 record.head = order
-                shard = _ArithmeticShard(order, self.layout.batch_size, self.layout.drop_last, self.layout, consumed)  # type: ignore[arg-type]
+                shard = ArithmeticShard(order, self.layout.batch_size, self.layout.drop_last, self.layout, consumed)  # type: ignore[arg-type]
                 for chunk, reals in shard.chunks():
                     if log is not None:
                         log.extend(zip(chunk, reals))
                     yield from chunk
                 return
         # Skipped global batches are iterated as indices only: nothing is loaded for them.
-        record.head = head = _EpochHead.for_layout(self.layout.batch_size, self.layout)
+        record.head = head = EpochHead.for_layout(self.layout.batch_size, self.layout)
         for batch, real in walk_shard_counted(self.batch_sampler, self.layout.batch_size, self.layout, consumed, head):
             if log is not None:
                 log.append((batch, real))
             yield batch
 
 
-def epoch_order(sampler: Any) -> tuple[_EpochOrder | None, torch.Generator | None]:
+def epoch_order(sampler: Any) -> tuple[EpochOrder | None, torch.Generator | None]:
     """The epoch order of a standard sampler, drawn exactly as iterating it would draw it.
 
     Returns ``(order, generator_to_advance)`` or ``(None, None)`` for other samplers.
@@ -217,12 +217,12 @@ def epoch_order(sampler: Any) -> tuple[_EpochOrder | None, torch.Generator | Non
     plain ``RandomSampler``'s.  Without a ``generator`` there is none to advance (``None``).
     """
     if type(sampler) is SequentialSampler:
-        return _EpochOrder(len(sampler.data_source)), None
+        return EpochOrder(len(sampler.data_source)), None
     if isinstance(sampler, BijectiveRandomSampler):
-        return _EpochOrder(len(sampler.data_source), bijection=sampler.permutation()), None
+        return EpochOrder(len(sampler.data_source), bijection=sampler.permutation()), None
     if isinstance(sampler, SeedableRandomSampler):
         perm = sampler.index_order()
-        return (_EpochOrder(perm.numel(), perm), None) if perm is not None else (None, None)
+        return (EpochOrder(perm.numel(), perm), None) if perm is not None else (None, None)
     if type(sampler) is RandomSampler and not sampler.replacement:
         n = len(sampler.data_source)
         if sampler.num_samples != n or n == 0:
@@ -231,8 +231,8 @@ def epoch_order(sampler: Any) -> tuple[_EpochOrder | None, torch.Generator | Non
             # RandomSampler seeds a generator of its own from the global RNG and throws it away after
             # the pass: its second permutation changes nothing anyone sees, so it is never drawn
             own = torch.Generator().manual_seed(draw_seed())
-            return _EpochOrder(n, torch.randperm(n, generator=own)), None
-        return _EpochOrder(n, torch.randperm(n, generator=sampler.generator)), sampler.generator
+            return EpochOrder(n, torch.randperm(n, generator=own)), None
+        return EpochOrder(n, torch.randperm(n, generator=sampler.generator)), sampler.generator
     return None, None
 
 
@@ -291,16 +291,16 @@ class BatchSamplerShard(Sampler[list[int]]):
         check_batch_sampler(batch_sampler)
         batch_size = getattr(batch_sampler, "batch_size", None)
         drop_last = bool(getattr(batch_sampler, "drop_last", False))
-        layout = _ShardLayout.for_batches(
+        layout = ShardLayout.for_batches(
             batch_size, num_processes, process_index, split_batches, even_batches, drop_last
         )
         self.batch_sampler = batch_sampler
-        self.plan = _BatchSamplerPlan(batch_sampler, layout)
+        self.plan = BatchSamplerPlan(batch_sampler, layout)
         self.epoch = 0
-        self._record: _PassRecord | None = None
+        self._record: PassRecord | None = None
 
     @property
-    def layout(self) -> _ShardLayout:
+    def layout(self) -> ShardLayout:
         return self.plan.layout
 
     num_processes = property(lambda self: self.layout.num_processes)
@@ -339,8 +339,8 @@ class BatchSamplerShard(Sampler[list[int]]):
         the epoch is then split among this run's processes."""
         self.plan.start_after(global_batches)
 
-    def record_next_pass(self, record: _PassRecord) -> None:
-        """Fill ``record`` with what the next iteration hands out (one-shot; see :class:`_PassRecord`)."""
+    def record_next_pass(self, record: PassRecord) -> None:
+        """Fill ``record`` with what the next iteration hands out (one-shot; see :class:`PassRecord`)."""
         self._record = record
 
     def __len__(self) -> int:
@@ -351,21 +351,21 @@ class BatchSamplerShard(Sampler[list[int]]):
         yield from self.plan.next_pass(record)
 
     @classmethod
-    def from_layout(cls, batch_sampler: Iterable[list[int]], layout: _ShardLayout) -> BatchSamplerShard:
+    def from_layout(cls, batch_sampler: Iterable[list[int]], layout: ShardLayout) -> BatchSamplerShard:
         """The shard of ``batch_sampler`` under a layout already built and validated
         (``prepare_data_loader``'s: its batch size and ``drop_last`` are the batch sampler's)."""
         check_batch_sampler(batch_sampler)
         shard = cls.__new__(cls)
         shard.batch_sampler, shard.plan, shard.epoch, shard._record = (
             batch_sampler,
-            _BatchSamplerPlan(batch_sampler, layout),
+            BatchSamplerPlan(batch_sampler, layout),
             0,
             None,
         )
         return shard
 
 
-class _IndexSamplerShard(Sampler[int]):
+class IndexSamplerShard(Sampler[int]):
     """This process's indices of ``sampler`` for a loader without batches (``DataLoader(batch_size=None)``):
     the indices are shared out as batches of one, so every rule of :class:`BatchSamplerShard`
     holds (equal counts with ``even_batches``, padding from the epoch's start).
@@ -373,7 +373,7 @@ class _IndexSamplerShard(Sampler[int]):
     Example::
 
         >>> from torch.utils.data import SequentialSampler
-        >>> [list(_IndexSamplerShard(SequentialSampler(range(5)), 2, i)) for i in range(2)]
+        >>> [list(IndexSamplerShard(SequentialSampler(range(5)), 2, i)) for i in range(2)]
         [[0, 2, 4], [1, 3, 0]]
     """
 
@@ -403,7 +403,7 @@ class _IndexSamplerShard(Sampler[int]):
             yield index
 
     @classmethod
-    def from_layout(cls, sampler: Iterable[int], layout: _ShardLayout) -> _IndexSamplerShard:
+    def from_layout(cls, sampler: Iterable[int], layout: ShardLayout) -> IndexSamplerShard:
         """The shard of ``sampler`` under the processes and ``even_batches`` of ``layout`` (built by
         ``prepare_data_loader``; the indices go out as batches of one, never split)."""
         shard = cls.__new__(cls)
@@ -412,7 +412,7 @@ class _IndexSamplerShard(Sampler[int]):
         return shard
 
 
-class _MapOptions(NamedTuple):
+class MapOptions(NamedTuple):
     """The options that decide how map-style data is shuffled."""
 
     shuffle_algorithm: str = ShardplugConfig.shuffle_algorithm
@@ -420,7 +420,7 @@ class _MapOptions(NamedTuple):
     data_seed: int | None = ShardplugConfig.data_seed
 
 
-class _Agreement(NamedTuple):
+class Agreement(NamedTuple):
     """What the processes need the process group for to draw one order (``needs``), what goes wrong
     without it (``without``) and the way to one order without a group (``fix``):
     :func:`~shardplug.core._internal.collectives.require_group`'s arguments."""
@@ -430,7 +430,7 @@ class _Agreement(NamedTuple):
     fix: str
 
 
-def shard(dataloader: DataLoader[Any], layout: _ShardLayout, options: _MapOptions) -> _Shard:
+def shard(dataloader: DataLoader[Any], layout: ShardLayout, options: MapOptions) -> Shard:
     """This process's shard of ``dataloader``'s indices under ``layout`` (see the module): the (batch)
     sampler keywords, its plan, the generator to synchronise from process 0 at each pass, and what the
     processes compare when the loader is prepared.  Where the processes need the process group to
@@ -443,24 +443,24 @@ def shard(dataloader: DataLoader[Any], layout: _ShardLayout, options: _MapOption
     if dataloader.batch_sampler is not None:
         shard = _batch_sampler_shard(dataloader.batch_sampler, sampler, layout)
         kwargs: dict[str, Any] = {"batch_sampler": shard}
-        plan: _ShardPlan = shard.plan
+        plan: ShardPlan = shard.plan
     elif is_batch_sampler(dataloader.sampler):  # a batch sampler passed as ``sampler=``
         shard = _batch_sampler_shard(dataloader.sampler, sampler, layout)
         kwargs, plan = {"sampler": shard, "batch_size": None}, shard.plan
     else:  # DataLoader(batch_size=None): single samples, shared out as batches of one
-        single = _IndexSamplerShard.from_layout(sampler, layout)
+        single = IndexSamplerShard.from_layout(sampler, layout)
         kwargs, plan = {"sampler": single, "batch_size": None}, single.shard.plan
     if agreement is not None:
         require_group(layout.num_processes, layout.process_index, *agreement)
     # every process reads its part: they compare the dataset's length and the batch size
     check = (sized_length(dataloader.dataset), layout.batch_size) if layout.num_processes > 1 else None
-    return _Shard(dataloader.dataset, plan, kwargs, generator, check)
+    return Shard(dataloader.dataset, plan, kwargs, generator, check)
 
 
 _DIVERGE = "each process would draw its own order, and their shards would overlap and miss samples"
 
 
-def order_agreement(original: Any, sampler: Any, generator: torch.Generator | None) -> _Agreement | None:
+def order_agreement(original: Any, sampler: Any, generator: torch.Generator | None) -> Agreement | None:
     """What the processes need the process group for to draw ``sampler``'s order alike, or ``None``
     when the order is one without a group: unshuffled, seeded (``data_seed``, a seeded sampler), or
     drawn from a generator of the user's own (seeded alike on every process, as a seed is given).
@@ -478,14 +478,14 @@ def order_agreement(original: Any, sampler: Any, generator: torch.Generator | No
     if isinstance(sampler, SeedableRandomSampler) and sampler.seed is None:
         if sampler is original:  # the user's own seedable sampler: data_seed does not reach it
             fix = f", or give the {type(sampler).__name__} a data_seed=... (the same on every process)"
-        return _Agreement("agreeing on the seed of its shuffle (process 0 draws it)", _DIVERGE, fix)
+        return Agreement("agreeing on the seed of its shuffle (process 0 draws it)", _DIVERGE, fix)
     if generator is not None and getattr(original, "generator", None) is None:  # one shardplug seeded by chance
         needs = f"agreeing on the generator its {type(original).__name__} draws from (process 0 sends its state)"
-        return _Agreement(needs, _DIVERGE, fix)
+        return Agreement(needs, _DIVERGE, fix)
     return None
 
 
-def _batch_sampler_shard(batch_sampler: Any, sampler: Any, layout: _ShardLayout) -> BatchSamplerShard:
+def _batch_sampler_shard(batch_sampler: Any, sampler: Any, layout: ShardLayout) -> BatchSamplerShard:
     """The shard of ``batch_sampler`` reading ``sampler`` (a copy when the sampler was replaced)."""
     if type(batch_sampler) is BatchSampler:
         batch_sampler = BatchSampler(sampler, batch_sampler.batch_size, batch_sampler.drop_last)

@@ -1,8 +1,8 @@
 """A stream that shards itself (``n_shards``, ``shard(num_shards, index)``): this process's part, and its plan.
 
-The whole path of this kind of sharding: :func:`_part` / :class:`_ProcessPart` (which shards this
+The whole path of this kind of sharding: :func:`_part` / :class:`ProcessPart` (which shards this
 process reads), :func:`shard` (the planner's entry: the part, its plan and the DataLoader's batch size) and
-:class:`_NativeStreamPlan` (equal step counts from the parts' lengths, or from an agreement on when the
+:class:`NativeStreamPlan` (equal step counts from the parts' lengths, or from an agreement on when the
 first part runs out; ``len()``; where a pass resumes).
 
 ``N`` processes and ``S`` shards, ``S = q*N + r``: process ``i`` reads ``q`` whole shards
@@ -45,11 +45,11 @@ from torch.utils.data import IterableDataset, get_worker_info
 from shardplug.core._internal.collectives import all_reduce_int_async
 from shardplug.core._internal.rows import first_leaf, map_leaves
 from shardplug.core.sharding.counting import loader_length, worker_batches
-from shardplug.core.sharding.kinds import _Shard, _ShardingKind
-from shardplug.core.sharding.layout import _ShardLayout
-from shardplug.core.sharding.shard_plan import _PassRecord, _PlanDefaults, check_consumed, sized_length
+from shardplug.core.sharding.kinds import Shard, ShardingKind
+from shardplug.core.sharding.layout import ShardLayout
+from shardplug.core.sharding.shard_plan import PassRecord, PlanDefaults, check_consumed, sized_length
 
-__all__ = ["_NativeStreamPlan", "_ProcessPart", "shard", "hf_concatenate"]
+__all__ = ["NativeStreamPlan", "ProcessPart", "shard", "hf_concatenate"]
 
 
 logger = logging.getLogger(__name__)
@@ -66,7 +66,7 @@ def _detached(batch: Any) -> Any:
     return map_leaves(batch, lambda leaf: leaf.clone() if isinstance(leaf, torch.Tensor) else leaf)
 
 
-class _NativeStreamPlan(_PlanDefaults):
+class NativeStreamPlan(PlanDefaults):
     """A stream that sharded itself: this process reads only its shards (``dataset.shard(N, i)``).
 
     Each element is read by one process.  Equal step counts come from the parts' batch counts
@@ -87,7 +87,7 @@ class _NativeStreamPlan(_PlanDefaults):
 
     def __init__(
         self,
-        layout: _ShardLayout,
+        layout: ShardLayout,
         counts: Sequence[int] | None = None,
         agree: Callable[[int, str], Callable[[], int]] | None = None,
         start: Callable[[int], tuple[int, bool]] | None = None,
@@ -98,7 +98,7 @@ class _NativeStreamPlan(_PlanDefaults):
         self.start = start
         """Called before each pass's reader starts with the batches a resume skips: how many of them the
         stream starts after by itself (its own state; the pass reads past the rest), and whether its
-        state changed (see :meth:`~shardplug.core.sharding.presplit._NodePart.start`); ``None``: the pass reads
+        state changed (see :meth:`~shardplug.core.sharding.presplit.NodePart.start`); ``None``: the pass reads
         past them."""
         self.pending_start = 0
         self.placed_by_stream = 0
@@ -139,7 +139,7 @@ class _NativeStreamPlan(_PlanDefaults):
     def samples_before(self, consumed: int) -> int | None:
         return None  # each process counts its own part's batches: no global batch boundary
 
-    def batch_record(self, record: _PassRecord, batch: int) -> tuple[list[int] | None, int]:
+    def batch_record(self, record: PassRecord, batch: int) -> tuple[list[int] | None, int]:
         return record.batches.popleft() if record.batches else (None, 0)
 
     steps_per_agreement = 8
@@ -154,7 +154,7 @@ class _NativeStreamPlan(_PlanDefaults):
         ``StatefulDataLoader``'s own state is past the place, so a resume skips by this plan's count."""
         return self.steps_per_agreement
 
-    def pass_batches(self, batches: Iterator[Any], record: _PassRecord) -> Iterator[Any]:
+    def pass_batches(self, batches: Iterator[Any], record: PassRecord) -> Iterator[Any]:
         start, self.pending_start = self.pending_start, 0
         iterator = iter(batches)
         head: list[Any] = []  # the first batch of this process's part: what padding repeats
@@ -205,7 +205,7 @@ class _NativeStreamPlan(_PlanDefaults):
                 return
             ahead, agreed = following
 
-    def _step(self, ahead: list[Any], k: int, head: list[Any], record: _PassRecord) -> Any:
+    def _step(self, ahead: list[Any], k: int, head: list[Any], record: PassRecord) -> Any:
         """The ``k``-th step of a chunk: this process's batch, or padding when it has none left."""
         if k < len(ahead):
             if record.batches is not None:
@@ -245,7 +245,7 @@ def _part(dataset: Any, num_processes: int, process_index: int, worker_split: bo
         return dataset.shard(num_shards=n, index=process_index)  # the dataset splits its part across workers
     own = [dataset.shard(num_shards=shards, index=k) for k in range(process_index, whole * n, n)]
     rest = [dataset.shard(num_shards=shards, index=k) for k in range(whole * n, shards)]
-    return _ProcessPart(own, rest, n, process_index, join=hf_concatenate if worker_split else None)
+    return ProcessPart(own, rest, n, process_index, join=hf_concatenate if worker_split else None)
 
 
 def hf_concatenate(parts: list[Any]) -> Any:
@@ -255,7 +255,7 @@ def hf_concatenate(parts: list[Any]) -> Any:
     return parts[0] if len(parts) == 1 else package.concatenate_datasets(parts)
 
 
-class _ProcessPart(IterableDataset[Any]):
+class ProcessPart(IterableDataset[Any]):
     """Whole shards ``own``, then every ``num_processes``-th element (from ``process_index``) of
     the shards ``rest`` (see the module).  ``join`` makes one dataset of several (and keeps their
     own split across workers); without it shardplug splits the shards across workers."""
@@ -318,13 +318,13 @@ class _ProcessPart(IterableDataset[Any]):
                 part.set_epoch(epoch)
 
 
-def shard(dataset: Any, layout: _ShardLayout, num_workers: int, drop_last: bool, kind: _ShardingKind) -> _Shard:
+def shard(dataset: Any, layout: ShardLayout, num_workers: int, drop_last: bool, kind: ShardingKind) -> Shard:
     """This process's part of a stream that shards itself (``kind``: what the planner read of it), its
     plan and the DataLoader's batch size.  A part is read once in all (the rows of shards that do not
     divide among the processes by every process) instead of by every process; equal step counts come
     from the parts' batch counts when they are known without reading (every part has ``len()``, and
     shardplug knows what each DataLoader worker reads), else from an agreement between the processes
-    (:class:`~shardplug.core.sharding.native._NativeStreamPlan`)."""
+    (:class:`~shardplug.core.sharding.native.NativeStreamPlan`)."""
     n_shards, n = dataset.n_shards, layout.num_processes
     own = _part(dataset, n, layout.process_index, kind.splits_by_worker)  # the planner found it shards natively
     if n_shards % n:
@@ -342,8 +342,8 @@ def shard(dataset: Any, layout: _ShardLayout, num_workers: int, drop_last: bool,
         parts = (own if j == layout.process_index else _part(dataset, n, j, kind.splits_by_worker) for j in range(n))
         counts = [_batches_of_part(part, batch_size, drop_last, num_workers) for part in parts]
     known = None if counts is None or any(count is None for count in counts) else cast("list[int]", counts)
-    plan = _NativeStreamPlan(layout, known, agree=all_reduce_int_async)
-    return _Shard(own, plan, {"batch_size": batch_size, "drop_last": drop_last})
+    plan = NativeStreamPlan(layout, known, agree=all_reduce_int_async)
+    return Shard(own, plan, {"batch_size": batch_size, "drop_last": drop_last})
 
 
 def _batches_of_part(part: Any, batch_size: int | None, drop_last: bool, num_workers: int) -> int | None:
@@ -352,5 +352,5 @@ def _batches_of_part(part: Any, batch_size: int | None, drop_last: bool, num_wor
     (known only where shardplug splits the shards across workers: a part that splits itself does not say)."""
     if num_workers == 0:
         return loader_length(part, batch_size, drop_last)
-    lengths = part.worker_lengths(num_workers) if isinstance(part, _ProcessPart) else None
+    lengths = part.worker_lengths(num_workers) if isinstance(part, ProcessPart) else None
     return None if lengths is None else worker_batches(lengths, batch_size, drop_last)

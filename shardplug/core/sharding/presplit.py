@@ -4,12 +4,12 @@ Such a stream reads only this process's part by itself: litdata's and MosaicML `
 ``StreamingDataset`` (once they see several processes), a Hugging Face stream after
 ``split_dataset_by_node``, a webdataset pipeline with ``nodesplitter=split_by_node``, or a stream
 of your own that declares ``split_by_node = True`` (see :func:`shardplug.core.sharding.stream_traits.node_split`).
-shardplug does not split it again: it wraps it in a :class:`_NodePart`, which only splits it across
+shardplug does not split it again: it wraps it in a :class:`NodePart`, which only splits it across
 DataLoader workers where the stream does not do that itself, and hands the loader's epoch to it.
 Equal step counts come from the parts' batch counts when every process knows its own (its part
 has ``len()`` and shardplug knows what each DataLoader worker reads: the processes exchange them
 once, when the loader is prepared), else from the agreement of
-:class:`~shardplug.core.sharding.native._NativeStreamPlan` on when the first part runs out (:func:`shard`: the
+:class:`~shardplug.core.sharding.native.NativeStreamPlan` on when the first part runs out (:func:`shard`: the
 planner's entry).  Where the library
 itself drops or repeats samples to give its ranks equal parts (litdata's forced ``drop_last``,
 streaming's even-out), process 0 says so in one warning when the first pass begins, with the count
@@ -25,7 +25,7 @@ so shardplug splits it across workers)::
     ...         self.rank, self.world_size = rank, world_size
     ...     def __iter__(self):
     ...         return iter(range(self.rank, 10, self.world_size))
-    >>> list(_NodePart(MyPart(1, 2), split_workers=True))
+    >>> list(NodePart(MyPart(1, 2), split_workers=True))
     [1, 3, 5, 7, 9]
 """
 
@@ -44,20 +44,20 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from shardplug.core._internal.collectives import all_gather_objects, all_reduce_int_async, world_size
 from shardplug.core.sharding.counting import loader_length, worker_batches
-from shardplug.core.sharding.kinds import _NodeSplit, _Shard, _ShardingKind
-from shardplug.core.sharding.layout import _ShardLayout
-from shardplug.core.sharding.native import _NativeStreamPlan
+from shardplug.core.sharding.kinds import NodeSplit, Shard, ShardingKind
+from shardplug.core.sharding.layout import ShardLayout
+from shardplug.core.sharding.native import NativeStreamPlan
 from shardplug.core.sharding.shard_plan import sized_length
 from shardplug.core.sharding.stream_traits import stream_library
 
-__all__ = ["_NodePart", "shard", "check_node_split", "tail_notice", "library_epoch_samples"]
+__all__ = ["NodePart", "shard", "check_node_split", "tail_notice", "library_epoch_samples"]
 
 _UNREAD: Any = object()
 
 logger = logging.getLogger(__name__)
 
 
-class _NodePart(IterableDataset[Any]):
+class NodePart(IterableDataset[Any]):
     """This process's part of a stream already split by node: ``dataset`` as it is, split across
     DataLoader workers when ``split_workers`` (worker ``w`` of ``W`` keeps elements ``w, w+W, ...``;
     a stream that splits itself across workers is read whole in each worker).
@@ -180,7 +180,7 @@ class _NodePart(IterableDataset[Any]):
         return place - place % workers if self.library == "litdata" else place
 
 
-def check_node_split(split: _NodeSplit, layout: _ShardLayout) -> None:
+def check_node_split(split: NodeSplit, layout: ShardLayout) -> None:
     """Refuse a stream split for another process than this loader's (where the stream says which)."""
     if split.world_size is None or (split.rank, split.world_size) == (layout.process_index, layout.num_processes):
         return
@@ -193,14 +193,14 @@ def check_node_split(split: _NodeSplit, layout: _ShardLayout) -> None:
 
 
 def shard(
-    dataset: Any, layout: _ShardLayout, num_workers: int, batch_size: int | None, drop_last: bool, kind: _ShardingKind
-) -> _Shard:
+    dataset: Any, layout: ShardLayout, num_workers: int, batch_size: int | None, drop_last: bool, kind: ShardingKind
+) -> Shard:
     """This process's part of a stream already split by node (``kind``: what the planner read of it), its
     plan and the DataLoader's batch size (a collective when several processes run: they exchange their
     parts' batch and sample counts, ``None`` where unknown)."""
-    split = cast(_NodeSplit, kind.split)  # a stream of this kind is split by node
+    split = cast(NodeSplit, kind.split)  # a stream of this kind is split by node
     check_node_split(split, layout)
-    part = _NodePart(
+    part = NodePart(
         dataset,
         split_workers=num_workers > 0 and not kind.splits_by_worker,
         batch_size=layout.process_batch_size,
@@ -223,9 +223,9 @@ def shard(
         "unknown" if own is None else own,
         "from the parts' lengths" if known is not None else "agreed while reading",
     )
-    plan = _NativeStreamPlan(layout, known, agree=all_reduce_int_async, start=part.start)
+    plan = NativeStreamPlan(layout, known, agree=all_reduce_int_async, start=part.start)
     loader_batch_size = layout.process_batch_size if batch_size is not None else None
-    return _Shard(part, plan, {"batch_size": loader_batch_size, "drop_last": drop_last})
+    return Shard(part, plan, {"batch_size": loader_batch_size, "drop_last": drop_last})
 
 
 def _all_known(values: list[int | None], num_processes: int) -> list[int] | None:
@@ -288,7 +288,7 @@ def library_epoch_samples(dataset: Any, library: str | None) -> int | None:
     return None
 
 
-def _batches(part: _NodePart, batch_size: int | None, drop_last: bool, num_workers: int) -> int | None:
+def _batches(part: NodePart, batch_size: int | None, drop_last: bool, num_workers: int) -> int | None:
     """Batches a DataLoader with ``num_workers`` workers yields over ``part``, when known without
     reading it (each worker makes its own last batch, so the workers' parts are counted)."""
     if num_workers == 0:

@@ -2,7 +2,7 @@
 
 The whole path of this kind of sharding: :func:`shard` (the planner's entry), :class:`IterableDatasetShard`
 (the wrapper each process's DataLoader reads: it batches the stream into global batches and keeps its
-slice of each) and its :class:`_StreamPlan` (which slice, ``len()``, where a pass resumes: after
+slice of each) and its :class:`StreamPlan` (which slice, ``len()``, where a pass resumes: after
 ``consumed`` stream elements).
 """
 
@@ -21,18 +21,18 @@ from torch.utils.data import IterableDataset, get_worker_info
 from shardplug.core._internal.arguments import is_int
 from shardplug.core._internal.collectives import world_size
 from shardplug.core.config import ShardplugConfig
-from shardplug.core.sharding.fingerprint import _FirstBatchCheck, checked_first_batch
-from shardplug.core.sharding.kinds import _Shard, _ShardingKind
-from shardplug.core.sharding.layout import _ShardLayout
-from shardplug.core.sharding.marks import _PaddingTag, untagged
-from shardplug.core.sharding.shard_plan import _PassRecord, _PlanDefaults, check_consumed, sized_length
+from shardplug.core.sharding.fingerprint import FirstBatchCheck, checked_first_batch
+from shardplug.core.sharding.kinds import Shard, ShardingKind
+from shardplug.core.sharding.layout import ShardLayout
+from shardplug.core.sharding.marks import PaddingTag, untagged
+from shardplug.core.sharding.shard_plan import PassRecord, PlanDefaults, check_consumed, sized_length
 from shardplug.core.sharding.stream_traits import hf_shuffles, splits_by_worker
 from shardplug.core.shuffle.seedable import epoch_seed
 
-__all__ = ["_StreamPlan", "IterableDatasetShard", "shard"]
+__all__ = ["StreamPlan", "IterableDatasetShard", "shard"]
 
 
-class _StreamPlan(_PlanDefaults):
+class StreamPlan(PlanDefaults):
     """A stream every process reads whole, keeping its part of each global batch.
 
     A global batch is ``step_batch_size`` consecutive elements; process ``i`` keeps the slice
@@ -50,7 +50,7 @@ class _StreamPlan(_PlanDefaults):
 
     Example::
 
-        >>> plan = _StreamPlan(_ShardLayout(2, 1, batch_size=2), length=11)
+        >>> plan = StreamPlan(ShardLayout(2, 1, batch_size=2), length=11)
         >>> list(plan.elements(iter(range(11)))), plan.num_batches()
         ([2, 3, 6, 7, 10, 0], 3)
     """
@@ -61,10 +61,10 @@ class _StreamPlan(_PlanDefaults):
 
     def __init__(
         self,
-        layout: _ShardLayout,
+        layout: ShardLayout,
         length: int | None = None,
         splits_by_worker: bool = False,
-        first_batch: _FirstBatchCheck | None = None,
+        first_batch: FirstBatchCheck | None = None,
     ) -> None:
         if layout.batch_size is None:
             raise ValueError("a stream shard needs a batch size (elements per process batch); pass batch_size >= 1")
@@ -84,7 +84,7 @@ class _StreamPlan(_PlanDefaults):
         """Elements of the stream, counted when a pass read it to its end in this process (no DataLoader
         workers; reset when a pass begins): where ``length`` is unknown, the end of the epoch is then known."""
         self.tags = False
-        """Each element leaves the reader as a :class:`_PaddingTag` (set by ``track_padding`` where
+        """Each element leaves the reader as a :class:`PaddingTag` (set by ``track_padding`` where
         :attr:`needs_tags`); :meth:`pass_batches` takes the tags off the collated batches."""
         self.identifies_samples = length is not None  # tagged positions are the reader's, not sample ids
 
@@ -160,11 +160,11 @@ class _StreamPlan(_PlanDefaults):
     def finished(self, consumed: int) -> bool | None:
         # Process 0 has the most elements (leftovers go to the first processes).
         length = self.length if self.length is not None else self.observed
-        first = _StreamPlan(dataclasses.replace(self.layout, process_index=0), length)
+        first = StreamPlan(dataclasses.replace(self.layout, process_index=0), length)
         elements = first.num_elements(consumed)
         return None if elements is None else elements == 0
 
-    def pass_batches(self, batches: Iterator[Any], record: _PassRecord) -> Iterator[Any]:
+    def pass_batches(self, batches: Iterator[Any], record: PassRecord) -> Iterator[Any]:
         """The loader's batches, their padding tags (when :attr:`tags`) taken off into ``record``; on
         several processes the first global batches are compared once the first batch was read."""
         if self.tags:
@@ -173,7 +173,7 @@ class _StreamPlan(_PlanDefaults):
             batches = checked_first_batch(batches, self.first_batch)
         return batches
 
-    def batch_record(self, record: _PassRecord, batch: int) -> tuple[list[int], int]:
+    def batch_record(self, record: PassRecord, batch: int) -> tuple[list[int], int]:
         """(stream positions, real count) of this process's ``batch``-th batch of the pass
         (tagged: positions in the part of the stream its reader read)."""
         if self.tags:
@@ -248,9 +248,7 @@ class _StreamPlan(_PlanDefaults):
 
         def cut(buffer: list[Any], start: int, real: int) -> list[Any]:
             places = [start + k if k < real else first + (k - real) for k in range(len(buffer))]
-            return [
-                _PaddingTag(e, p, k < real) for k, e, p in zip(range(own.start, own.stop), buffer[own], places[own])
-            ]
+            return [PaddingTag(e, p, k < real) for k, e, p in zip(range(own.start, own.stop), buffer[own], places[own])]
 
         return cut
 
@@ -268,7 +266,7 @@ class IterableDatasetShard(IterableDataset[Any]):
     :mod:`~shardplug.core.sharding.stream_traits`) is not split
     again: each worker's part is shared by process, and padded from its own start.
     ``even_batches=False``: a short final global batch is not completed; the first processes get
-    its leftovers.  The arithmetic is :class:`~shardplug.core.sharding.read_all._StreamPlan`'s.
+    its leftovers.  The arithmetic is :class:`~shardplug.core.sharding.read_all.StreamPlan`'s.
 
     Example::
 
@@ -294,18 +292,18 @@ class IterableDatasetShard(IterableDataset[Any]):
         if not is_int(batch_size) or batch_size < 1:
             raise ValueError(f"batch_size={batch_size!r} must be an integer >= 1")
         # A one-element batch cannot be cut: it is then read as N one-element slices.
-        layout = _ShardLayout(
+        layout = ShardLayout(
             num_processes, process_index, split_batches and batch_size > 1, even_batches, drop_last, batch_size
         )
         self._setup(dataset, layout, split_batches, splits_by_worker(dataset))
 
-    def _setup(self, dataset: Any, layout: _ShardLayout, split_batches: bool, splits: bool) -> None:
+    def _setup(self, dataset: Any, layout: ShardLayout, split_batches: bool, splits: bool) -> None:
         """The shard of ``dataset`` under ``layout`` (its batch size set), ``splits``: whether the
         dataset splits itself across DataLoader workers."""
         # A stream that splits itself across workers pads each worker's part: its length is not the stream's.
         length = None if splits else sized_length(dataset)
         # every process must read the same stream: the first global batch of each pass is compared
-        self.plan = _StreamPlan(layout, length, splits_by_worker=splits, first_batch=_FirstBatchCheck())
+        self.plan = StreamPlan(layout, length, splits_by_worker=splits, first_batch=FirstBatchCheck())
         self.dataset = dataset
         self.batch_size = cast(int, layout.batch_size)
         self.split_batches = split_batches
@@ -354,7 +352,7 @@ class IterableDatasetShard(IterableDataset[Any]):
 
     def begin_pass(self) -> None:
         """The loader starts a pass (in its own process, before any worker reads it): its plan's
-        :meth:`~shardplug.core.sharding.read_all._StreamPlan.begin_pass`."""
+        :meth:`~shardplug.core.sharding.read_all.StreamPlan.begin_pass`."""
         self.plan.begin_pass()
 
     def __iter__(self) -> Iterator[Any]:
@@ -373,9 +371,7 @@ class IterableDatasetShard(IterableDataset[Any]):
             self.dataset.load_state_dict(dataset_state)
         on_boundary = self._record_state if self.repositions_itself else None
         on_first = (
-            cast(_FirstBatchCheck, self.plan.first_batch).recorder()
-            if first_reader and self.num_processes > 1
-            else None
+            cast(FirstBatchCheck, self.plan.first_batch).recorder() if first_reader and self.num_processes > 1 else None
         )
         yield from self.plan.elements(iter(self.dataset), worker, workers, skip, read, on_boundary, on_first)
 
@@ -391,10 +387,10 @@ class IterableDatasetShard(IterableDataset[Any]):
         return self.plan.num_elements()  # type: ignore[return-value]
 
     @classmethod
-    def from_layout(cls, dataset: Any, layout: _ShardLayout, splits: bool) -> IterableDatasetShard:
+    def from_layout(cls, dataset: Any, layout: ShardLayout, splits: bool) -> IterableDatasetShard:
         """The shard of ``dataset`` under ``layout`` (``prepare_data_loader``'s; a layout without batch
         size reads batches of one), ``splits``: whether the dataset splits itself across DataLoader
-        workers (:attr:`~shardplug.core.sharding.kinds._ShardingKind.splits_by_worker`)."""
+        workers (:attr:`~shardplug.core.sharding.kinds.ShardingKind.splits_by_worker`)."""
         batch_size = layout.batch_size or 1
         # A one-element batch cannot be cut: it is then read as N one-element slices.
         own = dataclasses.replace(layout, split_batches=layout.split_batches and batch_size > 1, batch_size=batch_size)
@@ -403,13 +399,13 @@ class IterableDatasetShard(IterableDataset[Any]):
         return shard
 
 
-def shard(dataset: Any, layout: _ShardLayout, batch_size: int | None, drop_last: bool, kind: _ShardingKind) -> _Shard:
+def shard(dataset: Any, layout: ShardLayout, batch_size: int | None, drop_last: bool, kind: ShardingKind) -> Shard:
     """The shard of a stream every process reads whole (``kind``: what the planner read of it), its
     plan and the DataLoader's batch size: this process's slice of each global batch (``None`` for a
     DataLoader without batches)."""
     wrapper = IterableDatasetShard.from_layout(dataset, layout, kind.splits_by_worker)
     loader_batch_size = wrapper.process_slice_size if batch_size is not None else None
-    return _Shard(wrapper, wrapper.plan, {"batch_size": loader_batch_size, "drop_last": drop_last})
+    return Shard(wrapper, wrapper.plan, {"batch_size": loader_batch_size, "drop_last": drop_last})
 
 
 def takes_no_arguments(method: Any) -> bool:

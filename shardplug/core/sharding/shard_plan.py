@@ -11,16 +11,16 @@ from typing import Any, Protocol, runtime_checkable
 import torch
 
 from shardplug.core._internal.arguments import is_int
-from shardplug.core.sharding.arithmetic import _EpochHead, _EpochOrder
-from shardplug.core.sharding.layout import _ShardLayout
+from shardplug.core.sharding.arithmetic import EpochHead, EpochOrder
+from shardplug.core.sharding.layout import ShardLayout
 
 __all__ = [
-    "_ShardPlan",
-    "_PlanDefaults",
-    "_PlanTraits",
+    "ShardPlan",
+    "PlanDefaults",
+    "PlanTraits",
     "plan_traits",
     "start_tagging",
-    "_PassRecord",
+    "PassRecord",
     "UNITS",
     "sized_length",
 ]
@@ -38,7 +38,7 @@ def sized_length(obj: Any) -> int | None:
 
 
 @runtime_checkable
-class _ShardPlan(Protocol):
+class ShardPlan(Protocol):
     """What every plan answers, for one process and one epoch.
 
     The loader asks its plan everything that differs between kinds of sharding: how many batches,
@@ -49,7 +49,7 @@ class _ShardPlan(Protocol):
     :func:`plan_traits`.
     """
 
-    layout: _ShardLayout
+    layout: ShardLayout
     unit: str
     """What a position counts: ``"global_batches"``, ``"elements"`` or ``"batches"``."""
 
@@ -102,21 +102,21 @@ class _ShardPlan(Protocol):
         """A pass starts (in the loader's process, before its reader starts): what the plan keeps of the
         previous one no longer counts."""
 
-    def batch_record(self, record: _PassRecord, batch: int) -> tuple[list[int] | None, int]:
+    def batch_record(self, record: PassRecord, batch: int) -> tuple[list[int] | None, int]:
         """(indices or stream positions, real count) of the pass's ``batch``-th batch handed out
         (``None`` for the indices where the plan has none: a stream that sharded itself)."""
 
-    def pass_batches(self, batches: Iterator[Any], record: _PassRecord) -> Iterator[Any]:
+    def pass_batches(self, batches: Iterator[Any], record: PassRecord) -> Iterator[Any]:
         """The loader's batches of a pass as this plan hands them out (most plans: unchanged)."""
 
 
-class _PlanDefaults:
+class PlanDefaults:
     """What most plans answer alike: batches come out of the DataLoader as they are handed out, the
     start is taken in the loader's process, nothing beyond the counters is saved."""
 
     sampler: Any = None
 
-    def pass_batches(self, batches: Iterator[Any], record: _PassRecord) -> Iterator[Any]:
+    def pass_batches(self, batches: Iterator[Any], record: PassRecord) -> Iterator[Any]:
         return batches
 
     def begin_pass(self) -> None:
@@ -132,17 +132,17 @@ class _PlanDefaults:
 # -- capabilities: opt-in protocols, read by plan_traits() alone ----------------------------------------
 @runtime_checkable
 class _CountsFromIndices(Protocol):
-    """A plan that computes each pass's batches from indices (map-style data): :meth:`_ShardPlan.num_batches`
+    """A plan that computes each pass's batches from indices (map-style data): :meth:`ShardPlan.num_batches`
     is exactly what a pass yields, so the pass knows its last batch by counting, without reading ahead."""
 
-    def index_batches(self, consumed: int = 0, record: _PassRecord | None = None) -> Iterator[list[int]]: ...
+    def index_batches(self, consumed: int = 0, record: PassRecord | None = None) -> Iterator[list[int]]: ...
 
 
 @runtime_checkable
 class _LeftoversFirst(Protocol):
     """A plan that gives a short last global batch to the first processes: process 0 holds at least as
     many batches as any other, so once its pass has handed out its last batch no process has one left,
-    also where :meth:`_ShardPlan.finished` cannot tell (the stream's end is read in DataLoader workers)."""
+    also where :meth:`ShardPlan.finished` cannot tell (the stream's end is read in DataLoader workers)."""
 
     first_holds_most: bool
 
@@ -189,7 +189,7 @@ class _TagsElements(Protocol):
 
     def start_tagging(self) -> bool:
         """Have the readers tag each element where the places cannot be computed; ``True`` when that
-        starts now (the loader then collates through :class:`~shardplug.core.sharding.marks._TagCollate`,
+        starts now (the loader then collates through :class:`~shardplug.core.sharding.marks.TagCollate`,
         with new workers)."""
         ...
 
@@ -203,11 +203,11 @@ class _Untracked(Protocol):
 
 
 @dataclass(frozen=True)
-class _PlanTraits:
-    """What a plan can do beyond :class:`_ShardPlan` (see the capability protocols above)."""
+class PlanTraits:
+    """What a plan can do beyond :class:`ShardPlan` (see the capability protocols above)."""
 
     exact_length: bool = False
-    """:meth:`_ShardPlan.num_batches` is what a pass yields (:class:`_CountsFromIndices`)."""
+    """:meth:`ShardPlan.num_batches` is what a pass yields (:class:`_CountsFromIndices`)."""
     first_holds_most: bool = False
     """Process 0 holds the most batches (:class:`_LeftoversFirst`)."""
     identifies_samples: bool = False
@@ -219,20 +219,20 @@ class _PlanTraits:
     splits_by_worker: bool = False
     """The data splits itself across DataLoader workers (:class:`_WorkerParts`)."""
     untracked_reason: str | None = None
-    """Why padding cannot be tracked (:class:`_Untracked`; ``None``: :meth:`_ShardPlan.batch_record` works)."""
+    """Why padding cannot be tracked (:class:`_Untracked`; ``None``: :meth:`ShardPlan.batch_record` works)."""
 
 
-def plan_traits(plan: _ShardPlan) -> _PlanTraits:
+def plan_traits(plan: ShardPlan) -> PlanTraits:
     """The capabilities ``plan`` opts into, read in this one place.
 
     Example::
 
-        >>> from shardplug.core.sharding.local import _LocalPlan
-        >>> traits = plan_traits(_LocalPlan(_ShardLayout(batch_size=2)))
+        >>> from shardplug.core.sharding.local import LocalPlan
+        >>> traits = plan_traits(LocalPlan(ShardLayout(batch_size=2)))
         >>> traits.exact_length, traits.inner_state_resumes, traits.untracked_reason is not None
         (False, True, True)
     """
-    return _PlanTraits(
+    return PlanTraits(
         exact_length=isinstance(plan, _CountsFromIndices),
         first_holds_most=isinstance(plan, _LeftoversFirst) and plan.first_holds_most,
         identifies_samples=isinstance(plan, _NamesSamples) and plan.identifies_samples,
@@ -243,13 +243,13 @@ def plan_traits(plan: _ShardPlan) -> _PlanTraits:
     )
 
 
-def start_tagging(plan: _ShardPlan) -> bool:
+def start_tagging(plan: ShardPlan) -> bool:
     """Have ``plan``'s readers tag each element where it can (:class:`_TagsElements`); ``True`` when that
     starts now."""
     return isinstance(plan, _TagsElements) and plan.start_tagging()
 
 
-class _PassRecord:
+class PassRecord:
     """What one pass over a plan handed out: where it started, the epoch's order (padding reads
     its start) and, when ``track`` is set, each batch's indices and number of real samples.
 
@@ -264,19 +264,19 @@ class _PassRecord:
 
     def __init__(self, track: bool = False) -> None:
         self.started_at = 0
-        self.head: _EpochOrder | _EpochHead | None = None
+        self.head: EpochOrder | EpochHead | None = None
         self.batches: deque[tuple[list[int], int]] | None = deque() if track else None
         self.fast_forwarded = 0
 
     def first_indices(self, count: int) -> list[int]:
         """Up to ``count`` first indices of the epoch's order (once the pass has started)."""
         head = self.head
-        if isinstance(head, _EpochOrder):
+        if isinstance(head, EpochOrder):
             return head.lookup(torch.arange(min(count, head.n), dtype=torch.int64)).tolist()
         return head.first(count) if head is not None else []
 
 
-def global_batch_samples(layout: _ShardLayout, consumed: int) -> int | None:
+def global_batch_samples(layout: ShardLayout, consumed: int) -> int | None:
     """Samples in ``consumed`` global batches (every global batch before a pass's start is full)."""
     return None if layout.batch_size is None else check_consumed(consumed) * layout.batch_size
 

@@ -43,8 +43,8 @@ import torch  # noqa: F401  (the docstring example)
 from shardplug.core._internal import compat
 from shardplug.core._internal.collectives import all_gather_objects, require_group
 from shardplug.core._internal.topology import Readers
-from shardplug.core.sharding.kinds import DISPATCH, LOCAL, NATIVE, PRESPLIT, READ_ALL, _NodeSplit, _ShardingKind
-from shardplug.core.sharding.layout import _ShardLayout
+from shardplug.core.sharding.kinds import DISPATCH, LOCAL, NATIVE, PRESPLIT, READ_ALL, NodeSplit, ShardingKind
+from shardplug.core.sharding.layout import ShardLayout
 
 __all__ = [
     "stream_kind",
@@ -71,10 +71,10 @@ def stream_kind(
     dataset: Any,
     dispatch_batches: bool | None,
     put_on_device: bool,
-    layout: _ShardLayout,
+    layout: ShardLayout,
     num_workers: int,
     readers: Readers,
-) -> _ShardingKind:
+) -> ShardingKind:
     """The kind of sharding a stream gets under ``layout``, and what that kind's module reads of it:
     the one look at the stream (its node split, its worker split, whether it shards itself), with
     the checks of a stream several ranks read (:func:`check_stream`, :func:`check_worker_split`).
@@ -90,21 +90,21 @@ def stream_kind(
         )
     dispatch = dispatch_batches if dispatch_batches is not None else put_on_device and split is None
     if dispatch:
-        return _ShardingKind(DISPATCH, reads=LOCAL)  # process 0 reads the stream as it is
+        return ShardingKind(DISPATCH, reads=LOCAL)  # process 0 reads the stream as it is
     if layout.num_processes == 1:
         if readers.size > 1:  # the ranks of a device mesh's one data index each read it whole: alike, or refused
             check_stream(dataset, 1, 0, readers)
-        return _ShardingKind(LOCAL)
+        return ShardingKind(LOCAL)
     check_stream(dataset, layout.num_processes, layout.process_index, readers)
     check_worker_split(dataset, num_workers)
     if split is not None:  # the stream reads only this process's part by itself
-        return _ShardingKind(PRESPLIT, split, splits_by_worker(dataset), library=stream_library(dataset))
+        return ShardingKind(PRESPLIT, split, splits_by_worker(dataset), library=stream_library(dataset))
     worker_split, hf = splits_by_worker(dataset), is_hf_iterable(dataset)
     if shards_natively(dataset, layout.num_processes, worker_split, hf):
-        return _ShardingKind(NATIVE, splits_by_worker=worker_split, hf=hf)
+        return ShardingKind(NATIVE, splits_by_worker=worker_split, hf=hf)
     if can_shard(dataset):
         _warn_read_whole(dataset, layout.num_processes)
-    return _ShardingKind(READ_ALL, splits_by_worker=worker_split, hf=hf)
+    return ShardingKind(READ_ALL, splits_by_worker=worker_split, hf=hf)
 
 
 def shards_natively(dataset: Any, num_processes: int, splits_by_worker: bool, hf: bool) -> bool:
@@ -193,30 +193,30 @@ def declared_worker_split(dataset: Any) -> bool | None:
     return None
 
 
-def node_split(dataset: Any) -> _NodeSplit | None:
+def node_split(dataset: Any) -> NodeSplit | None:
     """How ``dataset`` is already split by node (process), or ``None`` when it is not."""
     if getattr(dataset, "split_by_node", None) is True:
-        return _NodeSplit("it declares split_by_node = True")
+        return NodeSplit("it declares split_by_node = True")
     if is_hf_iterable(dataset) and compat.hf_node_split(dataset) is not None:
         config = compat.hf_node_split(dataset)
-        return _NodeSplit(
+        return NodeSplit(
             f"datasets.distributed.split_dataset_by_node(rank={config.rank}, world_size={config.world_size})",
             config.rank,
             config.world_size,
         )
     if _stage_named(_wds_stages(dataset), "split_by_node"):
-        return _NodeSplit("webdataset's nodesplitter=split_by_node")
+        return NodeSplit("webdataset's nodesplitter=split_by_node")
     library = stream_library(dataset)
     if library == "litdata" and getattr(dataset.distributed_env, "world_size", 1) > 1:
         env = dataset.distributed_env
-        return _NodeSplit(
+        return NodeSplit(
             f"litdata's StreamingDataset reads rank {env.global_rank} of {env.world_size}",
             env.global_rank,
             env.world_size,
         )
     if library == "streaming" and compat.streaming_rank_world(dataset).num_ranks > 1:
         world = compat.streaming_rank_world(dataset)
-        return _NodeSplit(
+        return NodeSplit(
             f"streaming's StreamingDataset reads rank {world.rank} of {world.num_ranks}", world.rank, world.num_ranks
         )
     return None

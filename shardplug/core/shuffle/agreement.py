@@ -4,7 +4,7 @@ Every process must draw the same order: a :class:`SeedableRandomSampler` whose s
 generator's (``seed_to_agree``) gets process 0's seed, and the named RNGs (and a synchronised
 generator) process 0's states, once per pass (:func:`synchronize`) or once when the loader is
 prepared (:func:`agree_at_prepare`, which also compares what each process was given).
-:class:`_Shuffles` finds them under a loader: its seedable samplers (their seeds go into a position)
+:class:`Shuffles` finds them under a loader: its seedable samplers (their seeds go into a position)
 and the generator a shuffling sampler draws from (its state goes into a position).
 """
 
@@ -19,12 +19,12 @@ from shardplug.core._internal.collectives import all_gather_objects, broadcast_o
 from shardplug.core.shuffle.rng import apply_rng_states, rng_states
 from shardplug.core.shuffle.seedable import SeedableRandomSampler, sampler_kind
 
-__all__ = ["_Shuffles", "synchronize", "agree_at_prepare", "check_same_data"]
+__all__ = ["Shuffles", "synchronize", "agree_at_prepare", "check_same_data"]
 
 
-class _Shuffles:
+class Shuffles:
     """The shuffles of one loader: ``plan_sampler`` is the index sampler its plan shares out
-    (:attr:`~shardplug.core.sharding.shard_plan._ShardPlan.sampler`), ``loader_sampler`` the DataLoader's own."""
+    (:attr:`~shardplug.core.sharding.shard_plan.ShardPlan.sampler`), ``loader_sampler`` the DataLoader's own."""
 
     __slots__ = ("plan_sampler", "loader_sampler")
 

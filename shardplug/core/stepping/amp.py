@@ -3,7 +3,7 @@
 Two things live here and nowhere else (the private ``GradScaler`` details they read are reached
 through :mod:`shardplug.core._internal.compat`, which lists them):
 
-* :class:`_StepCounter`: how many updates an optimizer really made, counted by a public step
+* :class:`StepCounter`: how many updates an optimizer really made, counted by a public step
   post-hook. A step the scaler skips for inf/NaN gradients is not counted, also for fused and
   ``_step_supports_amp_scaling`` optimizers, which the scaler calls and which then skip inside
   their kernel. Every front end (plain PyTorch, Lightning, Fabric, Ignite) asks
@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import logging
 import weakref
-from typing import Any, TypeGuard
+from typing import Any, Protocol, TypeGuard, cast
 
 import torch
 from torch.optim import Optimizer
@@ -36,7 +36,8 @@ from torch.optim import Optimizer
 from shardplug.core._internal import compat
 
 __all__ = [
-    "_StepCounter",
+    "Scaler",
+    "StepCounter",
     "step_counter",
     "scaler_enabled",
     "check_scaler",
@@ -46,19 +47,33 @@ __all__ = [
     "move_record",
     "forget_step",
     "close_failed_step",
-    "_StepAttempt",
+    "StepAttempt",
 ]
 
 logger = logging.getLogger(__name__)
 
 
+class Scaler(Protocol):
+    """What shardplug uses of a ``torch.amp.GradScaler`` (any object with these methods is taken as one)."""
+
+    def scale(self, outputs: Any) -> Any: ...
+
+    def step(self, optimizer: Optimizer, *args: Any, **kwargs: Any) -> Any: ...
+
+    def update(self, new_scale: Any = None) -> None: ...
+
+    def unscale_(self, optimizer: Optimizer) -> None: ...
+
+    def is_enabled(self) -> bool: ...
+
+
 # -- the scaler --------------------------------------------------------------------------------
-def scaler_enabled(scaler: Any) -> TypeGuard[Any]:
+def scaler_enabled(scaler: Scaler | None) -> TypeGuard[Scaler]:
     """Whether ``scaler`` is a scaler that scales (``None`` and disabled scalers do not)."""
     return scaler is not None and bool(scaler.is_enabled())
 
 
-def check_scaler(scaler: Any, name: str = "scaler") -> Any:
+def check_scaler(scaler: Any, name: str = "scaler") -> Scaler | None:
     """``scaler`` if it is ``None`` or looks like a ``torch.amp.GradScaler``; else ``TypeError``."""
     if scaler is not None and not all(
         hasattr(scaler, m) for m in ("scale", "step", "update", "unscale_", "is_enabled")
@@ -67,10 +82,10 @@ def check_scaler(scaler: Any, name: str = "scaler") -> Any:
             f"{name}={scaler!r} is not a GradScaler (it needs scale(), step(), update(), unscale_() and "
             "is_enabled()); pass torch.amp.GradScaler(device) or None"
         )
-    return scaler
+    return cast("Scaler | None", scaler)
 
 
-def _record(scaler: Any, optimizer: Any) -> dict[str, Any] | None:
+def _record(scaler: Scaler | None, optimizer: Optimizer) -> dict[str, Any] | None:
     """The scaler's record of this iteration for ``optimizer``, without creating one."""
     records = compat.scaler_records(scaler)
     if records is None:
@@ -78,7 +93,7 @@ def _record(scaler: Any, optimizer: Any) -> dict[str, Any] | None:
     return records.get(id(optimizer))
 
 
-def found_inf(scaler: Any, optimizer: Any) -> bool | None:
+def found_inf(scaler: Scaler | None, optimizer: Optimizer) -> bool | None:
     """Whether the scaler found inf/NaN gradients for ``optimizer`` in this iteration.
 
     ``None`` when it has not checked them yet (no ``unscale_`` or ``step`` since the last ``update``).
@@ -90,13 +105,13 @@ def found_inf(scaler: Any, optimizer: Any) -> bool | None:
     return bool(sum(float(t.item()) for t in found.values()) > 0)
 
 
-def is_unscaled(scaler: Any, optimizer: Any) -> bool:
+def is_unscaled(scaler: Scaler | None, optimizer: Optimizer) -> bool:
     """Whether ``optimizer``'s gradients were unscaled in this iteration and it has not stepped since."""
     record = _record(scaler, optimizer)
     return record is not None and record["stage"] is compat.opt_state().UNSCALED
 
 
-def unscale_once(scaler: Any, optimizer: Any) -> bool:
+def unscale_once(scaler: Scaler | None, optimizer: Optimizer) -> bool:
     """``scaler.unscale_(optimizer)`` unless it was already done in this iteration; True if it unscaled."""
     if not scaler_enabled(scaler):
         return False
@@ -107,7 +122,7 @@ def unscale_once(scaler: Any, optimizer: Any) -> bool:
     return True
 
 
-def move_record(scaler: Any, source: Any, target: Any) -> None:
+def move_record(scaler: Scaler | None, source: Optimizer, target: Optimizer) -> None:
     """Give ``target`` the record the scaler made for ``source`` (``scaler.unscale_(wrapper)``
     followed by a step of the wrapped optimizer must not unscale twice)."""
     records = compat.scaler_records(scaler)
@@ -115,7 +130,7 @@ def move_record(scaler: Any, source: Any, target: Any) -> None:
         records[id(target)] = records.pop(id(source))
 
 
-def forget_step(scaler: Any, optimizer: Any) -> bool:
+def forget_step(scaler: Scaler | None, optimizer: Optimizer) -> bool:
     """Drop the scaler's record of a step of ``optimizer`` that will not happen; True if there was one.
 
     Call it with the gradients it covered cleared: they may be unscaled already.
@@ -130,7 +145,7 @@ def forget_step(scaler: Any, optimizer: Any) -> bool:
     return True
 
 
-def close_failed_step(scaler: Any, optimizer: Any, stepped: bool) -> None:
+def close_failed_step(scaler: Scaler | None, optimizer: Optimizer, stepped: bool) -> None:
     """Leave the scaler right after an exception inside ``scaler.step(optimizer)`` (or just before it).
 
     ``stepped``: whether ``optimizer`` had updated the parameters before the exception; then the
@@ -147,7 +162,7 @@ def close_failed_step(scaler: Any, optimizer: Any, stepped: bool) -> None:
 
 
 # -- real steps --------------------------------------------------------------------------------
-class _StepCounter:
+class StepCounter:
     """The updates one optimizer really made: its ``step`` completed and was not skipped.
 
     Counted by a step post-hook (``Optimizer.register_step_post_hook``), so it sees every call,
@@ -166,7 +181,7 @@ class _StepCounter:
         self.calls = 0  #: completed calls of ``step`` (skipped fused steps included)
         self._handle = optimizer.register_step_post_hook(self._after_step)
 
-    def _after_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+    def _after_step(self, optimizer: Optimizer, args: Any, kwargs: Any) -> None:
         self.calls += 1
         flag = compat.step_inf_flag(optimizer)
         if isinstance(flag, torch.Tensor):
@@ -194,20 +209,20 @@ class _StepCounter:
         return f"{type(self).__name__}(taken={self.taken}, calls={self.calls})"
 
 
-_COUNTERS: weakref.WeakKeyDictionary[Optimizer, _StepCounter] = weakref.WeakKeyDictionary()
+_COUNTERS: weakref.WeakKeyDictionary[Optimizer, StepCounter] = weakref.WeakKeyDictionary()
 
 
-def step_counter(optimizer: Optimizer) -> _StepCounter:
-    """The :class:`_StepCounter` of ``optimizer`` (created, and its hook registered, on first use)."""
+def step_counter(optimizer: Optimizer) -> StepCounter:
+    """The :class:`StepCounter` of ``optimizer`` (created, and its hook registered, on first use)."""
     if not isinstance(optimizer, Optimizer):
         raise TypeError(f"optimizer={optimizer!r} is not a torch.optim.Optimizer")
     counter = _COUNTERS.get(optimizer)
     if counter is None:
-        counter = _COUNTERS[optimizer] = _StepCounter(optimizer)
+        counter = _COUNTERS[optimizer] = StepCounter(optimizer)
     return counter
 
 
-class _StepAttempt:
+class StepAttempt:
     """One attempt to step an optimizer (``scaler.step``, a framework's precision plugin, a plain
     ``step``): counts what happened and closes the scaler's iteration if the attempt raises.
 
@@ -219,19 +234,19 @@ class _StepAttempt:
         >>> import torch
         >>> param = torch.nn.Parameter(torch.ones(1)); param.grad = torch.ones(1)
         >>> opt = torch.optim.SGD([param], lr=0.1)
-        >>> with _StepAttempt(opt, scaler=None) as attempt:
+        >>> with StepAttempt(opt, scaler=None) as attempt:
         ...     opt.step()
         >>> attempt.skipped
         False
     """
 
-    def __init__(self, optimizer: Optimizer, scaler: Any) -> None:
+    def __init__(self, optimizer: Optimizer, scaler: Scaler | None) -> None:
         self.optimizer = optimizer
         self.scaler = scaler
         self._counter = step_counter(optimizer)
         self._taken_before, self._calls_before = self._counter.taken, self._counter.calls
 
-    def __enter__(self) -> _StepAttempt:
+    def __enter__(self) -> StepAttempt:
         self._taken_before, self._calls_before = self._counter.taken, self._counter.calls
         return self
 

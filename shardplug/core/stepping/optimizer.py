@@ -54,7 +54,7 @@ class PreparedOptimizer(Optimizer):
     in a post-hook); global optimizer hooks run for the wrapped optimizer's own ``step``, as torch decides.
 
     Skipped steps: a step counts as taken when the wrapped optimizer's ``step`` completed and the
-    scaler did not skip it (:class:`~shardplug.core.stepping.amp._StepCounter`, the counter every front end
+    scaler did not skip it (:class:`~shardplug.core.stepping.amp.StepCounter`, the counter every front end
     and every prepared scheduler reads), so fused and ``_step_supports_amp_scaling`` optimizers,
     which the scaler calls even when they then skip, are reported correctly. Without a scaler (or
     with a disabled one) nothing is ever skipped. ``scaler.unscale_(prepared)`` before ``step()``
@@ -187,7 +187,7 @@ class PreparedOptimizer(Optimizer):
             )
         if closure is not None and amp.scaler_enabled(self.scaler):
             raise RuntimeError("closures are not supported with a GradScaler (as in torch); call step() without one")
-        attempt = amp._StepAttempt(self.optimizer, self.scaler)
+        attempt = amp.StepAttempt(self.optimizer, self.scaler)
         try:
             # hooks see (self, *step arguments), as torch's own step wrapper passes them
             args: tuple[Any, ...] = (self,) if closure is None else (self, closure)
@@ -209,7 +209,7 @@ class PreparedOptimizer(Optimizer):
             raise
         return out
 
-    def _step_wrapped(self, attempt: amp._StepAttempt, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    def _step_wrapped(self, attempt: amp.StepAttempt, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """The wrapped step inside ``attempt`` (which closes the scaler's iteration if it raises)."""
         scaler, optimizer = self.scaler, self.optimizer
         if not amp.scaler_enabled(scaler):
