@@ -28,7 +28,7 @@ from shardplug.core._internal import compat
 from shardplug.core._internal.topology import ProcessTopology, Readers, resolve_data_topology
 from shardplug.core.config import ShardplugConfig
 from shardplug.core.dispatch.dispatcher import DataLoaderDispatcher, DispatchOptions, check_slice_fn
-from shardplug.core.loader.prepared import DataLoaderShard, PreparedDataLoader, combined_class
+from shardplug.core.loader.prepared import DataLoaderShard, LoaderOptions, PreparedDataLoader, combined_class
 from shardplug.core.resume.stateful import stateful_dataloader_class
 from shardplug.core.sharding import local, map_style, native, presplit, read_all
 from shardplug.core.sharding.kinds import DISPATCH, LOCAL, MAP_STYLE, NATIVE, PRESPLIT, Shard, ShardingKind
@@ -110,22 +110,29 @@ def _loader_settings(loader: DataLoader[Any]) -> dict[str, Any]:
 
 
 def _rebuild(
-    loader: DataLoader[Any], cls: type, dataset: Any, loader_kwargs: dict[str, Any], stateful: bool
-) -> DataLoaderShard:
-    """A ``cls`` that is also the user's ``DataLoader`` subclass, with the user's extra attributes."""
+    loader: DataLoader[Any],
+    cls: type,
+    dataset: Any,
+    loader_kwargs: dict[str, Any],
+    stateful: bool,
+    options: LoaderOptions,
+) -> PreparedDataLoader:
+    """A ``cls`` that is also the user's ``DataLoader`` subclass, with the user's extra attributes, built in one
+    call (:meth:`~shardplug.core.loader.prepared.PreparedDataLoader.assemble`): the ``DataLoader``'s own
+    ``__init__`` (or the ``StatefulDataLoader``'s) with ``loader_kwargs``, then shardplug's ``options``."""
     user_cls: type = type(loader)
     if issubclass(user_cls, PreparedDataLoader):
         user_cls = next(c for c in user_cls.__mro__ if not issubclass(c, PreparedDataLoader))
     bases: list[type] = [cls, user_cls]
     if stateful:
         bases.append(stateful_dataloader_class())
-    new_cls = combined_class(*bases)
-    new = cast(DataLoaderShard, object.__new__(new_cls))  # cls: DataLoaderShard or a subclass
+    new_cls = cast("type[PreparedDataLoader]", combined_class(*bases))
     stateful_base = stateful_dataloader_class() if stateful or _subclasses_stateful(user_cls) else None
     init = stateful_base.__init__ if stateful_base is not None else DataLoader.__init__
-    init(new, dataset, **loader_kwargs)
-    for key, value in vars(loader).items():
-        if key not in vars(new) and not compat.is_dataloader_internal(key):
+    extras = {k: v for k, v in vars(loader).items() if not compat.is_dataloader_internal(k)}
+    new = new_cls.assemble(init, dataset, loader_kwargs, options)
+    for key, value in extras.items():
+        if key not in vars(new):
             new.__dict__[key] = value
     return new
 
@@ -204,17 +211,25 @@ def prepare_data_loader(
     generator = shard.synchronized_generator
     if generator is None and "generator" in rng and dataloader.generator is not None:
         generator = dataloader.generator
-    finish: dict[str, Any] = {}
+    loader_options = LoaderOptions(
+        device=_batch_device(device, options),
+        rng_types=rng,
+        synchronized_generator=generator,
+        non_blocking=options.non_blocking,
+        plan=shard.plan,
+    )
     if dispatch:
-        finish["dispatch"] = DispatchOptions.from_layout(layout, options.slice_fn_for_dispatch, torch_device_mesh)
+        loader_options = DispatchOptions.from_layout(
+            layout, loader_options, options.slice_fn_for_dispatch, torch_device_mesh
+        )
     new = _rebuild(
         dataloader,
         DataLoaderDispatcher if dispatch else DataLoaderShard,
         shard.dataset,
         kwargs,
         options.use_stateful_dataloader,
+        loader_options,
     )
-    new.finish_init(_batch_device(device, options), rng, generator, 0, options.non_blocking, plan=shard.plan, **finish)
     if dataloader.batch_size is None and dataloader.batch_sampler is not None:
         _report_like_torch(new)
     new.agree_at_prepare(shard.prepare_check)
@@ -315,11 +330,11 @@ def _layout(dataloader: DataLoader[Any], num_processes: int, process_index: int,
     )
 
 
-def _batch_device(device: str | torch.device | None, options: _DataOptions) -> str | torch.device | None:
+def _batch_device(device: str | torch.device | None, options: _DataOptions) -> torch.device | None:
     """Where batches go: ``device`` (default: the process's) with ``put_on_device``, else nowhere."""
     if not options.put_on_device:
         return None
-    return device if device is not None else ProcessTopology.current().device
+    return torch.device(device) if device is not None else torch.device(ProcessTopology.current().device)
 
 
 def skip_first_batches(dataloader: DataLoader[Any], num_batches: int = 0) -> PreparedDataLoader:

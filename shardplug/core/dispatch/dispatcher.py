@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import weakref
 from collections.abc import Callable, Iterable, Iterator
@@ -30,7 +31,7 @@ from shardplug.core.dispatch.sender import SliceFn, StepReader, StepSender, loca
 from shardplug.core.dispatch.shm import CollateIntoRing
 from shardplug.core.dispatch.transport import Wire
 from shardplug.core.dispatch.wire import DispatchStats
-from shardplug.core.loader.prepared import DataLoaderShard, PreparedDataLoader
+from shardplug.core.loader.prepared import DataLoaderShard, LoaderOptions, PreparedDataLoader
 from shardplug.core.resume.stateful import stateful_dataloader_class
 from shardplug.core.sharding.layout import ShardLayout
 from shardplug.core.sharding.shard_plan import ShardPlan
@@ -39,8 +40,12 @@ __all__ = ["DataLoaderDispatcher", "DispatchOptions", "check_slice_fn"]
 
 
 @dataclass(frozen=True)
-class DispatchOptions:
-    """What a dispatcher needs beyond a loader's settings (see :class:`DataLoaderDispatcher`)."""
+class DispatchOptions(LoaderOptions):
+    """A dispatcher's options: a prepared loader's (:class:`~shardplug.core.loader.prepared.LoaderOptions`, its
+    ``plan`` being process 0's reading of the data) and how the steps are shared out: the ``layout``
+    (``prepare_data_loader``'s), else one built from ``split_batches``, ``even_batches`` and the processes
+    (``num_processes`` / ``process_index`` / ``torch_device_mesh``, ``None``: the running job's), and the
+    ``slice_fn`` that cuts a process's rows."""
 
     split_batches: bool = ShardplugConfig.split_batches
     slice_fn: SliceFn | None = ShardplugConfig.slice_fn_for_dispatch
@@ -48,23 +53,33 @@ class DispatchOptions:
     num_processes: int | None = None
     process_index: int | None = None
     even_batches: bool = ShardplugConfig.even_batches
+    layout: ShardLayout | None = None
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         check_slice_fn(self.slice_fn)
 
     @classmethod
     def from_layout(
-        cls, layout: ShardLayout, slice_fn: SliceFn | None = None, torch_device_mesh: Any = None
+        cls, layout: ShardLayout, loader: LoaderOptions, slice_fn: SliceFn | None = None, torch_device_mesh: Any = None
     ) -> DispatchOptions:
-        """The options of a dispatcher sharing its batches by ``layout`` (``prepare_data_loader``'s)."""
+        """The options of a dispatcher sharing its batches by ``layout`` (``prepare_data_loader``'s), with the
+        ``loader`` options of a prepared loader."""
         return cls(
-            layout.split_batches,
-            slice_fn,
-            torch_device_mesh,
-            layout.num_processes,
-            layout.process_index,
-            layout.even_batches,
+            **_loader_fields(loader),
+            split_batches=layout.split_batches,
+            slice_fn=slice_fn,
+            torch_device_mesh=torch_device_mesh,
+            num_processes=layout.num_processes,
+            process_index=layout.process_index,
+            even_batches=layout.even_batches,
+            layout=layout,
         )
+
+
+def _loader_fields(options: LoaderOptions) -> dict[str, Any]:
+    """The fields of a prepared loader's options (without a dispatcher's)."""
+    return {field.name: getattr(options, field.name) for field in dataclasses.fields(LoaderOptions)}
 
 
 def check_slice_fn(slice_fn: Any) -> None:
@@ -106,7 +121,7 @@ class DataLoaderDispatcher(DataLoaderShard):
             ...
     """
 
-    plan: DispatchPlan  # process 0's global batches, shared out by steps (set in finish_init)
+    plan: DispatchPlan  # process 0's global batches, shared out by steps (see _plan_for)
 
     def __init__(
         self,
@@ -125,37 +140,52 @@ class DataLoaderDispatcher(DataLoaderShard):
         even_batches: bool = ShardplugConfig.even_batches,
         **dataloader_kwargs: Any,
     ) -> None:
-        super(DataLoaderShard, self).__init__(dataset, **dataloader_kwargs)
-        options = DispatchOptions(
-            split_batches, slice_fn_for_dispatch, torch_device_mesh, num_processes, process_index, even_batches
+        self._dispatch_options = DispatchOptions(
+            split_batches=split_batches,
+            slice_fn=slice_fn_for_dispatch,
+            torch_device_mesh=torch_device_mesh,
+            num_processes=num_processes,
+            process_index=process_index,
+            even_batches=even_batches,
         )
-        self.finish_init(device, rng_types, synchronized_generator, skip_batches, non_blocking, dispatch=options)
+        super().__init__(
+            dataset,
+            device=device,
+            rng_types=rng_types,
+            synchronized_generator=synchronized_generator,
+            skip_batches=skip_batches,
+            use_stateful_dataloader=use_stateful_dataloader,
+            non_blocking=non_blocking,
+            **dataloader_kwargs,
+        )
 
-    def finish_init(
-        self,
-        device: str | torch.device | None,
-        rng_types: Iterable[str] | None,
-        synchronized_generator: torch.Generator | None,
-        skip_batches: int,
-        non_blocking: bool,
-        plan: ShardPlan | None = None,
-        dispatch: DispatchOptions | None = None,
-    ) -> None:
-        super().finish_init(device, rng_types, synchronized_generator, skip_batches, non_blocking, plan)
-        options = dispatch if dispatch is not None else DispatchOptions()
-        self.split_batches = options.split_batches
-        self.slice_fn: SliceFn = options.slice_fn or slice_rows
+    def _setup(self, options: LoaderOptions) -> None:
+        if not isinstance(options, DispatchOptions):  # the constructor's: with its own dispatch keywords
+            options = dataclasses.replace(self._dispatch_options, **_loader_fields(options))
+        self._dispatch_options = options
+        super()._setup(options)
+        self._collate = self._collate_into_rings()
+
+    def _plan_for(self, options: LoaderOptions) -> ShardPlan:
+        """The steps of process 0's global batches (``options.plan``, else this loader's own), shared out by
+        the layout (``prepare_data_loader``'s, else one of this loader's batch size and options)."""
+        source = super()._plan_for(options)  # process 0's global batches: a shard of the user's batches, or a stream
+        dispatch = self._dispatch_options
+        self.split_batches = dispatch.split_batches
+        self.slice_fn: SliceFn = dispatch.slice_fn or slice_rows
         self.dispatch_stats = DispatchStats()
-        self.num_processes, self.process_index = resolve_topology(options)
-        layout = ShardLayout.for_batches(
-            self.batch_size,
-            self.num_processes,
-            self.process_index,
-            self.split_batches,
-            options.even_batches,
-            drop_last=bool(self.drop_last),
-        )
-        source: ShardPlan = self.plan  # process 0's global batches: a shard of the user's batches, or the stream's own
+        num_processes, process_index = resolve_topology(dispatch)
+        layout = dispatch.layout
+        if layout is None:
+            layout = ShardLayout.for_batches(
+                self.batch_size,
+                num_processes,
+                process_index,
+                self.split_batches,
+                dispatch.even_batches,
+                drop_last=bool(self.drop_last),
+            )
+        self.num_processes, self.process_index = num_processes, process_index
         try:
             length = source.num_batches(0)
         except TypeError:  # a batch sampler without __len__
@@ -165,9 +195,9 @@ class DataLoaderDispatcher(DataLoaderShard):
         self._wire = Wire(dist.new_group() if world_size() > 1 else None)
         if self._wire.group is not None:  # process 0 reads the data: its length is everybody's
             length = broadcast_object(length if global_rank() == 0 else None, group=self._wire.group)
-        self.plan = DispatchPlan(layout, length, source if source.unit == "global_batches" else None)
+        plan = DispatchPlan(layout, length, source if source.unit == "global_batches" else None)
         self._wire.shm_targets = self._same_host_processes()
-        self._collate = self._collate_into_rings()
+        return plan
 
     def _collate_into_rings(self) -> CollateIntoRing | None:
         """Process 0: a ``default_collate`` that stacks the other processes' batches straight into

@@ -23,8 +23,9 @@ from __future__ import annotations
 
 import copy
 import logging
-from collections.abc import Iterable, Iterator
-from typing import Any
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from typing import Any, TypeVar
 
 import torch
 from torch.utils.data import DataLoader, IterableDataset
@@ -47,6 +48,7 @@ from shardplug.core.shuffle.agreement import agree_at_prepare
 from shardplug.core.shuffle.rng import check_rng_types
 
 __all__ = [
+    "LoaderOptions",
     "PreparedDataLoader",
     "DataLoaderShard",
     "LengthMismatchWarning",
@@ -55,6 +57,8 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
+
+_Prepared = TypeVar("_Prepared", bound="PreparedDataLoader")
 
 _VARIANTS: dict[tuple[type, ...], type] = {}
 
@@ -80,6 +84,37 @@ def _variant_instance(bases: tuple[type, ...]) -> Any:
     return object.__new__(combined_class(*bases))
 
 
+@dataclass(frozen=True)
+class LoaderOptions:
+    """What a prepared loader holds beyond a ``DataLoader``'s settings, in one object: the ``device`` its
+    batches move to (``None``: they stay), the RNGs agreed with process 0 at each pass (``rng_types``, and
+    ``synchronized_generator``), the batches its first pass skips (``skip_batches``), ``non_blocking``
+    copies, and the ``plan`` of its rows (``None``: the loader's own, from its sampler or dataset).
+
+    Example::
+
+        >>> LoaderOptions(skip_batches=2).skip_batches
+        2
+        >>> LoaderOptions(skip_batches=-1)
+        Traceback (most recent call last):
+        ...
+        ValueError: skip_batches=-1 must be an integer >= 0
+    """
+
+    device: torch.device | None = None
+    rng_types: tuple[str, ...] = ()
+    synchronized_generator: torch.Generator | None = None
+    skip_batches: int = 0
+    non_blocking: bool = ShardplugConfig.non_blocking
+    plan: ShardPlan | None = None
+
+    def __post_init__(self) -> None:
+        if not is_int(self.skip_batches) or self.skip_batches < 0:
+            raise ValueError(f"skip_batches={self.skip_batches!r} must be an integer >= 0")
+        object.__setattr__(self, "rng_types", check_rng_types(self.rng_types))
+        object.__setattr__(self, "non_blocking", bool(self.non_blocking))
+
+
 class PreparedDataLoader(DataLoader[Any]):
     """What every prepared loader does on top of ``DataLoader``.
 
@@ -94,7 +129,7 @@ class PreparedDataLoader(DataLoader[Any]):
     Which rows this process gets, ``len()`` and where a pass resumes are its :attr:`plan`'s
     (see ``sharding/``); the loader keeps the settings and its collaborators.
 
-    Not part of the API (the reference leaves them out): ``finish_init``, ``skipped_copy``,
+    Not part of the API (the reference leaves them out): ``assemble``, ``skipped_copy``,
     ``agree_at_prepare``, ``inner_loader``, ``inner_batches``, ``batch_shard``, ``padding_tracker`` and
     ``source_marks_last`` are the hooks shardplug's own modules (the planner, the dispatcher, the
     front ends) call; they may change without notice.
@@ -122,26 +157,38 @@ class PreparedDataLoader(DataLoader[Any]):
         return _variant_instance, ((cls,),), state
 
     # -- set-up ---------------------------------------------------------------------------
-    def _setup_prepared(
-        self,
-        device: str | torch.device | None = None,
-        rng_types: Iterable[str] | None = None,
-        synchronized_generator: torch.Generator | None = None,
-        skip_batches: int = 0,
-        non_blocking: bool = ShardplugConfig.non_blocking,
-        plan: ShardPlan | None = None,
-    ) -> None:
-        if not isinstance(skip_batches, int) or skip_batches < 0:
-            raise ValueError(f"skip_batches={skip_batches!r} must be an integer >= 0")
-        self.device = torch.device(device) if device is not None else None
-        self.non_blocking = bool(non_blocking)
-        self.rng_types = check_rng_types(rng_types)
-        self.synchronized_generator = synchronized_generator
+    @classmethod
+    def assemble(
+        cls: type[_Prepared],
+        base_init: Callable[..., None],
+        dataset: Any,
+        loader_kwargs: dict[str, Any],
+        options: LoaderOptions,
+    ) -> _Prepared:
+        """A loader of this class built in one call: ``base_init`` (the ``DataLoader``'s or the
+        ``StatefulDataLoader``'s ``__init__``, not a user subclass's, whose signature is its own) with
+        ``dataset`` and ``loader_kwargs``, then shardplug's part from ``options`` (what
+        :func:`~shardplug.core.planner.prepare_data_loader` uses)."""
+        new = object.__new__(cls)
+        base_init(new, dataset, **loader_kwargs)
+        new._setup(options)
+        return new
+
+    def _setup(self, options: LoaderOptions) -> None:
+        """shardplug's part of the loader, once the ``DataLoader``'s settings are set (subclasses add theirs)."""
+        self.device = options.device
+        self.non_blocking = options.non_blocking
+        self.rng_types = options.rng_types
+        self.synchronized_generator = options.synchronized_generator
         self.gradient_state: PassListener | None = None  # the run's GradientState, when one is connected
         self.epoch = 0
-        self.plan = plan if plan is not None else self._default_plan()
-        self._resume = ResumeState(self, skip_batches)  # the last pass; skip_batches shortens the next one
+        self.plan = self._plan_for(options)
+        self._resume = ResumeState(self, options.skip_batches)  # the last pass; skip_batches shortens the next one
         self._tracker: PaddingTracker | None = None  # padding tracking (track_padding), with the audit
+
+    def _plan_for(self, options: LoaderOptions) -> ShardPlan:
+        """The plan of this loader's rows: the planner's, else the loader's own (subclasses wrap it)."""
+        return options.plan if options.plan is not None else self._default_plan()
 
     def _default_plan(self) -> ShardPlan:
         """The plan of a loader built directly (``prepare_data_loader`` passes its own)."""
@@ -397,17 +444,26 @@ class DataLoaderShard(PreparedDataLoader):
         **dataloader_kwargs: Any,
     ) -> None:
         super().__init__(dataset, **dataloader_kwargs)
-        self.finish_init(device, rng_types, synchronized_generator, skip_batches, non_blocking)
+        self._setup(self._options(device, rng_types, synchronized_generator, skip_batches, non_blocking))
 
-    def finish_init(
-        self,
+    @staticmethod
+    def _options(
         device: str | torch.device | None,
         rng_types: Iterable[str] | None,
         synchronized_generator: torch.Generator | None,
         skip_batches: int,
         non_blocking: bool,
-        plan: ShardPlan | None = None,
-    ) -> None:
+    ) -> LoaderOptions:
+        """The constructor's keywords as one options object."""
+        return LoaderOptions(
+            device=torch.device(device) if device is not None else None,
+            rng_types=check_rng_types(rng_types),
+            synchronized_generator=synchronized_generator,
+            skip_batches=skip_batches,
+            non_blocking=non_blocking,
+        )
+
+    def _setup(self, options: LoaderOptions) -> None:
         # Own the (batch) sampler so skipping and resuming never load a skipped batch.
         if not isinstance(self.dataset, IterableDataset):
             if self.batch_sampler is not None and not isinstance(self.batch_sampler, BatchSamplerShard):
@@ -417,7 +473,7 @@ class DataLoaderShard(PreparedDataLoader):
             if isinstance(self.batch_sampler, BatchSamplerShard):  # what DataLoader reports for a batch sampler
                 object.__setattr__(self, "batch_size", self.batch_sampler.per_process_batch_size)
                 object.__setattr__(self, "drop_last", self.batch_sampler.drop_last)
-        self._setup_prepared(device, rng_types, synchronized_generator, skip_batches, non_blocking, plan)
+        super()._setup(options)
         for target in self._epoch_targets():
             target.set_epoch(0)
 
