@@ -67,10 +67,11 @@ class _StepReceiver:
             except DispatchError:
                 raise
             except RuntimeError as exc:  # torch.distributed.DistBackendError included
-                raise DispatchError(
+                lost = self.wire.died_soon(f"step {self.wire.steps_received} from process 0") or DispatchError(
                     "lost process 0 (which reads and sends the data in dispatch mode), or another process of the "
                     f"dispatch group died, while waiting for a batch: {exc}"
-                ) from exc
+                )
+                raise lost from exc
             if kind in (END, CLOSE):
                 return
             yield batch, last

@@ -201,7 +201,9 @@ class _StepSender:
             if exc is self.read_failure or isinstance(exc, DispatchError):
                 raise
             self.ended = True  # the process group failed: a process died or stopped receiving
-            raise DispatchError(f"process 0 lost a process it dispatches to: {exc}") from exc
+            what = f"the other processes to take step {self.wire.steps_sent}"
+            lost = self.wire.died_soon(what) or DispatchError(f"process 0 lost a process it dispatches to: {exc}")
+            raise lost from exc
         finally:
             self._finish()
 

@@ -62,6 +62,10 @@ WATCH_S = 0.2
 
 _WATCH = timedelta(seconds=WATCH_S)
 
+EXIT_S = 1.0
+"""How long a process whose process group failed looks for a process of its host that ended (it
+closes its connections a moment before it stops running)."""
+
 RESTART = "dispatch cannot go on without it: stop every process and start the job again (from its last checkpoint)"
 """What to do when a process of the dispatch group is gone."""
 
@@ -178,6 +182,16 @@ class _Wire:
             f"{names} of the dispatch group ended while process {self.rank} waited for {what}: {RESTART}"
         )
 
+    def died_soon(self, what: str) -> DispatchError | None:
+        """:meth:`died`, looking for :data:`EXIT_S` after the process group failed: a process that
+        ends closes its connections a moment before it stops running."""
+        deadline = time.monotonic() + EXIT_S
+        while True:
+            failure = self.died(what)
+            if failure is not None or time.monotonic() > deadline:
+                return failure
+            time.sleep(0.05)
+
     def wait(self, work: Any, what: str) -> None:
         """Wait for ``work`` (an asynchronous operation on the group) to finish, checking every
         :data:`WATCH_S` that the processes of this host still run: a :class:`DispatchError` that
@@ -202,7 +216,7 @@ class _Wire:
         try:
             work.wait()
         except RuntimeError as exc:
-            failure = self.died(what) or DispatchError(
+            failure = self.died_soon(what) or DispatchError(
                 f"process {self.rank} waited for {what}, and the process group failed: {exc}; a process of the "
                 f"dispatch group died or stopped iterating the loader: {RESTART}"
             )
