@@ -117,7 +117,7 @@ def run_gloo(
     world_size: int = 2,
     timeout: float = 60.0,
     allow_deaths: bool = False,
-    start: str | None = None,
+    start: str = "forkserver",
 ) -> list[Any]:
     """Run ``fn(rank, world_size, *args)`` on ``world_size`` new gloo processes: fresh forks of
     the :func:`fork_server`, each with the environment, ``sys.path`` and working directory of the
@@ -127,14 +127,12 @@ def run_gloo(
     rank that failed, and ``TimeoutError`` (after killing them) when ranks outlive ``timeout``.
     With ``allow_deaths``, a rank that died without a result (killed) gives ``None`` instead.
 
-    Ranks that may die (``allow_deaths``) are spawned instead, as ``torchrun`` and ``mp.spawn`` start
-    them (``start="forkserver"`` or ``"spawn"`` chooses). (Under the fork server a survivor was seen
-    blocked in a gloo broadcast after its peer's SIGKILL, about 1 run in 6 under load: that was
-    dispatch's hang of issue 40, which tests/dispatch/test_faults_under_load.py now runs under the
-    fork server.)
+    ``start="spawn"`` spawns the ranks instead, as ``torchrun`` and ``mp.spawn`` start them. (Ranks
+    that may die were spawned for a while: under the fork server a survivor was seen blocked in a
+    gloo broadcast after its peer's SIGKILL, about 1 run in 6 under load. That was dispatch's hang of
+    issue 40, which spawned ranks only made rarer; tests/dispatch/test_faults_under_load.py runs it
+    under the fork server, beside a busy loop per core.)
     """
-    if start is None:
-        start = "spawn" if allow_deaths else "forkserver"
     ctx = mp.get_context("spawn") if start == "spawn" else fork_server()
     with tempfile.TemporaryDirectory() as out_dir:
         port = free_port()

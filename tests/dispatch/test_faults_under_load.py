@@ -5,8 +5,8 @@ beside the gloo ranks. Every survivor fails with a ``DispatchError`` naming the 
 within seconds; a hang is reported by ``run_gloo`` with the stack of every process still running.
 
 The cases cover every pair of those settings (6 runs, not the 24 of every combination), each
-bounded by ``run_gloo``'s timeout; the ranks are forks of the fork server, where the hang was
-first seen (1 run in 6 under load), and start in a fraction of a second.
+bounded by ``run_gloo``'s timeout; the ranks are forks of the fork server (where the hang was
+first seen, 1 run in 6 under load), started in a fraction of a second.
 """
 
 from __future__ import annotations
@@ -97,7 +97,6 @@ def test_a_death_under_load_fails_every_survivor_within_seconds(load, victim, at
         world_size=world,
         timeout=60,
         allow_deaths=True,
-        start="forkserver",
     )
     assert results[victim] is None, f"process {victim} did not die"
     for rank, survivor in enumerate(results):
