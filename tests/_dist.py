@@ -22,7 +22,7 @@ from typing import Any
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-_PRELOAD = ["torch", "torch.distributed", "_hf_datasets", "webdataset", "shardplug"]  # _hf_datasets: datasets, quick
+PRELOAD = ["torch", "torch.distributed", "_hf_datasets", "webdataset", "shardplug"]  # _hf_datasets: datasets, quick
 
 
 def fork_server(preload: list[str] | None = None) -> Any:
@@ -31,7 +31,7 @@ def fork_server(preload: list[str] | None = None) -> Any:
     call asks for): every process it starts is a fresh fork of that server, without the seconds of
     importing them again (the gloo ranks of :func:`run_gloo`, DataLoader workers in a rank)."""
     ctx = mp.get_context("forkserver")
-    ctx.set_forkserver_preload(_PRELOAD if preload is None else preload)
+    ctx.set_forkserver_preload(PRELOAD if preload is None else preload)
     from multiprocessing import forkserver
 
     # the server imports the tests' own modules (_hf_datasets) by PYTHONPATH: Python 3.11's fork server
