@@ -164,7 +164,8 @@ class DataLoaderDispatcher(DataLoaderShard):
         device_type = communication_device().type
         self._wire = _Wire(dispatch_group(device_type) if world_size() > 1 else None, device_type)
         if self._wire.group is not None:  # process 0 reads the data: its length is everybody's
-            length = broadcast_object(length if global_rank() == 0 else None, group=self._wire.group)
+            mine = length if global_rank() == 0 else None
+            length = broadcast_object(mine, group=self._wire.group, what="the number of batches (dispatch)")
         self.plan = _DispatchPlan(layout, length, source if source.unit == "global_batches" else None)
         self._wire.shm_targets = self._same_host_processes()
         self._collate = self._collate_into_rings()

@@ -31,7 +31,7 @@ import torch
 import torch.distributed as dist
 
 from shardplug.core._internal import compat
-from shardplug.core._internal.collectives import broadcast_object, global_rank, world_size
+from shardplug.core._internal.collectives import all_gather_objects, broadcast_object, global_rank, world_size
 from shardplug.core.dispatch.dispatch_plan import DispatchError
 from shardplug.core.dispatch.shm import _ReceiptCounter, _RingReader, _SharedRing, ring_bytes, shared_memory_dir
 from shardplug.core.dispatch.wire import ACK_TAG, tensors
@@ -148,8 +148,9 @@ class _Wire:
         host (:attr:`peers`), to notice a death while it waits."""
         space = _process_space()
         mine = (socket.gethostname(), wanted and shared_memory_dir() is not None, os.getpid(), space)
-        everyone: list[Any] = [None] * world_size()
-        dist.all_gather_object(everyone, mine, group=self.group)
+        everyone = all_gather_objects(
+            mine, group=self.group, what="the host and process id of every process (dispatch)"
+        )
         me = global_rank()
         self.peers = {j: pid for j, (h, _, pid, s) in enumerate(everyone) if j != me and (h, s) == (mine[0], space)}
         table: dict[int, str] | None = None
@@ -162,7 +163,7 @@ class _Wire:
             ]
             self.counters = {j: _ReceiptCounter() for j in chosen}
             table = {j: counter.path for j, counter in self.counters.items()}
-        table = broadcast_object(table, group=self.group)
+        table = broadcast_object(table, group=self.group, what="the shared-memory rings of its host (dispatch)")
         if process_index in table:
             self.counter = _ReceiptCounter(table[process_index])
         return frozenset(table)
