@@ -26,6 +26,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from _dist import worker_context
 from torch.utils.data import DataLoader, IterableDataset
 
 import shardplug
@@ -148,10 +149,12 @@ def dataset_for(case: Case) -> Any:
     if case.data == "hf":
         import datasets
 
-        return datasets.load_dataset("parquet", data_files=case.hf_path, split="train", streaming=True).map(
-            lambda row: row
-        )
+        return datasets.load_dataset("parquet", data_files=case.hf_path, split="train", streaming=True).map(_same_row)
     raise ValueError(case.data)
+
+
+def _same_row(row: dict[str, Any]) -> dict[str, Any]:
+    return row  # (a function of the module: the stream is pickled for the fork server's workers)
 
 
 def _wds_id(sample: dict[str, Any]) -> int:
@@ -187,8 +190,8 @@ def build(case: Case, processes: int, index: int, explicit: bool = True) -> Any:
     elif case.shuffle == "bijective":
         kwargs["shuffle"] = True
         prepare.update(shuffle_algorithm="bijective", data_seed=3)
-    if case.workers:
-        kwargs.update(num_workers=case.workers, multiprocessing_context="fork")
+    if case.workers:  # from the fork server: a fork of a gloo rank (its threads) can deadlock (see worker_context)
+        kwargs.update(num_workers=case.workers, multiprocessing_context=worker_context(case.workers))
     loader = DataLoader(dataset_for(case), batch_size=case.batch_size, drop_last=case.drop_last, **kwargs)
     if explicit:
         prepare.update(num_processes=processes, process_index=index)

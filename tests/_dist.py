@@ -22,15 +22,16 @@ from typing import Any
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-_PRELOAD = ["torch", "torch.distributed", "_hf_datasets", "webdataset", "shardplug"]  # _hf_datasets: datasets, quick
+PRELOAD = ["torch", "torch.distributed", "_hf_datasets", "webdataset", "shardplug"]  # _hf_datasets: datasets, quick
 
 
-def fork_server() -> Any:
+def fork_server(preload: list[str] | None = None) -> Any:
     """The multiprocessing context of a fork server with torch, datasets, webdataset and shardplug
-    imported: every process it starts is a fresh fork of that server, without the seconds of
+    imported (or the modules ``preload`` names: the server of a process preloads what its first
+    call asks for): every process it starts is a fresh fork of that server, without the seconds of
     importing them again (the gloo ranks of :func:`run_gloo`, DataLoader workers in a rank)."""
     ctx = mp.get_context("forkserver")
-    ctx.set_forkserver_preload(_PRELOAD)
+    ctx.set_forkserver_preload(PRELOAD if preload is None else preload)
     from multiprocessing import forkserver
 
     # the server imports the tests' own modules (_hf_datasets) by PYTHONPATH: Python 3.11's fork server
@@ -47,14 +48,14 @@ def fork_server() -> Any:
     return ctx
 
 
-def worker_context(workers: int) -> Any:
+def worker_context(workers: int, preload: list[str] | None = None) -> Any:
     """The multiprocessing context for ``workers`` DataLoader workers in a gloo rank (None for none):
     the :func:`fork_server`.  Forking the rank itself can deadlock a worker: on CPython without the
     fix of python/cpython#112275 (3.11.7 here; seen with gdb, the child waits in
     ``_PyThreadState_DeleteExcept``) a forked child waits forever for the thread-state lock when
     another thread held it at the fork, and gloo's and pyarrow's threads run there.  Spawned workers
-    would re-import torch and datasets for every pass."""
-    return fork_server() if workers else None
+    would re-import torch and datasets for every pass.  ``preload``: see :func:`fork_server`."""
+    return fork_server(preload) if workers else None
 
 
 def free_port() -> int:
@@ -79,6 +80,9 @@ def _dump_stacks_on_signal(path: Path) -> None:
 def _entry(
     rank: int, world_size: int, port: int, out_dir: str, env: dict[str, str], fn: Callable[..., Any], args: tuple
 ) -> None:
+    # a process group of its own: run_gloo ends whatever the rank started when the run is over, also
+    # after the rank was killed (see _end_groups)
+    os.setpgid(0, 0)
     # the environment of the test that started the rank, as a spawned process would inherit it (the
     # fork server's is the one of the moment it started)
     os.environ.clear()
@@ -108,7 +112,12 @@ def _entry(
 
 
 def run_gloo(
-    fn: Callable[..., Any], *args: Any, world_size: int = 2, timeout: float = 60.0, allow_deaths: bool = False
+    fn: Callable[..., Any],
+    *args: Any,
+    world_size: int = 2,
+    timeout: float = 60.0,
+    allow_deaths: bool = False,
+    start: str = "forkserver",
 ) -> list[Any]:
     """Run ``fn(rank, world_size, *args)`` on ``world_size`` new gloo processes: fresh forks of
     the :func:`fork_server`, each with the environment, ``sys.path`` and working directory of the
@@ -118,25 +127,30 @@ def run_gloo(
     rank that failed, and ``TimeoutError`` (after killing them) when ranks outlive ``timeout``.
     With ``allow_deaths``, a rank that died without a result (killed) gives ``None`` instead.
 
-    Ranks that may die (``allow_deaths``) are spawned instead, as ``torchrun`` and ``mp.spawn`` start
-    them: under the fork server, a survivor was seen blocked for good in a gloo broadcast after its
-    peer's SIGKILL (about 1 run in 6 under load), which spawned ranks never showed.
+    ``start="spawn"`` spawns the ranks instead, as ``torchrun`` and ``mp.spawn`` start them. (Ranks
+    that may die were spawned for a while: under the fork server a survivor was seen blocked in a
+    gloo broadcast after its peer's SIGKILL, about 1 run in 6 under load. That was dispatch's hang of
+    issue 40, which spawned ranks only made rarer; tests/dispatch/test_faults_under_load.py runs it
+    under the fork server, beside a busy loop per core.)
     """
-    ctx = mp.get_context("spawn") if allow_deaths else fork_server()
+    ctx = mp.get_context("spawn") if start == "spawn" else fork_server()
     with tempfile.TemporaryDirectory() as out_dir:
         port = free_port()
         env = dict(os.environ)
         procs = [
             ctx.Process(target=_entry, args=(r, world_size, port, out_dir, env, fn, args)) for r in range(world_size)
         ]
-        _start(procs)
-        deadline = time.monotonic() + timeout
-        for p in procs:
-            p.join(max(0.0, deadline - time.monotonic()))
-        hung = [r for r, p in enumerate(procs) if p.is_alive()]
-        where = _stop_hung([p.pid for p in procs if p.is_alive() and p.pid is not None], Path(out_dir))
-        for p in procs:
-            p.join()
+        try:
+            _start(procs)
+            deadline = time.monotonic() + timeout
+            for p in procs:
+                p.join(max(0.0, deadline - time.monotonic()))
+            hung = [r for r, p in enumerate(procs) if p.is_alive()]
+            where = _stop_hung([p.pid for p in procs if p.is_alive() and p.pid is not None], Path(out_dir))
+            for p in procs:
+                p.join()
+        finally:
+            _end_groups([p.pid for p in procs if p.pid is not None])
         if hung:
             raise TimeoutError(f"ranks {hung} were still running after {timeout} s: {where}")
         results, errors = [], []
@@ -155,6 +169,17 @@ def run_gloo(
         if errors:
             raise AssertionError("\n".join(errors))
     return results
+
+
+def _end_groups(pids: list[int]) -> None:
+    """Kill what is left of the process groups of the ranks ``pids`` (each rank leads its own).
+
+    A rank that died leaves its DataLoader workers behind when they came from a fork server: each
+    child of a fork server holds the pipe whose end tells the server that its client is gone, so
+    the server stays, and torch's workers watch their parent (the server), not the rank."""
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pid, signal.SIGKILL)
 
 
 def _start(procs: list[Any]) -> None:

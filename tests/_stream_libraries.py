@@ -4,8 +4,9 @@
 installed where torch is a CPU build without a matching torchvision (PyPI's torchvision needs
 torch's CUDA libraries, and a broken torchvision breaks ``import lightning``).  Its datasets live in
 ``streaming.base``, which needs no torchvision: :func:`streaming_base` imports that directly when
-the package itself does not import.  DataLoader workers of such a process must then be forked
-(``multiprocessing_context="fork"``, torchrun's default), so that they do not import ``streaming`` again.
+the package itself does not import.  DataLoader workers of such a process must not import
+``streaming`` again: they come from a fork server that imported ``_streaming_base`` (see
+:data:`WORKER_PRELOAD`).
 """
 
 from __future__ import annotations
@@ -20,13 +21,26 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from _dist import PRELOAD
+
+WORKER_PRELOAD = [*PRELOAD, "_streaming_base"]
+"""What the fork server of DataLoader workers that read streaming datasets imports
+(``worker_context(n, WORKER_PRELOAD)``)."""
 
 
 def streaming_base() -> Any:
     """``streaming.base`` (skips the test when MosaicML streaming is not installed)."""
+    base = import_streaming_base()
+    if base is None:
+        pytest.skip("mosaicml-streaming is not installed")
+    return base
+
+
+def import_streaming_base() -> Any:
+    """``streaming.base``, or ``None`` when MosaicML streaming is not installed (see the module's description)."""
     spec = importlib.util.find_spec("streaming")
     if spec is None or spec.submodule_search_locations is None:
-        pytest.skip("mosaicml-streaming is not installed")
+        return None
     try:
         importlib.import_module("streaming")
     except (ImportError, RuntimeError):  # streaming.vision without a working torchvision

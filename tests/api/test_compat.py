@@ -9,6 +9,7 @@ from __future__ import annotations
 import importlib
 import inspect
 from collections.abc import Callable
+from datetime import timedelta
 from importlib.metadata import version
 from typing import Any
 
@@ -175,6 +176,20 @@ def _check_streaming_rank_world() -> None:
         del dataset
 
 
+def _check_group_timeout() -> None:
+    import torch.distributed as dist
+
+    if dist.is_initialized():  # another test's group: read that one
+        assert compat.group_timeout(dist.group.WORLD, "cpu") is not None
+        return
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1, timeout=timedelta(seconds=7))
+    try:
+        assert compat.group_timeout(dist.group.WORLD, "cpu") == timedelta(seconds=7)
+        assert compat.group_timeout(dist.new_group(timeout=timedelta(seconds=9)), "cpu") == timedelta(seconds=9)
+    finally:
+        dist.destroy_process_group()
+
+
 CHECKS: dict[str, Callable[[], None]] = {
     "torch.utils.data.DataLoader._iterator": _check_iterator(DataLoader),
     "torch.utils.data.DataLoader._get_iterator": _check_get_iterator(DataLoader),
@@ -200,6 +215,8 @@ CHECKS: dict[str, Callable[[], None]] = {
         for kind, attribute in compat.OPTIMIZER_HOOK_REGISTRIES.items()
     },
     "torch.optim.Optimizer._patch_step_function": _check_patch_step_function,
+    "torch.distributed.ProcessGroup._get_backend": _check_group_timeout,
+    "torch.distributed.ProcessGroupGloo.Options._timeout": _check_group_timeout,
     "torch.optim.Optimizer.step.hooked": _check_hooked,
     **{
         f"torch.optim.lr_scheduler.LRScheduler.{name}": _check_scheduler_flag(name)

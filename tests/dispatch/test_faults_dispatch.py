@@ -59,6 +59,51 @@ def test_dispatch_death_of_another_process_fails_every_survivor_within_seconds()
         assert survivor["seconds"] < 30, survivor
 
 
+def _dispatch_while_another_dies_and_one_is_busy(rank: int, world: int) -> dict:
+    """Process 2 dies at its second step while process 1 spends 3 s on its own second step."""
+    data = [torch.tensor([float(i)]) for i in range(40 * world)]
+    loader = prepare_data_loader(DataLoader(data, batch_size=1), put_on_device=True, dispatch_batches=True)
+    start = time.monotonic()
+    try:
+        for step, _ in enumerate(loader):
+            if rank == 2 and step == 1:
+                os.kill(os.getpid(), signal.SIGKILL)
+            if rank == 1 and step == 1:
+                time.sleep(3.0)  # a long training step: the next message is announced, and fails, meanwhile
+    except Exception as exc:
+        return {"error": f"{type(exc).__name__}: {exc}", "seconds": time.monotonic() - start}
+    return {"error": None, "seconds": time.monotonic() - start}
+
+
+def test_a_survivor_busy_when_another_process_dies_fails_within_seconds():
+    """The interleaving of the hang of issue 40, forced. Process 0 runs two steps ahead, so it
+    announces steps 2-4 while process 1 is busy; those broadcasts fail on process 0 (process 2 is
+    gone), and gloo never delivers a failed broadcast to a receiver that posts its receive later:
+    process 1 waited in the broadcast of step 2 and process 0 for process 1's receipt of step 2,
+    each until the dispatch group's timeout (30 minutes), as long as they watched only the process
+    they waited for. Every wait watches every process of its host now."""
+    results = run_gloo(_dispatch_while_another_dies_and_one_is_busy, world_size=3, timeout=60, allow_deaths=True)
+    assert results[2] is None
+    for rank in (0, 1):
+        survivor = results[rank]
+        assert survivor["error"] is not None, f"process {rank} finished an epoch after process 2 died"
+        assert survivor["error"].startswith("DispatchError"), survivor
+        assert "process 2 (pid" in survivor["error"] and "start the job again" in survivor["error"], survivor
+        assert survivor["seconds"] < 3.0 + 10, survivor  # process 1's own 3 s step, then seconds at most
+
+
+def _dispatch_group_timeout(rank: int, world: int) -> float:
+    from shardplug.core._internal.compat import group_timeout
+
+    loader = prepare_data_loader(DataLoader(range(8), batch_size=2), put_on_device=True, dispatch_batches=True)
+    return loader._wire.timeout_s, group_timeout(loader._wire.group, "cpu").total_seconds()
+
+
+def test_the_dispatch_group_gives_up_with_the_default_group_not_after_30_minutes():
+    """``new_group()`` alone takes torch's default timeout (30 minutes), not init_process_group's (30 s here)."""
+    assert run_gloo(_dispatch_group_timeout, world_size=2) == [(30.0, 30.0)] * 2
+
+
 def _dispatch_then_stop(rank: int, world: int) -> dict:
     """A whole pass, a pass left early by an exception, and a pass outgrowing its ring."""
     data = [torch.full((4,), float(i)) for i in range(8 * world)]

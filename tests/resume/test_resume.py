@@ -9,6 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 from _datasets import Stream, rows
+from _dist import worker_context
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch.utils.data import BatchSampler, DataLoader, Dataset, SequentialSampler
@@ -184,7 +185,7 @@ def test_stateful_stream_split_by_its_workers_refuses_to_resize():
     # (tests/resume/test_combinations.py)
     def make(world, rank):
         dataset = WorkerSplitStream(21)
-        loader = DataLoader(dataset, batch_size=2, num_workers=2, multiprocessing_context="fork")
+        loader = DataLoader(dataset, batch_size=2, num_workers=2, multiprocessing_context=worker_context(2))
         return prepare_data_loader(loader, num_processes=world, process_index=rank, use_stateful_dataloader=True)
 
     loader = make(2, 0)

@@ -73,3 +73,37 @@ def _collectives_of_a_shuffled_epoch(rank, world):
 def test_the_agreement_is_the_seed_collective_and_no_other():
     for at_prepare, calls in run_gloo(_collectives_of_a_shuffled_epoch, world_size=2):
         assert at_prepare == 1 and calls == ["all_gather_object"], calls
+
+
+def _dies_before(rank: int, world: int, point: str) -> str | None:
+    """Process 1 is killed (SIGKILL) before the collective at ``point``; process 0 reports its error."""
+    import os
+    import signal
+
+    from shardplug import gather_for_metrics
+
+    loader = None
+    if point == "gather":
+        loader = prepare_data_loader(DataLoader(range(8), batch_size=2), data_seed=1)
+        loader.track_padding()
+    if rank == 1:
+        os.kill(os.getpid(), signal.SIGKILL)
+    try:
+        if point == "seed":
+            prepare_data_loader(DataLoader(range(8), batch_size=2, shuffle=True))
+        else:
+            for batch in loader:
+                gather_for_metrics(batch, loader)
+    except RuntimeError as exc:
+        return str(exc)
+    return None
+
+
+def test_a_process_that_died_is_reported_by_what_the_others_waited_for():
+    for point, waited in (
+        ("seed", "every process of the group (process 0's shuffle seed and every dataset length and batch size)"),
+        ("gather", "every process of the group (every process's rows of this batch (gather_for_metrics"),
+    ):
+        error = run_gloo(_dies_before, point, world_size=2, timeout=60, allow_deaths=True)[0]
+        assert error is not None and f"process 0 waited for {waited}" in error, error
+        assert "the group's timeout, 30 s" in error and "Restart the job" in error, error

@@ -106,7 +106,9 @@ def _scenarios(rank: int, world: int) -> dict:
         except Exception as exc:  # the same clear error must reach every process
             out[name] = f"{type(exc).__name__}: {exc}"
 
-    loader = shardplug.prepare_data_loader(DataLoader(Stream(23), batch_size=2, num_workers=2))
+    loader = shardplug.prepare_data_loader(
+        DataLoader(Stream(23), batch_size=2, num_workers=2, multiprocessing_context=worker_context(2))
+    )
     out["iterable_workers"] = [b.tolist() for b in loader]
     out["iterable_workers_len"] = len(loader)
     out["unsized_len"] = {}

@@ -21,7 +21,14 @@ import pytest
 import torch
 import torch.distributed as dist
 from _dist import run_gloo, worker_context
-from _stream_libraries import litdata_module, streaming_base, streaming_world, write_litdata, write_mds
+from _stream_libraries import (
+    WORKER_PRELOAD,
+    litdata_module,
+    streaming_base,
+    streaming_world,
+    write_litdata,
+    write_mds,
+)
 from torch.utils.data import DataLoader
 
 from shardplug import prepare_data_loader
@@ -125,8 +132,8 @@ def _stream(kind: str, root: Path) -> Any:
 
 
 def _loader(kind: str, root: Path, workers: int, prepare: bool = True, **options: Any) -> Any:
-    # streaming's workers are forked (see _stream_libraries), the others come from a fork server (see runs)
-    context = ("fork" if workers else None) if kind == "streaming" else worker_context(workers)
+    # from a fork server that imported streaming.base (see _stream_libraries), whatever the kind: one server a rank
+    context = worker_context(workers, WORKER_PRELOAD)
     loader = DataLoader(_stream(kind, root), batch_size=BATCH, num_workers=workers, multiprocessing_context=context)
     if not prepare:
         return loader
@@ -301,9 +308,8 @@ def _resize(rank: int, world: int, root: str, states: dict[str, Any]) -> dict[st
 @pytest.fixture(scope="module")
 def runs(files: Path) -> list[dict[str, Any]]:
     """Each process's results: the cases without DataLoader workers and those with 2, in two runs.
-    Workers come from a fork server (:func:`_dist.worker_context`); streaming's, which must be forked,
-    from a process that has read no stream itself (the libraries' reader threads make a deadlocked
-    fork likelier)."""
+    Workers come from a fork server (:func:`_dist.worker_context`), never forked from a rank: gloo's
+    and the libraries' reader threads run there (python/cpython#112275)."""
     without, with_workers = (run_gloo(_scenarios, str(files), workers, timeout=150) for workers in (0, 2))
     return [{**a, **b} for a, b in zip(without, with_workers, strict=True)]
 

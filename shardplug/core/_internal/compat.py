@@ -20,8 +20,10 @@ Example::
 from __future__ import annotations
 
 from collections.abc import Callable
+from datetime import timedelta
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
+import torch
 from torch.utils.data._utils import collate as torch_collate
 
 if TYPE_CHECKING:
@@ -52,6 +54,7 @@ __all__ = [
     "hf_node_split",
     "hf_legacy_shuffling",
     "streaming_rank_world",
+    "group_timeout",
 ]
 
 CHECKED_AGAINST: dict[str, str] = {
@@ -105,6 +108,12 @@ PRIVATES: dict[str, str] = {
     "torch.optim.lr_scheduler.LRScheduler._get_lr_called_within_step": "a flag LRScheduler reads and sets on "
     "itself: PreparedScheduler forwards it to the wrapped scheduler",
     "torch.optim.lr_scheduler.LRScheduler._is_initial": "likewise (the initial step of a scheduler)",
+    # -- torch.distributed ----------------------------------------------------------------------
+    "torch.distributed.ProcessGroup._get_backend": "a process group's backend for a device (gloo's, nccl's): its "
+    "options hold the group's timeout, which no public function reads",
+    "torch.distributed.ProcessGroupGloo.Options._timeout": "the timeout a process group was made with "
+    "(init_process_group(timeout=...)): dispatch's own process group takes the default group's, and its waits "
+    "give up after it",
     # -- torchdata ----------------------------------------------------------------------------
     "torchdata.stateful_dataloader.StatefulDataLoader._iterator": "as DataLoader._iterator, for loaders backed by "
     "a StatefulDataLoader",
@@ -278,3 +287,15 @@ def streaming_rank_world(dataset: Any) -> Any:
     ``num_ranks``), or ``None`` for any other object."""
     world = getattr(dataset, "_parallel_rank_world", None)
     return world if hasattr(world, "num_ranks") and hasattr(world, "rank") else None
+
+
+# -- torch.distributed --------------------------------------------------------------------------
+def group_timeout(group: Any, device_type: str) -> timedelta | None:
+    """The timeout of process group ``group`` (``init_process_group(timeout=...)`` for the default
+    group) as its backend for ``device_type`` (``"cpu"``, ``"cuda"``) has it, or ``None`` where it
+    cannot be read."""
+    try:
+        timeout = group._get_backend(torch.device(device_type)).options._timeout
+    except (AttributeError, RuntimeError, ValueError):
+        return None
+    return timeout if isinstance(timeout, timedelta) else None

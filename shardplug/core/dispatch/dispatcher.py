@@ -11,7 +11,6 @@ from functools import partial
 from typing import Any
 
 import torch
-import torch.distributed as dist
 from torch.utils.data import DataLoader, IterableDataset, default_collate
 
 from shardplug.core._internal import compat
@@ -29,7 +28,7 @@ from shardplug.core.dispatch.dispatch_plan import DispatchPlan
 from shardplug.core.dispatch.receiver import StepReceiver
 from shardplug.core.dispatch.sender import SliceFn, StepReader, StepSender, local_steps
 from shardplug.core.dispatch.shm import CollateIntoRing
-from shardplug.core.dispatch.transport import Wire
+from shardplug.core.dispatch.transport import Wire, dispatch_group
 from shardplug.core.dispatch.wire import DispatchStats
 from shardplug.core.loader.prepared import DataLoaderShard, LoaderOptions, PreparedDataLoader
 from shardplug.core.resume.stateful import stateful_dataloader_class
@@ -192,9 +191,11 @@ class DataLoaderDispatcher(DataLoaderShard):
             length = None
         # All dispatch traffic goes through a process group of its own: a message a process has not
         # read yet (the close of a pass it left early) can never meet the user's own collectives.
-        self._wire = Wire(dist.new_group() if world_size() > 1 else None)
+        device_type = communication_device().type
+        self._wire = Wire(dispatch_group(device_type) if world_size() > 1 else None, device_type)
         if self._wire.group is not None:  # process 0 reads the data: its length is everybody's
-            length = broadcast_object(length if global_rank() == 0 else None, group=self._wire.group)
+            mine = length if global_rank() == 0 else None
+            length = broadcast_object(mine, group=self._wire.group, what="the number of batches (dispatch)")
         plan = DispatchPlan(layout, length, source if source.unit == "global_batches" else None)
         self._wire.shm_targets = self._same_host_processes()
         return plan
@@ -227,12 +228,14 @@ class DataLoaderDispatcher(DataLoaderShard):
     ``False``: always through the process group. Read when the loader is built."""
 
     def _same_host_processes(self) -> frozenset[int]:
-        """The processes other than 0 that share process 0's host (see :meth:`Wire.find_host_processes`)."""
-        if self._wire.group is None or communication_device().type != "cpu":
+        """The processes other than 0 that share process 0's host and read its rings (see
+        :meth:`Wire.find_host_processes`: every process also learns the others of its own host)."""
+        if self._wire.group is None:
             return frozenset()
         wanted = self.shared_memory
         if wanted is None:
             wanted = os.environ.get("SHARDPLUG_DISPATCH_SHM", "1") != "0"
+        wanted = wanted and communication_device().type == "cpu"
         return self._wire.find_host_processes(self.process_index, bool(wanted))
 
     def __reduce_ex__(self, protocol: Any) -> Any:

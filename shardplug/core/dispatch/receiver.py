@@ -14,7 +14,6 @@ from typing import Any, cast
 import torch
 import torch.distributed as dist
 
-from shardplug.core._internal.collectives import broadcast_object
 from shardplug.core._internal.rows import OBJECT, unflatten
 from shardplug.core.dispatch.dispatch_plan import DispatchError
 from shardplug.core.dispatch.transport import Wire
@@ -32,7 +31,6 @@ from shardplug.core.dispatch.wire import (
     Message,
     has_objects,
     new_control,
-    receive_message,
     with_rows,
 )
 
@@ -43,7 +41,8 @@ class StepReceiver:
     """A process other than 0: the steps of pass ``pass_number`` as ``(batch, last)``.
 
     A failure of the process group while waiting (process 0 died, a timeout) is a
-    :class:`DispatchError` that names process 0.
+    :class:`DispatchError` that names process 0; every wait notices within seconds that a process
+    of this host died (:meth:`Wire.wait`).
     """
 
     def __init__(
@@ -68,10 +67,11 @@ class StepReceiver:
             except DispatchError:
                 raise
             except RuntimeError as exc:  # torch.distributed.DistBackendError included
-                raise DispatchError(
+                lost = self.wire.died_soon(f"step {self.wire.steps_received} from process 0") or DispatchError(
                     "lost process 0 (which reads and sends the data in dispatch mode), or another process of the "
                     f"dispatch group died, while waiting for a batch: {exc}"
-                ) from exc
+                )
+                raise lost from exc
             if kind in (END, CLOSE):
                 return
             yield batch, last
@@ -85,7 +85,9 @@ class StepReceiver:
         """
         pass_number = self.pass_number
         while True:
-            message = receive_message(control, self.group)
+            step = self.wire.steps_received
+            self.wire.receive_message(control, f"process 0's message of step {step} (pass {pass_number})")
+            message = Message(*control.tolist())
             kind, number = message.kind, message.number
             if number > pass_number:
                 raise DispatchError(
@@ -93,7 +95,7 @@ class StepReceiver:
                     "mode every process must iterate the loader the same number of times"
                 )
             if kind == ERROR:
-                text = broadcast_object(None, group=self.group)
+                text = self.wire.broadcast_object(None, self.device, "process 0's error (after its error message)")
                 if number == pass_number:
                     raise DispatchError(f"process 0 failed to dispatch a batch: {text}")
                 continue
@@ -117,7 +119,8 @@ class StepReceiver:
         """This process's header of the step ``message`` announces (received when one follows)."""
         kind = message.kind
         if kind in (HEADER, UNEVEN):
-            received = broadcast_object(None, group=self.group)
+            what = f"process 0's header of step {self.wire.steps_received}"
+            received = self.wire.broadcast_object(None, self.device, what)
             self.stats.headers += 1
             if kind == HEADER:
                 return cast("tuple[Any, list[tuple[Any, Any]], tuple[tuple[int, str, int, int], ...]]", received)
@@ -134,11 +137,10 @@ class StepReceiver:
         ring on its host, else through the process group)."""
         _, specs, rings = header
         uneven = message.kind == UNEVEN
+        what = f"the rows of step {self.wire.steps_received} from process 0"
         objects: list[Any] = []
         if has_objects(specs):
-            box: list[Any] = [None]
-            dist.scatter_object_list(box, None, src=0, group=self.group)
-            objects = box[0]
+            objects = self.wire.scatter_objects(None, self.device, what)
         shared = self.wire.read_ring(self.process_index, rings, specs, message.slot)
         if shared is not None:  # process 0's host: the rows are in shared memory
             tensors_in = iter(shared)
@@ -152,7 +154,7 @@ class StepReceiver:
             if shared is not None or out is None or (uneven and not out.numel()):
                 continue
             if self.device.type == "cpu" or uneven:
-                dist.recv(out, src=0, group=self.group, tag=SEND_TAG)
+                self.wire.wait(dist.irecv(out, src=0, group=self.group, tag=SEND_TAG), what)
             else:
                 dist.scatter(out, None, src=0, group=self.group)
         if shared is None and message.number == self.pass_number:

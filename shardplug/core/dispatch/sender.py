@@ -15,7 +15,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from shardplug.core._internal.collectives import broadcast_object, world_size
+from shardplug.core._internal.collectives import world_size
 from shardplug.core._internal.rows import OBJECT, batch_rows, flatten, leaf_spec, slice_rows, unflatten
 from shardplug.core.dispatch.dispatch_plan import DispatchError, DispatchPlan
 from shardplug.core.dispatch.shm import CollateIntoRing
@@ -38,7 +38,6 @@ from shardplug.core.dispatch.wire import (
     objects,
     tensors,
     transportable,
-    wait_all,
 )
 from shardplug.core.sharding.shard_plan import PassRecord
 
@@ -177,13 +176,14 @@ class StepSender:
 
     def steps(self) -> Iterator[tuple[Any, bool]]:
         """This pass's steps as ``(process 0's rows, last)``, each sent before it is handed out."""
-        wait_all(self.wire.closing)  # every process has read the close of the previous pass by now, or is about to
         steps = self.reader.cut_steps(self.device)
         try:
+            # every process has read the close of the previous pass by now, or is about to
+            self.wire.wait_all(self.wire.closing, "the other processes to read the close of the previous pass")
             upcoming = self._read_next(steps)
             if upcoming is None:
                 self.ended = True
-                announce(self.control, END, self.pass_number, group=self.group)
+                self._announce_now(END, "the other processes to receive the end of the pass")
                 return
             while upcoming is not None:
                 if not isinstance(upcoming, Exception):
@@ -201,28 +201,46 @@ class StepSender:
             if exc is self.read_failure or isinstance(exc, DispatchError):
                 raise
             self.ended = True  # the process group failed: a process died or stopped receiving
-            raise DispatchError(f"process 0 lost a process it dispatches to: {exc}") from exc
+            what = f"the other processes to take step {self.wire.steps_sent}"
+            lost = self.wire.died_soon(what) or DispatchError(f"process 0 lost a process it dispatches to: {exc}")
+            raise lost from exc
         finally:
             self._finish()
 
     def _read_next(self, steps: Iterator[Step]) -> Any:
         """The next step, ``None`` at the end, or the exception reading it raised."""
         if not self.overlap_reads:
-            wait_all(self.pending)
+            self._wait_rows()
         try:
             return next(steps, None)
         except Exception as exc:  # reached every process when its turn comes, not before
             return exc
         finally:
-            wait_all(self.pending)
+            self._wait_rows()
+
+    def _wait_rows(self) -> None:
+        """Wait until the rows in flight to other hosts were received."""
+        self.wire.wait_all(
+            self.pending, f"the other hosts' processes to receive the rows of step {self.wire.steps_sent - 1}"
+        )
+
+    def _announce_now(self, kind: int, what: str) -> None:
+        """Broadcast a message that no step follows, and wait until every process received it."""
+        message = self.control.clone() if self.on_cpu else self.control
+        self.wire.wait(announce(message, kind, self.pass_number, group=self.group, async_op=self.on_cpu), what)
 
     def _fail(self, exc: Exception) -> None:
         """Tell the others that this pass failed, and why; raise ``exc``."""
         self.ended = True
         if not isinstance(exc, DispatchError):
             self.read_failure = exc
-        announce(self.control, ERROR, self.pass_number, group=self.group)
-        broadcast_object(error_text(exc), group=self.group)
+        try:
+            self._announce_now(ERROR, "the other processes to receive process 0's error")
+            self.wire.broadcast_object(error_text(exc), self.device, "the other processes to receive process 0's error")
+        except DispatchError as telling:
+            if isinstance(exc, DispatchError):  # a process is gone: that error says so already
+                raise exc from None
+            raise telling from exc
         raise exc
 
     def _send(self, step: Step, last: bool) -> Any:
@@ -239,7 +257,7 @@ class StepSender:
         self.stats.steps += 1
         self.wire.expect_receipts(self.reader.plan.layout.num_processes, self.device)
         if not self.overlap:
-            wait_all(self.pending)
+            self._wait_rows()
         if not (self.on_cpu or uneven):
             own = unflatten(iter(parts[0]), header[0])
         return own
@@ -250,17 +268,19 @@ class StepSender:
         self.wire.slot_steps[slot] = self.wire.steps_sent
         self.wire.steps_sent += 1
         while len(self.announced) > RECEIPT_LAG:  # (receipts keep it short anyway)
-            self.announced.pop(0).wait()
+            what = f"the other processes to receive the message of step {self.wire.steps_sent - 1 - RECEIPT_LAG}"
+            self.wire.wait(self.announced.pop(0), what)
         message = torch.empty_like(self.control) if self.on_cpu else self.control  # each in flight has its own
         self.announced.append(
             announce(message, kind, self.pass_number, rows, last, slot, group=self.group, async_op=self.on_cpu)
         )
         self.ended = last
+        what = f"the other processes to receive the header of step {self.wire.steps_sent - 1}"
         if kind == HEADER:
-            broadcast_object(header, group=self.group)
+            self.wire.broadcast_object(header, self.device, what)
             self.stats.headers += 1
         elif kind == UNEVEN:
-            broadcast_object((header, part_rows), group=self.group)
+            self.wire.broadcast_object((header, part_rows), self.device, what)
             self.stats.headers += 1
         self.sent = None if uneven else header
 
@@ -269,7 +289,8 @@ class StepSender:
         0's host are in their rings already); ``parts[0]`` becomes process 0's own tensors."""
         group, targets = self.group, self.wire.shm_targets
         if has_objects(header[1]):
-            dist.scatter_object_list([None], [objects(leaves) for leaves in parts], src=0, group=group)
+            what = f"the other processes to receive the rows of step {self.wire.steps_sent - 1}"
+            self.wire.scatter_objects([objects(leaves) for leaves in parts], self.device, what)
         for k, (dtype, shape) in enumerate(header[1]):
             if dtype == OBJECT:
                 continue
@@ -292,14 +313,16 @@ class StepSender:
     def _finish(self) -> None:
         """The end of the pass: wait for what is in flight; a pass left early is closed."""
         try:
-            wait_all(self.pending)
-            wait_all(self.announced)
+            self._wait_rows()
+            self.wire.wait_all(self.announced, "the other processes to receive the messages of the last steps")
             if not self.ended and dist.is_initialized():
                 # left early: the others stop after this step. Not waited for here: a process that
                 # left the pass early too reads it only when its next pass starts.
                 message = announce(self.control.clone(), CLOSE, self.pass_number, group=self.group, async_op=True)
                 self.wire.closing.append(message)
                 logger.debug("dispatch pass %d closed early by process 0", self.pass_number)
+        except DispatchError as exc:  # a process is gone: the error of the pass says so already
+            logger.debug("the dispatcher could not tell the other processes that the pass ended: %s", exc)
         except Exception:  # already failing or closing: the original error matters more
             logger.exception("the dispatcher could not tell the other processes that the pass ended")
 

@@ -4,23 +4,34 @@ rings, the receipts of every step and the liveness of the processes they come fr
 Process 0 keeps at most :data:`RECEIPT_LAG` steps ahead of the slowest receipt: processes on
 other hosts send one per step through the process group, those on process 0's host count theirs
 in shared memory (:class:`~shardplug.core.dispatch.shm.ReceiptCounter`), and process 0 waits for
-them by spinning, then sleeping, checking that the process still runs (:func:`process_alive`)
-and giving up after the process group's timeout.
+them by spinning, then sleeping.
+
+Never a hang: every wait of a process for another one -- a receipt in shared memory, the message
+of a step, a header, rows, a receipt through the process group -- checks every :data:`WATCH_S`
+that each process of the group on this host still runs (:func:`process_alive`; a zombie does not),
+and raises a :class:`DispatchError` naming the one that died; it gives up after the process
+group's timeout (that of the default group: processes on other hosts). Checking only the process
+waited for is not enough: with gloo, a broadcast that fails on process 0 because one receiver
+died is never delivered to a receiver that posts its receive afterwards, so a live process waits
+for a message that will not come, and process 0 for that live process's receipt.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import pickle
 import socket
 import time
 import weakref
-from typing import TYPE_CHECKING, Any
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 import torch.distributed as dist
 
-from shardplug.core._internal.collectives import broadcast_object, global_rank, world_size
+from shardplug.core._internal import compat
+from shardplug.core._internal.collectives import all_gather_objects, broadcast_object, global_rank, world_size
 from shardplug.core._internal.rows import OBJECT, leaf_spec
 from shardplug.core.dispatch.dispatch_plan import DispatchError
 from shardplug.core.dispatch.shm import ReceiptCounter, RingReader, SharedRing, ring_bytes, shared_memory_dir
@@ -49,6 +60,25 @@ MIN_SLOT_BYTES = 1 << 20
 SPIN_S = 2e-4
 """How long process 0 waits for a receipt in shared memory by yielding its core, before it sleeps."""
 
+WATCH_S = 0.2
+"""How often a process waiting for another one checks that every process of its host still runs."""
+
+_WATCH = timedelta(seconds=WATCH_S)
+
+EXIT_S = 1.0
+"""How long a process whose process group failed looks for a process of its host that ended (it
+closes its connections a moment before it stops running)."""
+
+RESTART = "dispatch cannot go on without it: stop every process and start the job again (from its last checkpoint)"
+"""What to do when a process of the dispatch group is gone."""
+
+
+def dispatch_group(device_type: str) -> Any:
+    """The process group of a dispatcher's traffic (every process), with the default group's
+    timeout: ``new_group`` would otherwise take torch's default (30 minutes), whatever the user
+    passed to ``init_process_group``."""
+    return dist.new_group(timeout=compat.group_timeout(dist.group.WORLD, device_type))
+
 
 class Wire:
     """What a dispatcher keeps about its process group and the traffic on it: the group, the pass
@@ -61,8 +91,13 @@ class Wire:
     sharing them does.
     """
 
-    def __init__(self, group: ProcessGroup | None = None) -> None:
+    def __init__(self, group: ProcessGroup | None = None, device_type: str = "cpu") -> None:
         self.group = group
+        self.rank = global_rank() if group is not None else 0
+        self.watch = device_type == "cpu"  # gloo: waits are polled; nccl's are its own (its watchdog's timeout)
+        timeout = compat.group_timeout(group, device_type) if group is not None else None
+        self.timeout_s = timeout.total_seconds() if timeout is not None else default_timeout_s()
+        self.peers: dict[int, int] = {}  # the other processes of this host: their process ids, to notice a death
         self.passes_started = 0  # passes begun on this process; every message names process 0's
         self.sending: weakref.ref[Any] | None = None  # process 0: the pass whose steps are being sent
         self.closing: list[Any] = []  # process 0: close messages not yet read by every process
@@ -71,7 +106,6 @@ class Wire:
         self.steps_received = 0  # the other processes: step messages received (all passes)
         self.counters: dict[int, ReceiptCounter] = {}  # process 0: per process of its host, its receipts
         self.counter: ReceiptCounter | None = None  # a process on process 0's host: where it counts
-        self.pids: dict[int, int] = {}  # process 0: the process id of every process of its host
         self.shm_targets: frozenset[int] = frozenset()  # the processes of process 0's host (shared memory)
         self.rings: dict[int, SharedRing] = {}  # process 0: a ring per process of its host
         self.steps_sent = 0  # process 0: steps announced (all passes)
@@ -113,25 +147,132 @@ class Wire:
     def find_host_processes(self, process_index: int, wanted: bool) -> frozenset[int]:
         """The processes other than 0 that share process 0's host (one collective of everybody's
         host and process id, one broadcast of the table): they read its rings and count their
-        receipts in shared memory (process 0 sees their process ids, to notice a death)."""
-        mine = (socket.gethostname(), wanted and shared_memory_dir() is not None, os.getpid())
-        everyone: list[Any] = [None] * world_size()
-        dist.all_gather_object(everyone, mine, group=self.group)
+        receipts in shared memory. Every process keeps the process ids of the others of its own
+        host (:attr:`peers`), to notice a death while it waits."""
+        space = _process_space()
+        mine = (socket.gethostname(), wanted and shared_memory_dir() is not None, os.getpid(), space)
+        everyone = all_gather_objects(
+            mine, group=self.group, what="the host and process id of every process (dispatch)"
+        )
+        me = global_rank()
+        self.peers = {j: pid for j, (h, _, pid, s) in enumerate(everyone) if j != me and (h, s) == (mine[0], space)}
         table: dict[int, str] | None = None
-        if global_rank() == 0:
-            host, usable, _ = everyone[0]
+        if me == 0:
+            host, usable, _, _ = everyone[0]
             chosen = [
                 j
-                for j, (h, u, pid) in enumerate(everyone)
-                if j and usable and (h, u) == (host, True) and process_alive(pid)
+                for j, (h, u, pid, _) in enumerate(everyone)
+                if j and usable and (h, u) == (host, True) and (j not in self.peers or process_alive(pid))
             ]
-            self.pids = {j: everyone[j][2] for j in chosen}
             self.counters = {j: ReceiptCounter() for j in chosen}
             table = {j: counter.path for j, counter in self.counters.items()}
-        table = broadcast_object(table, group=self.group)
+        table = broadcast_object(table, group=self.group, what="the shared-memory rings of its host (dispatch)")
         if process_index in table:
             self.counter = ReceiptCounter(table[process_index])
         return frozenset(table)
+
+    # -- waiting for the others ---------------------------------------------------------------
+    def dead_peers(self) -> dict[int, int]:
+        """The processes of this host that no longer run: their process ids, by process."""
+        return {j: pid for j, pid in self.peers.items() if not process_alive(pid)}
+
+    def died(self, what: str) -> DispatchError | None:
+        """The error to raise when a process of this host died while this one waited for ``what``."""
+        dead = self.dead_peers()
+        if not dead:
+            return None
+        names = " and ".join(f"process {j} (pid {pid})" for j, pid in dead.items())
+        return DispatchError(
+            f"{names} of the dispatch group ended while process {self.rank} waited for {what}: {RESTART}"
+        )
+
+    def died_soon(self, what: str) -> DispatchError | None:
+        """:meth:`died`, looking for :data:`EXIT_S` after the process group failed: a process that
+        ends closes its connections a moment before it stops running."""
+        deadline = time.monotonic() + EXIT_S
+        while True:
+            failure = self.died(what)
+            if failure is not None or time.monotonic() > deadline:
+                return failure
+            time.sleep(0.05)
+
+    def wait(self, work: Any, what: str) -> None:
+        """Wait for ``work`` (an asynchronous operation on the group) to finish, checking every
+        :data:`WATCH_S` that the processes of this host still run: a :class:`DispatchError` that
+        names the one that died, or ``what`` was waited for when the group's timeout passed or the
+        operation failed (a process on another host died, ...). (On GPU groups: nccl's own wait.)"""
+        if not self.watch or not hasattr(work, "is_completed"):
+            work.wait()
+            return
+        start = time.monotonic()
+        while True:
+            try:
+                work.wait(timeout=_WATCH)
+                return
+            except RuntimeError:
+                if work.is_completed():  # it failed (or finished just now)
+                    break
+            failure = self.died(what)
+            if failure is None and time.monotonic() - start > self.timeout_s + WATCH_S:
+                failure = self.timed_out(what)
+            if failure is not None:
+                raise failure
+        try:
+            work.wait()
+        except RuntimeError as exc:
+            failure = self.died_soon(what) or DispatchError(
+                f"process {self.rank} waited for {what}, and the process group failed: {exc}; a process of the "
+                f"dispatch group died or stopped iterating the loader: {RESTART}"
+            )
+            raise failure from exc
+
+    def timed_out(self, what: str) -> DispatchError:
+        """The error to raise when this process waited the group's timeout for ``what``."""
+        return DispatchError(
+            f"process {self.rank} waited {self.timeout_s:g} s (the process group's timeout) for {what}: a process of "
+            "the dispatch group died on another host, hangs, or stopped iterating the loader (every process must "
+            "iterate it the same number of times)"
+        )
+
+    def wait_all(self, works: list[Any], what: str) -> None:
+        """:meth:`wait` for (and forget) the operations in ``works``."""
+        while works:
+            self.wait(works.pop(0), what)
+
+    # -- messages -----------------------------------------------------------------------------
+    def receive_message(self, control: torch.Tensor, what: str) -> None:
+        """The other processes: the next message process 0 broadcast, into ``control``."""
+        self.wait(dist.broadcast(control, src=0, group=self.group, async_op=True), what)
+
+    def broadcast_object(self, obj: Any, device: torch.device, what: str) -> Any:
+        """Process 0's ``obj`` (pickled) on every process, every wait watched (:meth:`wait`)."""
+        size = torch.zeros(1, dtype=torch.int64, device=device)
+        data: torch.Tensor | None = None
+        if self.rank == 0:
+            data = _to_bytes(obj, device)
+            size[0] = data.numel()
+        self.wait(dist.broadcast(size, src=0, group=self.group, async_op=True), what)
+        if data is None:
+            data = torch.empty(int(size.item()), dtype=torch.uint8, device=device)
+        self.wait(dist.broadcast(data, src=0, group=self.group, async_op=True), what)
+        return obj if self.rank == 0 else _from_bytes(data)
+
+    def scatter_objects(self, parts: list[Any] | None, device: torch.device, what: str) -> Any:
+        """Process ``j``'s object of ``parts`` (process 0's list, pickled) on every process ``j``,
+        every wait watched (:meth:`wait`)."""
+        sizes = torch.zeros(world_size(), dtype=torch.int64, device=device)
+        blobs: list[torch.Tensor] | None = None
+        if self.rank == 0:
+            blobs = [_to_bytes(part, device) for part in cast("list[Any]", parts)]
+            sizes.copy_(torch.tensor([blob.numel() for blob in blobs], dtype=torch.int64))
+        self.wait(dist.broadcast(sizes, src=0, group=self.group, async_op=True), what)
+        most = int(sizes.max().item())
+        out = torch.empty(most, dtype=torch.uint8, device=device)
+        padded = None
+        if blobs is not None:
+            padded = [torch.cat([b, b.new_zeros(most - b.numel())]) for b in blobs]
+        self.wait(dist.scatter(out, padded, src=0, group=self.group, async_op=True), what)
+        return parts[0] if parts is not None else _from_bytes(out[: int(sizes[self.rank].item())])
 
     # -- receipts -----------------------------------------------------------------------------
     def expect_receipts(self, num_processes: int, device: torch.device) -> None:
@@ -157,9 +298,9 @@ class Wire:
         for j, works in self.acks.items():
             while len(works) > RECEIPT_LAG:
                 try:
-                    works.pop(0).wait()
-                except RuntimeError as exc:
-                    return DispatchError(f"process {j} stopped receiving dispatched batches: {exc}")
+                    self.wait(works.pop(0), f"the receipt of process {j} (on another host)")
+                except DispatchError as exc:
+                    return exc
         needed = max(self.steps_sent - RECEIPT_LAG, self.slot_steps[slot] + 1)
         for j in self.counters:
             failure = self.await_shared_receipts(j, needed)
@@ -169,13 +310,15 @@ class Wire:
 
     def await_shared_receipts(self, j: int, count: int, timeout_s: float | None = None) -> DispatchError | None:
         """Process 0: wait until process ``j`` of its host counted ``count`` steps received; the
-        ``DispatchError`` to raise when it died or did not get there within ``timeout_s`` (the
-        process group's default timeout)."""
+        ``DispatchError`` to raise when a process of its host died meanwhile (``j`` or any other:
+        ``j`` may be waiting for it) or ``j`` did not get there within ``timeout_s`` (the process
+        group's timeout)."""
         counter = self.counters.get(j)
         if counter is None or counter.count >= count:
             return None
-        limit = timeout_s if timeout_s is not None else default_timeout_s()
-        start = time.monotonic()
+        limit = timeout_s if timeout_s is not None else self.timeout_s
+        what = f"the receipt of step {count - 1} of process {j}"
+        start = checked = time.monotonic()
         pause = 0.0  # yield the core only, at first: a receipt is usually a few microseconds away
         while counter.count < count:
             time.sleep(pause)
@@ -183,8 +326,11 @@ class Wire:
             if now - start < SPIN_S:
                 continue
             pause = min(2 * pause or 5e-5, 1e-3)
-            if pause >= 1e-3 and not process_alive(self.pids[j]):
-                return DispatchError(f"process {j} died: it stopped receiving dispatched batches")
+            if pause >= 1e-3 and now - checked >= WATCH_S:
+                checked = now
+                failure = self.died(what)
+                if failure is not None:
+                    return failure
             if now - start > limit:
                 return DispatchError(
                     f"process {j} received no dispatched batch for {limit:g} s: every process must iterate the loader"
@@ -198,7 +344,7 @@ class Wire:
             self.counter.count = self.steps_received  # after the step's rows were copied out
             return
         while len(self.ack_sends) > RECEIPT_LAG:
-            self.ack_sends.pop(0).wait()
+            self.wait(self.ack_sends.pop(0), "process 0 to take this process's receipt")
         receipt = torch.ones(1, dtype=torch.int64, device=device)
         self.ack_sends.append(dist.isend(receipt, dst=0, group=self.group, tag=ACK_TAG))
 
@@ -273,5 +419,24 @@ def process_alive(pid: int) -> bool:
 
 
 def default_timeout_s() -> float:
-    """The process group's default timeout, in seconds (how long a receipt may take)."""
+    """torch's default timeout of a process group, in seconds (where a group's own cannot be read)."""
     return dist.constants.default_pg_timeout.total_seconds()
+
+
+def _to_bytes(obj: Any, device: torch.device) -> torch.Tensor:
+    return torch.frombuffer(bytearray(pickle.dumps(obj)), dtype=torch.uint8).to(device)
+
+
+def _from_bytes(data: torch.Tensor) -> Any:
+    return pickle.loads(data.cpu().numpy().tobytes())  # noqa: S301 - process 0's own objects, as broadcast_object_list
+
+
+def _process_space() -> tuple[str, int] | None:
+    """Which process ids this process sees: its boot and process-id namespace (Linux), so that
+    only processes whose ids mean the same here are watched (not those of another container that
+    shares the host name)."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as boot:
+            return boot.read().strip(), os.stat("/proc/self/ns/pid").st_ino
+    except OSError:
+        return None

@@ -5,10 +5,10 @@ dispatcher's own process group: ``(kind, pass number, rows, last, slot)``. What 
 on the kind:
 
 * ``SAME``: the step's part has the header sent last; ``ROWS``: that header with dim 0 =
-  ``rows`` on every leaf; ``HEADER``: a new header follows (pickled, :func:`broadcast_object`);
-  ``UNEVEN`` (``even_batches=False``, the parts differ in rows): part 0's header and every
-  part's rows follow (pickled). Then, in this order: the leaves that travel pickled (one
-  ``scatter_object_list``, when there are any), and every tensor leaf -- through process 0's
+  ``rows`` on every leaf; ``HEADER``: a new header follows (pickled: its size, then its bytes,
+  broadcast); ``UNEVEN`` (``even_batches=False``, the parts differ in rows): part 0's header and
+  every part's rows follow (pickled). Then, in this order: the leaves that travel pickled (their
+  sizes broadcast, then one ``scatter``, when there are any), and every tensor leaf -- through process 0's
   shared-memory ring for the processes of its host (nothing on the group), else a point-to-point
   send tagged :data:`SEND_TAG` (CPU groups, and uneven parts) or a ``scatter`` (GPU groups).
   Every process then sends process 0 a receipt (:data:`ACK_TAG`), or counts it in shared memory.
@@ -135,12 +135,6 @@ def announce(
     return work if async_op else _Done()
 
 
-def receive_message(control: torch.Tensor, group: ProcessGroup | None) -> Message:
-    """The other processes: the next message process 0 broadcast."""
-    dist.broadcast(control, src=0, group=group)
-    return Message(*control.tolist())
-
-
 def error_text(exc: BaseException) -> str:
     """What follows an ``ERROR`` message: the error process 0 raises, in words."""
     return f"{type(exc).__name__}: {exc}"
@@ -196,8 +190,5 @@ class _Done:
     def wait(self) -> bool:
         return True
 
-
-def wait_all(works: list[Any]) -> None:
-    """Wait for (and forget) the collectives in ``works``."""
-    while works:
-        works.pop(0).wait()
+    def is_completed(self) -> bool:
+        return True

@@ -28,6 +28,7 @@ import torch
 import torch.distributed as dist
 
 from shardplug.core._internal.arguments import is_int
+from shardplug.core._internal.collectives import waiting_for
 from shardplug.core._internal.topology import distributed_is_active
 
 __all__ = ["SampleAudit", "AuditReport"]
@@ -218,9 +219,10 @@ class SampleAudit:
             combined.records = {epoch: record.copy() for epoch, record in self.records.items()}
             return combined
         epochs: list[Any] = [None] * dist.get_world_size()
-        dist.all_gather_object(epochs, sorted(self.records))
-        for epoch in sorted({e for ranks in epochs for e in ranks}):
-            combined.records[epoch] = _gather_record(self.records.get(epoch), (self.dataset_length + 7) // 8)
+        with waiting_for("every process's record of the samples it was given (SampleAudit.gathered)"):
+            dist.all_gather_object(epochs, sorted(self.records))
+            for epoch in sorted({e for ranks in epochs for e in ranks}):
+                combined.records[epoch] = _gather_record(self.records.get(epoch), (self.dataset_length + 7) // 8)
         return combined
 
     def report(self, epoch: int) -> AuditReport:

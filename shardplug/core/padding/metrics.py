@@ -7,6 +7,7 @@ from typing import Any, Protocol, cast
 import torch
 import torch.distributed as dist
 
+from shardplug.core._internal.collectives import waiting_for
 from shardplug.core._internal.rows import iter_leaves, map_leaves
 from shardplug.core._internal.topology import distributed_is_active
 from shardplug.core.padding.tracking import leading_rows
@@ -50,16 +51,22 @@ def drop_padding(data: Any, loader: MarksPadding) -> Any:
     return leading_rows(_tensors_only(data), real)
 
 
+GATHER = "every process's rows of this batch (gather_for_metrics: call it on every process for every batch)"
+"""What :func:`gather_for_metrics` waits for."""
+
+
 def _gather_rows(tensor: torch.Tensor) -> torch.Tensor:
     world = dist.get_world_size()
     rows = torch.tensor([tensor.shape[0]], dtype=torch.int64)
     sizes = [torch.zeros_like(rows) for _ in range(world)]
-    dist.all_gather(sizes, rows)
+    with waiting_for(GATHER):
+        dist.all_gather(sizes, rows)
     most = int(max(s.item() for s in sizes))
     padded = torch.zeros((most, *tensor.shape[1:]), dtype=tensor.dtype, device=tensor.device)
     padded[: tensor.shape[0]] = tensor
     parts = [torch.empty_like(padded) for _ in range(world)]
-    dist.all_gather(parts, padded)
+    with waiting_for(GATHER):
+        dist.all_gather(parts, padded)
     return torch.cat([part[: int(size.item())] for part, size in zip(parts, sizes)])
 
 

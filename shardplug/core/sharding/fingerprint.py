@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-from shardplug.core._internal.collectives import communication_device, world_size
+from shardplug.core._internal.collectives import communication_device, waiting_for, world_size
 
 __all__ = ["FirstBatchCheck", "fingerprint", "checked_first_batch"]
 
@@ -105,7 +105,8 @@ class FirstBatchCheck:
 
         mine = int(self.slots[2]) if int(self.slots[1]) == self._pass else 0  # 0: not known here
         gathered = torch.zeros(world_size(), dtype=torch.int64, device=communication_device())
-        dist.all_gather_into_tensor(gathered, torch.tensor([mine], dtype=torch.int64, device=gathered.device))
+        with waiting_for("the fingerprint of every process's order of the stream"):
+            dist.all_gather_into_tensor(gathered, torch.tensor([mine], dtype=torch.int64, device=gathered.device))
         known = [v for v in gathered.tolist() if v]
         if len(set(known)) > 1:
             if self.replicas:

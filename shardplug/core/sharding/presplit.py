@@ -42,7 +42,7 @@ import torch  # noqa: F401  (the docstring example)
 import torch.distributed as dist
 from torch.utils.data import IterableDataset, get_worker_info
 
-from shardplug.core._internal.collectives import all_gather_objects, all_reduce_int_async, world_size
+from shardplug.core._internal.collectives import all_gather_objects, all_reduce_int_async, waiting_for, world_size
 from shardplug.core.sharding.counting import loader_length, worker_batches
 from shardplug.core.sharding.kinds import NodeSplit, Shard, ShardingKind
 from shardplug.core.sharding.layout import ShardLayout
@@ -159,7 +159,8 @@ class NodePart(IterableDataset[Any]):
                 sample_in_epoch=place * batch_size * self.num_processes,  # streaming counts every rank's samples
             )
             if world_size() > 1:  # the processes of a node share one resume block: all read it before any writes
-                dist.barrier()
+                with waiting_for("every process to read the stream's shared resume block"):
+                    dist.barrier()
             dataset.load_state_dict(state)
         self._loaded = place > 0
         return place, True
@@ -210,7 +211,8 @@ def shard(
     )
     own = _batches(part, layout.process_batch_size, drop_last, num_workers)
     mine = (own, sized_length(dataset))  # (batches, samples) of this part, None where unknown
-    parts = all_gather_objects(mine) if world_size() == layout.num_processes > 1 else [mine]
+    counts = "the batch and sample counts of every process's part of the stream"
+    parts = all_gather_objects(mine, what=counts) if world_size() == layout.num_processes > 1 else [mine]
     known = _all_known([batches for batches, _ in parts], layout.num_processes)
     samples = _all_known([n for _, n in parts], layout.num_processes)
     part.equal_parts = samples is not None and len(set(samples)) == 1

@@ -305,7 +305,7 @@ def check_stream(dataset: Any, num_processes: int, process_index: int, readers: 
             ", or pass shuffle(seed=...) the same seed on every process",
         )
     if fingerprint is not None and readers.size > 1:
-        if len(set(all_gather_objects(fingerprint, group=readers.group))) > 1:
+        if len(set(all_gather_objects(fingerprint, group=readers.group, what="the stream's shuffle"))) > 1:
             raise ValueError(
                 "the stream shuffles differently on each process (a Hugging Face shuffle() without seed draws its "
                 "own seed in every process), so the processes' parts would overlap and miss elements, and ranks "

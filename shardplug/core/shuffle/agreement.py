@@ -80,7 +80,7 @@ def synchronize(
     if global_rank() == 0:
         seeds = [s.resolve_seed() for s in unseeded]
         payload = (seeds, rng_states(names, synchronized_generator))
-    seeds, states = broadcast_object(payload)
+    seeds, states = broadcast_object(payload, what="the seeds of the shuffles and the states of the RNGs to agree")
     for sampler, seed in zip(unseeded, seeds):
         sampler.seed = seed
     apply_rng_states(states, synchronized_generator)
@@ -99,7 +99,9 @@ def agree_at_prepare(samplers: list[SeedableRandomSampler], data: tuple[int | No
     if not unseeded or world_size() == 1:
         return
     seeds = [s.resolve_seed() for s in unseeded] if global_rank() == 0 else None
-    everyone = all_gather_objects((seeds, data))
+    everyone = all_gather_objects(
+        (seeds, data), what="process 0's shuffle seed and every dataset length and batch size"
+    )
     for sampler, seed in zip(unseeded, everyone[0][0]):
         sampler.seed = seed
     if data is not None:

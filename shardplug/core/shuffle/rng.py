@@ -69,4 +69,4 @@ def apply_rng_states(states: dict[str, Any], generator: torch.Generator | None =
 def synchronize_rng_states(rng_types: Iterable[str], generator: torch.Generator | None = None) -> None:
     """Copy process 0's states of the named RNGs to every process (no-op without a process group)."""
     names = check_rng_types(rng_types)
-    apply_rng_states(broadcast_object(rng_states(names, generator)), generator)
+    apply_rng_states(broadcast_object(rng_states(names, generator), what="the states of the RNGs to agree"), generator)
