@@ -11,7 +11,10 @@ Lightning by ``ModelCheckpoint`` and ``Trainer.fit(ckpt_path=...)``, Fabric by `
 ``torch.save`` of ``state_dict()``. Real gloo processes: each scenario program launches its own.
 
 The setups split the options between them (accumulation, ``drop_last``, workers, a seeded and an
-agreed shuffle, a validation loop), each with the layouts that meet it.
+agreed shuffle, a validation loop), each with the layouts that meet it; Fabric and Ignite, whose
+processes import their framework for seconds, meet fewer (2 -> 1, 2 -> 3, 1 -> 2, 3 -> 2). Lightning
+and Fabric step at the new layout's cycles of the epoch; plain PyTorch and Ignite continue the saved
+accumulation cycle of the core's ``GradientState`` (``cycles="carried"`` of the oracle).
 """
 
 from __future__ import annotations
@@ -41,15 +44,20 @@ LIGHTNING: dict[str, tuple[Setup, Layouts]] = {
     ),
 }
 
-OTHERS: dict[str, tuple[Setup, Layouts]] = {
-    # the setups of the front ends without an epoch-end validation of their own: plain PyTorch, Fabric, Ignite
+PLAIN: dict[str, tuple[Setup, Layouts]] = {
+    # the setups of the front ends without an epoch-end validation of their own
     "seeded": LIGHTNING["seeded"],
     "agreed-accumulate3-droplast-workers2": (
         Setup(n=64, accumulation=3, drop_last=True, workers=2, shuffle="agreed"),
         ((2, (1, 3)), (1, (3,))),
     ),
 }
-PLAIN = FABRIC = IGNITE = OTHERS
+
+FABRIC = IGNITE = {
+    # fewer layouts (each process imports Lightning, or Ignite, for seconds): 2 -> 1, 2 -> 3, 1 -> 2, 3 -> 2
+    "seeded": (PLAIN["seeded"][0], ((1, (2,)), (3, (2,)))),
+    "agreed-accumulate3-droplast-workers2": (PLAIN["agreed-accumulate3-droplast-workers2"][0], ((2, (1, 3)),)),
+}
 
 
 def _run(script: str, out: Path, *args: str, expect_killed: bool = False) -> None:
@@ -182,3 +190,31 @@ def test_plain_pytorch_resumes_a_save_of_every_boundary_exactly(
     plain_runs: dict[str, Any], name: str, before: int, after: int, point: str
 ) -> None:
     _check(PLAIN[name][0], plain_runs[name], before, after, point, cycles="carried")
+
+
+@pytest.fixture(scope="module")
+def fabric_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """Every Fabric setup's first runs (killed) and resumed runs, by setup id."""
+    pytest.importorskip("shardplug_lightning")
+    return _scenario_runs("boundaries_fabric.py", FABRIC, "fabric", tmp_path_factory)
+
+
+@pytest.mark.parametrize("name, before, after, point", _cases(FABRIC))
+def test_fabric_resumes_a_checkpoint_of_every_boundary_exactly(
+    fabric_runs: dict[str, Any], name: str, before: int, after: int, point: str
+) -> None:
+    _check(FABRIC[name][0], fabric_runs[name], before, after, point)
+
+
+@pytest.fixture(scope="module")
+def ignite_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """Every Ignite setup's first runs (killed) and resumed runs, by setup id."""
+    pytest.importorskip("shardplug_ignite")
+    return _scenario_runs("boundaries_ignite.py", IGNITE, "ignite", tmp_path_factory)
+
+
+@pytest.mark.parametrize("name, before, after, point", _cases(IGNITE))
+def test_ignite_resumes_a_checkpoint_of_every_boundary_exactly(
+    ignite_runs: dict[str, Any], name: str, before: int, after: int, point: str
+) -> None:
+    _check(IGNITE[name][0], ignite_runs[name], before, after, point, cycles="carried")

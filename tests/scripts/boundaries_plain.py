@@ -64,7 +64,7 @@ def train(rank: int, saves: dict[int, str] | None = None, load: str | None = Non
     context = None
     if SETUP.workers:  # a rank runs gloo's threads: its workers come from a fork server
         context = multiprocessing.get_context("forkserver")
-        context.set_forkserver_preload(["torch"])
+        context.set_forkserver_preload(["torch", "shardplug"])
     loader = run.prepare_data_loader(
         DataLoader(
             Indices(),
