@@ -15,7 +15,11 @@ uninterrupted run promises:
 * each epoch's batch indices on the new layout: contiguous, the same on every process, ending at the
   epoch's last batch (the documented number of batches of that layout);
 * optimizer steps by the documented rule (after every ``accumulation``-th batch of the epoch and after
-  its last batch), counted on from the saved count; scheduler steps = optimizer steps x the run's factor;
+  its last batch), counted on from the saved count; scheduler steps = optimizer steps x the run's factor.
+  A front end whose accumulation cycle is the core's ``GradientState`` (plain PyTorch, Ignite) continues
+  the saved cycle instead in the resumed epoch (``cycles="carried"``: the first step after the
+  micro-batches the saved cycle lacked, then every ``accumulation``-th and after the last batch): on
+  another number of processes its steps then fall elsewhere than on the new layout's epoch cycles;
 * the epoch after the resumed one equal to an uninterrupted run's of M processes (a seeded shuffle).
 """
 
@@ -108,17 +112,33 @@ def check_resumed(
     counters: list[tuple[int, int]],
     fresh: list[list[Row]] | None = None,
     factor: int = 1,
+    saved_factor: int | None = None,
+    cycles: str = "epoch",
 ) -> None:
     """Assert that ``after`` (one list of rows per process of the resumed run, with its final ``counters``
     ``(optimizer steps, scheduler steps)`` per process) continues ``before`` (rows per process of the first
     run up to the save at ``point``, see :func:`rows_until`) as an uninterrupted run would; ``fresh``: an
-    uninterrupted run's rows on the resumed layout, ``factor``: its scheduler steps per optimizer step."""
+    uninterrupted run's rows on the resumed layout, ``factor``: its scheduler steps per optimizer step,
+    ``saved_factor``: the first run's (``None``: the same; a scheduler stepping N times per optimizer step
+    on N processes steps another number of times per step after a resize), ``cycles``: where the resumed
+    epoch's optimizer steps fall, ``"epoch"`` (the epoch's cycles on the new layout) or ``"carried"`` (the
+    saved cycle continued, see the module's doc)."""
     where = f"{setup} saved at {point} on {len(before)}, resumed on {len(after)}"
     n_before, n_after = len(before), len(after)
     per_epoch = setup.batches_per_epoch(n_after)
     last_saved = max((row for rank in before for row in rank), key=lambda row: (row[0], row[1]))
-    saved_steps = last_saved[4] + (1 if setup.steps_after(last_saved[1], n_before) else 0)
-    saved_scheduler = last_saved[5] + (factor if setup.steps_after(last_saved[1], n_before) else 0)
+    stepped_last = setup.steps_after(last_saved[1], n_before)
+    saved_steps = last_saved[4] + (1 if stepped_last else 0)
+    saved_scheduler = last_saved[5] + ((factor if saved_factor is None else saved_factor) if stepped_last else 0)
+    carried = 0 if stepped_last else (last_saved[1] + 1) % setup.accumulation  # micro-batches of the saved cycle
+    assert cycles in ("epoch", "carried"), cycles
+
+    def steps_after(row: Row, start: Row) -> bool:
+        if cycles == "carried" and row[0] == start[0]:  # the resumed epoch continues the saved cycle
+            done = carried + row[1] - start[1] + 1
+            return done % setup.accumulation == 0 or row[1] == per_epoch - 1
+        return setup.steps_after(row[1], n_after)
+
     for rank, rows in enumerate(after):
         assert rows, f"{where}: rank {rank} trained nothing"
         assert rows[0][4] == saved_steps, (
@@ -126,7 +146,7 @@ def check_resumed(
         )
         assert rows[0][5] == saved_scheduler, f"{where}: rank {rank} resumed at scheduler step {rows[0][5]}"
         for row, following in zip(rows, rows[1:] + [None]):
-            stepped = 1 if setup.steps_after(row[1], n_after) else 0
+            stepped = 1 if steps_after(row, rows[0]) else 0
             steps, scheduled = (following[4], following[5]) if following else counters[rank]
             assert steps - row[4] == stepped, (
                 f"{where}: rank {rank} epoch {row[0]} batch {row[1]}: step {steps - row[4]}"

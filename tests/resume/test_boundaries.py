@@ -11,7 +11,10 @@ Lightning by ``ModelCheckpoint`` and ``Trainer.fit(ckpt_path=...)``, Fabric by `
 ``torch.save`` of ``state_dict()``. Real gloo processes: each scenario program launches its own.
 
 The setups split the options between them (accumulation, ``drop_last``, workers, a seeded and an
-agreed shuffle, a validation loop), each with the layouts that meet it.
+agreed shuffle, a validation loop), each with the layouts that meet it; Fabric and Ignite, whose
+processes import their framework for seconds, meet fewer (2 -> 1, 2 -> 3, 1 -> 2, 3 -> 2). Lightning
+and Fabric step at the new layout's cycles of the epoch; plain PyTorch and Ignite continue the saved
+accumulation cycle of the core's ``GradientState`` (``cycles="carried"`` of the oracle).
 """
 
 from __future__ import annotations
@@ -29,13 +32,31 @@ from _boundaries import Setup, check_resumed, rows_until
 
 SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
 
-LIGHTNING: dict[str, tuple[Setup, tuple[tuple[int, tuple[int, ...]], ...]]] = {
+Layouts = tuple[tuple[int, tuple[int, ...]], ...]
+"""``((resumed on M processes, from the first runs on (N, ...)), ...)``"""
+
+LIGHTNING: dict[str, tuple[Setup, Layouts]] = {
     # setup id: (setup, ((resumed on M, from (N, ...)), ...))
     "seeded": (Setup(n=37), ((1, (2, 3)), (2, (3, 2)), (3, (2,)))),
     "agreed-accumulate3-droplast-workers2-validation": (
         Setup(n=64, accumulation=3, drop_last=True, workers=2, shuffle="agreed", validation=True),
         ((2, (1, 3)), (1, (3,))),
     ),
+}
+
+PLAIN: dict[str, tuple[Setup, Layouts]] = {
+    # the setups of the front ends without an epoch-end validation of their own
+    "seeded": LIGHTNING["seeded"],
+    "agreed-accumulate3-droplast-workers2": (
+        Setup(n=64, accumulation=3, drop_last=True, workers=2, shuffle="agreed"),
+        ((2, (1, 3)), (1, (3,))),
+    ),
+}
+
+FABRIC = IGNITE = {
+    # fewer layouts (each process imports Lightning, or Ignite, for seconds): 2 -> 1, 2 -> 3, 1 -> 2, 3 -> 2
+    "seeded": (PLAIN["seeded"][0], ((1, (2,)), (3, (2,)))),
+    "agreed-accumulate3-droplast-workers2": (PLAIN["agreed-accumulate3-droplast-workers2"][0], ((2, (1, 3)),)),
 }
 
 
@@ -73,35 +94,36 @@ def _first_rows(folder: Path, processes: int) -> list[list[Any]]:
     ]
 
 
-@pytest.fixture(scope="module")
-def lightning_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    """Every Lightning setup's first runs (killed) and resumed runs, by setup id."""
-    pytest.importorskip("shardplug_lightning")
+def _scenario_runs(
+    script: str, setups: dict[str, tuple[Setup, Layouts]], prefix: str, factory: pytest.TempPathFactory
+) -> dict[str, Any]:
+    """Every setup's first runs (killed) and resumed runs of the scenario program ``script``, by setup id:
+    ``{"first": {N: rows per rank}, "resumed": {M: each rank's JSON}}``."""
     import json
 
     runs: dict[str, Any] = {}
-    for name, (setup, layouts) in LIGHTNING.items():
-        root = tmp_path_factory.mktemp(f"lightning-{name}")
+    for name, (setup, layouts) in setups.items():
+        root = factory.mktemp(f"{prefix}-{name}")
         firsts = sorted({n for _, sources in layouts for n in sources})
         first: dict[int, list[list[Any]]] = {}
         for n in firsts:
             (root / f"first{n}").mkdir()
-            _run("boundaries_lightning.py", root / f"first{n}", str(n), setup.to_json(), "first", expect_killed=True)
+            _run(script, root / f"first{n}", str(n), setup.to_json(), "first", expect_killed=True)
             first[n] = _first_rows(root / f"first{n}", n)
         resumed: dict[int, list[Any]] = {}
         for m, sources in layouts:
             out = root / f"resumed{m}"
             out.mkdir()
             ckpts = [f"{root / f'first{n}' / 'ckpt'}:{n}" for n in sources]
-            _run("boundaries_lightning.py", out, str(m), setup.to_json(), "resume", *ckpts)
+            _run(script, out, str(m), setup.to_json(), "resume", *ckpts)
             resumed[m] = [json.loads((out / f"resume_rank{r}.json").read_text()) for r in range(m)]
         runs[name] = {"first": first, "resumed": resumed}
     return runs
 
 
-def _lightning_cases() -> list[Any]:
+def _cases(setups: dict[str, tuple[Setup, Layouts]]) -> list[Any]:
     cases = []
-    for name, (setup, layouts) in LIGHTNING.items():
+    for name, (setup, layouts) in setups.items():
         for m, sources in layouts:
             for n in sources:
                 for point in setup.saved_points():
@@ -109,13 +131,11 @@ def _lightning_cases() -> list[Any]:
     return cases
 
 
-@pytest.mark.parametrize("name, before, after, point", _lightning_cases())
-def test_lightning_resumes_a_checkpoint_of_every_boundary_exactly(
-    lightning_runs: dict[str, Any], name: str, before: int, after: int, point: str
-) -> None:
-    setup = LIGHTNING[name][0]
-    first = lightning_runs[name]["first"][before]
-    ranks = lightning_runs[name]["resumed"][after]
+def _check(setup: Setup, runs: dict[str, Any], before: int, after: int, point: str, cycles: str = "epoch") -> None:
+    """The oracle on the run of ``setup`` saved at ``point`` on ``before`` processes and resumed on ``after``
+    (``cycles``: see :func:`check_resumed`)."""
+    first = runs["first"][before]
+    ranks = runs["resumed"][after]
     run = [rank["resumed"][f"{before}:{point}"] for rank in ranks]
     fresh = [rank["fresh"] for rank in ranks]
     check_resumed(
@@ -126,6 +146,8 @@ def test_lightning_resumes_a_checkpoint_of_every_boundary_exactly(
         [tuple(r["counters"]) for r in run],
         fresh=[f["rows"] for f in fresh],
         factor=_factor(fresh[0]),
+        saved_factor=_first_factor(first),
+        cycles=cycles,
     )
 
 
@@ -134,3 +156,65 @@ def _factor(fresh: dict[str, Any]) -> int:
     steps, scheduled = fresh["counters"]
     assert steps and scheduled % steps == 0, fresh["counters"]
     return scheduled // steps
+
+
+def _first_factor(first: list[list[Any]]) -> int:
+    """Scheduler steps per optimizer step in a first run (from its rows: it never ended)."""
+    factors = {row[5] // row[4] for rows in first for row in rows if row[4]}
+    assert len(factors) == 1 and all(row[5] == row[4] * min(factors) for rows in first for row in rows), factors
+    return factors.pop()
+
+
+@pytest.fixture(scope="module")
+def lightning_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """Every Lightning setup's first runs (killed) and resumed runs, by setup id."""
+    pytest.importorskip("shardplug_lightning")
+    return _scenario_runs("boundaries_lightning.py", LIGHTNING, "lightning", tmp_path_factory)
+
+
+@pytest.mark.parametrize("name, before, after, point", _cases(LIGHTNING))
+def test_lightning_resumes_a_checkpoint_of_every_boundary_exactly(
+    lightning_runs: dict[str, Any], name: str, before: int, after: int, point: str
+) -> None:
+    _check(LIGHTNING[name][0], lightning_runs[name], before, after, point)
+
+
+@pytest.fixture(scope="module")
+def plain_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """Every plain PyTorch setup's first runs (killed) and resumed runs, by setup id."""
+    return _scenario_runs("boundaries_plain.py", PLAIN, "plain", tmp_path_factory)
+
+
+@pytest.mark.parametrize("name, before, after, point", _cases(PLAIN))
+def test_plain_pytorch_resumes_a_save_of_every_boundary_exactly(
+    plain_runs: dict[str, Any], name: str, before: int, after: int, point: str
+) -> None:
+    _check(PLAIN[name][0], plain_runs[name], before, after, point, cycles="carried")
+
+
+@pytest.fixture(scope="module")
+def fabric_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """Every Fabric setup's first runs (killed) and resumed runs, by setup id."""
+    pytest.importorskip("shardplug_lightning")
+    return _scenario_runs("boundaries_fabric.py", FABRIC, "fabric", tmp_path_factory)
+
+
+@pytest.mark.parametrize("name, before, after, point", _cases(FABRIC))
+def test_fabric_resumes_a_checkpoint_of_every_boundary_exactly(
+    fabric_runs: dict[str, Any], name: str, before: int, after: int, point: str
+) -> None:
+    _check(FABRIC[name][0], fabric_runs[name], before, after, point)
+
+
+@pytest.fixture(scope="module")
+def ignite_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """Every Ignite setup's first runs (killed) and resumed runs, by setup id."""
+    pytest.importorskip("shardplug_ignite")
+    return _scenario_runs("boundaries_ignite.py", IGNITE, "ignite", tmp_path_factory)
+
+
+@pytest.mark.parametrize("name, before, after, point", _cases(IGNITE))
+def test_ignite_resumes_a_checkpoint_of_every_boundary_exactly(
+    ignite_runs: dict[str, Any], name: str, before: int, after: int, point: str
+) -> None:
+    _check(IGNITE[name][0], ignite_runs[name], before, after, point, cycles="carried")

@@ -84,9 +84,10 @@ class Recorder(pl.LightningModule):
 
     def train_dataloader(self) -> DataLoader:
         context = None
-        if SETUP.workers:  # a rank runs gloo's threads: its workers come from a fork server
+        if SETUP.workers:  # a rank runs gloo's threads: its workers come from a fork server (which has
+            # imported what a worker's run of this program imports again)
             context = multiprocessing.get_context("forkserver")
-            context.set_forkserver_preload(["torch"])
+            context.set_forkserver_preload(["torch", "lightning.pytorch", "shardplug_lightning"])
         return DataLoader(
             Indices(),
             batch_size=SETUP.batch,
@@ -94,7 +95,9 @@ class Recorder(pl.LightningModule):
             drop_last=SETUP.drop_last,
             num_workers=SETUP.workers,
             multiprocessing_context=context,
-            persistent_workers=bool(SETUP.workers),
+            # not persistent: a Trainer lives in reference cycles, and torch's iterator of persistent workers
+            # freed by the cycle collector waits 5 s for each worker (its queues were finalized first)
+            persistent_workers=False,
         )
 
     def val_dataloader(self) -> Any:
