@@ -81,7 +81,8 @@ def test_a_survivor_busy_when_another_process_dies_fails_within_seconds():
     gone), and gloo never delivers a failed broadcast to a receiver that posts its receive later:
     process 1 waited in the broadcast of step 2 and process 0 for process 1's receipt of step 2,
     each until the dispatch group's timeout (30 minutes), as long as they watched only the process
-    they waited for. Every wait watches every process of its host now."""
+    they waited for. Process 0 now watches every process of its host that owes receipts, and tells
+    the others which one ended."""
     results = run_gloo(_dispatch_while_another_dies_and_one_is_busy, world_size=3, timeout=60, allow_deaths=True)
     assert results[2] is None
     for rank in (0, 1):

@@ -7,15 +7,17 @@ in shared memory (:class:`~shardplug.core.dispatch.shm._ReceiptCounter`), and pr
 them by spinning, then sleeping.
 
 Never a hang: every wait of a process for another one -- a receipt in shared memory, the message
-of a step, a header, pickled leaves -- checks every :data:`WATCH_S` that each process of the group
-on this host still runs (:func:`process_alive`; a zombie does not), and raises a
-:class:`DispatchError` naming the one that died; it gives up after the process group's timeout
-(that of the default group: processes on other hosts). Rows and receipts through the process group
-(point-to-point) are waited for whole (:meth:`_Wire.wait_sent`): each depends on one peer, whose
-death closes the connection. Checking only the process
-waited for is not enough: with gloo, a broadcast that fails on process 0 because one receiver
-died is never delivered to a receiver that posts its receive afterwards, so a live process waits
-for a message that will not come, and process 0 for that live process's receipt.
+of a step, a header, pickled leaves -- checks every :data:`WATCH_S` whether a process it cannot go
+on without has ended (:meth:`_Wire.lost`: process 0 watches the processes of its host that still
+owe receipts, and writes the one that ended into every receipt counter; the others watch for that,
+and for process 0's end; a zombie does not run), raises a :class:`DispatchError` naming it, and
+gives up after the process group's timeout (that of the default group: processes on other hosts).
+A process that ended after its last step failed nothing. Rows and receipts through the process
+group (point-to-point) are waited for whole (:meth:`_Wire.wait_sent`): each depends on one peer,
+whose death closes the connection. Watching only the process waited for is not enough: with gloo,
+a broadcast that fails on process 0 because one receiver died is never delivered to a receiver
+that posts its receive afterwards, so a live process waits for a message that will not come, and
+process 0 for that live process's receipt.
 """
 
 from __future__ import annotations
@@ -60,7 +62,7 @@ SPIN_S = 2e-4
 """How long process 0 waits for a receipt in shared memory by yielding its core, before it sleeps."""
 
 WATCH_S = 0.2
-"""How often a process waiting for another one checks that every process of its host still runs."""
+"""How often a process waiting for another one checks whether a process it needs has ended."""
 
 _WATCH = timedelta(seconds=WATCH_S)
 
@@ -96,7 +98,7 @@ class _Wire:
         self.watch = device_type == "cpu"  # gloo: waits are polled; nccl's are its own (its watchdog's timeout)
         timeout = compat.group_timeout(group, device_type) if group is not None else None
         self.timeout_s = timeout.total_seconds() if timeout is not None else default_timeout_s()
-        self.peers: dict[int, int] = {}  # the other processes of this host: their process ids, to notice a death
+        self.peers: dict[int, int] = {}  # the other processes of this host: their process ids, to notice an end
         self.watched = 0.0  # when wait_sent last looked for a dead process
         self.passes_started = 0  # passes begun on this process; every message names process 0's
         self.sending: weakref.ref[Any] | None = None  # process 0: the pass whose steps are being sent
