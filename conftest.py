@@ -3,8 +3,9 @@
 The whole suite (``make test``, what CI runs) starts real process groups: gloo ranks, ``torchrun``,
 Lightning's and Ignite's launchers, example programs. The fast tier runs every test in this
 process only: a test (or a fixture it uses) that starts another program or a spawned process is
-skipped at that moment, with the reason. DataLoader workers (forked) still run. Nothing has to be
-marked, so a new multi-process test joins the right tier by itself.
+skipped at that moment, with the reason. DataLoader workers still run (forked, or from the tests'
+fork server: tests/_dist.py). Nothing has to be marked, so a new multi-process test joins the right
+tier by itself.
 """
 
 from __future__ import annotations

@@ -81,7 +81,8 @@ def test_a_survivor_busy_when_another_process_dies_fails_within_seconds():
     gone), and gloo never delivers a failed broadcast to a receiver that posts its receive later:
     process 1 waited in the broadcast of step 2 and process 0 for process 1's receipt of step 2,
     each until the dispatch group's timeout (30 minutes), as long as they watched only the process
-    they waited for. Every wait watches every process of its host now."""
+    they waited for. Process 0 now watches every process of its host that owes receipts, and tells
+    the others which one ended."""
     results = run_gloo(_dispatch_while_another_dies_and_one_is_busy, world_size=3, timeout=60, allow_deaths=True)
     assert results[2] is None
     for rank in (0, 1):
@@ -90,6 +91,29 @@ def test_a_survivor_busy_when_another_process_dies_fails_within_seconds():
         assert survivor["error"].startswith("DispatchError"), survivor
         assert "process 2 (pid" in survivor["error"] and "start the job again" in survivor["error"], survivor
         assert survivor["seconds"] < 3.0 + 10, survivor  # process 1's own 3 s step, then seconds at most
+
+
+def _dispatch_with_a_slow_process(rank: int, world: int, shared_memory: bool) -> list[int]:
+    """Process 1 spends 0.4 s on each step: process 0 waits for its receipts and the others for messages."""
+    import shardplug
+
+    shardplug.DataLoaderDispatcher.shared_memory = shared_memory
+    data = [torch.tensor([float(i)]) for i in range(5 * world)]
+    loader = prepare_data_loader(DataLoader(data, batch_size=1), put_on_device=True, dispatch_batches=True)
+    seen = []
+    for batch in loader:
+        seen.append(int(batch.item()))
+        if rank == 1:
+            time.sleep(0.4)
+    return seen
+
+
+def test_a_slow_process_is_waited_for_not_taken_for_dead():
+    """Waits longer than the liveness checks' 0.2 s, through shared memory and through the process group
+    (where a gloo point-to-point wait that times out would close every connection of the group)."""
+    for shared_memory in (True, False):
+        seen = run_gloo(_dispatch_with_a_slow_process, shared_memory, world_size=3, timeout=60)
+        assert sorted(sum(seen, [])) == list(range(15)), seen
 
 
 def _dispatch_group_timeout(rank: int, world: int) -> float:

@@ -67,7 +67,7 @@ class StepReceiver:
             except DispatchError:
                 raise
             except RuntimeError as exc:  # torch.distributed.DistBackendError included
-                lost = self.wire.died_soon(f"step {self.wire.steps_received} from process 0") or DispatchError(
+                lost = self.wire.ended(f"step {self.wire.steps_received} from process 0") or DispatchError(
                     "lost process 0 (which reads and sends the data in dispatch mode), or another process of the "
                     f"dispatch group died, while waiting for a batch: {exc}"
                 )
@@ -154,7 +154,7 @@ class StepReceiver:
             if shared is not None or out is None or (uneven and not out.numel()):
                 continue
             if self.device.type == "cpu" or uneven:
-                self.wire.wait(dist.irecv(out, src=0, group=self.group, tag=SEND_TAG), what)
+                self.wire.wait_sent(dist.irecv(out, src=0, group=self.group, tag=SEND_TAG), what)
             else:
                 dist.scatter(out, None, src=0, group=self.group)
         if shared is None and message.number == self.pass_number:

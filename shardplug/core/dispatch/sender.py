@@ -202,7 +202,7 @@ class StepSender:
                 raise
             self.ended = True  # the process group failed: a process died or stopped receiving
             what = f"the other processes to take step {self.wire.steps_sent}"
-            lost = self.wire.died_soon(what) or DispatchError(f"process 0 lost a process it dispatches to: {exc}")
+            lost = self.wire.ended(what) or DispatchError(f"process 0 lost a process it dispatches to: {exc}")
             raise lost from exc
         finally:
             self._finish()
@@ -219,9 +219,9 @@ class StepSender:
             self._wait_rows()
 
     def _wait_rows(self) -> None:
-        """Wait until the rows in flight to other hosts were received."""
-        self.wire.wait_all(
-            self.pending, f"the other hosts' processes to receive the rows of step {self.wire.steps_sent - 1}"
+        """Wait until the rows in flight through the process group were received."""
+        self.wire.wait_all_sent(
+            self.pending, f"the other processes to receive the rows of step {self.wire.steps_sent - 1} (process group)"
         )
 
     def _announce_now(self, kind: int, what: str) -> None:

@@ -206,14 +206,19 @@ class ReceiptCounter:
     The receipt a process sends for every step, without the process group: on one host a gloo
     send and receive cost more than the rows of a step cost to copy. Process 0 makes it
     (``ReceiptCounter()``), process ``j`` maps it (``ReceiptCounter(path)``, which removes the file).
+    The other way, process 0 writes there which process died (:attr:`dead`, ``-1``: none), so that
+    ``j`` stops waiting for a message that may never come.
 
     Example::
 
         >>> mine = ReceiptCounter()
         >>> theirs = ReceiptCounter(mine.path)  # in process j
         >>> theirs.count = 3
-        >>> mine.count
-        3
+        >>> mine.count, theirs.dead
+        (3, -1)
+        >>> mine.dead = 2
+        >>> theirs.dead
+        2
         >>> theirs.close(); mine.close()
     """
 
@@ -232,6 +237,15 @@ class ReceiptCounter:
     @count.setter
     def count(self, value: int) -> None:
         struct.pack_into(self._FORMAT, self._map, 0, value)  # one aligned 8-byte store
+
+    @property
+    def dead(self) -> int:
+        """The process that process 0 found dead (``-1``: none)."""
+        return cast("int", struct.unpack_from(self._FORMAT, self._map, 8)[0]) - 1
+
+    @dead.setter
+    def dead(self, process: int) -> None:
+        struct.pack_into(self._FORMAT, self._map, 8, process + 1)  # a new file holds zeros: none
 
     def close(self, remove: bool = True) -> None:
         """Unmap (and remove the file if the other process never mapped it)."""

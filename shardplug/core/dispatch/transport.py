@@ -7,13 +7,17 @@ in shared memory (:class:`~shardplug.core.dispatch.shm.ReceiptCounter`), and pro
 them by spinning, then sleeping.
 
 Never a hang: every wait of a process for another one -- a receipt in shared memory, the message
-of a step, a header, rows, a receipt through the process group -- checks every :data:`WATCH_S`
-that each process of the group on this host still runs (:func:`process_alive`; a zombie does not),
-and raises a :class:`DispatchError` naming the one that died; it gives up after the process
-group's timeout (that of the default group: processes on other hosts). Checking only the process
-waited for is not enough: with gloo, a broadcast that fails on process 0 because one receiver
-died is never delivered to a receiver that posts its receive afterwards, so a live process waits
-for a message that will not come, and process 0 for that live process's receipt.
+of a step, a header, pickled leaves -- checks every :data:`WATCH_S` whether a process it cannot go
+on without has ended (:meth:`Wire.lost`: process 0 watches the processes of its host that still
+owe receipts, and writes the one that ended into every receipt counter; the others watch for that,
+and for process 0's end; a zombie does not run), raises a :class:`DispatchError` naming it, and
+gives up after the process group's timeout (that of the default group: processes on other hosts).
+A process that ended after its last step failed nothing. Rows and receipts through the process
+group (point-to-point) are waited for whole (:meth:`Wire.wait_sent`): each depends on one peer,
+whose death closes the connection. Watching only the process waited for is not enough: with gloo,
+a broadcast that fails on process 0 because one receiver died is never delivered to a receiver
+that posts its receive afterwards, so a live process waits for a message that will not come, and
+process 0 for that live process's receipt.
 """
 
 from __future__ import annotations
@@ -61,7 +65,7 @@ SPIN_S = 2e-4
 """How long process 0 waits for a receipt in shared memory by yielding its core, before it sleeps."""
 
 WATCH_S = 0.2
-"""How often a process waiting for another one checks that every process of its host still runs."""
+"""How often a process waiting for another one checks whether a process it needs has ended."""
 
 _WATCH = timedelta(seconds=WATCH_S)
 
@@ -97,7 +101,8 @@ class Wire:
         self.watch = device_type == "cpu"  # gloo: waits are polled; nccl's are its own (its watchdog's timeout)
         timeout = compat.group_timeout(group, device_type) if group is not None else None
         self.timeout_s = timeout.total_seconds() if timeout is not None else default_timeout_s()
-        self.peers: dict[int, int] = {}  # the other processes of this host: their process ids, to notice a death
+        self.peers: dict[int, int] = {}  # the other processes of this host: their process ids, to notice an end
+        self.watched = 0.0  # when wait_sent last looked for a dead process
         self.passes_started = 0  # passes begun on this process; every message names process 0's
         self.sending: weakref.ref[Any] | None = None  # process 0: the pass whose steps are being sent
         self.closing: list[Any] = []  # process 0: close messages not yet read by every process
@@ -176,31 +181,59 @@ class Wire:
         """The processes of this host that no longer run: their process ids, by process."""
         return {j: pid for j, pid in self.peers.items() if not process_alive(pid)}
 
-    def died(self, what: str) -> DispatchError | None:
-        """The error to raise when a process of this host died while this one waited for ``what``."""
-        dead = self.dead_peers()
-        if not dead:
+    def lost(self) -> int | None:
+        """A process whose end this one cannot go on without, if any.
+
+        Process 0: a process of its host that counts its receipts in shared memory, no longer runs
+        and did not receive every step announced (one that ended after its last step ended its
+        pass; a broadcast it misses fails, and gloo never delivers a failed broadcast to a receiver
+        that posts its receive afterwards); it tells the others in their counters. The others: the
+        process process 0 told them of, or process 0 itself when it no longer runs."""
+        if self.rank == 0:
+            for j, counter in self.counters.items():
+                if counter.count < self.steps_sent and j in self.peers and not process_alive(self.peers[j]):
+                    for other in self.counters.values():
+                        other.dead = j
+                    return j
             return None
-        names = " and ".join(f"process {j} (pid {pid})" for j, pid in dead.items())
+        dead = self.counter.dead if self.counter is not None else -1
+        if dead >= 0:  # (process 0 may have ended since, failing on it)
+            return dead
+        return 0 if 0 in self.peers and not process_alive(self.peers[0]) else None
+
+    def died(self, what: str) -> DispatchError | None:
+        """The error to raise when a process this one cannot go on without (:meth:`lost`) ended while
+        it waited for ``what``."""
+        j = self.lost()
+        if j is None:
+            return None
+        pid = f" (pid {self.peers[j]})" if j in self.peers else ""
         return DispatchError(
-            f"{names} of the dispatch group ended while process {self.rank} waited for {what}: {RESTART}"
+            f"process {j}{pid} of the dispatch group ended while process {self.rank} waited for {what}: {RESTART}"
         )
 
-    def died_soon(self, what: str) -> DispatchError | None:
-        """:meth:`died`, looking for :data:`EXIT_S` after the process group failed: a process that
-        ends closes its connections a moment before it stops running."""
+    def ended(self, what: str) -> DispatchError | None:
+        """After the process group failed while this one waited for ``what``: the error naming the
+        processes of this host that no longer run, if any (looking for :data:`EXIT_S`: a process
+        that ends closes its connections a moment before it stops running)."""
         deadline = time.monotonic() + EXIT_S
         while True:
             failure = self.died(what)
+            dead = self.dead_peers()
+            if failure is None and dead:
+                names = " and ".join(f"process {j} (pid {pid})" for j, pid in dead.items())
+                failure = DispatchError(
+                    f"{names} of the dispatch group ended while process {self.rank} waited for {what}: {RESTART}"
+                )
             if failure is not None or time.monotonic() > deadline:
                 return failure
             time.sleep(0.05)
 
     def wait(self, work: Any, what: str) -> None:
-        """Wait for ``work`` (an asynchronous operation on the group) to finish, checking every
-        :data:`WATCH_S` that the processes of this host still run: a :class:`DispatchError` that
-        names the one that died, or ``what`` was waited for when the group's timeout passed or the
-        operation failed (a process on another host died, ...). (On GPU groups: nccl's own wait.)"""
+        """Wait for ``work`` (an asynchronous collective on the group) to finish, checking every
+        :data:`WATCH_S` that no process this one needs ended (:meth:`lost`): a :class:`DispatchError`
+        that names it, or ``what`` was waited for when the group's timeout passed or the operation
+        failed (a process on another host died, ...). (On GPU groups: nccl's own wait.)"""
         if not self.watch or not hasattr(work, "is_completed"):
             work.wait()
             return
@@ -220,7 +253,7 @@ class Wire:
         try:
             work.wait()
         except RuntimeError as exc:
-            failure = self.died_soon(what) or DispatchError(
+            failure = self.ended(what) or DispatchError(
                 f"process {self.rank} waited for {what}, and the process group failed: {exc}; a process of the "
                 f"dispatch group died or stopped iterating the loader: {RESTART}"
             )
@@ -235,9 +268,36 @@ class Wire:
         )
 
     def wait_all(self, works: list[Any], what: str) -> None:
-        """:meth:`wait` for (and forget) the operations in ``works``."""
+        """:meth:`wait` for (and forget) the collectives in ``works``."""
         while works:
             self.wait(works.pop(0), what)
+
+    def wait_sent(self, work: Any, what: str) -> None:
+        """Wait for a point-to-point operation (``isend`` / ``irecv``) whole.
+
+        gloo cannot watch one: its ``is_completed()`` stays false until ``wait()`` is called, and a
+        ``wait(timeout)`` that times out closes every connection of the group. Such a wait depends
+        on one peer only (a death closes its connections, failing the wait) and ends, at the
+        latest, after the group's timeout; a process of this host found dead (checked every
+        :data:`WATCH_S`) is named before, and after a failure."""
+        if self.watch and time.monotonic() - self.watched >= WATCH_S:
+            self.watched = time.monotonic()
+            failure = self.died(what)
+            if failure is not None:
+                raise failure
+        try:
+            work.wait()
+        except RuntimeError as exc:
+            failure = self.ended(what) or DispatchError(
+                f"process {self.rank} waited for {what}, and the process group failed: {exc}; a process of the "
+                f"dispatch group died or stopped iterating the loader: {RESTART}"
+            )
+            raise failure from exc
+
+    def wait_all_sent(self, works: list[Any], what: str) -> None:
+        """:meth:`wait_sent` for (and forget) the point-to-point operations in ``works``."""
+        while works:
+            self.wait_sent(works.pop(0), what)
 
     # -- messages -----------------------------------------------------------------------------
     def receive_message(self, control: torch.Tensor, what: str) -> None:
@@ -298,7 +358,7 @@ class Wire:
         for j, works in self.acks.items():
             while len(works) > RECEIPT_LAG:
                 try:
-                    self.wait(works.pop(0), f"the receipt of process {j} (on another host)")
+                    self.wait_sent(works.pop(0), f"the receipt of process {j} (on another host)")
                 except DispatchError as exc:
                     return exc
         needed = max(self.steps_sent - RECEIPT_LAG, self.slot_steps[slot] + 1)
@@ -344,7 +404,7 @@ class Wire:
             self.counter.count = self.steps_received  # after the step's rows were copied out
             return
         while len(self.ack_sends) > RECEIPT_LAG:
-            self.wait(self.ack_sends.pop(0), "process 0 to take this process's receipt")
+            self.wait_sent(self.ack_sends.pop(0), "process 0 to take this process's receipt")
         receipt = torch.ones(1, dtype=torch.int64, device=device)
         self.ack_sends.append(dist.isend(receipt, dst=0, group=self.group, tag=ACK_TAG))
 
