@@ -20,7 +20,8 @@ uninterrupted run promises:
   the saved cycle instead in the resumed epoch (``cycles="carried"``: the first step after the
   micro-batches the saved cycle lacked, then every ``accumulation``-th and after the last batch): on
   another number of processes its steps then fall elsewhere than on the new layout's epoch cycles;
-* the epoch after the resumed one equal to an uninterrupted run's of M processes (a seeded shuffle).
+* the epoch after the resumed one, and a resumed epoch that starts at its beginning (a position saved at
+  the previous epoch's end), equal to an uninterrupted run's of M processes (a seeded shuffle).
 """
 
 from __future__ import annotations
@@ -173,7 +174,7 @@ def check_resumed(
                     assert len(row[2]) == setup.batch and not row[3], f"{where}: a short or padded batch {row}"
                 elif row[0] == epoch:
                     assert not (row[3] and setup.drop_last), f"{where}: padding with drop_last {row}"
-        if fresh is not None and setup.shuffle == "seeded" and epoch > epochs[0]:
+        if fresh is not None and setup.shuffle == "seeded" and (epoch > epochs[0] or not done):
             mine = [[row[:4] for row in rank if row[0] == epoch] for rank in after]
             theirs = [[row[:4] for row in rank if row[0] == epoch] for rank in fresh]
             assert mine == theirs, f"{where}: epoch {epoch} differs from an uninterrupted run's"
