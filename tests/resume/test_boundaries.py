@@ -121,17 +121,14 @@ def _scenario_runs(
     return runs
 
 
-def _cases(setups: dict[str, tuple[Setup, Layouts]], known: dict[str, str] | None = None) -> list[Any]:
-    """The parameters of every case of ``setups``; ``known``: the ids of cases that fail by a known bug, with
-    its description (a strict ``xfail``: the fix makes them fail until the mark goes)."""
+def _cases(setups: dict[str, tuple[Setup, Layouts]]) -> list[Any]:
+    """The parameters of every case of ``setups``."""
     cases = []
     for name, (setup, layouts) in setups.items():
         for m, sources in layouts:
             for n in sources:
                 for point in setup.saved_points():
-                    case = f"{name}-{n}to{m}-{point}"
-                    marks = [pytest.mark.xfail(strict=True, reason=known[case])] if case in (known or {}) else []
-                    cases.append(pytest.param(name, n, m, point, id=case, marks=marks))
+                    cases.append(pytest.param(name, n, m, point, id=f"{name}-{n}to{m}-{point}"))
     return cases
 
 
@@ -203,16 +200,9 @@ def fabric_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     return _scenario_runs("boundaries_fabric.py", FABRIC, "fabric", tmp_path_factory)
 
 
-FABRIC_EPOCH = (
-    "a bug: Fabric's loader wrapper calls set_epoch(its own count of passes: 0 for a fresh wrapper) on the prepared "
-    "loader's samplers at every iter(), past the loader's check of a loaded position's epoch, so a resumed epoch 1 "
-    "runs in epoch 0's order (a position inside epoch 1 would lose and repeat samples)"
-)
-
-
 @pytest.mark.parametrize(
     "name, before, after, point",
-    _cases(FABRIC, known={"seeded-2to1-epoch_end": FABRIC_EPOCH, "seeded-2to3-epoch_end": FABRIC_EPOCH}),
+    _cases(FABRIC),
 )
 def test_fabric_resumes_a_checkpoint_of_every_boundary_exactly(
     fabric_runs: dict[str, Any], name: str, before: int, after: int, point: str

@@ -110,7 +110,11 @@ class ShardplugFabricDDPStrategy(ShardplugOptions, DDPStrategy):
             return dataloader
         refuse_prepared(dataloader, "fabric.setup_dataloaders()")
         refuse_distributed_sampler(dataloader, "fabric.setup_dataloaders()")
-        return prepare_data_loader(dataloader, **self._loader_arguments(self.world_size, self.global_rank))
+        prepared = prepare_data_loader(dataloader, **self._loader_arguments(self.world_size, self.global_rank))
+        # Fabric's wrapper sets its own count of passes as the samplers' epoch at every iter(): a resumed run
+        # would read a loaded epoch in another epoch's order. The loader's own epoch decides.
+        prepared.keeps_own_epoch = True
+        return prepared
 
     def prepare_eval_loader(self, dataloader: DataLoader[Any], *, drop_padding: bool = False) -> DataLoader[Any]:
         """This process's evaluation loader, by the core's rule (``shardplug.core.evaluation``): the same

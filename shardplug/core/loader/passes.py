@@ -107,6 +107,8 @@ class PassHost(Protocol):
 
     def set_epoch(self, epoch: int) -> None: ...
 
+    def pin_epoch(self) -> None: ...
+
     def inner_loader(self) -> Any: ...
 
     def inner_batches(self, discard: int) -> Iterator[Any]: ...
@@ -256,6 +258,7 @@ class LoaderPass(WeakLoader[PassHost]):
         resume = loader.resume
         if resume.last_pass.complete:
             loader.set_epoch(loader.epoch + 1)
+        loader.pin_epoch()
         shuffles = resume.shuffles()
         synchronize(shuffles.seedable, loader.rng_types, loader.synchronized_generator)
         plan = loader.plan

@@ -238,6 +238,19 @@ class PreparedDataLoader(DataLoader[Any]):
                 unique.append(target)
         return unique
 
+    keeps_own_epoch = False
+    """Set the loader's epoch again on its sampler, batch sampler and dataset at the start of every pass,
+    over a ``set_epoch`` called on them directly. Fabric's loader wrapper calls ``set_epoch`` on the samplers
+    with its own count of passes, which a resumed run starts at 0 whatever epoch the loaded position is in:
+    shardplug's Fabric strategy sets this, so the loader's epoch (advanced after each complete pass, or
+    the loaded position's) decides the order."""
+
+    def pin_epoch(self) -> None:
+        """With :attr:`keeps_own_epoch`: the loader's epoch, set on every level that has one (a pass begins)."""
+        if self.keeps_own_epoch:
+            for target in self._epoch_targets():
+                target.set_epoch(self.epoch)
+
     def set_epoch(self, epoch: int) -> None:
         """Set the epoch of this loader, its sampler, its batch sampler and its dataset.
 
