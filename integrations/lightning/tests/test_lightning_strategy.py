@@ -350,6 +350,18 @@ def test_fabric_load_resumes_mid_epoch_with_another_number_of_devices(tmp_path: 
         ]  # next epoch = a fresh run
 
 
+def test_fabric_load_inside_a_later_epoch_resumes_that_epoch_in_its_order(tmp_path: Path) -> None:
+    """Fabric's loader wrapper sets its own count of passes (0 after a restart) as the samplers' epoch at
+    every iter(): the loader keeps its own (the loaded position's) epoch, so the rest of epoch 1 is epoch
+    1's, every sample once."""
+    _run_script("lightning_fabric_epochs.py", tmp_path)
+    run = _json(tmp_path / "fabric_epochs.json")
+    epoch1 = run["uninterrupted"][1]
+    assert run["before"] == epoch1[:3]
+    assert run["rest"] == epoch1[3:], "the rest of epoch 1 in epoch 1's order"
+    assert sorted(i for batch in run["before"] + run["rest"] for i in batch) == list(range(12))
+
+
 def _json(path: Path) -> Any:
     return json.loads(path.read_text())
 
