@@ -329,27 +329,6 @@ def test_fsdp_and_model_parallel_names_build_shardplug_strategies() -> None:
     assert trainer.strategy is strategy
 
 
-def test_fabric_load_resumes_mid_epoch_with_another_number_of_devices(tmp_path: Path) -> None:
-    first, resumed = tmp_path / "first", tmp_path / "resumed"
-    first.mkdir()
-    resumed.mkdir()
-    _run_script("lightning_fabric_elastic.py", first, "2", "first")
-    _run_script("lightning_fabric_elastic.py", resumed, "3", "resume", str(first / "fabric.ckpt"))
-    before = [i for r in range(2) for e, b in _json(first / f"fabric_first_rank{r}.json")["rows"] if e == 0 for i in b]
-    runs = [_json(resumed / f"fabric_resume_rank{r}.json") for r in range(3)]
-    after = [i for run in runs for e, b in run["rows"] if e == 0 for i in b]
-    assert len(before) == 2 * 2 * 4
-    rest, step = 36 - len(before), 3 * 2
-    padding = -(-rest // step) * step - rest
-    assert len(after) == rest + padding and sorted(set(before + after)) == list(
-        range(36)
-    )  # every sample, padding only repeats
-    for run in runs:
-        assert [b for e, b in run["rows"] if e == 1] == [
-            b for e, b in run["fresh"] if e == 1
-        ]  # next epoch = a fresh run
-
-
 def test_fabric_load_inside_a_later_epoch_resumes_that_epoch_in_its_order(tmp_path: Path) -> None:
     """Fabric's loader wrapper sets its own count of passes (0 after a restart) as the samplers' epoch at
     every iter(): the loader keeps its own (the loaded position's) epoch, so the rest of epoch 1 is epoch
