@@ -82,6 +82,7 @@ def _dies_before(rank: int, world: int, point: str) -> str | None:
 
     from shardplug import gather_for_metrics
 
+    dist.barrier()  # every process has its group up (a death during gloo's connecting fails the others' set-up)
     loader = None
     if point == "gather":
         loader = prepare_data_loader(DataLoader(range(8), batch_size=2), data_seed=1)
