@@ -250,6 +250,10 @@ class Wire:
                 failure = self.timed_out(what)
             if failure is not None:
                 raise failure
+        self._finish(work, what)
+
+    def _finish(self, work: Any, what: str) -> None:
+        """Wait for ``work`` to end; a failure is a :class:`DispatchError` naming the process that ended, if one did."""
         try:
             work.wait()
         except RuntimeError as exc:
@@ -285,14 +289,7 @@ class Wire:
             failure = self.died(what)
             if failure is not None:
                 raise failure
-        try:
-            work.wait()
-        except RuntimeError as exc:
-            failure = self.ended(what) or DispatchError(
-                f"process {self.rank} waited for {what}, and the process group failed: {exc}; a process of the "
-                f"dispatch group died or stopped iterating the loader: {RESTART}"
-            )
-            raise failure from exc
+        self._finish(work, what)
 
     def wait_all_sent(self, works: list[Any], what: str) -> None:
         """:meth:`wait_sent` for (and forget) the point-to-point operations in ``works``."""
