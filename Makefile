@@ -31,11 +31,14 @@ $(STAMPS)/all: $(STAMPS)/core pyproject.toml $(wildcard integrations/*/pyproject
 demo: install-core
 	$(PYTHON) examples/demo.py
 
+# pytest-xdist processes running the suite; a test module's tests run in one of them (its module-scoped runs once)
+TEST_WORKERS ?= 2
+
 test: install  # the whole suite: what CI runs
-	$(PYTHON) -m pytest -q
+	$(PYTHON) -m pytest -q -n $(TEST_WORKERS) --dist loadscope
 
 test-fast: install  # the inner loop: every test that starts no process (no process group, no program)
-	SHARDPLUG_TESTS=fast $(PYTHON) -m pytest -q
+	SHARDPLUG_TESTS=fast $(PYTHON) -m pytest -q -n $(TEST_WORKERS) --dist loadscope
 
 lint: install  # ruff (lint, format) and mypy, with the versions of the lint extra
 	$(PYTHON) -m ruff check .

@@ -1,4 +1,5 @@
-"""Positions saved at an epoch's boundaries resume exactly in every front end, on the same, fewer and more processes.
+"""The boundary matrix's runs: positions saved at an epoch's boundaries resume exactly in every front end, on the
+same, fewer and more processes (one test module per front end: ``tests/resume/test_boundaries_*.py``).
 
 One matrix (``tests/_boundaries.py`` holds the oracle and its points): a run of 2 epochs is saved after
 the first, a middle and the last optimizer step of epoch 0, inside an accumulation cycle, at the
@@ -30,7 +31,7 @@ from typing import Any
 import pytest
 from _boundaries import Setup, check_resumed, rows_until
 
-SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
+SCRIPTS = Path(__file__).resolve().parent / "scripts"
 
 Layouts = tuple[tuple[int, tuple[int, ...]], ...]
 """``((resumed on M processes, from the first runs on (N, ...)), ...)``"""
@@ -60,7 +61,7 @@ FABRIC = IGNITE = {
 }
 
 
-def _run(script: str, out: Path, *args: str, expect_killed: bool = False) -> None:
+def run_script(script: str, out: Path, *args: str, expect_killed: bool = False) -> None:
     """Run ``scripts/<script> OUT ARGS...`` (it launches its own processes) in a session of its own; fail with
     its output. What it leaves running (DataLoader workers and fork servers of a killed run) is killed after."""
     env = dict(os.environ, PYTHONWARNINGS="ignore", OMP_NUM_THREADS="1")
@@ -85,7 +86,7 @@ def _run(script: str, out: Path, *args: str, expect_killed: bool = False) -> Non
     assert code == wanted, f"{script} {args[:1]}: exit {code}, wanted {wanted}:\n{log.read_text()[-8000:]}"
 
 
-def _first_rows(folder: Path, processes: int) -> list[list[Any]]:
+def first_rows(folder: Path, processes: int) -> list[list[Any]]:
     import json
 
     return [
@@ -94,7 +95,7 @@ def _first_rows(folder: Path, processes: int) -> list[list[Any]]:
     ]
 
 
-def _scenario_runs(
+def scenario_runs(
     script: str, setups: dict[str, tuple[Setup, Layouts]], prefix: str, factory: pytest.TempPathFactory
 ) -> dict[str, Any]:
     """Every setup's first runs (killed) and resumed runs of the scenario program ``script``, by setup id:
@@ -108,20 +109,20 @@ def _scenario_runs(
         first: dict[int, list[list[Any]]] = {}
         for n in firsts:
             (root / f"first{n}").mkdir()
-            _run(script, root / f"first{n}", str(n), setup.to_json(), "first", expect_killed=True)
-            first[n] = _first_rows(root / f"first{n}", n)
+            run_script(script, root / f"first{n}", str(n), setup.to_json(), "first", expect_killed=True)
+            first[n] = first_rows(root / f"first{n}", n)
         resumed: dict[int, list[Any]] = {}
         for m, sources in layouts:
             out = root / f"resumed{m}"
             out.mkdir()
             ckpts = [f"{root / f'first{n}' / 'ckpt'}:{n}" for n in sources]
-            _run(script, out, str(m), setup.to_json(), "resume", *ckpts)
+            run_script(script, out, str(m), setup.to_json(), "resume", *ckpts)
             resumed[m] = [json.loads((out / f"resume_rank{r}.json").read_text()) for r in range(m)]
         runs[name] = {"first": first, "resumed": resumed}
     return runs
 
 
-def _cases(setups: dict[str, tuple[Setup, Layouts]]) -> list[Any]:
+def cases(setups: dict[str, tuple[Setup, Layouts]]) -> list[Any]:
     """The parameters of every case of ``setups``."""
     cases = []
     for name, (setup, layouts) in setups.items():
@@ -132,7 +133,7 @@ def _cases(setups: dict[str, tuple[Setup, Layouts]]) -> list[Any]:
     return cases
 
 
-def _check(setup: Setup, runs: dict[str, Any], before: int, after: int, point: str, cycles: str = "epoch") -> None:
+def check(setup: Setup, runs: dict[str, Any], before: int, after: int, point: str, cycles: str = "epoch") -> None:
     """The oracle on the run of ``setup`` saved at ``point`` on ``before`` processes and resumed on ``after``
     (``cycles``: see :func:`check_resumed`)."""
     first = runs["first"][before]
@@ -146,79 +147,21 @@ def _check(setup: Setup, runs: dict[str, Any], before: int, after: int, point: s
         [r["rows"] for r in run],
         [tuple(r["counters"]) for r in run],
         fresh=[f["rows"] for f in fresh],
-        factor=_factor(fresh[0]),
-        saved_factor=_first_factor(first),
+        factor=fresh_factor(fresh[0]),
+        saved_factor=first_factor(first),
         cycles=cycles,
     )
 
 
-def _factor(fresh: dict[str, Any]) -> int:
+def fresh_factor(fresh: dict[str, Any]) -> int:
     """Scheduler steps per optimizer step in an uninterrupted run."""
     steps, scheduled = fresh["counters"]
     assert steps and scheduled % steps == 0, fresh["counters"]
     return scheduled // steps
 
 
-def _first_factor(first: list[list[Any]]) -> int:
+def first_factor(first: list[list[Any]]) -> int:
     """Scheduler steps per optimizer step in a first run (from its rows: it never ended)."""
     factors = {row[5] // row[4] for rows in first for row in rows if row[4]}
     assert len(factors) == 1 and all(row[5] == row[4] * min(factors) for rows in first for row in rows), factors
     return factors.pop()
-
-
-@pytest.fixture(scope="module")
-def lightning_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    """Every Lightning setup's first runs (killed) and resumed runs, by setup id."""
-    pytest.importorskip("shardplug_lightning")
-    return _scenario_runs("boundaries_lightning.py", LIGHTNING, "lightning", tmp_path_factory)
-
-
-@pytest.mark.parametrize("name, before, after, point", _cases(LIGHTNING))
-def test_lightning_resumes_a_checkpoint_of_every_boundary_exactly(
-    lightning_runs: dict[str, Any], name: str, before: int, after: int, point: str
-) -> None:
-    _check(LIGHTNING[name][0], lightning_runs[name], before, after, point)
-
-
-@pytest.fixture(scope="module")
-def plain_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    """Every plain PyTorch setup's first runs (killed) and resumed runs, by setup id."""
-    return _scenario_runs("boundaries_plain.py", PLAIN, "plain", tmp_path_factory)
-
-
-@pytest.mark.parametrize("name, before, after, point", _cases(PLAIN))
-def test_plain_pytorch_resumes_a_save_of_every_boundary_exactly(
-    plain_runs: dict[str, Any], name: str, before: int, after: int, point: str
-) -> None:
-    _check(PLAIN[name][0], plain_runs[name], before, after, point, cycles="carried")
-
-
-@pytest.fixture(scope="module")
-def fabric_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    """Every Fabric setup's first runs (killed) and resumed runs, by setup id."""
-    pytest.importorskip("shardplug_lightning")
-    return _scenario_runs("boundaries_fabric.py", FABRIC, "fabric", tmp_path_factory)
-
-
-@pytest.mark.parametrize(
-    "name, before, after, point",
-    _cases(FABRIC),
-)
-def test_fabric_resumes_a_checkpoint_of_every_boundary_exactly(
-    fabric_runs: dict[str, Any], name: str, before: int, after: int, point: str
-) -> None:
-    _check(FABRIC[name][0], fabric_runs[name], before, after, point)
-
-
-@pytest.fixture(scope="module")
-def ignite_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    """Every Ignite setup's first runs (killed) and resumed runs, by setup id."""
-    pytest.importorskip("shardplug_ignite")
-    return _scenario_runs("boundaries_ignite.py", IGNITE, "ignite", tmp_path_factory)
-
-
-@pytest.mark.parametrize("name, before, after, point", _cases(IGNITE))
-def test_ignite_resumes_a_checkpoint_of_every_boundary_exactly(
-    ignite_runs: dict[str, Any], name: str, before: int, after: int, point: str
-) -> None:
-    _check(IGNITE[name][0], ignite_runs[name], before, after, point, cycles="carried")

@@ -1,0 +1,27 @@
+"""The boundary matrix in plain PyTorch: ``torch.save`` of ``state_dict()``; continues the saved accumulation cycle
+of the core's ``GradientState``.
+
+Every position saved at an epoch's boundaries resumes exactly on the same, fewer and more processes (the matrix,
+its setups and the oracle: ``tests/_boundary_runs.py`` and ``tests/_boundaries.py``). One module per front end,
+so that the front ends' matrices run side by side under ``pytest -n``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from _boundary_runs import PLAIN, cases, check, scenario_runs
+
+
+@pytest.fixture(scope="module")
+def plain_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """Every plain PyTorch setup's first runs (killed) and resumed runs, by setup id."""
+    return scenario_runs("boundaries_plain.py", PLAIN, "plain", tmp_path_factory)
+
+
+@pytest.mark.parametrize("name, before, after, point", cases(PLAIN))
+def test_plain_pytorch_resumes_a_save_of_every_boundary_exactly(
+    plain_runs: dict[str, Any], name: str, before: int, after: int, point: str
+) -> None:
+    check(PLAIN[name][0], plain_runs[name], before, after, point, cycles="carried")
