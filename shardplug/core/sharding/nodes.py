@@ -1,0 +1,556 @@
+"""torchdata.nodes graphs: what a graph reads, the plan of its rows, and its per-row work rebuilt on a part.
+
+A ``torchdata.nodes`` graph (a ``Loader`` or a ``BaseNode``) is read once, from its root down to its
+source (:func:`read_graph`).  A map-style graph (a ``SamplerWrapper`` at the bottom, as
+``MapStyleWrapper`` builds it) becomes a :class:`MapGraph`: its sampler and its batching stand for an
+equivalent ``DataLoader`` over the sampler's keys (:meth:`MapGraph.plan_loader`), which goes through
+the map-style sharding path like any ``DataLoader`` (which rows each process gets, ``len()``, padding
+and resume: one rule, in one place).  Its per-row and per-batch work (``Mapper`` / ``ParallelMapper``,
+``PinMemory``, ``Prefetcher``) is then rebuilt on top of this process's part (:meth:`MapGraph.rebuild`),
+each batch carrying its padding mark (:class:`Mark`) through the work to the hand-out.
+
+A weighted mixture (``MultiNodeWeightedSampler``) becomes a :class:`MixtureGraph`: each of its sources
+is a map-style graph of rows, sharded alike; the mixture itself is rebuilt with one seed for every
+process, so every process draws the same sources in the same order (the weights hold for the whole job)
+and each reads its own rows of them.
+
+What cannot be sharded from outside is refused with the fix: a user's iterator (``IterableWrapper``),
+an ``Unbatcher``, a second ``Batcher``, a ``SamplerWrapper`` with its own ``epoch_updater``, and any
+node this module does not know.
+
+Example::
+
+    >>> import torchdata.nodes as tn
+    >>> from torch.utils.data import SequentialSampler
+    >>> graph = read_graph(tn.Loader(tn.Batcher(tn.SamplerWrapper(SequentialSampler(range(5))), 2, drop_last=False)))
+    >>> graph.batch_size, graph.drop_last, len(graph.plan_loader().dataset)
+    (2, False, 5)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any, NamedTuple
+
+from torch.utils.data import DataLoader, Dataset
+
+from shardplug.core._internal import compat
+
+__all__ = [
+    "is_graph",
+    "read_graph",
+    "MapGraph",
+    "MixtureGraph",
+    "Mark",
+    "Step",
+    "StepSource",
+    "RowSource",
+    "leading_samples",
+]
+
+logger = logging.getLogger(__name__)
+
+_FIX_ITERATOR = (
+    "an IterableWrapper reads a user's iterator, which shardplug cannot shard from outside (every process would "
+    "read all of it). Build the graph on a map-style source (tn.SamplerWrapper(sampler) or "
+    "tn.MapStyleWrapper(dataset, sampler)), or shard inside the iterator (read only this process's part: "
+    "torch.distributed.get_rank() of get_world_size()) and use it without prepare_data_loader"
+)
+
+
+def _nodes() -> Any:
+    """``torchdata.nodes`` (an ``ImportError`` naming the fix where torchdata is missing or too old)."""
+    try:
+        import torchdata.nodes as tn
+    except ImportError as error:  # pragma: no cover - torchdata is a test dependency
+        raise ImportError("torchdata.nodes graphs need torchdata >= 0.10: pip install 'torchdata>=0.10'") from error
+    return tn
+
+
+def is_graph(obj: object) -> bool:
+    """Whether ``obj`` is a ``torchdata.nodes`` graph (a ``Loader`` or a ``BaseNode``), without importing
+    torchdata when it is not loaded (then it cannot be one)."""
+    import sys
+
+    if "torchdata.nodes" not in sys.modules:
+        return False
+    tn = sys.modules["torchdata.nodes"]
+    return isinstance(obj, (tn.Loader, tn.BaseNode))
+
+
+class Mark(NamedTuple):
+    """What a batch carries from the plan to the hand-out: how many leading rows are real (``None``:
+    not tracked), its keys (the sampler's outputs; ``None``: not tracked), whether it is the pass's last."""
+
+    real: int | None
+    indices: list[Any] | None
+    last: bool
+
+
+class Step(NamedTuple):
+    """One batch (the sampler's keys, then what the graph's work made of them) and its :class:`Mark`."""
+
+    batch: Any
+    mark: Mark
+
+
+class _Tag(NamedTuple):
+    """Where a row belongs while per-row work runs: its batch's number, its place, the batch's size and mark."""
+
+    step: int
+    place: int
+    size: int
+    mark: Mark
+
+
+class OnRow:
+    """A per-row ``map_fn`` applied to a tagged row, the tag carried along (picklable when ``fn`` is).
+
+    Example::
+
+        >>> OnRow(str)((3, "tag"))
+        ('3', 'tag')
+    """
+
+    def __init__(self, fn: Callable[[Any], Any]) -> None:
+        self.fn = fn
+
+    def __call__(self, item: tuple[Any, Any]) -> tuple[Any, Any]:
+        row, tag = item
+        return self.fn(row), tag
+
+
+class OnBatch:
+    """A per-batch ``map_fn`` applied to a :class:`Step`'s batch, its mark carried along.
+
+    Example::
+
+        >>> OnBatch(sum)(Step([1, 2], Mark(2, None, True))).batch
+        3
+    """
+
+    def __init__(self, fn: Callable[[Any], Any]) -> None:
+        self.fn = fn
+
+    def __call__(self, step: Step) -> Step:
+        return Step(self.fn(step.batch), step.mark)
+
+
+def leading_samples(batch: Any, real: int | None) -> Any:
+    """The first ``real`` samples of a batch that is a list of samples (what a ``Batcher`` yields).
+
+    Example::
+
+        >>> leading_samples([{"x": 1}, {"x": 2}, {"x": 3}], 2)
+        [{'x': 1}, {'x': 2}]
+    """
+    if real is None or not isinstance(batch, (list, tuple)):
+        return batch
+    return batch[:real]
+
+
+def _keep(batch: list[Any]) -> list[Any]:
+    """The collation of the plan's loader: a batch of keys stays a list."""
+    return batch
+
+
+class _Keys(Dataset[Any]):
+    """The dataset of a sampler's keys: key ``k`` reads as ``k`` (the graph's own work reads the data)."""
+
+    def __init__(self, length: int) -> None:
+        self.length = length
+
+    def __len__(self) -> int:
+        return self.length
+
+    def __getitem__(self, key: Any) -> Any:
+        return key
+
+
+def _base_node() -> type:
+    return _nodes().BaseNode  # type: ignore[no-any-return]
+
+
+class StepSource:
+    """Factory of the source node of a rebuilt graph: the batches of this process's part, as :class:`Step`\\ s.
+
+    ``steps`` is an iterator of steps (the plan's loader, marked); the node is a ``BaseNode`` that reads
+    it once (a pass), and stops early once :meth:`stop` was called (the pass was left).
+    """
+
+    def __new__(cls, steps: Iterator[Step]) -> Any:
+        return _step_source_class()(steps)
+
+
+_CLASSES: dict[str, type] = {}
+
+
+def _step_source_class() -> type:
+    if "step" not in _CLASSES:
+        base = _base_node()
+
+        class _StepSource(base):  # type: ignore[misc, valid-type]
+            """The steps of one pass (see :class:`StepSource`)."""
+
+            def __init__(self, steps: Iterator[Step]) -> None:
+                super().__init__()
+                self.steps = steps
+                self.stopped = False
+
+            def reset(self, initial_state: dict[str, Any] | None = None) -> None:
+                super().reset(initial_state)
+
+            def next(self) -> Step:
+                if self.stopped:
+                    raise StopIteration
+                return next(self.steps)
+
+            def get_state(self) -> dict[str, Any]:
+                return {}
+
+            def stop(self) -> None:
+                self.stopped = True
+
+        _CLASSES["step"] = _StepSource
+    return _CLASSES["step"]
+
+
+def _rows_class() -> type:
+    """A node that hands out the rows of each step, tagged (:class:`_Tag`), for per-row work."""
+    if "rows" not in _CLASSES:
+        base = _base_node()
+
+        class _Rows(base):  # type: ignore[misc, valid-type]
+            def __init__(self, source: Any) -> None:
+                super().__init__()
+                self.source = source
+                self.pending: list[tuple[Any, _Tag]] = []
+                self.count = 0
+
+            def reset(self, initial_state: dict[str, Any] | None = None) -> None:
+                super().reset(initial_state)
+                self.source.reset()
+                self.pending, self.count = [], 0
+
+            def next(self) -> tuple[Any, _Tag]:
+                while not self.pending:
+                    step = next(self.source)
+                    rows = list(step.batch)
+                    self.pending = [(row, _Tag(self.count, i, len(rows), step.mark)) for i, row in enumerate(rows)]
+                    self.pending.reverse()
+                    self.count += 1
+                return self.pending.pop()
+
+            def get_state(self) -> dict[str, Any]:
+                return {}
+
+        _CLASSES["rows"] = _Rows
+    return _CLASSES["rows"]
+
+
+def _regroup_class() -> type:
+    """A node that gathers tagged rows back into their steps (in their places, also from an unordered mapper)."""
+    if "regroup" not in _CLASSES:
+        base = _base_node()
+
+        class _Regroup(base):  # type: ignore[misc, valid-type]
+            def __init__(self, source: Any) -> None:
+                super().__init__()
+                self.source = source
+                self.open: dict[int, dict[int, Any]] = {}
+
+            def reset(self, initial_state: dict[str, Any] | None = None) -> None:
+                super().reset(initial_state)
+                self.source.reset()
+                self.open = {}
+
+            def next(self) -> Step:
+                while True:
+                    row, tag = next(self.source)
+                    rows = self.open.setdefault(tag.step, {})
+                    rows[tag.place] = row
+                    if len(rows) == tag.size:
+                        del self.open[tag.step]
+                        return Step([rows[i] for i in range(tag.size)], tag.mark)
+
+            def get_state(self) -> dict[str, Any]:
+                return {}
+
+        _CLASSES["regroup"] = _Regroup
+    return _CLASSES["regroup"]
+
+
+def _unwrap_class() -> type:
+    """A node that hands out the rows of a mixture's source (its steps hold one row each), counted."""
+    if "unwrap" not in _CLASSES:
+        base = _base_node()
+
+        class _Unwrap(base):  # type: ignore[misc, valid-type]
+            def __init__(self, source: Any) -> None:
+                super().__init__()
+                self.source = source
+
+            def reset(self, initial_state: dict[str, Any] | None = None) -> None:
+                super().reset(initial_state)
+                self.source.reset()
+
+            def next(self) -> Any:
+                return next(self.source).batch[0]
+
+            def get_state(self) -> dict[str, Any]:
+                return {}
+
+        _CLASSES["unwrap"] = _Unwrap
+    return _CLASSES["unwrap"]
+
+
+class RowSource:
+    """Factory of a mixture's source node: the rows of this process's part of one source, with a
+    ``state_dict()`` that is the part's position (``counter``: a
+    :class:`~shardplug.core.loader.nodes.PassCounter` that starts a pass, counts rows, tells the position)."""
+
+    def __new__(cls, counter: Any, stages: tuple[Any, ...]) -> Any:
+        return _row_source_class()(counter, stages)
+
+
+def _row_source_class() -> type:
+    if "row_source" not in _CLASSES:
+        base = _base_node()
+
+        class _RowSource(base):  # type: ignore[misc, valid-type]
+            def __init__(self, counter: Any, stages: tuple[Any, ...]) -> None:
+                super().__init__()
+                self.counter = counter
+                self.stages = stages
+                self.top: Any = None
+
+            def reset(self, initial_state: dict[str, Any] | None = None) -> None:
+                super().reset(initial_state)
+                if initial_state is not None:
+                    self.counter.load(initial_state["position"])
+                steps = self.counter.begin()
+                self.top = _build(self.stages, StepSource(steps), per_row=True, batch_at=None)
+                self.top.reset()
+
+            def next(self) -> Any:
+                step = next(self.top)
+                self.counter.handed(step.mark)
+                return step.batch[0]
+
+            def get_state(self) -> dict[str, Any]:
+                return {"position": self.counter.position()}
+
+        _CLASSES["row_source"] = _RowSource
+    return _CLASSES["row_source"]
+
+
+def _source_of(node: Any, tn: Any) -> Any:
+    """The node ``node`` reads from (a ``ParallelMapper`` with ``prebatch`` reads through its own ``Batcher``)."""
+    if isinstance(node, tn.ParallelMapper) and node.prebatch is not None:
+        return node.source.source
+    return node.source
+
+
+def _map_fn(node: Any) -> Callable[[Any], Any]:
+    """The user's ``map_fn`` of a ``ParallelMapper`` (not its ``prebatch`` wrapper)."""
+    return node.map_fn.map_fn if node.prebatch is not None else node.map_fn  # type: ignore[no-any-return]
+
+
+def _rebuild_node(node: Any, source: Any, wrap: Callable[[Callable[..., Any]], Any] | None) -> Any:
+    """``node`` again, reading ``source``, with the same settings; a mapper's ``map_fn`` through ``wrap``."""
+    tn = _nodes()
+    if isinstance(node, tn.ParallelMapper):
+        fn = _map_fn(node)
+        return tn.ParallelMapper(
+            source,
+            wrap(fn) if wrap is not None else fn,
+            num_workers=node.num_workers,
+            in_order=node.in_order,
+            method=node.method,
+            multiprocessing_context=node.multiprocessing_context,
+            max_concurrent=node.max_concurrent,
+            snapshot_frequency=node.snapshot_frequency,
+            prebatch=node.prebatch,
+        )
+    if isinstance(node, tn.Prefetcher):
+        return tn.Prefetcher(source, node.prefetch_factor, snapshot_frequency=node.snapshot_frequency)
+    if isinstance(node, tn.PinMemory):
+        device = compat.pin_memory_device(node)
+        return tn.PinMemory(source, pin_memory_device=device or "", snapshot_frequency=node.snapshot_frequency)
+    if isinstance(node, tn.Batcher):
+        return tn.Batcher(source, node.batch_size, drop_last=node.drop_last)
+    raise TypeError(f"cannot rebuild {type(node).__name__}")  # read_graph refused it before
+
+
+def _build(stages: tuple[Any, ...], source: Any, per_row: bool, batch_at: int | None) -> Any:
+    """The graph's work ``stages`` (from the source up) rebuilt on ``source`` (a :class:`StepSource`):
+    the stages below the ``Batcher`` (at ``batch_at``; ``None``: none) on tagged rows, the rest on steps;
+    the ``Batcher`` itself is the plan's batching (the steps are its batches)."""
+    below = stages if batch_at is None else stages[:batch_at]
+    above = () if batch_at is None else stages[batch_at + 1 :]
+    node = source
+    if per_row and any(isinstance(s, _nodes().ParallelMapper) for s in below):
+        node = _rows_class()(node)
+        for stage in below:
+            node = _rebuild_node(stage, node, OnRow)
+        node = _regroup_class()(node)
+    elif below:  # Prefetcher / PinMemory only: they work on steps as they are
+        for stage in below:
+            node = _rebuild_node(stage, node, None)
+    for stage in above:
+        node = _rebuild_node(stage, node, OnBatch)
+    return node
+
+
+@dataclasses.dataclass(frozen=True)
+class MapGraph:
+    """A map-style graph: its ``sampler`` (the keys), the ``initial_epoch`` of its ``SamplerWrapper``, its
+    work from the source up (``stages``), and its batching (``batch_at``: the ``Batcher``'s place in
+    ``stages``, ``None`` without one: single rows; ``batch_size`` / ``drop_last``: the ``Batcher``'s)."""
+
+    sampler: Any
+    initial_epoch: int
+    stages: tuple[Any, ...]
+    batch_at: int | None
+    batch_size: int
+    drop_last: bool
+
+    def plan_loader(self) -> DataLoader[Any]:
+        """The ``DataLoader`` equivalent to the graph's rows: its sampler's keys, batched as the graph
+        batches them (single rows: batches of one); what the map-style path shards."""
+        return DataLoader(
+            _Keys(len(self.sampler)),
+            sampler=self.sampler,
+            batch_size=self.batch_size,
+            drop_last=self.drop_last,
+            collate_fn=_keep,
+        )
+
+    @property
+    def hands_out_lists(self) -> bool:
+        """Whether a handed-out batch is the ``Batcher``'s list of samples (no per-batch mapper above it)."""
+        tn = _nodes()
+        above = () if self.batch_at is None else self.stages[self.batch_at + 1 :]
+        return self.batch_at is not None and not any(isinstance(s, tn.ParallelMapper) for s in above)
+
+    def rebuild(self, source: Any) -> Any:
+        """The graph's work on ``source`` (a :class:`StepSource` of this process's steps): a node whose items
+        are :class:`Step`\\ s."""
+        return _build(self.stages, source, per_row=True, batch_at=self.batch_at)
+
+    def batch_of(self, step: Step) -> Any:
+        """What the user's graph hands out for ``step``: its batch, or its one row without a ``Batcher``."""
+        return step.batch if self.batch_at is not None else step.batch[0]
+
+
+@dataclasses.dataclass(frozen=True)
+class MixtureGraph:
+    """A weighted mixture: its sources (each a :class:`MapGraph` of rows), the mixture node (its weights,
+    stop criteria and seed), and the work above it (``stages``, from the mixture up)."""
+
+    sources: Mapping[str, MapGraph]
+    mixture: Any
+    stages: tuple[Any, ...]
+
+    def rebuild(self, sources: Mapping[str, Any], seed: int) -> Any:
+        """The mixture on this process's ``sources`` (row nodes), drawn with ``seed`` alike on every process,
+        and the work above it as the graph has it."""
+        tn = _nodes()
+        node = tn.MultiNodeWeightedSampler(
+            dict(sources),
+            dict(self.mixture.weights),
+            stop_criteria=self.mixture.stop_criteria,
+            rank=0,
+            world_size=1,
+            seed=seed,
+        )
+        for stage in self.stages:
+            node = _rebuild_node(stage, node, None)
+        return node
+
+
+def _refuse(node: Any, why: str) -> TypeError:
+    return TypeError(f"cannot prepare this torchdata.nodes graph: its {type(node).__name__} node: {why}")
+
+
+def _chain(graph: Any, tn: Any) -> tuple[list[Any], Any]:
+    """The nodes from ``graph``'s root down to its source (excluded), and the source."""
+    node = graph.root if isinstance(graph, tn.Loader) else graph
+    above: list[Any] = []
+    while True:
+        if isinstance(node, (tn.SamplerWrapper, tn.MultiNodeWeightedSampler)):
+            return above, node
+        if isinstance(node, tn.IterableWrapper):
+            raise _refuse(node, _FIX_ITERATOR)
+        if isinstance(node, (tn.ParallelMapper, tn.Batcher, tn.PinMemory, tn.Prefetcher)):
+            above.append(node)
+            node = _source_of(node, tn)
+            continue
+        raise _refuse(
+            node,
+            "shardplug knows SamplerWrapper / MapStyleWrapper sources, MultiNodeWeightedSampler, Mapper, "
+            "ParallelMapper, Batcher, PinMemory and Prefetcher; build the graph from those, or shard the data "
+            "yourself and iterate the graph as it is",
+        )
+
+
+def _map_graph(stages: list[Any], source: Any, tn: Any) -> MapGraph:
+    """The :class:`MapGraph` of a ``SamplerWrapper`` ``source`` and its work (from the source up)."""
+    updater = getattr(source.epoch_updater, "__func__", source.epoch_updater)
+    if updater is not getattr(tn.SamplerWrapper._default_epoch_updater, "__func__", None):
+        raise _refuse(
+            source,
+            f"epoch_updater={source.epoch_updater!r}: shardplug sets the sampler's epoch itself (the next one after "
+            "each complete pass, or loader.set_epoch(e)); build the SamplerWrapper without epoch_updater and call "
+            "set_epoch on the prepared loader",
+        )
+    try:
+        len(source.sampler)
+    except TypeError:
+        raise _refuse(
+            source,
+            f"its sampler {type(source.sampler).__name__} has no len(): shardplug shares a sampler's keys out by "
+            "their number; give the sampler a __len__",
+        ) from None
+    batchers = [i for i, s in enumerate(stages) if isinstance(s, tn.Batcher)]
+    if len(batchers) > 1:
+        raise _refuse(
+            stages[batchers[1]],
+            "a second Batcher regroups the batches the first made, so a process's steps are no longer the plan's: "
+            "batch once",
+        )
+    at = batchers[0] if batchers else None
+    batcher = stages[at] if at is not None else None
+    return MapGraph(
+        sampler=source.sampler,
+        initial_epoch=int(source.epoch),
+        stages=tuple(stages),
+        batch_at=at,
+        batch_size=batcher.batch_size if batcher is not None else 1,
+        drop_last=bool(batcher.drop_last) if batcher is not None else False,
+    )
+
+
+def read_graph(graph: Any) -> MapGraph | MixtureGraph:
+    """What ``graph`` (a ``Loader`` or a ``BaseNode``) reads and does (see the module); a ``TypeError``
+    naming the node and the fix for what cannot be sharded from outside."""
+    tn = _nodes()
+    above, source = _chain(graph, tn)
+    stages = list(reversed(above))
+    if isinstance(source, tn.SamplerWrapper):
+        return _map_graph(stages, source, tn)
+    sources: dict[str, MapGraph] = {}
+    for name, node in source.source_nodes.items():
+        inner_above, inner_source = _chain(node, tn)
+        if not isinstance(inner_source, tn.SamplerWrapper):
+            raise _refuse(inner_source, "a mixture of mixtures: give each source of the mixture a map-style graph")
+        part = _map_graph(list(reversed(inner_above)), inner_source, tn)
+        if part.batch_at is not None:
+            raise _refuse(
+                part.stages[part.batch_at],
+                f"source {name!r} of the mixture batches its rows: batch after the MultiNodeWeightedSampler",
+            )
+        sources[name] = part
+    return MixtureGraph(sources=sources, mixture=source, stages=tuple(stages))
