@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable
-from typing import Any, NamedTuple, Protocol, cast, overload
+from typing import Any, NamedTuple, cast, overload
 
 import torch
 from torch.utils.data import DataLoader, IterableDataset
@@ -34,7 +34,7 @@ from shardplug.core.resume.stateful import stateful_dataloader_class
 from shardplug.core.sharding import local, map_style, native, presplit, read_all
 from shardplug.core.sharding.kinds import DISPATCH, LOCAL, MAP_STYLE, NATIVE, PRESPLIT, Shard, ShardingKind
 from shardplug.core.sharding.layout import ShardLayout
-from shardplug.core.sharding.nodes import is_graph
+from shardplug.core.sharding.nodes import GraphLike, is_graph
 from shardplug.core.sharding.stream_traits import stream_kind
 from shardplug.core.shuffle.rng import check_rng_types
 from shardplug.core.shuffle.seedable import check_seed, check_shuffle_algorithm
@@ -42,22 +42,6 @@ from shardplug.core.shuffle.seedable import check_seed, check_shuffle_algorithm
 __all__ = ["prepare_data_loader", "skip_first_batches", "can_prepare"]
 
 logger = logging.getLogger(__name__)
-
-
-class _NodeLike(Protocol):
-    """A ``torchdata.nodes.BaseNode`` as the type checker sees it (torchdata has no type information)."""
-
-    def get_state(self) -> dict[str, Any]: ...
-
-
-class _LoaderLike(Protocol):
-    """A ``torchdata.nodes.Loader`` as the type checker sees it."""
-
-    root: Any
-
-
-GraphLike = _NodeLike | _LoaderLike
-"""A ``torchdata.nodes`` graph: a ``Loader`` or a ``BaseNode``."""
 
 
 class _DataOptions(NamedTuple):
@@ -445,8 +429,7 @@ def skip_first_batches(
     if isinstance(dataloader, (PreparedDataLoader, GraphLoaderShard)):
         return dataloader.skipped_copy(num_batches)
     if is_graph(dataloader):
-        graph = cast("GraphLike", dataloader)
-        return prepare_data_loader(graph, num_processes=1, process_index=0).skipped_copy(num_batches)
+        return prepare_data_loader(dataloader, num_processes=1, process_index=0).skipped_copy(num_batches)
     if not isinstance(dataloader, DataLoader):
         raise TypeError(f"dataloader must be {_PREPARABLE}, got {type(dataloader).__name__}")
     new = prepare_data_loader(dataloader, num_processes=1, process_index=0)

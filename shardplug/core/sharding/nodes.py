@@ -32,13 +32,14 @@ from __future__ import annotations
 import dataclasses
 import logging
 from collections.abc import Callable, Iterator, Mapping
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Protocol, TypeGuard
 
 from torch.utils.data import DataLoader, Dataset
 
 from shardplug.core._internal import compat
 
 __all__ = [
+    "GraphLike",
     "is_graph",
     "read_graph",
     "MapGraph",
@@ -69,7 +70,23 @@ def _nodes() -> Any:
     return tn
 
 
-def is_graph(obj: object) -> bool:
+class _NodeLike(Protocol):
+    """A ``torchdata.nodes.BaseNode`` as the type checker sees it (torchdata has no type information)."""
+
+    def get_state(self) -> dict[str, Any]: ...
+
+
+class _LoaderLike(Protocol):
+    """A ``torchdata.nodes.Loader`` as the type checker sees it."""
+
+    root: Any
+
+
+GraphLike = _NodeLike | _LoaderLike
+"""A ``torchdata.nodes`` graph: a ``Loader`` or a ``BaseNode``."""
+
+
+def is_graph(obj: object) -> TypeGuard[GraphLike]:
     """Whether ``obj`` is a ``torchdata.nodes`` graph (a ``Loader`` or a ``BaseNode``), without importing
     torchdata when it is not loaded (then it cannot be one)."""
     import sys
