@@ -9,9 +9,6 @@ strategy cannot shard, silenced by ``iterables_read_own_part=True``.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -20,24 +17,13 @@ from torch.utils.data import SequentialSampler
 
 from shardplug.core.loader.nodes import NodesLoaderShard
 from shardplug_lightning import ShardplugDDPStrategy, ShardplugFabricDDPStrategy
+from test_lightning_strategy import _run_script  # this folder: runs a scenario script, fails with its output
 
-SCRIPTS = Path(__file__).parent / "scripts"
 N_TRAIN, N_VAL, BATCH, WORLD = 18, 10, 4, 2
 
 
 def _run(out: Path) -> list[dict]:
-    env = dict(os.environ, PYTHONWARNINGS="ignore", OMP_NUM_THREADS="1")
-    for key in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "NODE_RANK", "MASTER_ADDR", "MASTER_PORT"):
-        env.pop(key, None)
-    result = subprocess.run(
-        [sys.executable, str(SCRIPTS / "lightning_nodes.py"), str(out)],
-        cwd=out,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=240,
-    )
-    assert result.returncode == 0, f"lightning_nodes.py failed:\n{result.stdout[-3000:]}\n{result.stderr[-6000:]}"
+    _run_script("lightning_nodes.py", out)
     return [json.loads((out / f"nodes_rank{r}.json").read_text()) for r in range(WORLD)]
 
 

@@ -17,7 +17,7 @@ Example::
     >>> import torchdata.nodes as tn
     >>> from torch.utils.data import SequentialSampler
     >>> from shardplug import prepare_data_loader
-    >>> graph = tn.Loader(tn.Batcher(tn.SamplerWrapper(SequentialSampler(range(6))), batch_size=2))
+    >>> graph = tn.Loader(tn.Batcher(tn.SamplerWrapper(SequentialSampler(range(6))), batch_size=2, drop_last=False))
     >>> part = prepare_data_loader(graph, num_processes=2, process_index=1)
     >>> [batch for batch in part], len(part)
     ([[2, 3], [0, 1]], 2)
@@ -38,16 +38,8 @@ from shardplug.core.loader.prepared import PreparedDataLoader
 from shardplug.core.loader.transfer import DeviceTransfer
 from shardplug.core.padding.audit import SampleAudit
 from shardplug.core.padding.tracking import PaddingTracker, leading_rows
-from shardplug.core.sharding.nodes import (
-    MapGraph,
-    Mark,
-    MixtureGraph,
-    RowSource,
-    Step,
-    StepSource,
-    leading_samples,
-    read_graph,
-)
+from shardplug.core.sharding.nodes import MapGraph, MixtureGraph, read_graph
+from shardplug.core.sharding.steps import Mark, Step, leading_samples
 
 __all__ = ["GraphLoaderShard", "NodesLoaderShard", "MixtureLoaderShard", "PassCounter", "prepare_graph"]
 
@@ -203,8 +195,7 @@ class NodesLoaderShard(GraphLoaderShard):
 
     def _run(self) -> Iterator[Any]:
         counter, graph = self.counter, self.graph
-        source = StepSource(counter.begin())
-        root = graph.rebuild(source)
+        source, root = graph.rebuild(counter.begin())
         root.reset()
         transfer = DeviceTransfer.to(self.device, self.non_blocking)
         state = self.gradient_state
@@ -318,8 +309,8 @@ class MixtureLoaderShard(GraphLoaderShard):
         self.num_processes = first.plan.layout.num_processes
         self.seed = seed
         self.parts = dict(parts)
-        sources = {name: RowSource(PassCounter(part), graph.sources[name].stages) for name, part in parts.items()}
-        self.loader = tn.Loader(graph.rebuild(sources, seed))
+        counters = {name: PassCounter(part) for name, part in parts.items()}
+        self.loader = tn.Loader(graph.rebuild(counters, seed))
 
     def __iter__(self) -> Iterator[Any]:
         return iter(self.loader)

@@ -30,26 +30,17 @@ Example::
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 from collections.abc import Callable, Iterator, Mapping
-from typing import Any, NamedTuple, Protocol, TypeGuard
+from typing import Any, Protocol, TypeGuard
 
 from torch.utils.data import DataLoader, Dataset
 
 from shardplug.core._internal import compat
+from shardplug.core.sharding.steps import OnBatch, OnRow, Step
 
-__all__ = [
-    "GraphLike",
-    "is_graph",
-    "read_graph",
-    "MapGraph",
-    "MixtureGraph",
-    "Mark",
-    "Step",
-    "StepSource",
-    "RowSource",
-    "leading_samples",
-]
+__all__ = ["GraphLike", "is_graph", "read_graph", "MapGraph", "MixtureGraph"]
 
 logger = logging.getLogger(__name__)
 
@@ -97,77 +88,6 @@ def is_graph(obj: object) -> TypeGuard[GraphLike]:
     return isinstance(obj, (tn.Loader, tn.BaseNode))
 
 
-class Mark(NamedTuple):
-    """What a batch carries from the plan to the hand-out: how many leading rows are real (``None``:
-    not tracked), its keys (the sampler's outputs; ``None``: not tracked), whether it is the pass's last."""
-
-    real: int | None
-    indices: list[Any] | None
-    last: bool
-
-
-class Step(NamedTuple):
-    """One batch (the sampler's keys, then what the graph's work made of them) and its :class:`Mark`."""
-
-    batch: Any
-    mark: Mark
-
-
-class _Tag(NamedTuple):
-    """Where a row belongs while per-row work runs: its batch's number, its place, the batch's size and mark."""
-
-    step: int
-    place: int
-    size: int
-    mark: Mark
-
-
-class OnRow:
-    """A per-row ``map_fn`` applied to a tagged row, the tag carried along (picklable when ``fn`` is).
-
-    Example::
-
-        >>> OnRow(str)((3, "tag"))
-        ('3', 'tag')
-    """
-
-    def __init__(self, fn: Callable[[Any], Any]) -> None:
-        self.fn = fn
-
-    def __call__(self, item: tuple[Any, Any]) -> tuple[Any, Any]:
-        row, tag = item
-        return self.fn(row), tag
-
-
-class OnBatch:
-    """A per-batch ``map_fn`` applied to a :class:`Step`'s batch, its mark carried along.
-
-    Example::
-
-        >>> OnBatch(sum)(Step([1, 2], Mark(2, None, True))).batch
-        3
-    """
-
-    def __init__(self, fn: Callable[[Any], Any]) -> None:
-        self.fn = fn
-
-    def __call__(self, step: Step) -> Step:
-        return Step(self.fn(step.batch), step.mark)
-
-
-def leading_samples(batch: Any, real: int | None) -> Any:
-    """The first ``real`` samples of a batch that is a list of samples (what a ``Batcher`` yields).
-
-    Example::
-
-        >>> leading_samples([{"x": 1}, {"x": 2}, {"x": 3}], 2)
-        [{'x': 1}, {'x': 2}]
-    """
-    if real is None or not isinstance(batch, (list, tuple)):
-        return batch
-    return batch[:real]
-
-
 def _keep(batch: list[Any]) -> list[Any]:
     """The collation of the plan's loader: a batch of keys stays a list."""
     return batch
@@ -184,183 +104,6 @@ class _Keys(Dataset[Any]):
 
     def __getitem__(self, key: Any) -> Any:
         return key
-
-
-def _base_node() -> type:
-    return _nodes().BaseNode  # type: ignore[no-any-return]
-
-
-class StepSource:
-    """Factory of the source node of a rebuilt graph: the batches of this process's part, as :class:`Step`\\ s.
-
-    ``steps`` is an iterator of steps (the plan's loader, marked); the node is a ``BaseNode`` that reads
-    it once (a pass), and stops early once :meth:`stop` was called (the pass was left).
-    """
-
-    def __new__(cls, steps: Iterator[Step]) -> Any:
-        return _step_source_class()(steps)
-
-
-_CLASSES: dict[str, type] = {}
-
-
-def _step_source_class() -> type:
-    if "step" not in _CLASSES:
-        base = _base_node()
-
-        class _StepSource(base):  # type: ignore[misc, valid-type]
-            """The steps of one pass (see :class:`StepSource`)."""
-
-            def __init__(self, steps: Iterator[Step]) -> None:
-                super().__init__()
-                self.steps = steps
-                self.stopped = False
-
-            def reset(self, initial_state: dict[str, Any] | None = None) -> None:
-                super().reset(initial_state)
-
-            def next(self) -> Step:
-                if self.stopped:
-                    raise StopIteration
-                return next(self.steps)
-
-            def get_state(self) -> dict[str, Any]:
-                return {}
-
-            def stop(self) -> None:
-                self.stopped = True
-
-        _CLASSES["step"] = _StepSource
-    return _CLASSES["step"]
-
-
-def _rows_class() -> type:
-    """A node that hands out the rows of each step, tagged (:class:`_Tag`), for per-row work."""
-    if "rows" not in _CLASSES:
-        base = _base_node()
-
-        class _Rows(base):  # type: ignore[misc, valid-type]
-            def __init__(self, source: Any) -> None:
-                super().__init__()
-                self.source = source
-                self.pending: list[tuple[Any, _Tag]] = []
-                self.count = 0
-
-            def reset(self, initial_state: dict[str, Any] | None = None) -> None:
-                super().reset(initial_state)
-                self.source.reset()
-                self.pending, self.count = [], 0
-
-            def next(self) -> tuple[Any, _Tag]:
-                while not self.pending:
-                    step = next(self.source)
-                    rows = list(step.batch)
-                    self.pending = [(row, _Tag(self.count, i, len(rows), step.mark)) for i, row in enumerate(rows)]
-                    self.pending.reverse()
-                    self.count += 1
-                return self.pending.pop()
-
-            def get_state(self) -> dict[str, Any]:
-                return {}
-
-        _CLASSES["rows"] = _Rows
-    return _CLASSES["rows"]
-
-
-def _regroup_class() -> type:
-    """A node that gathers tagged rows back into their steps (in their places, also from an unordered mapper)."""
-    if "regroup" not in _CLASSES:
-        base = _base_node()
-
-        class _Regroup(base):  # type: ignore[misc, valid-type]
-            def __init__(self, source: Any) -> None:
-                super().__init__()
-                self.source = source
-                self.open: dict[int, dict[int, Any]] = {}
-
-            def reset(self, initial_state: dict[str, Any] | None = None) -> None:
-                super().reset(initial_state)
-                self.source.reset()
-                self.open = {}
-
-            def next(self) -> Step:
-                while True:
-                    row, tag = next(self.source)
-                    rows = self.open.setdefault(tag.step, {})
-                    rows[tag.place] = row
-                    if len(rows) == tag.size:
-                        del self.open[tag.step]
-                        return Step([rows[i] for i in range(tag.size)], tag.mark)
-
-            def get_state(self) -> dict[str, Any]:
-                return {}
-
-        _CLASSES["regroup"] = _Regroup
-    return _CLASSES["regroup"]
-
-
-def _unwrap_class() -> type:
-    """A node that hands out the rows of a mixture's source (its steps hold one row each), counted."""
-    if "unwrap" not in _CLASSES:
-        base = _base_node()
-
-        class _Unwrap(base):  # type: ignore[misc, valid-type]
-            def __init__(self, source: Any) -> None:
-                super().__init__()
-                self.source = source
-
-            def reset(self, initial_state: dict[str, Any] | None = None) -> None:
-                super().reset(initial_state)
-                self.source.reset()
-
-            def next(self) -> Any:
-                return next(self.source).batch[0]
-
-            def get_state(self) -> dict[str, Any]:
-                return {}
-
-        _CLASSES["unwrap"] = _Unwrap
-    return _CLASSES["unwrap"]
-
-
-class RowSource:
-    """Factory of a mixture's source node: the rows of this process's part of one source, with a
-    ``state_dict()`` that is the part's position (``counter``: a
-    :class:`~shardplug.core.loader.nodes.PassCounter` that starts a pass, counts rows, tells the position)."""
-
-    def __new__(cls, counter: Any, stages: tuple[Any, ...]) -> Any:
-        return _row_source_class()(counter, stages)
-
-
-def _row_source_class() -> type:
-    if "row_source" not in _CLASSES:
-        base = _base_node()
-
-        class _RowSource(base):  # type: ignore[misc, valid-type]
-            def __init__(self, counter: Any, stages: tuple[Any, ...]) -> None:
-                super().__init__()
-                self.counter = counter
-                self.stages = stages
-                self.top: Any = None
-
-            def reset(self, initial_state: dict[str, Any] | None = None) -> None:
-                super().reset(initial_state)
-                if initial_state is not None:
-                    self.counter.load(initial_state["position"])
-                steps = self.counter.begin()
-                self.top = _build(self.stages, StepSource(steps), per_row=True, batch_at=None)
-                self.top.reset()
-
-            def next(self) -> Any:
-                step = next(self.top)
-                self.counter.handed(step.mark)
-                return step.batch[0]
-
-            def get_state(self) -> dict[str, Any]:
-                return {"position": self.counter.position()}
-
-        _CLASSES["row_source"] = _RowSource
-    return _CLASSES["row_source"]
 
 
 def _source_of(node: Any, tn: Any) -> Any:
@@ -401,19 +144,22 @@ def _rebuild_node(node: Any, source: Any, wrap: Callable[[Callable[..., Any]], A
     raise TypeError(f"cannot rebuild {type(node).__name__}")  # read_graph refused it before
 
 
-def _build(stages: tuple[Any, ...], source: Any, per_row: bool, batch_at: int | None) -> Any:
-    """The graph's work ``stages`` (from the source up) rebuilt on ``source`` (a :class:`StepSource`):
-    the stages below the ``Batcher`` (at ``batch_at``; ``None``: none) on tagged rows, the rest on steps;
-    the ``Batcher`` itself is the plan's batching (the steps are its batches)."""
+def _build(stages: tuple[Any, ...], source: Any, batch_at: int | None) -> Any:
+    """The graph's work ``stages`` (from the source up) rebuilt on ``source`` (a
+    :class:`~shardplug.core.sharding.graph_nodes.StepSource`): the stages below the ``Batcher`` (at ``batch_at``;
+    ``None``: none) on tagged rows, the rest on steps; the ``Batcher`` itself is the plan's batching (the steps
+    are its batches)."""
+    from shardplug.core.sharding import graph_nodes  # imports torchdata: only for graphs
+
     below = stages if batch_at is None else stages[:batch_at]
     above = () if batch_at is None else stages[batch_at + 1 :]
     node = source
-    if per_row and any(isinstance(s, _nodes().ParallelMapper) for s in below):
-        node = _rows_class()(node)
+    if any(isinstance(s, _nodes().ParallelMapper) for s in below):
+        node = graph_nodes.Rows(node)
         for stage in below:
             node = _rebuild_node(stage, node, OnRow)
-        node = _regroup_class()(node)
-    elif below:  # Prefetcher / PinMemory only: they work on steps as they are
+        node = graph_nodes.Regroup(node)
+    else:  # Prefetcher / PinMemory only: they work on steps as they are
         for stage in below:
             node = _rebuild_node(stage, node, None)
     for stage in above:
@@ -452,10 +198,13 @@ class MapGraph:
         above = () if self.batch_at is None else self.stages[self.batch_at + 1 :]
         return self.batch_at is not None and not any(isinstance(s, tn.ParallelMapper) for s in above)
 
-    def rebuild(self, source: Any) -> Any:
-        """The graph's work on ``source`` (a :class:`StepSource` of this process's steps): a node whose items
-        are :class:`Step`\\ s."""
-        return _build(self.stages, source, per_row=True, batch_at=self.batch_at)
+    def rebuild(self, steps: Iterator[Step]) -> tuple[Any, Any]:
+        """The graph's work on this process's ``steps``: its source node (``stop()`` ends it early) and its root,
+        whose items are :class:`~shardplug.core.sharding.steps.Step`\\ s."""
+        from shardplug.core.sharding.graph_nodes import StepSource  # imports torchdata: only for graphs
+
+        source = StepSource(steps)
+        return source, _build(self.stages, source, self.batch_at)
 
     def batch_of(self, step: Step) -> Any:
         """What the user's graph hands out for ``step``: its batch, or its one row without a ``Batcher``."""
@@ -471,12 +220,19 @@ class MixtureGraph:
     mixture: Any
     stages: tuple[Any, ...]
 
-    def rebuild(self, sources: Mapping[str, Any], seed: int) -> Any:
-        """The mixture on this process's ``sources`` (row nodes), drawn with ``seed`` alike on every process,
-        and the work above it as the graph has it."""
+    def rebuild(self, counters: Mapping[str, Any], seed: int) -> Any:
+        """The mixture on this process's parts of its sources (each read through its ``counters`` entry, a
+        :class:`~shardplug.core.loader.nodes.PassCounter`), drawn with ``seed`` alike on every process, and the
+        work above it as the graph has it."""
+        from shardplug.core.sharding.graph_nodes import RowSource  # imports torchdata: only for graphs
+
         tn = _nodes()
+        sources = {
+            name: RowSource(counter, functools.partial(_build, self.sources[name].stages, batch_at=None))
+            for name, counter in counters.items()
+        }
         node = tn.MultiNodeWeightedSampler(
-            dict(sources),
+            sources,
             dict(self.mixture.weights),
             stop_criteria=self.mixture.stop_criteria,
             rank=0,
