@@ -88,7 +88,7 @@ def _resume(rank, world, n, batch_size, state):
 def test_a_position_resumes_exactly_on_the_same_and_on_another_number_of_processes():
     n, batch_size = 30, 3
     first = run_gloo(_resume, n, batch_size, None, world_size=2)
-    for head, saved, rest, length, resumed in first:
+    for _, saved, rest, length, resumed in first:
         assert saved["batches_yielded"] == 2 and saved["num_processes"] == 2
         assert resumed == rest and length == len(rest), "the same number of processes: the same batches"
     assert first[0][1] == first[1][1], "the position is the same on every process"

@@ -13,11 +13,11 @@ from pathlib import Path
 
 import pytest
 import torchdata.nodes as tn
+from test_lightning_strategy import _run_script  # this folder: runs a scenario script, fails with its output
 from torch.utils.data import SequentialSampler
 
 from shardplug.core.loader.nodes import NodesLoaderShard
 from shardplug_lightning import ShardplugDDPStrategy, ShardplugFabricDDPStrategy
-from test_lightning_strategy import _run_script  # this folder: runs a scenario script, fails with its output
 
 N_TRAIN, N_VAL, BATCH, WORLD = 18, 10, 4, 2
 
