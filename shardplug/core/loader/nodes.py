@@ -134,13 +134,14 @@ class PassCounter:
 
     def load(self, state: dict[str, Any]) -> None:
         """Continue after ``state`` (validated by ``inner`` before anything changes)."""
-        self.inner.load_state_dict(state)
         self.end()
+        self.inner.load_state_dict(state)
         self.started = None
 
     def set_epoch(self, epoch: int) -> None:
-        self.inner.set_epoch(epoch)
+        """The next pass reads ``epoch`` (a pass in progress ends first)."""
         self.end()
+        self.inner.set_epoch(epoch)
         self.started = None
 
 
@@ -276,6 +277,11 @@ class NodesLoaderShard(GraphLoaderShard):
 
     def drop_padding_rows(self) -> None:
         """Hand out only the real rows of every batch (a ``Batcher``'s list is cut to its real samples)."""
+        if self.graph.batch_at is None:
+            raise ValueError(
+                "drop_padding_rows() needs batches with rows; this graph hands out single samples (it has no "
+                "Batcher): keep them and skip those with loader.batch_real_count == 0"
+            )
         self.track_padding()
         tracker = PaddingTracker()
         tracker.dropping = True
