@@ -162,7 +162,7 @@ def test_a_weighted_mixture_keeps_its_weights_and_resumes_on_the_same_number_of_
     rows = [Counter(k for b in part for k in b) for part in batches]
     assert not set(rows[0]) & set(rows[1]) and max(rows[0].values()) == 1, "no row read twice in the pass"
     # the weights (3:1) hold: the share of the first source's rows over 400 draws
-    forever = prepare_data_loader(_mixture(stop="CYCLE_FOREVER"), num_processes=2, process_index=0)
+    forever = prepare_data_loader(_mixture(stop="CYCLE_FOREVER"), num_processes=2, process_index=0, data_seed=1)
     drawn = [k for b, _ in zip(forever, range(100)) for k in _keys(b)]
     assert 0.68 < sum(k < 1000 for k in drawn) / len(drawn) < 0.82
     with pytest.raises(ValueError, match="resumes exactly only on the number of processes it was saved with"):

@@ -64,6 +64,7 @@ def test_a_graph_under_an_engine_is_sharded_and_resumes_exactly() -> None:
         seen = [k for part in batches for batch in part for k in batch]
         assert set(seen) == set(range(N)) and len(seen) == 18, "each sample once, 4 rows of padding"
     assert ranks[0]["whole"][1] != ranks[0]["whole"][2], "a new shuffle each epoch"
+    assert [len(r["head"][2]) for r in ranks] == [1, 1] and 1 not in ranks[0]["rest"], "stopped inside epoch 2"
     for r in ranks:
-        resumed = r["head"][1] + r["rest"].get(1, []) + r["rest"][2]
+        resumed = r["head"][1] + r["head"][2] + r["rest"][2]
         assert resumed == r["whole"][1] + r["whole"][2], "stopped at iteration 4 and resumed: the same batches"

@@ -267,7 +267,7 @@ class ShardplugStrategyMixin(ShardplugOptions):
         else:
             prepared = prepare_data_loader(loader, **self._data_arguments(even_batches=True, **changes))
             if isinstance(prepared, NodesLoaderShard):
-                if self.eval_even_batches:
+                if self.eval_even_batches or not prepared.hands_out_batches:
                     prepared.track_padding()
                 else:
                     prepared.drop_padding_rows()

@@ -39,7 +39,7 @@ def test_a_graph_trains_once_per_epoch_validates_exactly_resumes_and_other_itera
     for r in ranks:
         after = r["fit"]["train"][2:]
         assert r["resumed"] == after, "the fit resumed from the mid-epoch checkpoint trains on the same batches"
-        assert len(r["warned"]) == 1 and "builtins.list" in r["warned"][0]
+        assert len(r["warned"]) == 1 and "__main__.OwnIterable" in r["warned"][0]
         assert "every one of the 2 processes reads all of it" in r["warned"][0]
         assert "iterables_read_own_part=True" in r["warned"][0]
         assert r["silenced"] == []

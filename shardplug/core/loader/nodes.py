@@ -271,13 +271,18 @@ class NodesLoaderShard(GraphLoaderShard):
         self.counter.load(state_dict)
 
     # -- padding ----------------------------------------------------------------------------
+    @property
+    def hands_out_batches(self) -> bool:
+        """Whether the graph batches its rows (a ``Batcher``): only batches have padding rows to drop."""
+        return self.graph.batch_at is not None
+
     def track_padding(self) -> None:
         """Mark each batch's padding: ``batch_real_count`` leading rows are real, ``batch_indices`` its keys."""
         self.inner.track_padding()
 
     def drop_padding_rows(self) -> None:
         """Hand out only the real rows of every batch (a ``Batcher``'s list is cut to its real samples)."""
-        if self.graph.batch_at is None:
+        if not self.hands_out_batches:
             raise ValueError(
                 "drop_padding_rows() needs batches with rows; this graph hands out single samples (it has no "
                 "Batcher): keep them and skip those with loader.batch_real_count == 0"

@@ -7,8 +7,8 @@ Usage: ``python lightning_nodes.py OUT_DIR``.  Every rank writes ``OUT_DIR/nodes
   loaders are ``tn.Loader`` graphs (a shuffled sampler, ``ParallelMapper`` threads, ``Batcher``, ``Prefetcher``);
   a checkpoint is saved after the second training batch of epoch 0;
 * ``resumed``: the batches a second fit from that checkpoint trained on;
-* ``warned`` / ``silenced``: the ``UnshardedLoaderWarning`` messages of a validation whose loader is a plain
-  list of batches, with the default strategy and with ``iterables_read_own_part=True``.
+* ``warned`` / ``silenced``: the ``UnshardedLoaderWarning`` messages of a validation whose loader is an iterable
+  of batches of its own, with the default strategy and with ``iterables_read_own_part=True``.
 """
 
 from __future__ import annotations
@@ -95,8 +95,15 @@ def trainer(strategy: Any = "shardplug_ddp", **kwargs: Any) -> pl.Trainer:
     )
 
 
+class OwnIterable:
+    """An iterable of batches that is neither a DataLoader nor a graph: the strategy cannot shard it."""
+
+    def __iter__(self) -> Any:
+        return iter([{"x": torch.zeros(2, 1), "key": torch.zeros(2, dtype=torch.long)}] * 3)
+
+
 def unsharded_warnings(strategy: Any) -> list[str]:
-    model = Model(val=[{"x": torch.zeros(2, 1), "key": torch.zeros(2, dtype=torch.long)}] * 3)
+    model = Model(val=OwnIterable())
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         trainer(strategy).validate(model, verbose=False)
