@@ -84,25 +84,30 @@ class Rows(_Node):
 
 
 class Regroup(_Node):
-    """Tagged rows of ``source`` gathered back into their steps, in their places (also from a ``ParallelMapper``
-    with ``in_order=False``, which may interleave the rows of neighbouring steps)."""
+    """Tagged rows of ``source`` gathered back into their steps, in their places and in the steps' order (also
+    from a ``ParallelMapper`` with ``in_order=False``, which may interleave the rows of neighbouring steps): the
+    position counts the batches handed out, so they leave in the plan's order."""
 
     def __init__(self, source: Any) -> None:
         super().__init__(source)
         self.open: dict[int, dict[int, Any]] = {}
+        self.done: dict[int, Step] = {}
+        self.upcoming = 0
 
     def reset(self, initial_state: dict[str, Any] | None = None) -> None:
         super().reset(initial_state)
-        self.open = {}
+        self.open, self.done, self.upcoming = {}, {}, 0
 
     def next(self) -> Step:
-        while True:
+        while self.upcoming not in self.done:
             row, tag = next(self.source)
             rows = self.open.setdefault(tag.step, {})
             rows[tag.place] = row
             if len(rows) == tag.size:
                 del self.open[tag.step]
-                return Step([rows[i] for i in range(tag.size)], tag.mark)
+                self.done[tag.step] = Step([rows[i] for i in range(tag.size)], tag.mark)
+        self.upcoming += 1
+        return self.done.pop(self.upcoming - 1)
 
 
 class PassSource(Protocol):
