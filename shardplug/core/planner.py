@@ -28,7 +28,7 @@ from shardplug.core._internal import compat
 from shardplug.core._internal.topology import ProcessTopology, Readers, resolve_data_topology
 from shardplug.core.config import ShardplugConfig
 from shardplug.core.dispatch.dispatcher import DataLoaderDispatcher, DispatchOptions, check_slice_fn
-from shardplug.core.loader.nodes import GraphLoaderShard, prepare_graph
+from shardplug.core.loader.nodes import MixtureLoaderShard, prepare_graph
 from shardplug.core.loader.prepared import DataLoaderShard, LoaderOptions, PreparedDataLoader, combined_class
 from shardplug.core.resume.stateful import stateful_dataloader_class
 from shardplug.core.sharding import local, map_style, native, presplit, read_all
@@ -184,7 +184,7 @@ def prepare_data_loader(
     torch_device_mesh: Any = None,
     shuffle_algorithm: str = ShardplugConfig.shuffle_algorithm,
     config: ShardplugConfig | None = None,
-) -> GraphLoaderShard: ...
+) -> PreparedDataLoader | MixtureLoaderShard: ...
 
 
 def prepare_data_loader(
@@ -205,7 +205,7 @@ def prepare_data_loader(
     torch_device_mesh: Any = None,
     shuffle_algorithm: str = ShardplugConfig.shuffle_algorithm,
     config: ShardplugConfig | None = None,
-) -> PreparedDataLoader | GraphLoaderShard:
+) -> PreparedDataLoader | MixtureLoaderShard:
     """Return this process's loader for ``dataloader``, keeping all its settings and its class.
 
     Map-style data gets a :class:`BatchSamplerShard`; iterable data an
@@ -412,12 +412,14 @@ def skip_first_batches(dataloader: DataLoader[Any], num_batches: int = 0) -> Pre
 
 
 @overload
-def skip_first_batches(dataloader: GraphLike | GraphLoaderShard, num_batches: int = 0) -> GraphLoaderShard: ...
+def skip_first_batches(
+    dataloader: GraphLike | MixtureLoaderShard, num_batches: int = 0
+) -> PreparedDataLoader | MixtureLoaderShard: ...
 
 
 def skip_first_batches(
     dataloader: DataLoader[Any] | object, num_batches: int = 0
-) -> PreparedDataLoader | GraphLoaderShard:
+) -> PreparedDataLoader | MixtureLoaderShard:
     """A loader of the same kind and settings that starts after its first ``num_batches`` batches.
 
     The skip applies to the next pass only and keeps the epoch counter; skipped map-style batches
@@ -426,7 +428,7 @@ def skip_first_batches(
     """
     if not isinstance(num_batches, int) or num_batches < 0:
         raise ValueError(f"num_batches={num_batches!r} must be an integer >= 0")
-    if isinstance(dataloader, (PreparedDataLoader, GraphLoaderShard)):
+    if isinstance(dataloader, (PreparedDataLoader, MixtureLoaderShard)):
         return dataloader.skipped_copy(num_batches)
     if is_graph(dataloader):
         return prepare_data_loader(dataloader, num_processes=1, process_index=0).skipped_copy(num_batches)

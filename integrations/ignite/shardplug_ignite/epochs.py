@@ -19,7 +19,6 @@ import torch
 from ignite.base.mixins import Serializable
 from ignite.engine import Engine, Events
 
-from shardplug.core.loader.nodes import NodesLoaderShard
 from shardplug.core.loader.prepared import PreparedDataLoader
 
 from .compat import requires_state_keys
@@ -29,15 +28,13 @@ __all__ = ["EpochSync", "current_loader"]
 logger = logging.getLogger(__name__)
 
 
-def current_loader(engine: Engine) -> PreparedDataLoader | NodesLoaderShard:
-    """The prepared loader ``engine`` runs on (of a ``DataLoader`` or a map-style ``torchdata.nodes`` graph; a
-    ``TypeError`` with the fix otherwise)."""
+def current_loader(engine: Engine) -> PreparedDataLoader:
+    """The prepared loader ``engine`` runs on (a ``TypeError`` with the fix otherwise)."""
     loader = engine.state.dataloader
-    if not isinstance(loader, (PreparedDataLoader, NodesLoaderShard)):
+    if not isinstance(loader, PreparedDataLoader):
         raise TypeError(
             f"the trainer runs on a {type(loader).__name__}, not a prepared loader: pass "
-            "handler.prepare_data_loader(DataLoader(...)) (or of a torchdata.nodes graph, or "
-            "handler.auto_dataloader(...)) to trainer.run"
+            "handler.prepare_data_loader(DataLoader(...)) (or handler.auto_dataloader(...)) to trainer.run"
         )
     return loader
 
@@ -62,7 +59,7 @@ class EpochSync(Serializable):
     """
 
     def __init__(self) -> None:
-        self.loader: PreparedDataLoader | NodesLoaderShard | None = None
+        self.loader: PreparedDataLoader | None = None
         self._pending: dict[str, Any] | None = None
         self._resumed_epoch = False
         self._ran = False  # iterations ran on this engine in this process: a new run() continues them
@@ -93,7 +90,7 @@ class EpochSync(Serializable):
             )
         self._check_epoch_length(engine, full)
 
-    def _align_engine(self, engine: Engine, loader: PreparedDataLoader | NodesLoaderShard, full: int | None) -> None:
+    def _align_engine(self, engine: Engine, loader: PreparedDataLoader, full: int | None) -> None:
         """Make the engine's counters describe the loaded position on this layout."""
         if full is None:
             return  # a stream without len(): Ignite finds the epoch's end itself

@@ -19,7 +19,6 @@ from ignite.base.mixins import Serializable
 from ignite.engine import Engine, EventEnum, Events
 
 from shardplug.core._internal.arguments import check_int
-from shardplug.core.loader.nodes import NodesLoaderShard
 from shardplug.core.loader.prepared import PreparedDataLoader
 from shardplug.core.stepping.optimizer import PreparedOptimizer
 from shardplug.core.stepping.scheduler import PreparedScheduler
@@ -109,7 +108,7 @@ class StepEvents(Serializable):
     def _on_started(self, engine: Engine) -> None:
         state = self.run.gradient_state
         loader = engine.state.dataloader
-        if isinstance(loader, (PreparedDataLoader, NodesLoaderShard)) and loader.gradient_state is not state:
+        if isinstance(loader, PreparedDataLoader) and loader.gradient_state is not state:
             loader.gradient_state = state
         state.reset()
         pending, self._pending = self._pending, None

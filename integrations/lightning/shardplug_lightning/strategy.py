@@ -27,7 +27,7 @@ from typing_extensions import override
 from shardplug import prepare_data_loader
 from shardplug.core.config import ShardplugConfig
 from shardplug.core.evaluation import prepare_eval_loader
-from shardplug.core.loader.nodes import NodesLoaderShard
+from shardplug.core.loader.nodes import MixtureLoaderShard
 from shardplug.core.loader.prepared import PreparedDataLoader
 from shardplug.core.sharding.nodes import is_graph
 from shardplug.core.stepping import amp
@@ -69,10 +69,6 @@ class UnshardedLoaderWarning(UserWarning):
     """The strategy received a loader it cannot shard (neither a ``DataLoader`` nor a ``torchdata.nodes`` graph):
     every process reads it as it is. Silence it with ``iterables_read_own_part=True`` where each such loader
     already reads only its process's part."""
-
-
-_STEPPED = (PreparedDataLoader, NodesLoaderShard)
-"""The prepared loaders whose epoch and resume the strategy keeps in step with Lightning's."""
 
 
 class ShardplugStrategyMixin(ShardplugOptions):
@@ -243,7 +239,7 @@ class ShardplugStrategyMixin(ShardplugOptions):
         """A loader that is not a ``DataLoader``: a ``torchdata.nodes`` graph is sharded (training: the strategy's
         options; evaluation: equal steps, padding dropped unless ``eval_even_batches``; predict: no padding);
         anything else is read whole by every process, with one :class:`UnshardedLoaderWarning`."""
-        if isinstance(loader, (*_STEPPED, type(None))):
+        if isinstance(loader, (PreparedDataLoader, MixtureLoaderShard, type(None))):
             return loader
         world = int(self.world_size)  # type: ignore[attr-defined]
         if not is_graph(loader):
@@ -266,8 +262,8 @@ class ShardplugStrategyMixin(ShardplugOptions):
             prepared = prepare_data_loader(loader, **self._data_arguments(even_batches=False, **changes))
         else:
             prepared = prepare_data_loader(loader, **self._data_arguments(even_batches=True, **changes))
-            if isinstance(prepared, NodesLoaderShard):
-                if self.eval_even_batches or not prepared.hands_out_batches:
+            if isinstance(prepared, PreparedDataLoader):  # a mixture marks no padding
+                if self.eval_even_batches or not getattr(prepared, "hands_out_batches", True):
                     prepared.track_padding()
                 else:
                     prepared.drop_padding_rows()
@@ -361,7 +357,7 @@ class ShardplugStrategyMixin(ShardplugOptions):
         finds the loader at the next epoch's start, with every batch of Lightning's epoch done.
         """
         trainer = self._get_trainer()
-        loaders = [dl for dl in _loaders_in(trainer.train_dataloader) if isinstance(dl, _STEPPED)]
+        loaders = [dl for dl in _loaders_in(trainer.train_dataloader) if isinstance(dl, PreparedDataLoader)]
         if len(loaders) != 1 or loaders[0].epoch_length is None:
             return
         loader = loaders[0]
@@ -396,13 +392,11 @@ class ShardplugStrategyMixin(ShardplugOptions):
         trainer = self._get_trainer()
         epoch = trainer.current_epoch
         for loader in _loaders_in(trainer.train_dataloader):
-            if isinstance(loader, _STEPPED) and loader.epoch != epoch and not loader.end_of_dataloader:
+            if isinstance(loader, PreparedDataLoader) and loader.epoch != epoch and not loader.end_of_dataloader:
                 loader.epoch = epoch
 
 
-def _batches_done(
-    loader: PreparedDataLoader | NodesLoaderShard, epoch: int, limit: int, counted: int, last_counted: bool
-) -> int | None:
+def _batches_done(loader: PreparedDataLoader, epoch: int, limit: int, counted: int, last_counted: bool) -> int | None:
     """The batches of Lightning's running ``epoch`` done, on the loader's layout, where the loader and
     Lightning (which ``counted`` batches done, the last of its epoch if ``last_counted``) describe the
     same place in it. Three places:

@@ -16,7 +16,7 @@ import torchdata.nodes as tn
 from test_lightning_strategy import _run_script  # this folder: runs a scenario script, fails with its output
 from torch.utils.data import SequentialSampler
 
-from shardplug.core.loader.nodes import NodesLoaderShard
+from shardplug.core.loader.prepared import PreparedDataLoader
 from shardplug_lightning import ShardplugDDPStrategy, ShardplugFabricDDPStrategy
 
 N_TRAIN, N_VAL, BATCH, WORLD = 18, 10, 4, 2
@@ -49,7 +49,7 @@ def test_fabric_prepares_a_graph_setup_dataloaders_cannot_take() -> None:
     strategy = ShardplugFabricDDPStrategy()
     graph = tn.Loader(tn.Batcher(tn.SamplerWrapper(SequentialSampler(range(5))), 2, drop_last=False))
     prepared = strategy.prepare_loader(graph)
-    assert isinstance(prepared, NodesLoaderShard) and list(prepared) == [[0, 1], [2, 3], [4]]
+    assert isinstance(prepared, PreparedDataLoader) and list(prepared) == [[0, 1], [2, 3], [4]]
     with pytest.raises(TypeError, match="neither a DataLoader nor a torchdata.nodes graph"):
         strategy.prepare_loader(range(3))
 

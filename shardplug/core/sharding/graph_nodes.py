@@ -1,31 +1,29 @@
 """The nodes shardplug adds to a rebuilt ``torchdata.nodes`` graph (imported for graphs only: it imports torchdata).
 
-* :class:`StepSource`: the bottom of a rebuilt graph, this process's :class:`~shardplug.core.sharding.steps.Step`\\ s;
-* :class:`Rows` / :class:`Regroup`: a step's rows, tagged, for the graph's per-row work, and back into their step;
+* :class:`BatchSource`: the bottom of a rebuilt graph, this process's batches of keys;
+* :class:`Rows` / :class:`Regroup`: a batch's rows, tagged, for the graph's per-row work, and back into their batch;
 * :class:`RowSource`: one source of a weighted mixture, its rows with its position as torchdata's state.
 
-None keeps a state of its own but :class:`RowSource`: a pass of a map-style graph starts where the plan's
-position says, and the graph's work is rebuilt for it.
+None keeps a state of its own but :class:`RowSource`: a pass of a map-style graph starts where the prepared
+loader's position says, and the graph's work is rebuilt for it.
 
 Example::
 
-    >>> from shardplug.core.sharding.steps import Mark, Step
-    >>> steps = [Step([1, 2], Mark(2, None, False)), Step([3], Mark(1, None, True))]
-    >>> node = Regroup(Rows(StepSource(iter(steps)))); node.reset()
-    >>> [step.batch for step in node]
+    >>> node = Regroup(Rows(BatchSource(iter([[1, 2], [3]])))); node.reset()
+    >>> list(node)
     [[1, 2], [3]]
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from typing import Any, Protocol
+from collections.abc import Iterator
+from typing import Any
 
 import torchdata.nodes as tn
 
-from shardplug.core.sharding.steps import Step, Tag
+from shardplug.core.sharding.steps import Tag
 
-__all__ = ["StepSource", "Rows", "Regroup", "RowSource", "PassSource"]
+__all__ = ["BatchSource", "Rows", "Regroup", "RowSource"]
 
 
 class _Node(tn.BaseNode):  # type: ignore[misc]  # torchdata has no type information
@@ -44,26 +42,26 @@ class _Node(tn.BaseNode):  # type: ignore[misc]  # torchdata has no type informa
         return {}
 
 
-class StepSource(_Node):
-    """The steps of one pass (``steps``: this process's batches, marked); it ends early once :meth:`stop` is
-    called (the pass was left: a node's worker thread reading ahead stops at its next step)."""
+class BatchSource(_Node):
+    """The batches of one pass (``batches``: this process's batches of keys); it ends early once :meth:`stop` is
+    called (the pass was left: a node's worker thread reading ahead stops at its next batch)."""
 
-    def __init__(self, steps: Iterator[Step]) -> None:
+    def __init__(self, batches: Iterator[list[Any]]) -> None:
         super().__init__()
-        self.steps = steps
+        self.batches = batches
         self.stopped = False
 
-    def next(self) -> Step:
+    def next(self) -> list[Any]:
         if self.stopped:
             raise StopIteration
-        return next(self.steps)
+        return next(self.batches)
 
     def stop(self) -> None:
         self.stopped = True
 
 
 class Rows(_Node):
-    """The rows of each step of ``source``, each with its :class:`~shardplug.core.sharding.steps.Tag`."""
+    """The rows of each batch of ``source``, each with its :class:`~shardplug.core.sharding.steps.Tag`."""
 
     def __init__(self, source: Any) -> None:
         super().__init__(source)
@@ -76,74 +74,56 @@ class Rows(_Node):
 
     def next(self) -> tuple[Any, Tag]:
         while not self.pending:
-            step = next(self.source)
-            rows = list(step.batch)
-            self.pending = [(row, Tag(self.count, i, len(rows), step.mark)) for i, row in enumerate(rows)][::-1]
+            rows = list(next(self.source))
+            self.pending = [(row, Tag(self.count, i, len(rows))) for i, row in enumerate(rows)][::-1]
             self.count += 1
         return self.pending.pop()
 
 
 class Regroup(_Node):
-    """Tagged rows of ``source`` gathered back into their steps, in their places and in the steps' order (also
-    from a ``ParallelMapper`` with ``in_order=False``, which may interleave the rows of neighbouring steps): the
-    position counts the batches handed out, so they leave in the plan's order."""
+    """Tagged rows of ``source`` gathered back into their batches, in their places and in the batches' order (also
+    from a ``ParallelMapper`` with ``in_order=False``, which may interleave the rows of neighbouring batches): the
+    prepared loader counts and marks its batches in the plan's order."""
 
     def __init__(self, source: Any) -> None:
         super().__init__(source)
         self.open: dict[int, dict[int, Any]] = {}
-        self.done: dict[int, Step] = {}
+        self.done: dict[int, list[Any]] = {}
         self.upcoming = 0
 
     def reset(self, initial_state: dict[str, Any] | None = None) -> None:
         super().reset(initial_state)
         self.open, self.done, self.upcoming = {}, {}, 0
 
-    def next(self) -> Step:
+    def next(self) -> list[Any]:
         while self.upcoming not in self.done:
             row, tag = next(self.source)
             rows = self.open.setdefault(tag.step, {})
             rows[tag.place] = row
             if len(rows) == tag.size:
                 del self.open[tag.step]
-                self.done[tag.step] = Step([rows[i] for i in range(tag.size)], tag.mark)
+                self.done[tag.step] = [rows[i] for i in range(tag.size)]
         self.upcoming += 1
         return self.done.pop(self.upcoming - 1)
 
 
-class PassSource(Protocol):
-    """What a :class:`RowSource` reads its part with (a :class:`~shardplug.core.loader.nodes.PassCounter`)."""
-
-    def begin(self) -> Iterator[Step]: ...
-
-    def handed(self, mark: Any) -> None: ...
-
-    def position(self) -> dict[str, Any]: ...
-
-    def load(self, state: dict[str, Any]) -> None: ...
-
-
 class RowSource(tn.BaseNode):  # type: ignore[misc]  # torchdata has no type information
-    """One source of a weighted mixture: the rows of this process's part (``counter`` begins its passes and
-    tells its position), through the source's own work (``build``: the work rebuilt on a :class:`StepSource`);
-    its state is the part's position, so torchdata's state of the mixture resumes it exactly."""
+    """One source of a weighted mixture: the rows of this process's ``part`` (its prepared loader, which counts
+    what it hands out); its state is the part's position, so torchdata's state of the mixture resumes it exactly."""
 
-    def __init__(self, counter: PassSource, build: Callable[[StepSource], Any]) -> None:
+    def __init__(self, part: Any) -> None:
         super().__init__()
-        self.counter = counter
-        self.build = build
-        self.top: Any = None
+        self.part = part
+        self.rows: Iterator[Any] | None = None
 
     def reset(self, initial_state: dict[str, Any] | None = None) -> None:
         super().reset(initial_state)
         if initial_state is not None:
-            self.counter.load(initial_state["position"])
-        self.top = self.build(StepSource(self.counter.begin()))
-        self.top.reset()
+            self.part.load_state_dict(initial_state["position"])
+        self.rows = iter(self.part)
 
     def next(self) -> Any:
-        step = next(self.top)
-        self.counter.handed(step.mark)
-        return step.batch[0]
+        return next(self.rows)  # type: ignore[arg-type]
 
     def get_state(self) -> dict[str, Any]:
-        return {"position": self.counter.position()}
+        return {"position": self.part.state_dict()}

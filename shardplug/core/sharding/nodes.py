@@ -30,7 +30,6 @@ Example::
 from __future__ import annotations
 
 import dataclasses
-import functools
 import logging
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any, Protocol, TypeGuard
@@ -38,9 +37,9 @@ from typing import Any, Protocol, TypeGuard
 from torch.utils.data import DataLoader, Dataset
 
 from shardplug.core._internal import compat
-from shardplug.core.sharding.steps import OnBatch, OnRow, Step
+from shardplug.core.sharding.steps import OnRow, leading_samples
 
-__all__ = ["GraphLike", "is_graph", "read_graph", "MapGraph", "MixtureGraph"]
+__all__ = ["GraphLike", "is_graph", "read_graph", "MapGraph", "MixtureGraph", "GraphKeysLoader"]
 
 logger = logging.getLogger(__name__)
 
@@ -147,8 +146,8 @@ def _rebuild_node(node: Any, source: Any, wrap: Callable[[Callable[..., Any]], A
 def _build(stages: tuple[Any, ...], source: Any, batch_at: int | None) -> Any:
     """The graph's work ``stages`` (from the source up) rebuilt on ``source`` (a
     :class:`~shardplug.core.sharding.graph_nodes.StepSource`): the stages below the ``Batcher`` (at ``batch_at``;
-    ``None``: none) on tagged rows, the rest on steps; the ``Batcher`` itself is the plan's batching (the steps
-    are its batches)."""
+    ``None``: none) on tagged rows, the rest on the batches; the ``Batcher`` itself is the plan's batching (the
+    source's batches are its batches)."""
     from shardplug.core.sharding import graph_nodes  # imports torchdata: only for graphs
 
     below = stages if batch_at is None else stages[:batch_at]
@@ -159,11 +158,11 @@ def _build(stages: tuple[Any, ...], source: Any, batch_at: int | None) -> Any:
         for stage in below:
             node = _rebuild_node(stage, node, OnRow)
         node = graph_nodes.Regroup(node)
-    else:  # Prefetcher / PinMemory only: they work on steps as they are
+    else:  # Prefetcher / PinMemory only: they work on the batches as they are
         for stage in below:
             node = _rebuild_node(stage, node, None)
     for stage in above:
-        node = _rebuild_node(stage, node, OnBatch)
+        node = _rebuild_node(stage, node, None)
     return node
 
 
@@ -180,16 +179,10 @@ class MapGraph:
     batch_size: int
     drop_last: bool
 
-    def plan_loader(self) -> DataLoader[Any]:
-        """The ``DataLoader`` equivalent to the graph's rows: its sampler's keys, batched as the graph
-        batches them (single rows: batches of one); what the map-style path shards."""
-        return DataLoader(
-            _Keys(len(self.sampler)),
-            sampler=self.sampler,
-            batch_size=self.batch_size,
-            drop_last=self.drop_last,
-            collate_fn=_keep,
-        )
+    def plan_loader(self) -> GraphKeysLoader:
+        """The ``DataLoader`` equivalent to the graph's rows (:class:`GraphKeysLoader`): what the map-style
+        path shards."""
+        return GraphKeysLoader(self)
 
     @property
     def hands_out_lists(self) -> bool:
@@ -198,17 +191,66 @@ class MapGraph:
         above = () if self.batch_at is None else self.stages[self.batch_at + 1 :]
         return self.batch_at is not None and not any(isinstance(s, tn.ParallelMapper) for s in above)
 
-    def rebuild(self, steps: Iterator[Step]) -> tuple[Any, Any]:
-        """The graph's work on this process's ``steps``: its source node (``stop()`` ends it early) and its root,
-        whose items are :class:`~shardplug.core.sharding.steps.Step`\\ s."""
-        from shardplug.core.sharding.graph_nodes import StepSource  # imports torchdata: only for graphs
+    def run(self, batches: Iterator[list[Any]]) -> Iterator[Any]:
+        """The graph's work on ``batches`` of keys (this process's part): what the user's graph hands out for
+        them, in their order (a batch, or without a ``Batcher`` its one row)."""
+        from shardplug.core.sharding.graph_nodes import BatchSource  # imports torchdata: only for graphs
 
-        source = StepSource(steps)
-        return source, _build(self.stages, source, self.batch_at)
+        source = BatchSource(batches)
+        root = _build(self.stages, source, self.batch_at)
+        root.reset()
+        try:
+            for batch in root:
+                yield batch if self.batch_at is not None else batch[0]
+        finally:
+            source.stop()  # a pass left early: a node's thread reading ahead stops at its next batch
 
-    def batch_of(self, step: Step) -> Any:
-        """What the user's graph hands out for ``step``: its batch, or its one row without a ``Batcher``."""
-        return step.batch if self.batch_at is not None else step.batch[0]
+
+class GraphKeysLoader(DataLoader[Any]):
+    """The ``DataLoader`` of a map-style graph's keys (its sampler's), batched as the graph batches them (single
+    rows: batches of one), whose iteration runs the graph's work on its batches.
+
+    ``prepare_data_loader`` shards it by the map-style rule of every ``DataLoader``; under the prepared loader,
+    each pass reads this process's batches of keys through the graph's work (``__iter__``), and hands them out
+    through the prepared loader's one seam (counted, padding marked, moved to the device): a position counts
+    what the user received, not what a ``Prefetcher`` or ``ParallelMapper`` read ahead.
+
+    Example::
+
+        >>> import torchdata.nodes as tn
+        >>> graph = read_graph(tn.Batcher(tn.Mapper(tn.SamplerWrapper(range(5)), str), 2, drop_last=False))
+        >>> list(graph.plan_loader())
+        [['0', '1'], ['2', '3'], ['4']]
+    """
+
+    def __init__(self, graph: MapGraph) -> None:
+        super().__init__(
+            _Keys(len(graph.sampler)),
+            sampler=graph.sampler,
+            batch_size=graph.batch_size,
+            drop_last=graph.drop_last,
+            collate_fn=_keep,
+        )
+        self.graph = graph
+
+    def __iter__(self) -> Iterator[Any]:  # type: ignore[override]  # the graph's batches, not a _BaseDataLoaderIter
+        return self.graph.run(DataLoader.__iter__(self))
+
+    @property
+    def hands_out_batches(self) -> bool:
+        """Whether the graph batches its rows (a ``Batcher``): only batches have padding rows to drop."""
+        return self.graph.batch_at is not None
+
+    @property
+    def padding_cut(self) -> Callable[[Any, int | None], Any] | None:
+        """How the padding comes off a batch of this graph: a ``Batcher``'s list is cut to its leading samples
+        (``None``: as any batch, by rows); single rows have none to cut (a ``ValueError``)."""
+        if not self.hands_out_batches:
+            raise ValueError(
+                "drop_padding_rows() needs batches with rows; this graph hands out single samples (it has no "
+                "Batcher): keep them and skip those with loader.batch_real_count == 0"
+            )
+        return leading_samples if self.graph.hands_out_lists else None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -220,17 +262,13 @@ class MixtureGraph:
     mixture: Any
     stages: tuple[Any, ...]
 
-    def rebuild(self, counters: Mapping[str, Any], seed: int) -> Any:
-        """The mixture on this process's parts of its sources (each read through its ``counters`` entry, a
-        :class:`~shardplug.core.loader.nodes.PassCounter`), drawn with ``seed`` alike on every process, and the
-        work above it as the graph has it."""
+    def rebuild(self, parts: Mapping[str, Any], seed: int) -> Any:
+        """The mixture on this process's ``parts`` of its sources (their prepared loaders, of rows), drawn with
+        ``seed`` alike on every process, and the work above it as the graph has it."""
         from shardplug.core.sharding.graph_nodes import RowSource  # imports torchdata: only for graphs
 
         tn = _nodes()
-        sources = {
-            name: RowSource(counter, functools.partial(_build, self.sources[name].stages, batch_at=None))
-            for name, counter in counters.items()
-        }
+        sources = {name: RowSource(part) for name, part in parts.items()}
         node = tn.MultiNodeWeightedSampler(
             sources,
             dict(self.mixture.weights),

@@ -1,7 +1,7 @@
-"""What travels through a rebuilt ``torchdata.nodes`` graph: each batch of this process's part with its padding
-mark (:class:`Step`, :class:`Mark`), its rows tagged while per-row work runs, and the wrappers that carry the marks
-through the graph's ``map_fn``\\ s (:class:`OnRow`, :class:`OnBatch`).  Plain values: they cross ``ParallelMapper``
-workers (threads or processes) and ``PinMemory`` as they are.
+"""What travels through a rebuilt ``torchdata.nodes`` graph beside the user's data: a row's place while per-row
+work runs (:class:`Tag`), carried through the graph's per-row ``map_fn`` by :class:`OnRow`; and how a batch that
+is a ``Batcher``'s list of samples loses its padding (:func:`leading_samples`).  Plain values: they cross
+``ParallelMapper`` workers (threads or processes) and ``PinMemory`` as they are.
 """
 
 from __future__ import annotations
@@ -9,32 +9,15 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
-__all__ = ["Mark", "Step", "Tag", "OnRow", "OnBatch", "leading_samples"]
-
-
-class Mark(NamedTuple):
-    """What a batch carries from the plan to the hand-out: how many leading rows are real (``None``:
-    not tracked), its keys (the sampler's outputs; ``None``: not tracked), whether it is the pass's last."""
-
-    real: int | None
-    indices: list[Any] | None
-    last: bool
-
-
-class Step(NamedTuple):
-    """One batch (the sampler's keys, then what the graph's work made of them) and its :class:`Mark`."""
-
-    batch: Any
-    mark: Mark
+__all__ = ["Tag", "OnRow", "leading_samples"]
 
 
 class Tag(NamedTuple):
-    """Where a row belongs while per-row work runs: its batch's number, its place, the batch's size and mark."""
+    """Where a row belongs while per-row work runs: its batch's number, its place, and the batch's size."""
 
     step: int
     place: int
     size: int
-    mark: Mark
 
 
 class OnRow:
@@ -52,22 +35,6 @@ class OnRow:
     def __call__(self, item: tuple[Any, Any]) -> tuple[Any, Any]:
         row, tag = item
         return self.fn(row), tag
-
-
-class OnBatch:
-    """A per-batch ``map_fn`` applied to a :class:`Step`'s batch, its mark carried along.
-
-    Example::
-
-        >>> OnBatch(sum)(Step([1, 2], Mark(2, None, True))).batch
-        3
-    """
-
-    def __init__(self, fn: Callable[[Any], Any]) -> None:
-        self.fn = fn
-
-    def __call__(self, step: Step) -> Step:
-        return Step(self.fn(step.batch), step.mark)
 
 
 def leading_samples(batch: Any, real: int | None) -> Any:
