@@ -3,11 +3,11 @@
 A ``torchdata.nodes`` graph (a ``Loader`` or a ``BaseNode``) is read once, from its root down to its
 source (:func:`read_graph`).  A map-style graph (a ``SamplerWrapper`` at the bottom, as
 ``MapStyleWrapper`` builds it) becomes a :class:`MapGraph`: its sampler and its batching stand for an
-equivalent ``DataLoader`` over the sampler's keys (:meth:`MapGraph.plan_loader`), which goes through
-the map-style sharding path like any ``DataLoader`` (which rows each process gets, ``len()``, padding
-and resume: one rule, in one place).  Its per-row and per-batch work (``Mapper`` / ``ParallelMapper``,
-``PinMemory``, ``Prefetcher``) is then rebuilt on top of this process's part (:meth:`MapGraph.rebuild`),
-each batch carrying its padding mark (:class:`Mark`) through the work to the hand-out.
+equivalent ``DataLoader`` over the sampler's keys (:class:`GraphKeysLoader`), which goes through the
+map-style sharding path like any ``DataLoader`` (which rows each process gets, ``len()``, padding and
+resume: one rule, in one place).  Its per-row and per-batch work (``Mapper`` / ``ParallelMapper``,
+``PinMemory``, ``Prefetcher``) is rebuilt on this process's part at each pass (``MapGraph.run``), and
+its batches leave through the prepared loader's one hand-out seam.
 
 A weighted mixture (``MultiNodeWeightedSampler``) becomes a :class:`MixtureGraph`: each of its sources
 is a map-style graph of rows, sharded alike; the mixture itself is rebuilt with one seed for every
@@ -145,7 +145,7 @@ def _rebuild_node(node: Any, source: Any, wrap: Callable[[Callable[..., Any]], A
 
 def _build(stages: tuple[Any, ...], source: Any, batch_at: int | None) -> Any:
     """The graph's work ``stages`` (from the source up) rebuilt on ``source`` (a
-    :class:`~shardplug.core.sharding.graph_nodes.StepSource`): the stages below the ``Batcher`` (at ``batch_at``;
+    :class:`~shardplug.core.sharding.graph_nodes.BatchSource`): the stages below the ``Batcher`` (at ``batch_at``;
     ``None``: none) on tagged rows, the rest on the batches; the ``Batcher`` itself is the plan's batching (the
     source's batches are its batches)."""
     from shardplug.core.sharding import graph_nodes  # imports torchdata: only for graphs
