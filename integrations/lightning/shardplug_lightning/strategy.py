@@ -239,7 +239,7 @@ class ShardplugStrategyMixin(ShardplugOptions):
         """A loader that is not a ``DataLoader``: a ``torchdata.nodes`` graph is sharded (training: the strategy's
         options; evaluation: equal steps, padding dropped unless ``eval_even_batches``; predict: no padding);
         anything else is read whole by every process, with one :class:`UnshardedLoaderWarning`."""
-        if isinstance(loader, (PreparedDataLoader, MixtureLoaderShard, type(None))):
+        if isinstance(loader, (MixtureLoaderShard, type(None))):  # prepared already (Fabric, or by hand)
             return loader
         world = int(self.world_size)  # type: ignore[attr-defined]
         if not is_graph(loader):
