@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable
-from typing import Any, NamedTuple, cast
+from typing import Any, NamedTuple, cast, overload
 
 import torch
 from torch.utils.data import DataLoader, IterableDataset
@@ -28,16 +28,18 @@ from shardplug.core._internal import compat
 from shardplug.core._internal.topology import ProcessTopology, Readers, resolve_data_topology
 from shardplug.core.config import ShardplugConfig
 from shardplug.core.dispatch.dispatcher import DataLoaderDispatcher, DispatchOptions, check_slice_fn
+from shardplug.core.loader.nodes import MixtureLoaderShard, prepare_graph
 from shardplug.core.loader.prepared import DataLoaderShard, LoaderOptions, PreparedDataLoader, combined_class
 from shardplug.core.resume.stateful import stateful_dataloader_class
 from shardplug.core.sharding import local, map_style, native, presplit, read_all
 from shardplug.core.sharding.kinds import DISPATCH, LOCAL, MAP_STYLE, NATIVE, PRESPLIT, Shard, ShardingKind
 from shardplug.core.sharding.layout import ShardLayout
+from shardplug.core.sharding.nodes import GraphLike, is_graph
 from shardplug.core.sharding.stream_traits import stream_kind
 from shardplug.core.shuffle.rng import check_rng_types
 from shardplug.core.shuffle.seedable import check_seed, check_shuffle_algorithm
 
-__all__ = ["prepare_data_loader", "skip_first_batches"]
+__all__ = ["prepare_data_loader", "skip_first_batches", "can_prepare"]
 
 logger = logging.getLogger(__name__)
 
@@ -141,6 +143,7 @@ def _subclasses_stateful(cls: type) -> bool:
     return any(c.__name__ == "StatefulDataLoader" and c.__module__.startswith("torchdata") for c in cls.__mro__)
 
 
+@overload
 def prepare_data_loader(
     dataloader: DataLoader[Any],
     device: str | torch.device | None = None,
@@ -159,7 +162,50 @@ def prepare_data_loader(
     torch_device_mesh: Any = None,
     shuffle_algorithm: str = ShardplugConfig.shuffle_algorithm,
     config: ShardplugConfig | None = None,
-) -> PreparedDataLoader:
+) -> PreparedDataLoader: ...
+
+
+@overload
+def prepare_data_loader(
+    dataloader: GraphLike,
+    device: str | torch.device | None = None,
+    num_processes: int | None = None,
+    process_index: int | None = None,
+    split_batches: bool = ShardplugConfig.split_batches,
+    put_on_device: bool = ShardplugConfig.put_on_device,
+    rng_types: Iterable[str] | None = ShardplugConfig.rng_types,
+    dispatch_batches: bool | None = ShardplugConfig.dispatch_batches,
+    even_batches: bool = ShardplugConfig.even_batches,
+    slice_fn_for_dispatch: Callable[..., Any] | None = ShardplugConfig.slice_fn_for_dispatch,
+    use_seedable_sampler: bool = ShardplugConfig.use_seedable_sampler,
+    data_seed: int | None = ShardplugConfig.data_seed,
+    non_blocking: bool = ShardplugConfig.non_blocking,
+    use_stateful_dataloader: bool = ShardplugConfig.use_stateful_dataloader,
+    torch_device_mesh: Any = None,
+    shuffle_algorithm: str = ShardplugConfig.shuffle_algorithm,
+    config: ShardplugConfig | None = None,
+) -> PreparedDataLoader | MixtureLoaderShard: ...
+
+
+def prepare_data_loader(
+    dataloader: DataLoader[Any] | object,
+    device: str | torch.device | None = None,
+    num_processes: int | None = None,
+    process_index: int | None = None,
+    split_batches: bool = ShardplugConfig.split_batches,
+    put_on_device: bool = ShardplugConfig.put_on_device,
+    rng_types: Iterable[str] | None = ShardplugConfig.rng_types,
+    dispatch_batches: bool | None = ShardplugConfig.dispatch_batches,
+    even_batches: bool = ShardplugConfig.even_batches,
+    slice_fn_for_dispatch: Callable[..., Any] | None = ShardplugConfig.slice_fn_for_dispatch,
+    use_seedable_sampler: bool = ShardplugConfig.use_seedable_sampler,
+    data_seed: int | None = ShardplugConfig.data_seed,
+    non_blocking: bool = ShardplugConfig.non_blocking,
+    use_stateful_dataloader: bool = ShardplugConfig.use_stateful_dataloader,
+    torch_device_mesh: Any = None,
+    shuffle_algorithm: str = ShardplugConfig.shuffle_algorithm,
+    config: ShardplugConfig | None = None,
+) -> PreparedDataLoader | MixtureLoaderShard:
     """Return this process's loader for ``dataloader``, keeping all its settings and its class.
 
     Map-style data gets a :class:`BatchSamplerShard`; iterable data an
@@ -184,7 +230,15 @@ def prepare_data_loader(
             for batch in loader:
                 ...
         loader = prepare_data_loader(DataLoader(dataset, batch_size=16), config=ShardplugConfig(split_batches=True))
+
+    A ``torchdata.nodes`` graph (a ``Loader`` or a ``BaseNode``) is prepared too: its map-style rows by the same
+    rule as a ``DataLoader``'s, its work rebuilt on this process's part (see ``docs/nodes.md``).
     """
+    if is_graph(dataloader):
+        arguments = dict(locals())
+        return prepare_graph(arguments.pop("dataloader"), prepare_data_loader, arguments)
+    if not isinstance(dataloader, DataLoader):
+        raise TypeError(f"dataloader must be {_PREPARABLE}, got {type(dataloader).__name__}")
     options = _DataOptions.resolve(
         config,
         split_batches=split_batches,
@@ -337,7 +391,35 @@ def _batch_device(device: str | torch.device | None, options: _DataOptions) -> t
     return torch.device(device) if device is not None else torch.device(ProcessTopology.current().device)
 
 
-def skip_first_batches(dataloader: DataLoader[Any], num_batches: int = 0) -> PreparedDataLoader:
+_PREPARABLE = "a torch.utils.data.DataLoader or a torchdata.nodes graph (a Loader or a BaseNode)"
+
+
+def can_prepare(loader: object) -> bool:
+    """Whether ``prepare_data_loader`` takes ``loader``: a ``DataLoader`` or a ``torchdata.nodes`` graph (what it
+    then refuses of a graph, e.g. a user's iterator, it refuses with the fix).
+
+    Example::
+
+        >>> from torch.utils.data import DataLoader
+        >>> can_prepare(DataLoader(range(4))), can_prepare(range(4))
+        (True, False)
+    """
+    return isinstance(loader, DataLoader) or is_graph(loader)
+
+
+@overload
+def skip_first_batches(dataloader: DataLoader[Any], num_batches: int = 0) -> PreparedDataLoader: ...
+
+
+@overload
+def skip_first_batches(
+    dataloader: GraphLike | MixtureLoaderShard, num_batches: int = 0
+) -> PreparedDataLoader | MixtureLoaderShard: ...
+
+
+def skip_first_batches(
+    dataloader: DataLoader[Any] | object, num_batches: int = 0
+) -> PreparedDataLoader | MixtureLoaderShard:
     """A loader of the same kind and settings that starts after its first ``num_batches`` batches.
 
     The skip applies to the next pass only and keeps the epoch counter; skipped map-style batches
@@ -346,10 +428,12 @@ def skip_first_batches(dataloader: DataLoader[Any], num_batches: int = 0) -> Pre
     """
     if not isinstance(num_batches, int) or num_batches < 0:
         raise ValueError(f"num_batches={num_batches!r} must be an integer >= 0")
-    if isinstance(dataloader, PreparedDataLoader):
+    if isinstance(dataloader, (PreparedDataLoader, MixtureLoaderShard)):
         return dataloader.skipped_copy(num_batches)
+    if is_graph(dataloader):
+        return prepare_data_loader(dataloader, num_processes=1, process_index=0).skipped_copy(num_batches)
     if not isinstance(dataloader, DataLoader):
-        raise TypeError(f"dataloader must be a torch.utils.data.DataLoader, got {type(dataloader).__name__}")
+        raise TypeError(f"dataloader must be {_PREPARABLE}, got {type(dataloader).__name__}")
     new = prepare_data_loader(dataloader, num_processes=1, process_index=0)
     new.resume.pending.skip = num_batches
     return new

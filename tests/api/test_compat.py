@@ -176,6 +176,16 @@ def _check_streaming_rank_world() -> None:
         del dataset
 
 
+def _check_pin_memory_device() -> None:
+    from torchdata.nodes import PinMemory, SamplerWrapper
+
+    assert "self._pin_memory_device" in inspect.getsource(PinMemory.__init__)
+    if torch.cuda.is_available():  # PinMemory needs a CUDA build to be made
+        node = PinMemory(SamplerWrapper(range(2)), pin_memory_device="cuda")
+        assert compat.pin_memory_device(node) == "cuda"
+        assert compat.pin_memory_device(PinMemory(SamplerWrapper(range(2)))) is None
+
+
 def _check_group_timeout() -> None:
     import torch.distributed as dist
 
@@ -222,6 +232,7 @@ CHECKS: dict[str, Callable[[], None]] = {
         f"torch.optim.lr_scheduler.LRScheduler.{name}": _check_scheduler_flag(name)
         for name in compat.LR_SCHEDULER_FLAGS
     },
+    "torchdata.nodes.PinMemory._pin_memory_device": _check_pin_memory_device,
     "datasets.IterableDataset._ex_iterable": _check_hf_examples,
     "datasets.IterableDataset._distributed": _check_hf_distributed,
     "datasets.IterableDataset._shuffling": _check_hf_shuffling,

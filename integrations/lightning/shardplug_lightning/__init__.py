@@ -22,6 +22,7 @@ from .strategy import (
     ShardplugFSDPStrategy,
     ShardplugModelParallelStrategy,
     ShardplugStrategyMixin,
+    UnshardedLoaderWarning,
 )
 
 __all__ = [
@@ -30,6 +31,7 @@ __all__ = [
     "ShardplugModelParallelStrategy",
     "ShardplugFabricDDPStrategy",
     "ShardplugStrategyMixin",
+    "UnshardedLoaderWarning",
 ]
 
 __version__ = "0.1.0"

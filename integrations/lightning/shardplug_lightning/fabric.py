@@ -31,6 +31,7 @@ from typing_extensions import override
 from shardplug import prepare_data_loader
 from shardplug.core.config import ShardplugConfig
 from shardplug.core.evaluation import prepare_eval_loader
+from shardplug.core.sharding.nodes import is_graph
 from shardplug.core.stepping import amp
 from shardplug.core.stepping.scheduler import PreparedScheduler
 
@@ -115,6 +116,27 @@ class ShardplugFabricDDPStrategy(ShardplugOptions, DDPStrategy):
         # would read a loaded epoch in another epoch's order. The loader's own epoch decides.
         prepared.keeps_own_epoch = True
         return prepared
+
+    def prepare_loader(self, loader: Any) -> Any:
+        """This process's part of a training loader ``fabric.setup_dataloaders`` cannot take: a ``torchdata.nodes``
+        graph (a ``Loader`` or a ``BaseNode``), prepared with the strategy's options (a ``DataLoader`` goes through
+        :meth:`process_dataloader`, as ``setup_dataloaders`` would send it).
+
+        Example::
+
+            loader = fabric.strategy.prepare_loader(tn.Loader(tn.Batcher(tn.SamplerWrapper(sampler), 8)))
+        """
+        if isinstance(loader, DataLoader):
+            return self.process_dataloader(loader)
+        if not is_graph(loader):
+            raise TypeError(
+                f"loader={type(loader).__name__} is neither a DataLoader nor a torchdata.nodes graph: shardplug cannot "
+                "shard it; pass one of those, or read only this process's part inside it and use it as it is"
+            )
+        arguments = self._loader_arguments(self.world_size, self.global_rank)
+        if self.shardplug_config.dispatch_batches:  # a graph is read by every process, never dispatched
+            arguments["config"] = arguments["config"].replace(dispatch_batches=False, slice_fn_for_dispatch=None)
+        return prepare_data_loader(loader, **arguments)
 
     def prepare_eval_loader(self, dataloader: DataLoader[Any], *, drop_padding: bool = False) -> DataLoader[Any]:
         """This process's evaluation loader, by the core's rule (``shardplug.core.evaluation``): the same

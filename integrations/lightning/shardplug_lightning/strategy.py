@@ -15,6 +15,7 @@ Public equivalents are used everywhere else (``lightning_module.trainer``,
 from __future__ import annotations
 
 import logging
+import warnings
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, cast
 
@@ -26,7 +27,9 @@ from typing_extensions import override
 from shardplug import prepare_data_loader
 from shardplug.core.config import ShardplugConfig
 from shardplug.core.evaluation import prepare_eval_loader
+from shardplug.core.loader.nodes import MixtureLoaderShard
 from shardplug.core.loader.prepared import PreparedDataLoader
+from shardplug.core.sharding.nodes import is_graph
 from shardplug.core.stepping import amp
 from shardplug.core.stepping.scheduler import PreparedScheduler
 
@@ -34,6 +37,7 @@ from . import compat
 from ._options import ShardplugOptions, refuse_distributed_sampler, refuse_prepared
 
 __all__ = [
+    "UnshardedLoaderWarning",
     "ShardplugDDPStrategy",
     "ShardplugFSDPStrategy",
     "ShardplugModelParallelStrategy",
@@ -61,6 +65,12 @@ _STAGE_HOOKS = {
 }
 
 
+class UnshardedLoaderWarning(UserWarning):
+    """The strategy received a loader it cannot shard (neither a ``DataLoader`` nor a ``torchdata.nodes`` graph):
+    every process reads it as it is. Silence it with ``iterables_read_own_part=True`` where each such loader
+    already reads only its process's part."""
+
+
 class ShardplugStrategyMixin(ShardplugOptions):
     """The shardplug behaviour, mixed into a strategy of one Lightning namespace (``DDPStrategy``,
     ``FSDPStrategy``, ``ModelParallelStrategy``): ``class S(ShardplugStrategyMixin, DDPStrategy)``.
@@ -86,6 +96,9 @@ class ShardplugStrategyMixin(ShardplugOptions):
             real sample gets a batch of 0 rows). ``True``: batches keep their padding rows,
             marked in the loader's ``batch_real_count`` (``shardplug.drop_padding`` /
             ``gather_for_metrics`` drop them). Predict loaders are never padded.
+        iterables_read_own_part: the loaders that are neither a ``DataLoader`` nor a ``torchdata.nodes`` graph
+            (which shardplug cannot shard) already read only this process's part: no
+            :class:`UnshardedLoaderWarning` for them. Default ``False``: one warning per such loader, naming it.
         step_scheduler_with_optimizer: ``interval="step"`` schedulers step only after a real
             optimizer update (not after one ``GradScaler`` skipped). ``False``: Lightning's behaviour.
         scale_scheduler_by_num_processes: step ``interval="step"`` schedulers ``world_size`` times
@@ -125,12 +138,16 @@ class ShardplugStrategyMixin(ShardplugOptions):
         step_scheduler_with_optimizer: bool | None = None,
         scale_scheduler_by_num_processes: bool | None = None,
         eval_even_batches: bool = False,
+        iterables_read_own_part: bool = False,
         **kwargs: Any,
     ) -> None:
         if not isinstance(eval_even_batches, bool):
             raise TypeError(f"eval_even_batches={eval_even_batches!r} is invalid: it must be True or False")
+        if not isinstance(iterables_read_own_part, bool):
+            raise TypeError(f"iterables_read_own_part={iterables_read_own_part!r} is invalid: it must be True or False")
         self._take_options(config, locals())  # every ShardplugConfig field is a parameter above
         self.eval_even_batches = eval_even_batches
+        self.iterables_read_own_part = iterables_read_own_part
         self._last_step: amp.StepAttempt | None = None
         super().__init__(**kwargs)  # the Lightning strategy's keywords
 
@@ -199,10 +216,12 @@ class ShardplugStrategyMixin(ShardplugOptions):
         """
         dataloader = super().process_dataloader(dataloader)  # type: ignore[misc]
         trainer = self._get_trainer()
-        if not isinstance(dataloader, DataLoader) or not compat.user_distributed_sampler(trainer):
+        if not compat.user_distributed_sampler(trainer):
             return dataloader
         stage = self._stage_name(trainer)
         hook = _STAGE_HOOKS.get(stage, "the *_dataloader() hook")
+        if not isinstance(dataloader, DataLoader):
+            return self._process_other(dataloader, stage, hook)
         refuse_prepared(dataloader, hook)
         refuse_distributed_sampler(dataloader, hook, _KEEP_IT)
         if stage == "predict":
@@ -214,6 +233,41 @@ class ShardplugStrategyMixin(ShardplugOptions):
                 dataloader, drop_padding=not self.eval_even_batches, **self._data_arguments()
             )
         logger.debug("rank %d: %s loader prepared (%s)", self.global_rank, stage, type(prepared.plan).__name__)
+        return prepared
+
+    def _process_other(self, loader: object, stage: str, hook: str) -> object:
+        """A loader that is not a ``DataLoader``: a ``torchdata.nodes`` graph is sharded (training: the strategy's
+        options; evaluation: equal steps, padding dropped unless ``eval_even_batches``; predict: no padding);
+        anything else is read whole by every process, with one :class:`UnshardedLoaderWarning`."""
+        if isinstance(loader, (MixtureLoaderShard, type(None))):  # prepared already (Fabric, or by hand)
+            return loader
+        world = int(self.world_size)  # type: ignore[attr-defined]
+        if not is_graph(loader):
+            if not self.iterables_read_own_part and world > 1:
+                warnings.warn(
+                    f"{hook} returned a {type(loader).__module__}.{type(loader).__qualname__}, which shardplug cannot "
+                    f"shard (it shards DataLoaders and torchdata.nodes graphs): every one of the {world} processes "
+                    "reads all of it. Return a DataLoader or a torchdata.nodes graph, or, where it already reads only "
+                    "its process's part, pass ShardplugDDPStrategy(iterables_read_own_part=True)",
+                    UnshardedLoaderWarning,
+                    stacklevel=2,
+                )
+            return loader
+        changes: dict[str, Any] = {}
+        if self.shardplug_config.dispatch_batches:  # a graph is read by every process, never dispatched
+            changes.update(dispatch_batches=False, slice_fn_for_dispatch=None)
+        if stage == "train":
+            prepared = prepare_data_loader(loader, **self._data_arguments(**changes))
+        elif stage == "predict":
+            prepared = prepare_data_loader(loader, **self._data_arguments(even_batches=False, **changes))
+        else:
+            prepared = prepare_data_loader(loader, **self._data_arguments(even_batches=True, **changes))
+            if isinstance(prepared, PreparedDataLoader):  # a mixture marks no padding
+                if self.eval_even_batches or not getattr(prepared, "hands_out_batches", True):
+                    prepared.track_padding()
+                else:
+                    prepared.drop_padding_rows()
+        logger.debug("rank %d: %s graph prepared (%s)", self.global_rank, stage, type(prepared).__name__)
         return prepared
 
     def _prepare_predict(self, dataloader: DataLoader[Any]) -> DataLoader[Any]:

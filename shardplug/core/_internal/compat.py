@@ -55,6 +55,7 @@ __all__ = [
     "hf_legacy_shuffling",
     "streaming_rank_world",
     "group_timeout",
+    "pin_memory_device",
 ]
 
 CHECKED_AGAINST: dict[str, str] = {
@@ -119,6 +120,8 @@ PRIVATES: dict[str, str] = {
     "a StatefulDataLoader",
     "torchdata.stateful_dataloader.StatefulDataLoader._get_iterator": "as DataLoader._get_iterator (its own "
     "override, compared by identity)",
+    "torchdata.nodes.PinMemory._pin_memory_device": "the device a PinMemory node pins for (None: the default): "
+    "a torchdata.nodes graph prepared by shardplug rebuilds its PinMemory on this process's part with it",
     # -- datasets (duck typed: never imported by shardplug) -----------------------------------
     "datasets.IterableDataset._ex_iterable": "the chain of example iterables of a Hugging Face stream: tells one "
     "and its buffer shuffle",
@@ -264,6 +267,13 @@ def forwards_scheduler_flags(cls: _Class) -> _Class:
     for name in LR_SCHEDULER_FLAGS:
         setattr(cls, name, _forwarded_flag(name))
     return cls
+
+
+# -- torchdata.nodes ----------------------------------------------------------------------------
+def pin_memory_device(node: Any) -> str | None:
+    """The device a ``torchdata.nodes.PinMemory`` node pins for (``None``: the default one); torchdata keeps
+    the ``pin_memory_device`` argument only privately."""
+    return cast("str | None", node._pin_memory_device)
 
 
 # -- datasets -----------------------------------------------------------------------------------

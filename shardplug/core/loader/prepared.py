@@ -391,8 +391,11 @@ class PreparedDataLoader(DataLoader[Any]):
                 "drop_padding_rows() needs batches with rows; this loader hands out single samples "
                 "(DataLoader(batch_size=None)): keep them and skip those with loader.batch_real_count == 0"
             )
+        cut = getattr(self, "padding_cut", None)  # a loader whose batches are lists of samples says how to cut them
         self.track_padding()
         self._tracker.dropping = True  # type: ignore[union-attr]
+        if cut is not None:
+            self._tracker.cut = cut  # type: ignore[union-attr]
 
     @property
     def batch_indices(self) -> list[int] | None:

@@ -9,6 +9,7 @@ the padding rows off the batch.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from shardplug.core._internal.rows import batch_rows, flatten, slice_rows
@@ -20,21 +21,24 @@ __all__ = ["PaddingTracker", "leading_rows"]
 class PaddingTracker:
     """What one loader does with the record of each batch it hands out (see the module docstring).
 
-    ``dropping``: hand out the real rows only; ``audit``: the samples consumed, per epoch.
+    ``dropping``: hand out the real rows only; ``audit``: the samples consumed, per epoch; ``cut``: how the
+    padding rows come off a batch (:func:`leading_rows`; a batch that is a list of samples, as a
+    ``torchdata.nodes`` ``Batcher`` yields, is cut to its leading samples instead).
     """
 
-    __slots__ = ("dropping", "audit")
+    __slots__ = ("dropping", "audit", "cut")
 
     def __init__(self) -> None:
         self.dropping = False
         self.audit: SampleAudit | None = None
+        self.cut: Callable[[Any, int | None], Any] = leading_rows
 
     def hand_out(self, batch: Any, indices: list[int] | None, real: int, epoch: int) -> Any:
         """Record a batch of ``epoch`` handed out, with its ``indices`` (or stream positions) of which the first
         ``real`` are real samples: into the audit, and the padding rows off the batch when dropping."""
         if self.audit is not None and indices is not None:  # an audit needs ids (enable_audit checks the plan)
             self.audit.record(epoch, indices, real)
-        return leading_rows(batch, real) if self.dropping else batch
+        return self.cut(batch, real) if self.dropping else batch
 
 
 def leading_rows(batch: Any, real: int | None) -> Any:
