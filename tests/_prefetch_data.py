@@ -39,3 +39,16 @@ class Resumable(IterableDataset):
 
     def load_state_dict(self, state: dict[str, int]) -> None:
         self.pos = state["pos"]
+
+
+class FailingStream(IterableDataset):
+    """The integers ``0 .. n-1`` as a stream that raises ``ValueError`` instead of yielding ``bad``."""
+
+    def __init__(self, n: int, bad: int) -> None:
+        self.n, self.bad = n, bad
+
+    def __iter__(self):
+        for i in range(self.n):
+            if i == self.bad:
+                raise ValueError(f"item {i} is broken")
+            yield {"x": torch.tensor([i])}

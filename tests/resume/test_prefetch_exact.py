@@ -14,7 +14,7 @@ import pytest
 import torch
 from _datasets import Stream
 from _dist import worker_context
-from _prefetch_data import Failing, Resumable
+from _prefetch_data import Failing, FailingStream, Resumable
 from torch.utils.data import DataLoader
 
 from shardplug import prepare_data_loader, skip_first_batches
@@ -115,10 +115,13 @@ def _batches_of(data, workers) -> list[list[int]]:
     return [b.tolist() for b in DataLoader(data, batch_size=2, **kwargs)]
 
 
-@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize(("kind", "workers"), [("map", 0), ("map", 2), ("stream", 0)])
 @pytest.mark.parametrize("depth", DEPTHS)
-def test_dataset_error_surfaces_at_its_batch_and_nothing_after(depth, workers):
-    loader = _prepared(Failing(12, bad=7), depth, workers, processes=1, index=0)  # item 7: the 4th batch
+def test_dataset_error_surfaces_at_its_batch_and_nothing_after(depth, kind, workers):
+    """Also where the loader reads one batch ahead to know the last (a stream): before the fix the error met
+    while reading ahead came one batch early, and the batch before it was never handed out."""
+    data = Failing(12, bad=7) if kind == "map" else FailingStream(12, bad=7)  # item 7: in the 4th batch
+    loader = _prepared(data, depth, workers, processes=1, index=0)
     handed = []
     with pytest.raises(ValueError, match="item 7 is broken"):
         for batch in loader:
@@ -173,3 +176,23 @@ def test_dispatch_with_an_explicit_depth_is_refused():
             dispatch_batches=True,
             prefetch_depth=2,
         )
+
+
+@pytest.mark.parametrize("depth", [1, 2])
+def test_an_evaluation_loader_drops_the_same_padding(depth):
+    from shardplug.core.evaluation import prepare_eval_loader
+
+    def seen(depth):
+        loader = prepare_eval_loader(
+            DataLoader(list(range(11)), batch_size=2),
+            drop_padding=True,
+            num_processes=2,
+            process_index=1,
+            put_on_device=True,
+            device="cpu",
+            prefetch_depth=depth,
+        )
+        return [(b.tolist(), loader.end_of_dataloader) for b in loader]
+
+    assert seen(depth) == seen(0)
+    assert seen(depth)[-1] == ([], True)  # process 1's last step is all padding: cut to 0 rows
