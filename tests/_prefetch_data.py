@@ -24,15 +24,19 @@ class Failing(Dataset):
 
 class Resumable(IterableDataset):
     """The integers ``0 .. n-1`` as a stream with a ``state_dict()`` of its own (a ``StatefulDataLoader``
-    saves and restores it: its own state is the place a resumed pass continues from)."""
+    saves and restores it: its own state is the place a resumed pass continues from); in DataLoader workers,
+    worker ``w`` of ``W`` reads ``w, w + W, ...``."""
 
     def __init__(self, n: int) -> None:
         self.n, self.pos = n, 0
 
     def __iter__(self):
-        while self.pos < self.n:
+        info = torch.utils.data.get_worker_info()  # in DataLoader workers each reads its own share
+        step, first = (1, 0) if info is None else (info.num_workers, info.id)
+        mine = range(first, self.n, step)
+        while self.pos < len(mine):
             self.pos += 1
-            yield self.pos - 1
+            yield mine[self.pos - 1]
 
     def state_dict(self) -> dict[str, int]:
         return {"pos": self.pos}
