@@ -13,7 +13,7 @@ import warnings
 
 import pytest
 import torch
-from _datasets import Records
+from _datasets import Records, Stream
 from _dist import free_port
 from torch.utils.data import DataLoader, TensorDataset
 
@@ -74,16 +74,18 @@ def test_prefetch_on_cuda_is_exact_after_break_and_resume(depth, pin_memory):
 
 
 def test_prefetch_holds_at_most_depth_plus_one_batches():
-    depth, rows = 2, 1 << 18  # batches of 1 MiB
-    data = TensorDataset(torch.zeros(12 * rows, dtype=torch.float32))
-    loader = _prepared(data, depth, batch_size=rows)
+    depth, numel = 2, 1 << 18  # batches of 1 MiB, made ready (the loader's own batches, not collated)
+    data = [torch.zeros(numel) for _ in range(12)]
+    loader = prepare_data_loader(
+        DataLoader(data, batch_size=None), put_on_device=True, device=CUDA, prefetch_depth=depth
+    )
     torch.cuda.synchronize()
     base = torch.cuda.memory_allocated()
     most = 0
-    for (x,) in loader:
+    for x in loader:
         most = max(most, torch.cuda.memory_allocated() - base)
         del x
-    assert most <= (depth + 1) * rows * 4 + (1 << 16)
+    assert most <= (depth + 1) * numel * 4 + (1 << 16)
 
 
 def _amp_run(kind, inf_at=(3, 7, 8, 20), steps=40, count_syncs=False):
@@ -164,6 +166,10 @@ def test_collectives_on_an_nccl_group_of_one(nccl_world_of_one):
     )
     again.load_state_dict(state)
     assert len([b for b in again]) == len(loader) - 4
+    dispatched = prepare_data_loader(DataLoader(Stream(10), batch_size=2), put_on_device=True, device=CUDA)
+    assert type(dispatched).__name__.startswith("DataLoaderDispatcher")  # a stream on the device: dispatched
+    batches = list(dispatched)
+    assert all(b.device == CUDA for b in batches) and torch.cat(batches).tolist() == list(range(10))
 
 
 @pytest.mark.parametrize("precision", ["16-mixed", "bf16-mixed"])
