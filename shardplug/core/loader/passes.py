@@ -343,6 +343,7 @@ class LoaderPass(WeakLoader[PassHost]):
             if inner is not None:
                 inner.snapshot = snapshot  # the state after this batch, not after those read ahead
             yield self._hand_out(batch, last, None)
+            del batch  # the user's now: no reference kept while the next batches are read
 
     def _snapshotted(self, steps: Iterator[tuple[Any, bool]]) -> Iterator[tuple[Any, bool]]:
         """``steps``, with the ``StatefulDataLoader``'s state kept after each batch is read."""

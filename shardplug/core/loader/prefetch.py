@@ -113,7 +113,9 @@ class Prefetcher:
                 queue.clear()
                 raise item.error
             batch, last, noted = item
+            del item
             yield (finish(batch) if finish is not None else batch), last, noted
+            del batch, noted  # the batch handed out is the user's: this frame keeps no reference to it
 
     def _noted(self) -> Any:
         return self.note() if self.note is not None else None
