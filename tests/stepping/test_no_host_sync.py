@@ -66,6 +66,13 @@ def test_the_next_step_settles_the_decision_before_it_uses_the_lr():
     assert not sched.pending
 
 
+def test_a_checkpoint_of_the_optimizer_saves_the_settled_lr():
+    _, prepared, sched = _run("fused", steps=2, inf_at=())
+    assert sched.pending
+    saved = prepared.optimizer.state_dict()  # the wrapped optimizer's own (what Lightning saves)
+    assert saved["param_groups"][0]["lr"] == pytest.approx(1 / 3) and not sched.pending
+
+
 def test_unread_outcomes_are_bounded():
     param = torch.nn.Parameter(torch.ones(2))
     opt = torch.optim.AdamW([param], lr=0.1, fused=True)

@@ -254,8 +254,13 @@ class StepCounter:
         self.waiting: weakref.WeakSet[Any] = weakref.WeakSet()
         self._handle = optimizer.register_step_post_hook(self._after_step)
         self._pre_handle = optimizer.register_step_pre_hook(self._before_step)
+        # a checkpoint of the optimizer holds the learning rate: a waiting decision is taken before it is saved
+        self._save_handle = optimizer.register_state_dict_pre_hook(self._before_save)
 
     def _before_step(self, optimizer: Optimizer, args: Any, kwargs: Any) -> None:
+        self.settle_waiting()
+
+    def _before_save(self, optimizer: Optimizer) -> None:
         self.settle_waiting()
 
     def settle_waiting(self) -> None:
@@ -297,6 +302,7 @@ class StepCounter:
         """Stop counting (removes the hooks)."""
         self._handle.remove()
         self._pre_handle.remove()
+        self._save_handle.remove()
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(taken={self.taken}, calls={self.calls})"
