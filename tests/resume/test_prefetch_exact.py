@@ -203,3 +203,20 @@ def test_an_evaluation_loader_drops_the_same_padding(depth):
 
     assert seen(depth) == seen(0)
     assert seen(depth)[-1] == ([10], True)  # process 1's last batch: 10 and a padding row, cut off
+
+
+@pytest.mark.parametrize("depth", [1, 2])
+def test_a_position_saved_while_reading_ahead_resumes_on_another_number_of_processes(depth):
+    def saved(depth):
+        loader = _prepared(list(range(24)), depth, processes=2, index=0)
+        for i, _ in enumerate(loader):
+            if i == 2:
+                break
+        return loader.state_dict()
+
+    state = saved(depth)
+    assert state == saved(0)  # three batches handed out, whatever was read ahead
+    resized = _prepared(list(range(24)), depth, processes=1, index=0)
+    resized.load_state_dict(state)
+    rest = [_values(b) for b in resized]
+    assert sorted(v for b in rest for v in b) == list(range(12, 24))  # 2 processes x 3 batches x 2 rows consumed
