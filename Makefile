@@ -12,7 +12,7 @@ INTEGRATIONS := $(patsubst %/pyproject.toml,%,$(wildcard integrations/*/pyprojec
 # (`rm -r .make` or `make -B install` installs again).
 STAMPS := .make/$(shell $(PYTHON) -c "import hashlib, sys; print(hashlib.sha1(sys.prefix.encode()).hexdigest()[:10])")
 
-.PHONY: install install-core demo test test-fast docs serve-docs lint
+.PHONY: install install-core demo test test-fast docs serve-docs lint gpu-check
 
 install: $(STAMPS)/all  ## everything the tests, the linters and the docs need
 install-core: $(STAMPS)/core  ## torch (a CPU build if none is installed) and shardplug with numpy: what the demo needs
@@ -39,6 +39,9 @@ test: install  # the whole suite: what CI runs
 
 test-fast: install  # the inner loop: every test that starts no process (no process group, no program)
 	SHARDPLUG_TESTS=fast $(PYTHON) -m pytest -q -n $(TEST_WORKERS) --dist loadscope
+
+gpu-check: install  # on a CUDA machine: tests/gpu/ whole, then benchmarks/gpu.py (both say so and pass without CUDA)
+	$(PYTHON) -m pytest -q -p no:randomly tests/gpu && $(PYTHON) benchmarks/gpu.py
 
 lint: install  # ruff (lint, format) and mypy, with the versions of the lint extra
 	$(PYTHON) -m ruff check .

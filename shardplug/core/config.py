@@ -21,7 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from shardplug.core._internal.arguments import check_int
+from shardplug.core._internal.arguments import check_int, check_prefetch_depth
 from shardplug.core.shuffle.rng import check_rng_types
 from shardplug.core.shuffle.seedable import check_seed, check_shuffle_algorithm
 
@@ -47,6 +47,7 @@ DATA_OPTIONS = (
     "non_blocking",
     "use_stateful_dataloader",
     "shuffle_algorithm",
+    "prefetch_depth",
 )
 
 _BOOL_OPTIONS = (
@@ -87,6 +88,9 @@ class ShardplugConfig:
         shuffle_algorithm: ``"randperm"`` (default: one ``torch.randperm`` per epoch, the
             reference's orders) or ``"bijective"`` (a keyed bijection: no permutation in memory,
             each process computes only its own rows; for very large datasets).
+        prefetch_depth: batches read (and copied to the device, on a CUDA side stream) ahead of the one
+            handed out, so that the next batch's copy overlaps the step; ``None`` (default): 2 on a CUDA
+            device with ``put_on_device=True``, else 0; ``0`` turns it off. Never with dispatch.
 
     Stepping:
 
@@ -121,6 +125,7 @@ class ShardplugConfig:
     rng_types: tuple[str, ...] | None = None
     slice_fn_for_dispatch: Callable[..., Any] | None = None
     shuffle_algorithm: str = "randperm"
+    prefetch_depth: int | None = None
     gradient_accumulation_steps: int = 1
     step_scheduler_with_optimizer: bool = True
     scale_scheduler_by_num_processes: bool | None = None
@@ -148,6 +153,7 @@ class ShardplugConfig:
             )
         check_seed("data_seed", self.data_seed)
         check_shuffle_algorithm(self.shuffle_algorithm)
+        check_prefetch_depth(self.prefetch_depth)
         if self.rng_types is not None:
             if isinstance(self.rng_types, str):
                 raise TypeError(
@@ -226,6 +232,7 @@ class ShardplugConfig:
             "non_blocking": self.non_blocking,
             "use_stateful_dataloader": self.use_stateful_dataloader,
             "shuffle_algorithm": self.shuffle_algorithm,
+            "prefetch_depth": self.prefetch_depth,
         }
 
     def replace(self, **changes: Any) -> ShardplugConfig:

@@ -25,6 +25,7 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset
 
 from shardplug.core._internal import compat
+from shardplug.core._internal.arguments import check_prefetch_depth
 from shardplug.core._internal.topology import ProcessTopology, Readers, resolve_data_topology
 from shardplug.core.config import ShardplugConfig
 from shardplug.core.dispatch.dispatcher import DataLoaderDispatcher, DispatchOptions, check_slice_fn
@@ -59,6 +60,7 @@ class _DataOptions(NamedTuple):
     non_blocking: bool
     use_stateful_dataloader: bool
     shuffle_algorithm: str
+    prefetch_depth: int | None
 
     @classmethod
     def resolve(cls, config: ShardplugConfig | None, **keywords: Any) -> _DataOptions:
@@ -162,6 +164,7 @@ def prepare_data_loader(
     torch_device_mesh: Any = None,
     shuffle_algorithm: str = ShardplugConfig.shuffle_algorithm,
     config: ShardplugConfig | None = None,
+    prefetch_depth: int | None = ShardplugConfig.prefetch_depth,
 ) -> PreparedDataLoader: ...
 
 
@@ -184,6 +187,7 @@ def prepare_data_loader(
     torch_device_mesh: Any = None,
     shuffle_algorithm: str = ShardplugConfig.shuffle_algorithm,
     config: ShardplugConfig | None = None,
+    prefetch_depth: int | None = ShardplugConfig.prefetch_depth,
 ) -> PreparedDataLoader | MixtureLoaderShard: ...
 
 
@@ -205,6 +209,7 @@ def prepare_data_loader(
     torch_device_mesh: Any = None,
     shuffle_algorithm: str = ShardplugConfig.shuffle_algorithm,
     config: ShardplugConfig | None = None,
+    prefetch_depth: int | None = ShardplugConfig.prefetch_depth,
 ) -> PreparedDataLoader | MixtureLoaderShard:
     """Return this process's loader for ``dataloader``, keeping all its settings and its class.
 
@@ -221,6 +226,11 @@ def prepare_data_loader(
     ``config``: a :class:`ShardplugConfig` whose data options replace the keywords (the run's
     ``device``, ``num_processes``, ``process_index`` and ``torch_device_mesh`` stay arguments); a
     keyword that disagrees with it is a ``TypeError`` (apply overrides with ``config.replace(...)``).
+
+    ``prefetch_depth``: batches read ahead of the one handed out; on a CUDA device their copy runs on a side
+    stream while the step computes (``None``: 2 on a CUDA device with ``put_on_device=True``, else 0; ``0``:
+    off). What the loader tells (``len()``, ``end_of_dataloader``, padding, ``state_dict()``) counts the
+    batches handed out, never those read ahead. Dispatching loaders do not read ahead.
 
     Example::
 
@@ -252,6 +262,7 @@ def prepare_data_loader(
         non_blocking=non_blocking,
         use_stateful_dataloader=use_stateful_dataloader,
         shuffle_algorithm=shuffle_algorithm,
+        prefetch_depth=check_prefetch_depth(prefetch_depth),
     )
     rng = _check_arguments(dataloader, options)
     num_processes, process_index = resolve_data_topology(num_processes, process_index, torch_device_mesh)
@@ -271,6 +282,7 @@ def prepare_data_loader(
         synchronized_generator=generator,
         non_blocking=options.non_blocking,
         plan=shard.plan,
+        prefetch_depth=_prefetch_depth(options, dispatch),
     )
     if dispatch:
         loader_options = DispatchOptions.from_layout(
@@ -389,6 +401,19 @@ def _batch_device(device: str | torch.device | None, options: _DataOptions) -> t
     if not options.put_on_device:
         return None
     return torch.device(device) if device is not None else torch.device(ProcessTopology.current().device)
+
+
+def _prefetch_depth(options: _DataOptions, dispatch: bool) -> int | None:
+    """The loader's prefetch depth: the option, or 0 for a dispatching loader (whose batches arrive from
+    process 0 step by step); an explicit depth there is a ``ValueError``."""
+    if not dispatch:
+        return options.prefetch_depth
+    if options.prefetch_depth:
+        raise ValueError(
+            f"prefetch_depth={options.prefetch_depth!r} is not supported with dispatch_batches=True (process 0 "
+            "sends each step's rows as the step comes); pass prefetch_depth=None or 0, or dispatch_batches=False"
+        )
+    return 0
 
 
 _PREPARABLE = "a torch.utils.data.DataLoader or a torchdata.nodes graph (a Loader or a BaseNode)"

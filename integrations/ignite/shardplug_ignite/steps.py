@@ -89,7 +89,7 @@ class StepEvents(Serializable):
         self.optimizer_step = 0
         self.optimizer_step_skipped = 0
         self.micro_batch_iteration = -1  #: the engine iteration whose micro-batch was begun last
-        self._records: list[bool] = []
+        self._records: list[Any] = []  # the optimizers that acted in this iteration (their outcome read at its end)
         self._pending: dict[str, Any] | None = None
 
     def watch(self, optimizer: PreparedOptimizer) -> None:
@@ -97,7 +97,7 @@ class StepEvents(Serializable):
         optimizer.register_step_post_hook(self._record)
 
     def _record(self, optimizer: Any, args: Any, kwargs: Any) -> None:
-        self._records.append(bool(optimizer.step_was_skipped))
+        self._records.append(optimizer)  # its skip flag is read at the iteration's end, not in the step
 
     def attach(self, engine: Engine) -> None:
         register_step_events(engine)
@@ -130,7 +130,7 @@ class StepEvents(Serializable):
         records, self._records = self._records, []
         if not records:
             return
-        if all(records):
+        if all(optimizer.step_was_skipped for optimizer in records):
             self.optimizer_step_skipped += 1
             engine.state.optimizer_step_skipped = self.optimizer_step_skipped  # type: ignore[attr-defined]  # ignite's State takes new attributes
             engine.fire_event(ShardplugEvents.OPTIMIZER_STEP_SKIPPED)

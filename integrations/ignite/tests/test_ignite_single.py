@@ -262,3 +262,27 @@ def test_every_front_end_cuts_the_padding_rows_alike():
         assert core["mean"] is outputs["mean"] and ignite["mean"] is outputs["mean"]
         cuts += len(kept) < len(batch)
     assert cuts == 1
+
+
+def _prefetched_run(depth: int) -> tuple[list[list[float]], int, Any]:
+    """A trainer (``create_trainer(..., device=)``) and an evaluator over loaders that put batches on the device,
+    reading ``depth`` ahead (on the CPU a look-ahead through the GPU's seam)."""
+    from ignite.metrics import Average
+
+    handler = ShardplugHandler(ShardplugConfig(put_on_device=True, prefetch_depth=depth, gradient_accumulation_steps=2))
+    model = torch.nn.Linear(1, 1)
+    trainer = handler.create_trainer(
+        model, torch.optim.SGD(model.parameters(), lr=0.01), lambda p, y: F.mse_loss(p.squeeze(1), y), device="cpu"
+    )
+    seen: list[list[float]] = []
+    trainer.add_event_handler(Events.ITERATION_COMPLETED, lambda e: seen.append(e.state.batch[0].flatten().tolist()))
+    trainer.run(handler.prepare_data_loader(DataLoader(_data(10), batch_size=2)), max_epochs=2)
+    evaluator = handler.create_evaluator(model, {"mean": Average(output_transform=lambda out: out[1])}, device="cpu")
+    evaluator.run(handler.prepare_eval_loader(DataLoader(_data(7), batch_size=2)))
+    return seen, trainer.state.optimizer_step, torch.as_tensor(evaluator.state.metrics["mean"]).tolist()
+
+
+def test_ignite_with_a_prefetching_loader_runs_the_same_steps() -> None:
+    seen, steps, mean = _prefetched_run(2)
+    assert (seen, steps, mean) == _prefetched_run(0)
+    assert steps == 6  # 5 micro-batches per epoch, 2 per step: the end of the loader ends a step (3 per epoch)

@@ -76,6 +76,7 @@ class ShardplugFabricDDPStrategy(ShardplugOptions, DDPStrategy):
         rng_types: tuple[str, ...] | None = None,
         slice_fn_for_dispatch: Callable[..., Any] | None = None,
         shuffle_algorithm: str | None = None,
+        prefetch_depth: int | None = None,
         gradient_accumulation_steps: int | None = None,
         step_scheduler_with_optimizer: bool | None = None,
         scale_scheduler_by_num_processes: bool | None = None,

@@ -40,7 +40,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory, parquet_shards: Any) -> dict[
     _run("lightning_scenarios.py", out)
     data: dict[str, Any] = {}
     names = ("default", "split", "predict", "amp", "resume", "limited", "errors", "stream")
-    for name in (*names, "user_samplers", "own_sharding", "validation_resume"):
+    for name in (*names, "user_samplers", "own_sharding", "validation_resume", "prefetch"):
         data[name] = [json.loads((out / f"{name}_rank{r}.json").read_text()) for r in range(WORLD)]
     data["stream_rows"] = sum(shards)
     return data
@@ -72,6 +72,16 @@ def test_default_train_batches_equal_prepare_data_loader(runs: dict[str, Any]) -
         assert _by_epoch(record["train"], 2) == expected
         # equal, exact length on every rank (42 samples, 4 per batch, 2 ranks: 6 padded batches)
         assert record["loader"] == {"type": "DataLoaderShard", "len": 6, "num_training_batches": 6}
+
+
+def test_a_prefetching_loader_keeps_batches_hooks_and_positions(runs: dict[str, Any]) -> None:
+    """``put_on_device=True, prefetch_depth=2`` (on the CPU a look-ahead through the GPU's seam)."""
+    for rank, record in enumerate(runs["prefetch"]):
+        expected = _reference(rank, 1, shuffle=False)[0]
+        assert [batch for _, batch in record["on"]["train"]] == expected
+        # Lightning's transfer hooks: once per batch, in order, each batch before the next one
+        assert record["on"]["hooks"] == [[hook, b] for b in expected for hook in ("before", "transfer", "after")]
+        assert record["on"] == record["off"]  # positions included: they count the batches handed out
 
 
 def test_shuffle_is_disjoint_across_ranks_and_changes_per_epoch(runs: dict[str, Any]) -> None:

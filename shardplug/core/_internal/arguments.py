@@ -22,7 +22,10 @@ from __future__ import annotations
 
 from typing import Any, TypeGuard
 
-__all__ = ["is_int", "check_int"]
+__all__ = ["is_int", "check_int", "check_prefetch_depth", "DEFAULT_CUDA_DEPTH"]
+
+DEFAULT_CUDA_DEPTH = 2
+"""The prefetch depth ``prefetch_depth=None`` gives on a CUDA device (0 elsewhere)."""
 
 
 def is_int(value: Any) -> TypeGuard[int]:
@@ -40,3 +43,19 @@ def check_int(name: str, value: Any, *, minimum: int, below: int | None = None, 
         return value
     wanted = f">= {minimum}" if below is None else f"in [{minimum}, {below})"
     raise ValueError(f"{name}={value!r} is invalid: it must be an integer {wanted}" + (f" {fix}" if fix else ""))
+
+
+def check_prefetch_depth(depth: Any) -> int | None:
+    """``depth`` if it is ``None`` or an integer ``>= 0``; else a ``ValueError`` naming the fix.
+
+    Example::
+
+        >>> check_prefetch_depth(None), check_prefetch_depth(2)
+        (None, 2)
+    """
+    if depth is not None and (not is_int(depth) or depth < 0):
+        raise ValueError(
+            f"prefetch_depth={depth!r} is invalid: pass an integer >= 0 (0 = no look-ahead) or None "
+            f"({DEFAULT_CUDA_DEPTH} on a CUDA device with put_on_device=True, else 0)"
+        )
+    return None if depth is None else int(depth)

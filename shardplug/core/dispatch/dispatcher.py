@@ -163,6 +163,7 @@ class DataLoaderDispatcher(DataLoaderShard):
             options = dataclasses.replace(self._dispatch_options, **_loader_fields(options))
         self._dispatch_options = options
         super()._setup(options)
+        self.prefetch_depth = 0  # each step's rows arrive from process 0 as the step comes: nothing is read ahead
         self._collate = self._collate_into_rings()
 
     def _plan_for(self, options: LoaderOptions) -> ShardPlan:

@@ -31,6 +31,7 @@ import torch
 
 from shardplug.core.loader.building import PassCounts
 from shardplug.core.loader.placing import PassStart
+from shardplug.core.loader.prefetch import Prefetcher, SideStreamCopy, resolve_prefetch_depth
 from shardplug.core.loader.transfer import DeviceTransfer
 from shardplug.core.padding.tracking import PaddingTracker
 from shardplug.core.resume.lengths import PassLengths
@@ -86,6 +87,7 @@ class PassHost(Protocol):
     epoch: int
     device: torch.device | None
     non_blocking: bool
+    prefetch_depth: int | None
     rng_types: tuple[str, ...]
     synchronized_generator: torch.Generator | None
     gradient_state: PassListener | None
@@ -247,7 +249,8 @@ class LoaderPass(WeakLoader[PassHost]):
             self._check_length()
         finally:
             self.open = False
-            resume.inner.end_pass()
+            if self.exhausted:  # a pass left early (break, an exception) keeps the state of its last batch
+                resume.inner.end_pass()
             if state is not None:
                 state.loader_stopped(loader)
 
@@ -256,6 +259,7 @@ class LoaderPass(WeakLoader[PassHost]):
         """Start the pass; return how many batches to read and drop before the first one."""
         loader = self.loader
         resume = loader.resume
+        resume.inner.end_pass()  # what a pass left early kept describes no place once a new one begins
         if resume.last_pass.complete:
             loader.set_epoch(loader.epoch + 1)
         loader.pin_epoch()
@@ -308,10 +312,46 @@ class LoaderPass(WeakLoader[PassHost]):
             steps = self._looked_ahead(batches)
         hand_out = self._hand_out
         transfer = DeviceTransfer.to(loader.device, loader.non_blocking)
+        depth = resolve_prefetch_depth(loader.prefetch_depth, loader.device)
+        if depth > 0:
+            yield from self._prefetched(steps, depth, transfer)
+            return
         if loader.gradient_state is None and transfer is None and loader.padding_tracker is None:
             hand_out = self._count  # nothing more to do per batch than counting it
         for batch, last in steps:
             yield hand_out(batch, last, transfer)
+
+    def _prefetched(
+        self, steps: Iterator[tuple[Any, bool]], depth: int, transfer: DeviceTransfer | None
+    ) -> Iterator[Any]:
+        """:meth:`_deliver` with ``depth`` batches read (and copied to the device) ahead of the one handed out:
+        everything a batch tells (its count, padding, ``end_of_dataloader``, the StatefulDataLoader's state)
+        is still told when it is handed out (see :mod:`~shardplug.core.loader.prefetch`)."""
+        loader = self.loader
+        start: Any = transfer
+        finish = None
+        if transfer is not None and transfer.device.type == "cuda":
+            copy = SideStreamCopy(transfer.device)
+            start, finish = copy.start, copy.finish
+        inner = loader.resume.inner if loader.use_stateful_dataloader else None
+        note = None
+        if inner is not None:
+            if self.total is not None or loader.source_marks_last:  # no look-ahead took the snapshot
+                steps = self._snapshotted(steps)
+            note = inner.current_snapshot
+        for batch, last, snapshot in Prefetcher(steps, depth, start, finish, note):
+            if inner is not None:
+                inner.snapshot = snapshot  # the state after this batch, not after those read ahead
+            yield self._hand_out(batch, last, None)
+            del batch  # the user's now: no reference kept while the next batches are read
+
+    def _snapshotted(self, steps: Iterator[tuple[Any, bool]]) -> Iterator[tuple[Any, bool]]:
+        """``steps``, with the ``StatefulDataLoader``'s state kept after each batch is read."""
+        loader = self.loader
+        inner = loader.resume.inner
+        for step in steps:
+            inner.take_snapshot(loader.inner_loader())
+            yield step
 
     def _count(self, batch: Any, last: bool, transfer: DeviceTransfer | None = None) -> Any:
         """Count ``batch`` as handed out (``last``: the pass's last)."""
@@ -361,6 +401,9 @@ class LoaderPass(WeakLoader[PassHost]):
             except StopIteration:
                 yield batch, True
                 return
+            except Exception:  # the batch before it is handed out first, as without the look-ahead
+                yield batch, False
+                raise
             yield batch, False
 
     # -- the end ----------------------------------------------------------------------------

@@ -22,6 +22,7 @@ lives in ``dispatch/dispatcher.py``.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import logging
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
@@ -31,7 +32,7 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset
 
 from shardplug.core._internal import compat
-from shardplug.core._internal.arguments import is_int
+from shardplug.core._internal.arguments import check_prefetch_depth, is_int
 from shardplug.core.config import ShardplugConfig
 from shardplug.core.loader.passes import LengthMismatchWarning, LoaderPass, PassListener
 from shardplug.core.loader.resume_state import ResumeState
@@ -89,7 +90,9 @@ class LoaderOptions:
     """What a prepared loader holds beyond a ``DataLoader``'s settings, in one object: the ``device`` its
     batches move to (``None``: they stay), the RNGs agreed with process 0 at each pass (``rng_types``, and
     ``synchronized_generator``), the batches its first pass skips (``skip_batches``), ``non_blocking``
-    copies, and the ``plan`` of its rows (``None``: the loader's own, from its sampler or dataset).
+    copies, the batches read ahead of the one handed out (``prefetch_depth``, ``None``: 2 on a CUDA device,
+    else 0; see :mod:`~shardplug.core.loader.prefetch`), and the ``plan`` of its rows (``None``: the
+    loader's own, from its sampler or dataset).
 
     Example::
 
@@ -107,12 +110,14 @@ class LoaderOptions:
     skip_batches: int = 0
     non_blocking: bool = ShardplugConfig.non_blocking
     plan: ShardPlan | None = None
+    prefetch_depth: int | None = ShardplugConfig.prefetch_depth
 
     def __post_init__(self) -> None:
         if not is_int(self.skip_batches) or self.skip_batches < 0:
             raise ValueError(f"skip_batches={self.skip_batches!r} must be an integer >= 0")
         object.__setattr__(self, "rng_types", check_rng_types(self.rng_types))
         object.__setattr__(self, "non_blocking", bool(self.non_blocking))
+        object.__setattr__(self, "prefetch_depth", check_prefetch_depth(self.prefetch_depth))
 
 
 class PreparedDataLoader(DataLoader[Any]):
@@ -178,6 +183,7 @@ class PreparedDataLoader(DataLoader[Any]):
         """shardplug's part of the loader, once the ``DataLoader``'s settings are set (subclasses add theirs)."""
         self.device = options.device
         self.non_blocking = options.non_blocking
+        self.prefetch_depth = options.prefetch_depth
         self.rng_types = options.rng_types
         self.synchronized_generator = options.synchronized_generator
         self.gradient_state: PassListener | None = None  # the run's GradientState, when one is connected
@@ -457,10 +463,12 @@ class DataLoaderShard(PreparedDataLoader):
         skip_batches: int = 0,
         use_stateful_dataloader: bool = ShardplugConfig.use_stateful_dataloader,
         non_blocking: bool = ShardplugConfig.non_blocking,
+        prefetch_depth: int | None = ShardplugConfig.prefetch_depth,
         **dataloader_kwargs: Any,
     ) -> None:
         super().__init__(dataset, **dataloader_kwargs)
-        self._setup(self._options(device, rng_types, synchronized_generator, skip_batches, non_blocking))
+        options = self._options(device, rng_types, synchronized_generator, skip_batches, non_blocking)
+        self._setup(dataclasses.replace(options, prefetch_depth=prefetch_depth))
 
     @staticmethod
     def _options(

@@ -46,7 +46,8 @@ class InnerState:
     past shardplug's class, see ``PreparedDataLoader.inner_loader``).
 
     ``snapshot``: its state after the last batch handed out, taken before a look-ahead fetch (``None``
-    outside a pass that reads ahead: the live state is then the place); ``repositions``: a loaded
+    where nothing was read ahead: the live state is then the place); a pass left early (``break``, an
+    exception) keeps it until the next pass begins; ``repositions``: a loaded
     state of its own repositions the next pass (shardplug's position then only counts).
     """
 
@@ -60,6 +61,10 @@ class InnerState:
         """Keep the state now: the batch about to be handed out was the last one read."""
         self.snapshot = inner.state_dict()
 
+    def current_snapshot(self) -> dict[str, Any] | None:
+        """The snapshot now (a prefetcher hands it out with the batch it was taken after)."""
+        return self.snapshot
+
     def state(self, inner: Any) -> dict[str, Any]:
         """The state after the last batch handed out (a copy: the caller adds to it)."""
         return dict(self.snapshot) if self.snapshot is not None else inner.state_dict()
@@ -68,6 +73,7 @@ class InnerState:
         """Load a state of its own: the next pass continues where it says."""
         inner.load_state_dict(state)
         self.repositions = True
+        self.snapshot = None  # the loaded state is the place now
 
     def end_pass(self) -> None:
         """A pass ended: its snapshot no longer describes the place."""

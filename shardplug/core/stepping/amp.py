@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import logging
 import weakref
+from collections import deque
 from typing import Any, Protocol, TypeGuard, cast
 
 import torch
@@ -48,6 +49,8 @@ __all__ = [
     "forget_step",
     "close_failed_step",
     "StepAttempt",
+    "StepOutcome",
+    "MAX_UNREAD",
 ]
 
 logger = logging.getLogger(__name__)
@@ -162,6 +165,72 @@ def close_failed_step(scaler: Scaler | None, optimizer: Optimizer, stepped: bool
 
 
 # -- real steps --------------------------------------------------------------------------------
+#: Unread outcomes a :class:`StepCounter` keeps at most; beyond, the oldest is read (its step is long done).
+MAX_UNREAD = 64
+
+
+class StepOutcome:
+    """Whether one call of an optimizer's ``step`` was skipped, read only when someone asks.
+
+    A fused (or ``_step_supports_amp_scaling``) optimizer skips inside its kernel on the flag
+    ``GradScaler`` sets; on a CUDA device the flag is copied to pinned host memory behind the step's
+    kernels and an event is recorded after the copy, so reading :attr:`skipped` waits for that
+    step's kernels only, never for work queued after it (on the CPU the flag is simply there).
+
+    Example::
+
+        >>> StepOutcome.known(False).skipped, StepOutcome.of_flag(torch.ones(())).skipped
+        (False, True)
+    """
+
+    __slots__ = ("_skipped", "_flag", "_event")
+
+    def __init__(self) -> None:
+        self._skipped: bool | None = None
+        self._flag: torch.Tensor | None = None
+        self._event: Any = None
+
+    @classmethod
+    def known(cls, skipped: bool) -> StepOutcome:
+        """An outcome known at once (a plain optimizer the scaler did or did not call)."""
+        outcome = cls()
+        outcome._skipped = bool(skipped)
+        return outcome
+
+    @classmethod
+    def of_flag(cls, flag: torch.Tensor) -> StepOutcome:
+        """The outcome of a step that skips on ``flag`` (non-zero: skipped), read lazily."""
+        outcome = cls()
+        if flag.device.type == "cuda":
+            host = torch.empty(flag.shape, dtype=flag.dtype, pin_memory=True)
+            host.copy_(flag, non_blocking=True)
+            event = torch.cuda.Event()
+            event.record()
+            outcome._flag, outcome._event = host, event
+        else:
+            outcome._flag = flag.detach().clone()
+        return outcome
+
+    @property
+    def settled(self) -> bool:
+        """Whether the flag was read already."""
+        return self._skipped is not None
+
+    @property
+    def skipped(self) -> bool:
+        """Whether the step made no update (reads the flag the first time: waits for that step's kernels)."""
+        if self._skipped is None:
+            if self._event is not None:
+                self._event.synchronize()
+            flag = cast("torch.Tensor", self._flag)
+            self._skipped = bool(float(flag.sum()) != 0.0)
+            self._flag = self._event = None
+        return self._skipped
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({'unread' if self._skipped is None else f'skipped={self._skipped}'})"
+
+
 class StepCounter:
     """The updates one optimizer really made: its ``step`` completed and was not skipped.
 
@@ -169,41 +238,71 @@ class StepCounter:
     whoever makes it (``scaler.step``, Lightning's precision plugin, a user). ``GradScaler`` does
     not call a plain optimizer's ``step`` on inf/NaN gradients; it does call fused and
     ``_step_supports_amp_scaling`` optimizers, with the inf flag set on them: such a call counts only
-    when the flag is zero. The flag is read when :attr:`taken` is read (one host-device
-    synchronisation then, none in the step).
+    when the flag is zero. Each call leaves a :class:`StepOutcome`; a fused step's flag is read only
+    when :attr:`taken` is read (or when more than :data:`MAX_UNREAD` are unread): nothing in a step
+    waits for the device.
 
     Use :func:`step_counter` to get the one counter of an optimizer.
     """
 
     def __init__(self, optimizer: Optimizer) -> None:
         self._taken = 0
-        self._pending: list[torch.Tensor] = []  # inf flags of fused steps, read lazily
+        self._unread: deque[StepOutcome] = deque()  # outcomes of fused steps, read lazily, oldest first
         self.calls = 0  #: completed calls of ``step`` (skipped fused steps included)
+        self.outcomes: deque[StepOutcome] = deque(maxlen=8)  #: the outcomes of the last calls, newest last
+        #: decisions waiting on this optimizer's outcomes (a prepared scheduler's): settled before its next step
+        self.waiting: weakref.WeakSet[Any] = weakref.WeakSet()
         self._handle = optimizer.register_step_post_hook(self._after_step)
+        self._pre_handle = optimizer.register_step_pre_hook(self._before_step)
+        # a checkpoint of the optimizer holds the learning rate: a waiting decision is taken before it is saved
+        self._save_handle = optimizer.register_state_dict_pre_hook(self._before_save)
+
+    def _before_step(self, optimizer: Optimizer, args: Any, kwargs: Any) -> None:
+        self.settle_waiting()
+
+    def _before_save(self, optimizer: Optimizer) -> None:
+        self.settle_waiting()
+
+    def settle_waiting(self) -> None:
+        """Settle the decisions that wait on this optimizer's outcomes (before its next update reads the lr)."""
+        while self.waiting:
+            self.waiting.pop().settle()
 
     def _after_step(self, optimizer: Optimizer, args: Any, kwargs: Any) -> None:
         self.calls += 1
         flag = compat.step_inf_flag(optimizer)
         if isinstance(flag, torch.Tensor):
-            self._pending.append(flag)
-            return
-        scaler = kwargs.get("grad_scaler") if isinstance(kwargs, dict) else None
-        if scaler is not None:  # the deprecated protocol: the optimizer consulted the scaler itself
-            if found_inf(scaler, optimizer):
-                return
-        self._taken += 1
+            outcome = StepOutcome.of_flag(flag)
+            self._unread.append(outcome)
+            if len(self._unread) > MAX_UNREAD:
+                self._settle_oldest()
+        else:
+            scaler = kwargs.get("grad_scaler") if isinstance(kwargs, dict) else None
+            # the deprecated protocol: the optimizer consulted the scaler itself
+            outcome = StepOutcome.known(scaler is not None and bool(found_inf(scaler, optimizer)))
+            self._taken += not outcome.skipped
+        self.outcomes.append(outcome)
+
+    def _settle_oldest(self) -> None:
+        self._taken += not self._unread.popleft().skipped
+
+    @property
+    def unread(self) -> int:
+        """Outcomes not read yet (fused steps whose flag nobody needed so far)."""
+        return sum(not outcome.settled for outcome in self._unread)
 
     @property
     def taken(self) -> int:
-        """Updates made so far (steps the scaler skipped excluded)."""
-        if self._pending:
-            pending, self._pending = self._pending, []
-            self._taken += sum(1 for flag in pending if float(flag.item()) == 0.0)
+        """Updates made so far (steps the scaler skipped excluded); reads the unread outcomes."""
+        while self._unread:
+            self._settle_oldest()
         return self._taken
 
     def remove(self) -> None:
-        """Stop counting (removes the hook)."""
+        """Stop counting (removes the hooks)."""
         self._handle.remove()
+        self._pre_handle.remove()
+        self._save_handle.remove()
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(taken={self.taken}, calls={self.calls})"
@@ -224,10 +323,11 @@ def step_counter(optimizer: Optimizer) -> StepCounter:
 
 class StepAttempt:
     """One attempt to step an optimizer (``scaler.step``, a framework's precision plugin, a plain
-    ``step``): counts what happened and closes the scaler's iteration if the attempt raises.
+    ``step``): keeps the :class:`StepOutcome` of each call made in it and closes the scaler's
+    iteration if the attempt raises.
 
-    The counts start when it is made and again when the ``with`` block is entered; :attr:`skipped`
-    and :attr:`stepped` compare against them.
+    The calls are counted from when the ``with`` block is entered (or the attempt made); :attr:`skipped`
+    reads the outcomes only when it is read (a fused step's flag: see :class:`StepOutcome`).
 
     Example::
 
@@ -244,15 +344,22 @@ class StepAttempt:
         self.optimizer = optimizer
         self.scaler = scaler
         self._counter = step_counter(optimizer)
-        self._taken_before, self._calls_before = self._counter.taken, self._counter.calls
+        self._calls_before = self._counter.calls
+        self._outcomes: list[StepOutcome] | None = None
 
     def __enter__(self) -> StepAttempt:
-        self._taken_before, self._calls_before = self._counter.taken, self._counter.calls
+        self._calls_before, self._outcomes = self._counter.calls, None
         return self
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        self._outcomes = self._made()
         if exc_type is not None:
             close_failed_step(self.scaler, self.optimizer, stepped=self.stepped)
+
+    def _made(self) -> list[StepOutcome]:
+        made = self._counter.calls - self._calls_before
+        outcomes = list(self._counter.outcomes)
+        return outcomes[len(outcomes) - min(made, len(outcomes)) :]
 
     @property
     def stepped(self) -> bool:
@@ -260,6 +367,11 @@ class StepAttempt:
         return self._counter.calls > self._calls_before
 
     @property
+    def outcomes(self) -> list[StepOutcome]:
+        """The outcomes of the calls made in the attempt (none read by asking for them)."""
+        return self._outcomes if self._outcomes is not None else self._made()
+
+    @property
     def skipped(self) -> bool:
         """Whether the attempt made no update (the scaler skipped it, or nothing called ``step``)."""
-        return self._counter.taken == self._taken_before
+        return all(outcome.skipped for outcome in self.outcomes)

@@ -112,7 +112,7 @@ class PreparedOptimizer(Optimizer):
         self.device_placement = bool(device_placement)
         self.device = torch.device(device) if device is not None else None
         self.gradient_state = gradient_state if gradient_state is not None else GradientState()
-        self._step_was_skipped = False
+        self._last_step: amp.StepAttempt | amp.StepOutcome | None = None  # the last step that acted (read lazily)
         self._counter = amp.step_counter(optimizer)
         self._warned_no_micro_batch = False
         self.gradient_state.register_drop_hook(self.abandon_step)  # a cut pass drops its partial cycle
@@ -122,7 +122,11 @@ class PreparedOptimizer(Optimizer):
     # -- the wrapped optimizer's objects -----------------------------------------------------
     @property
     def param_groups(self) -> list[dict[str, Any]]:
+        """The wrapped optimizer's groups, with the learning rate a waiting scheduler decision sets (settled here)."""
         scratch = self.__dict__.get("_scratch")
+        counter = self.__dict__.get("_counter")
+        if counter is not None and counter.waiting:
+            counter.settle_waiting()
         return cast(
             "list[dict[str, Any]]", scratch["param_groups"] if scratch is not None else self.optimizer.param_groups
         )
@@ -170,8 +174,11 @@ class PreparedOptimizer(Optimizer):
     # -- stepping ----------------------------------------------------------------------------
     @property
     def step_was_skipped(self) -> bool:
-        """Whether the last step that acted was skipped by the scaler (inf/NaN gradients)."""
-        return self._step_was_skipped
+        """Whether the last step that acted was skipped by the scaler (inf/NaN gradients).
+
+        Read when asked: with a fused optimizer this waits for that step's kernels (not for later work)."""
+        last = self._last_step
+        return last is not None and last.skipped
 
     def step(self, closure: Callable[[], Any] | None = None) -> Any:
         """Update the parameters on a sync micro-batch; do nothing on the others."""
@@ -201,7 +208,7 @@ class PreparedOptimizer(Optimizer):
                         )
                     args, kwargs = result
             out = self._step_wrapped(attempt, tuple(args[1:]), kwargs)
-            self._step_was_skipped = attempt.skipped
+            self._last_step = attempt
             for post_hook in compat.optimizer_hooks(self, "step_post"):
                 post_hook(self, args, kwargs)
         except BaseException:
@@ -318,7 +325,7 @@ class PreparedOptimizer(Optimizer):
             "device_placement": self.device_placement,
             "device": self.device,
             "gradient_state": self.gradient_state,
-            "_step_was_skipped": self._step_was_skipped,
+            "_last_step": amp.StepOutcome.known(self.step_was_skipped),  # read: an attempt holds this process's hooks
             "_warned_no_micro_batch": self._warned_no_micro_batch,
         }
 

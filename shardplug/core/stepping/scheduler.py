@@ -43,6 +43,7 @@ _OWN = frozenset(
         "gradient_state",
         "_seen_steps",
         "_warned_total_steps",
+        "_pending",
     }
 )
 
@@ -192,6 +193,7 @@ class PreparedScheduler(LRScheduler):
         own["_counters"] = [amp.step_counter(_unwrapped(o)) for o in optimizers]
         own["_seen_steps"] = self._optimizer_steps()
         own["_warned_total_steps"] = False
+        own["_pending"] = None
 
     @classmethod
     def from_config(
@@ -223,12 +225,14 @@ class PreparedScheduler(LRScheduler):
     def __getattr__(self, name: str) -> Any:
         if name.startswith("__") or "scheduler" not in self.__dict__:
             raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+        self.settle()
         return getattr(self.__dict__["scheduler"], name)
 
     def __setattr__(self, name: str, value: Any) -> None:
         if name in _OWN:
             self.__dict__[name] = value
         else:
+            self.settle()
             setattr(self.__dict__["scheduler"], name, value)
 
     # -- stepping ----------------------------------------------------------------------------
@@ -247,12 +251,42 @@ class PreparedScheduler(LRScheduler):
         return [counter.taken for counter in self._counters]
 
     def step(self, *args: Any, **kwargs: Any) -> None:
-        """Step the wrapped scheduler if (and as often as) the optimizers really stepped."""
+        """Step the wrapped scheduler if (and as often as) the optimizers really stepped.
+
+        Where an optimizer's last outcome is not read yet (a fused step's skip flag on the device), the
+        decision waits (:attr:`pending`) and is settled when it is needed: before the optimizer's next
+        step uses the learning rate (a step pre-hook), when this scheduler is read, or at its next
+        ``step()``; nothing here waits for the device."""
+        self.settle()
         if not self.step_scheduler_with_optimizer:
             self.scheduler.step(*args, **kwargs)
             return
         if not self.gradient_state.sync_gradients:
             return  # accumulating: no optimizer step happened
+        if any(counter.unread for counter in self._counters):
+            self.__dict__["_pending"] = (args, kwargs)
+            for counter in self._counters:
+                counter.waiting.add(self)
+            return
+        self._decide(args, kwargs)
+
+    @property
+    def pending(self) -> bool:
+        """Whether a ``step()`` waits for an optimizer's skip flag (see :meth:`step`)."""
+        return self.__dict__.get("_pending") is not None
+
+    def settle(self) -> None:
+        """Take the decision a ``step()`` left waiting (reads the skip flags it needs; nothing when none waits)."""
+        pending = self.__dict__.get("_pending")
+        if pending is None:
+            return
+        self.__dict__["_pending"] = None
+        for counter in self._counters:
+            counter.waiting.discard(self)
+        self._decide(*pending)
+
+    def _decide(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        """Step the wrapped scheduler if every optimizer made an update since it last stepped."""
         now = self._optimizer_steps()
         stepped = all(n > seen for n, seen in zip(now, self._seen_steps))
         if not stepped:
@@ -269,21 +303,26 @@ class PreparedScheduler(LRScheduler):
     # -- pass-through methods LRScheduler defines --------------------------------------------
     def get_last_lr(self) -> list[Any]:
         """The wrapped scheduler's ``get_last_lr()``."""
+        self.settle()
         return cast("list[Any]", self.scheduler.get_last_lr())
 
     def get_lr(self) -> list[Any]:
         """The wrapped scheduler's ``get_lr()``."""
+        self.settle()
         return cast("list[Any]", self.scheduler.get_lr())
 
     def state_dict(self) -> dict[str, Any]:
         """The wrapped scheduler's ``state_dict()``."""
+        self.settle()
         return cast("dict[str, Any]", self.scheduler.state_dict())
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """The wrapped scheduler's ``load_state_dict()``."""
+        self.settle()
         self.scheduler.load_state_dict(state_dict)
 
     def __getstate__(self) -> dict[str, Any]:
+        self.settle()
         state = dict(self.__dict__)
         del state["_counters"], state["_seen_steps"]  # bound to the optimizer objects of this process
         return state
@@ -292,6 +331,7 @@ class PreparedScheduler(LRScheduler):
         self.__dict__.update(state)
         self.__dict__["_counters"] = [amp.step_counter(_unwrapped(o)) for o in self.optimizers]
         self.__dict__["_seen_steps"] = self._optimizer_steps()  # the next real step counts
+        self.__dict__["_pending"] = None
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.scheduler!r}, steps_per_optimizer_step={self.steps_per_optimizer_step})"

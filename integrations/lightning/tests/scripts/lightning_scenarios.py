@@ -149,6 +149,31 @@ class Streamed(Recorder):
         pass  # the stream has no len()
 
 
+class TransferHooks(Recorder):
+    """Records Lightning's batch-transfer hooks (each must run once per batch, in order) and the loader's
+    position when each batch is trained on (with a prefetching loader it counts batches handed out)."""
+
+    def __init__(self) -> None:
+        super().__init__(shuffle=False)
+        self.hooks: list[tuple[str, list[int]]] = []
+
+    def _record(self, hook: str, batch: Any) -> None:
+        if self.trainer.training:  # the training batches (validation's go through the hooks too)
+            self.hooks.append((hook, batch.tolist()))
+
+    def on_before_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
+        self._record("before", batch)
+        return batch
+
+    def transfer_batch_to_device(self, batch: Any, device: torch.device, dataloader_idx: int) -> Any:
+        self._record("transfer", batch)
+        return super().transfer_batch_to_device(batch, device, dataloader_idx)
+
+    def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
+        self._record("after", batch)
+        return batch
+
+
 def trainer(**kwargs: Any) -> pl.Trainer:
     settings: dict[str, Any] = dict(
         accelerator="cpu",
@@ -446,6 +471,16 @@ def main() -> None:
             for name in ("shardplug_ddp", "ddp")
         },
     )
+
+    # 12. batches on the device through a prefetching loader (on the CPU: a look-ahead of 2 batches): the same
+    # batches, Lightning's transfer hooks once per batch in order, positions counting batches handed out
+    runs = {}
+    for depth in (0, 2):
+        model = TransferHooks()
+        t = trainer(strategy=ShardplugDDPStrategy(put_on_device=True, prefetch_depth=depth))
+        t.fit(model)
+        runs[depth] = {"train": model.train_batches, "hooks": model.hooks, "positions": model.positions}
+    dump("prefetch", rank, {"off": runs[0], "on": runs[2]})
 
 
 if __name__ == "__main__":
