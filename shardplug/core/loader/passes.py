@@ -107,6 +107,8 @@ class PassHost(Protocol):
 
     def set_epoch(self, epoch: int) -> None: ...
 
+    def next_epoch(self) -> None: ...
+
     def pin_epoch(self) -> None: ...
 
     def inner_loader(self) -> Any: ...
@@ -257,7 +259,7 @@ class LoaderPass(WeakLoader[PassHost]):
         loader = self.loader
         resume = loader.resume
         if resume.last_pass.complete:
-            loader.set_epoch(loader.epoch + 1)
+            loader.next_epoch()
         loader.pin_epoch()
         shuffles = resume.shuffles()
         synchronize(shuffles.seedable, loader.rng_types, loader.synchronized_generator)
