@@ -10,6 +10,7 @@ once per epoch, and across the two runs once in the resized epoch.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import sys
@@ -18,9 +19,8 @@ from typing import Any
 
 import pytest
 
-ray = pytest.importorskip("ray")
-ray_train = pytest.importorskip("ray.train")
-ray_torch = pytest.importorskip("ray.train.torch")
+# ray is imported by the tests that run, not at collection (its import takes seconds)
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("ray") is None, reason="needs ray[train] (the test extra)")
 
 ROOT = Path(__file__).resolve().parents[2]
 SAMPLES, BATCH, SEED = 28, 2, 5
@@ -42,6 +42,7 @@ def train_function(config: dict[str, Any]) -> None:
     """One Ray Train worker: this process's loader, trained on; a checkpoint reported, or resumed."""
     import tempfile
 
+    import ray.train
     import torch
     from torch.utils.data import DataLoader
 
@@ -87,6 +88,8 @@ def train_function(config: dict[str, Any]) -> None:
 @pytest.fixture(scope="module")
 def cluster() -> Any:
     """A local Ray cluster for this module; its workers import shardplug from this checkout."""
+    import ray
+
     saved = {key: os.environ.get(key) for key in (*QUIET, "PYTHONPATH")}
     os.environ.update(QUIET)
     os.environ["PYTHONPATH"] = os.pathsep.join([str(ROOT), *filter(None, [saved["PYTHONPATH"]])])
@@ -104,12 +107,15 @@ def cluster() -> Any:
 
 
 def _fit(cluster: Any, tmp_path: Path, phase: str, workers: int, epochs: int) -> list[dict[str, Any]]:
-    trainer = ray_torch.TorchTrainer(
+    from ray.train import RunConfig, ScalingConfig
+    from ray.train.torch import TorchConfig, TorchTrainer
+
+    trainer = TorchTrainer(
         train_function,
         train_loop_config={"out": str(tmp_path), "phase": phase, "epochs": epochs},
-        torch_config=ray_torch.TorchConfig(backend="gloo", timeout_s=60),
-        scaling_config=ray_train.ScalingConfig(num_workers=workers, use_gpu=False),
-        run_config=ray_train.RunConfig(name="shardplug", storage_path=str(tmp_path / "runs")),
+        torch_config=TorchConfig(backend="gloo", timeout_s=60),
+        scaling_config=ScalingConfig(num_workers=workers, use_gpu=False),
+        run_config=RunConfig(name="shardplug", storage_path=str(tmp_path / "runs")),
     )
     trainer.fit()
     return [json.loads((tmp_path / f"{phase}_rank{r}.json").read_text()) for r in range(workers)]
