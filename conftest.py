@@ -36,7 +36,7 @@ def _fast_tier_starts_no_process() -> Iterator[None]:
     import torch.multiprocessing as torch_mp
 
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(subprocess.Popen, "__init__", _skip)  # subprocess.run, torchrun, Lightning's launcher
+        patch.setattr(subprocess.Popen, "__init__", _skip)  # subprocess.run, torchrun, Lightning's launcher, ray.init
         patch.setattr(_dist, "_start", _skip)  # tests/_dist.run_gloo's ranks (forks of a fork server)
         patch.setattr(multiprocessing.context.SpawnProcess, "start", _skip)  # a spawned process of a test
         patch.setattr(torch_mp, "start_processes", _skip)  # torch.multiprocessing.spawn, ignite's Parallel

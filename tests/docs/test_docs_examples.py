@@ -5,7 +5,8 @@ The convention (written down in docs/internals.md, "The examples in these pages"
 * every block is a complete program, run in one process with plain ``python`` in an empty
   temporary directory, and must exit with status 0;
 * a first line ``# needs: X`` skips the block when X (a distribution name: ``lightning``,
-  ``pytorch-ignite``, ``datasets``, ``torchdata``, ...) cannot be imported;
+  ``pytorch-ignite``, ``datasets``, ``torchdata``, ...) cannot be imported; a line ``# slow: WHY``
+  among its first two skips it unless ``SHARDPLUG_DOCS_SLOW=1`` (a block that starts a Ray cluster);
 * the comment lines that end a block (after its last line of code) are the output of that one
   process run: the block's stdout, line by line, must be exactly those lines without their
   leading ``# ``;
@@ -87,6 +88,11 @@ class Example:
     several: SeveralProcesses | None = None  # the multi-process form the block names, if any
 
     @property
+    def slow(self) -> bool:
+        """The block says ``# slow: WHY`` in its first two lines: run only with ``SHARDPLUG_DOCS_SLOW=1``."""
+        return any(line.startswith("# slow:") for line in self.code.splitlines()[:2])
+
+    @property
     def name(self) -> str:
         return f"{self.page.relative_to(ROOT).as_posix()}:{self.line}"
 
@@ -145,7 +151,10 @@ EXAMPLES = collect()
 
 
 def missing(example: Example) -> list[str]:
-    return [n for n in example.needs if importlib.util.find_spec(MODULE_OF.get(n, n.replace("-", "_"))) is None]
+    absent = [n for n in example.needs if importlib.util.find_spec(MODULE_OF.get(n, n.replace("-", "_"))) is None]
+    if example.slow and os.environ.get("SHARDPLUG_DOCS_SLOW") != "1":
+        absent.append("SHARDPLUG_DOCS_SLOW=1 (a slow block)")
+    return absent
 
 
 def environment() -> dict[str, str]:

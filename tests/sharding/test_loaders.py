@@ -87,6 +87,57 @@ def test_epoch_advances_only_after_a_complete_pass():
     assert loader.epoch == 0, "two broken passes are both epoch 0"
 
 
+class _EpochSampler(SequentialSampler):
+    """A sampler that says which epoch it stands at (as torch's DistributedSampler does) and records its calls."""
+
+    def __init__(self, data, epoch=0):
+        super().__init__(data)
+        self.epoch, self.calls = epoch, []
+
+    def set_epoch(self, epoch):
+        self.epoch = epoch
+        self.calls.append(epoch)
+
+
+@pytest.mark.parametrize("as_batch_sampler", [False, True])
+def test_preparing_calls_no_set_epoch_unless_a_sampler_stands_at_another_epoch(as_batch_sampler):
+    """A loop calls set_epoch once per epoch (Lightning: 0 before the first, 1 before the second); preparing a
+    loader adds no call of its own, nor does the next pass after a whole one where the framework sets the
+    samplers' epoch itself, so a sampler that records them sees exactly those. A sampler that stands at another
+    epoch (it says so in ``epoch``) is put at the loader's epoch 0 once, at prepare time."""
+    calls: list[int] = []
+    sampler = torch.utils.data.RandomSampler(range(12))
+    sampler.set_epoch = calls.append  # any set_epoch: the user's own shuffle (as in Lightning's own test)
+
+    def user_loader(index_sampler):
+        if as_batch_sampler:
+            return DataLoader(range(12), batch_sampler=BatchSampler(index_sampler, 2, True))
+        return DataLoader(range(12), batch_size=2, sampler=index_sampler)
+
+    loaders = [prepare_data_loader(user_loader(sampler), num_processes=2, process_index=i, data_seed=3) for i in (0, 1)]
+    assert calls == [], "preparing told the sampler nothing"
+    mine, framework = loaders
+    for epoch in range(2):  # a loop of the user's own: the loader's set_epoch reaches the sampler
+        mine.set_epoch(epoch)
+        assert len(list(mine)) == 3
+    assert calls == [0, 1], "one call per epoch"
+    calls.clear()
+    framework.epochs_set_by_framework = True  # as shardplug's Lightning strategy says of Lightning's loops
+    for epoch in range(2):  # Lightning's loops: set_epoch on the loader's sampler, then a whole pass
+        framework.batch_sampler.sampler.set_epoch(epoch)
+        assert len(list(framework)) == 3
+    assert calls == [0, 1] and framework.epoch == 1, "one call per epoch: the framework's, none after a whole pass"
+    fresh = _EpochSampler(range(12))
+    prepare_data_loader(user_loader(fresh), num_processes=2, process_index=1)
+    assert fresh.calls == [] and fresh.epoch == 0
+    ahead = _EpochSampler(range(12), epoch=3)  # stands at epoch 3: the prepared loader's epoch 0 reaches it
+    prepared = prepare_data_loader(user_loader(ahead), num_processes=2, process_index=1)
+    assert ahead.calls == [0] and ahead.epoch == 0 and prepared.epoch == 0
+    data = Counting(12)  # a dataset with set_epoch but no epoch to read: left as it is
+    DataLoaderShard(data, batch_size=2)
+    assert data.epochs == []
+
+
 def test_set_epoch_reaches_sampler_batch_sampler_and_dataset():
     class EpochBatchSampler(BatchSampler):
         epochs: list

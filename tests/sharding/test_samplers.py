@@ -194,13 +194,13 @@ def test_a_random_sampler_of_the_users_own_is_sharded_as_it_is(workers):
         order = [i for step in zip(*per_rank) for batch in step for i in batch]  # the global batches in turn
         assert sorted(order[:5]) == [0, 2, 4, 6, 8], f"epoch {epoch}: each index the subclass yields, once"
         assert order[5:] == order[:3], "then padding from the epoch's start (both ranks drew one order)"
-    assert sampler.epochs == [0, 0, 1, 1] and sampler.generator is None  # each pass's epoch; the user's untouched
+    assert sampler.epochs == [1, 1] and sampler.generator is None  # each later pass's epoch (0: as built); untouched
     given = RandomSampler(range(10))
     calls: list[int] = []
     given.set_epoch = calls.append  # any set_epoch makes a RandomSampler the user's
     loader = prepare_data_loader(DataLoader(range(10), batch_size=2, sampler=given), num_processes=1)
     loader.set_epoch(4)
-    assert calls == [0, 4]  # the loader's first epoch, then the one set
+    assert calls == [4]  # only the epoch set: preparing adds no call (it stands at epoch 0 as built)
     assert not isinstance(loader.batch_sampler.sampler, SeedableRandomSampler)
     plain = prepare_data_loader(DataLoader(range(10), batch_size=2, shuffle=True), num_processes=1)
     assert isinstance(plain.batch_sampler.sampler, SeedableRandomSampler)  # torch's own: replaced, as before

@@ -233,6 +233,7 @@ class ShardplugStrategyMixin(ShardplugOptions):
             prepared = prepare_eval_loader(
                 dataloader, drop_padding=not self.eval_even_batches, **self._data_arguments()
             )
+        prepared.epochs_set_by_framework = True  # Lightning's loops set its samplers' epoch before every pass
         logger.debug("rank %d: %s loader prepared (%s)", self.global_rank, stage, type(prepared.plan).__name__)
         return prepared
 

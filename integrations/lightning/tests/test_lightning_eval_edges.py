@@ -3,7 +3,8 @@
 ``scripts/lightning_eval_edges.py`` (one launch, several Trainers) and
 ``scripts/lightning_fabric_eval_edges.py`` (one Fabric launch) write per-rank JSON checked here:
 every rank runs every evaluation step (a per-step ``self.log(sync_dist=True)`` / all-reduce), no rank
-is refused for an empty loader, and every sample counts exactly once.
+is refused for an empty loader, and every sample counts exactly once. ``scripts/lightning_set_epoch.py``:
+Lightning's own test of the ``set_epoch`` calls an evaluation loop makes, under the strategy.
 """
 
 from __future__ import annotations
@@ -72,3 +73,14 @@ def test_fabric_evaluation_loaders_are_even_and_count_each_sample_once(tmp_path:
             runs = [r[f"{name}_{mode}"] for r in ranks]
             assert runs[0]["steps"] == runs[1]["steps"] >= 1
             assert all(sorted(run["gathered"]) == list(range(n)) for run in runs), (name, mode)
+
+
+def test_lightning_own_set_epoch_test_passes_under_the_strategy(tmp_path: Path) -> None:
+    """Lightning 2.6's ``test_evaluation_loop_sampler_set_epoch_called`` (``sampler=`` and ``batch_sampler=``) with
+    the shardplug strategy on 2 processes: the user's training sampler gets ``set_epoch`` once per epoch, the
+    validation sampler once per validation (the sanity check, then each epoch), a later ``validate`` its epoch."""
+    _run_script("lightning_set_epoch.py", tmp_path)
+    for rank in range(WORLD):
+        run = json.loads((tmp_path / f"set_epoch_rank{rank}.json").read_text())
+        for loader in ("sampler", "batch_sampler", "whole"):  # whole: the same over complete epochs
+            assert run[loader] == {"train": [0, 1], "val": [0, 0, 1], "validate": [2]}, (rank, loader, run[loader])

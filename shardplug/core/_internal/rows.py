@@ -11,7 +11,11 @@ list of ids), and other values. Its **rows** are the first dimension of its firs
 least one dimension (else the length of its first list of plain values). A tensor's rows are
 its dim 0; a list of plain values of that length has one value per row; every other leaf (a
 string, a number, a 0-dim tensor, a list of another length) belongs to the whole batch and is
-kept as it is in every part.
+kept as it is in every part. A list (or tuple) of tensors of different lengths -- one sequence per
+sample, as a collate that does not pad returns -- is *ragged rows*: one
+leaf with one tensor per row, cut, joined and sent row by row; a list of tensors of one length
+(``default_collate``'s ``[inputs, labels]``) is a container of leaves, unless the batches it is
+dispatched with tell otherwise (:func:`mark_ragged_rows` makes such lists :class:`RaggedRows`).
 
 Example::
 
@@ -40,6 +44,8 @@ __all__ = [
     "concatenate_rows",
     "describe_path",
     "leaf_spec",
+    "mark_ragged_rows",
+    "RaggedRows",
     "OBJECT",
 ]
 
@@ -49,6 +55,109 @@ OBJECT = "object"
 
 def _is_plain(value: Any) -> bool:
     return not isinstance(value, (torch.Tensor, Mapping, list, tuple))
+
+
+class RaggedRows(list):  # type: ignore[type-arg]
+    """A list of tensors that holds one tensor per row (sequences of their own lengths): one leaf of a
+    batch, cut, joined and sent row by row (a slice is ragged rows too).
+
+    Example::
+
+        >>> rows = RaggedRows([torch.zeros(2), torch.zeros(2), torch.zeros(1)])
+        >>> type(rows[1:]).__name__, flatten({"tokens": rows})[0] == [rows]
+        ('RaggedRows', True)
+    """
+
+    def __getitem__(self, index: Any) -> Any:
+        got = super().__getitem__(index)
+        return RaggedRows(got) if isinstance(index, slice) else got
+
+
+def _tensor_list(value: Any) -> bool:
+    """A list or tuple (not a named tuple) of tensors of at least one dimension."""
+    return (
+        isinstance(value, (list, tuple))
+        and not _is_namedtuple(value)
+        and len(value) > 0
+        and all(isinstance(v, torch.Tensor) and v.dim() > 0 for v in value)
+    )
+
+
+def _is_ragged_rows(value: Any) -> bool:
+    """Whether ``value`` is :class:`RaggedRows`, or a list or tuple of tensors of different lengths (dim 0).
+
+    Example::
+
+        >>> _is_ragged_rows([torch.zeros(5), torch.zeros(3)]), _is_ragged_rows([torch.zeros(4, 2), torch.zeros(4)])
+        (True, False)
+    """
+    if isinstance(value, RaggedRows):
+        return True
+    return _tensor_list(value) and len({int(v.shape[0]) for v in value}) > 1
+
+
+def mark_ragged_rows(batches: list[Any]) -> list[Any]:
+    """The batches of one step with every list of tensors that holds one tensor per row made
+    :class:`RaggedRows`, at the same places in all of them: a list of tensors of different lengths,
+    or one as long as the rows of the batch's other tensors whose tensors are not that long (sequences
+    of one length by chance, beside their ids). A list of tensors as long as one another and the
+    batch (``default_collate``'s ``[inputs, labels]``) stays a container.
+
+    Example::
+
+        >>> a = {"tokens": [torch.zeros(3), torch.zeros(1)], "ids": torch.arange(2)}
+        >>> b = {"tokens": [torch.zeros(3), torch.zeros(3)], "ids": torch.arange(2)}
+        >>> [type(batch["tokens"]).__name__ for batch in mark_ragged_rows([a, b])]
+        ['RaggedRows', 'RaggedRows']
+    """
+    paths: set[tuple[Any, ...]] = set()
+    for batch in batches:
+        _ragged_paths(batch, _rows_beside_lists(batch), (), paths)
+    if not paths:
+        return batches
+    return [_wrapped(batch, paths, ()) for batch in batches]
+
+
+def _rows_beside_lists(data: Any) -> int | None:
+    """The rows of the first tensor of ``data`` that is not in a list of tensors."""
+    if isinstance(data, torch.Tensor):
+        return int(data.shape[0]) if data.dim() > 0 else None
+    if _tensor_list(data) or not isinstance(data, (Mapping, list, tuple)):
+        return None
+    for value in data.values() if isinstance(data, Mapping) else data:
+        rows = _rows_beside_lists(value)
+        if rows is not None:
+            return rows
+    return None
+
+
+def _ragged_paths(data: Any, rows: int | None, path: tuple[Any, ...], found: set[tuple[Any, ...]]) -> None:
+    """Add to ``found`` the places in ``data`` of lists of tensors holding one tensor per row."""
+    if _tensor_list(data):
+        lengths = {int(v.shape[0]) for v in data}
+        if _is_ragged_rows(data) or (rows is not None and len(data) == rows and lengths != {rows}):
+            found.add(path)
+        return
+    if isinstance(data, Mapping):
+        for key, value in data.items():
+            _ragged_paths(value, rows, path + (key,), found)
+    elif isinstance(data, (list, tuple)):
+        for position, value in enumerate(data):
+            _ragged_paths(value, rows, path + (position,), found)
+
+
+def _wrapped(data: Any, paths: set[tuple[Any, ...]], path: tuple[Any, ...]) -> Any:
+    """``data`` with the lists of tensors at ``paths`` made :class:`RaggedRows`."""
+    if path in paths and _tensor_list(data):
+        return data if isinstance(data, RaggedRows) else RaggedRows(data)
+    if isinstance(data, Mapping):
+        built = {key: _wrapped(value, paths, path + (key,)) for key, value in data.items()}
+        return _rebuilt_mapping(type(data), built)
+    if _is_namedtuple(data):
+        return type(data)(*(_wrapped(value, paths, path + (k,)) for k, value in enumerate(data)))
+    if isinstance(data, (list, tuple)):
+        return type(data)([_wrapped(value, paths, path + (k,)) for k, value in enumerate(data)])
+    return data
 
 
 def _is_namedtuple(value: Any) -> bool:
@@ -120,8 +229,11 @@ def first_leaf(data: Any) -> Any:
 def flatten(data: Any) -> tuple[list[Any], Any]:
     """Leaves of a nested dict / list / tuple / namedtuple, and a picklable skeleton to rebuild it.
 
-    A non-empty list or tuple of plain values (no tensor, no container) is one leaf.
+    A non-empty list or tuple of plain values (no tensor, no container) is one leaf, and so is a
+    list or tuple of tensors of different lengths, or :class:`RaggedRows` (one tensor per row).
     """
+    if _is_ragged_rows(data):
+        return [data], None
     if isinstance(data, Mapping):
         keys = list(data.keys())
         parts = [flatten(data[k]) for k in keys]

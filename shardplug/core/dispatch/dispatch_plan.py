@@ -13,6 +13,7 @@ from shardplug.core._internal.rows import (
     describe_path,
     flatten,
     leaf_spec,
+    mark_ragged_rows,
     slice_rows,
     take_rows,
 )
@@ -48,6 +49,27 @@ def _trailing(leaf: Any) -> Any:
     """What must agree between the parts of one step: a tensor's dtype and shape beyond dim 0."""
     dtype, shape = leaf_spec(leaf)
     return (dtype, shape[1:]) if shape is not None else dtype
+
+
+def _kind(leaf: Any) -> Any:
+    """What must agree between the batches of one step: a tensor's dtype and number of dimensions."""
+    dtype, shape = leaf_spec(leaf)
+    return (dtype, len(shape)) if shape is not None else dtype
+
+
+def _joinable(batches: list[Any]) -> bool:
+    """Whether ``batches`` (of one structure) can be joined along their rows: every tensor leaf has
+    the same shape beyond dim 0 in all of them.
+
+    Example::
+
+        >>> _joinable([torch.zeros(2, 4), torch.zeros(3, 4)]), _joinable([torch.zeros(2, 4), torch.zeros(2, 5)])
+        (True, False)
+    """
+    flat = [flatten(batch) for batch in batches]
+    if any(skeleton != flat[0][1] or len(leaves) != len(flat[0][0]) for leaves, skeleton in flat):
+        return False
+    return all(len({_trailing(leaf) for leaf in column}) == 1 for column in zip(*(leaves for leaves, _ in flat)))
 
 
 class DispatchPlan(PlanDefaults):
@@ -132,12 +154,13 @@ class DispatchPlan(PlanDefaults):
     def check_step(self, group: list[Any]) -> list[int]:
         """The rows of each batch of one step; a :class:`DispatchError` when they cannot be
         dispatched together (no rows, tensors of different rows, or batches that differ in
-        structure or in shape beyond dim 0).
+        structure, dtype or number of dimensions). Shapes beyond dim 0 may differ (a collate that
+        pads each batch to its own longest row): :meth:`step` then sends each process its own batch.
 
         Example::
 
             >>> plan = DispatchPlan(ShardLayout.for_batches(2, num_processes=2))
-            >>> plan.check_step([torch.zeros(2, 3), torch.zeros(1, 3)])
+            >>> plan.check_step([torch.zeros(2, 3), torch.zeros(1, 5)])
             [2, 1]
         """
         rows, first = [], None
@@ -156,13 +179,13 @@ class DispatchPlan(PlanDefaults):
                         f"{describe_path(skeleton, k)} has {leaf.shape[0]} and the batch {count}; "
                         "pass dispatch_batches=False"
                     )
-            signature = (skeleton, [leaf_spec(leaf)[1][1:] if leaf_spec(leaf)[1] else None for leaf in leaves])
+            signature = (skeleton, [_kind(leaf) for leaf in leaves])
             if first is None:
                 first = signature
             elif signature != first:
                 raise DispatchError(
-                    "dispatch_batches=True joins the batches of one step, but they differ in structure or in shape "
-                    f"beyond dim 0 within the step ({first[1]} vs {signature[1]}); {_FIX}"
+                    "dispatch_batches=True sends the batches of one step together, but they differ in structure, "
+                    f"dtype or number of dimensions within the step ({first[1]} vs {signature[1]}); {_FIX}"
                 )
             rows.append(count)
         return rows
@@ -173,24 +196,53 @@ class DispatchPlan(PlanDefaults):
         -- batch ``j`` is exactly process ``j``'s rows --, else the batches joined along dim 0, a
         short step padded from ``head`` with ``even_batches``.
 
+        Batches whose shapes beyond dim 0 differ cannot be joined: each process gets its own batch
+        whole (a :class:`CutStep` of every batch, as its shape is), and with ``even_batches`` a
+        process left without one in a short last step gets a batch of one padding row
+        (:meth:`padding_parts`); without ``even_batches``, a batch of no rows.
+
         Example::
 
             >>> plan = DispatchPlan(ShardLayout.for_batches(2, num_processes=2))
             >>> head = plan.head_rows([torch.arange(2)])
             >>> plan.step([torch.arange(2), torch.arange(2, 3)], [2, 1], head, uncut=True).tolist()
             [0, 1, 2, 0]
+            >>> ragged = plan.step([torch.zeros(2, 4), torch.zeros(1, 5)], [2, 1], head, uncut=True)
+            >>> [tuple(part.shape) for part in plan.cut(ragged, slice_rows)]
+            [(2, 4), (1, 5)]
         """
         if uncut and len(group) == self.layout.batches_per_step and len(set(rows)) == 1:
             return CutStep(group)
+        if not _joinable(group):
+            if not uncut:
+                raise DispatchError(
+                    "dispatch_batches=True with slice_fn_for_dispatch joins the batches of one step before it cuts "
+                    "them, but they differ in shape beyond dim 0 within the step; leave slice_fn_for_dispatch unset "
+                    f"(each process then gets its own batch, as its shape is), {_FIX}"
+                )
+            return CutStep(group + self.padding_parts(group, head))
         step = group[0] if len(group) == 1 else concatenate_rows(group)
         return self.pad_step(step, head) if self.layout.even_batches else step
 
+    def padding_parts(self, group: list[Any], head: Any) -> list[Any]:
+        """The parts of the processes a short step of batches that cannot be joined leaves without
+        a batch: one row of ``head`` each (cycled) with ``even_batches``, else no rows."""
+        missing = range(self.layout.num_processes - len(group))
+        if not self.layout.even_batches:
+            return [slice_rows(group[0], slice(0, 0)) for _ in missing]
+        source_rows = batch_rows(flatten(head)[0]) or 1
+        return [take_rows(head, torch.tensor([k % source_rows])) for k in missing]
+
     def pad_step(self, step: Any, head: Any) -> Any:
-        """``step`` completed to a multiple of ``N`` rows with the rows of ``head`` (wrapped)."""
+        """``step`` completed to a multiple of ``N`` rows with the rows of ``head`` (wrapped); with
+        its own first rows when the head's shape beyond dim 0 is another (a batch padded to its own
+        longest row): the rows that pad are duplicates either way, counted out by ``remainder``."""
         rows = batch_rows(flatten(step)[0]) or 0
         missing = -rows % self.layout.num_processes
         if missing == 0:
             return step
+        if not _joinable([step, head]):
+            head = self.head_rows([step])
         source_rows = batch_rows(flatten(head)[0]) or 1
         picks = torch.arange(missing) % source_rows
         return concatenate_rows([step, take_rows(head, picks)])
@@ -204,6 +256,8 @@ class DispatchPlan(PlanDefaults):
             piece = slice_rows(batch, slice(0, count - taken))
             pieces.append(piece)
             taken += batch_rows(flatten(piece)[0]) or 0
+        if len(pieces) > 1 and not _joinable(pieces):  # batches padded to lengths of their own: the first
+            pieces, taken = pieces[:1], batch_rows(flatten(pieces[0])[0]) or 0
         rows = concatenate_rows(pieces) if len(pieces) > 1 else pieces[0]
         return take_rows(rows, torch.arange(min(count, taken)))
 
@@ -215,7 +269,7 @@ class DispatchPlan(PlanDefaults):
         data): then the epoch's first indices, loaded.
         """
         if record.started_at > 0 and load is not None:
-            return load(record.first_indices(self.head_size))
+            return mark_ragged_rows([load(record.first_indices(self.head_size))])[0]
         return self.head_rows(group)
 
     def part_slices(self, rows: int) -> list[slice]:

@@ -96,7 +96,8 @@ class DataLoaderDispatcher(DataLoaderShard):
     Per step process 0 takes one batch (``split_batches=True``) or ``N`` consecutive batches
     concatenated along dim 0, and process ``i`` receives rows ``[i*k, (i+1)*k)``.  A final
     step whose rows do not divide by ``N`` is completed with rows of the first step.  Shapes may
-    change from step to step; the batches joined into one step must agree beyond dim 0.
+    change from step to step, and between the batches of one step (each process then receives its
+    own batch whole: a collate that pads each batch to its own longest row).
     Non-tensor leaves are delivered (:mod:`shardplug.core._internal.rows`: per-row lists cut, other values
     kept).  A batch that cannot be dispatched is a :class:`DispatchError` raised on every process,
     never a hang.

@@ -32,6 +32,7 @@ from shardplug.core.dispatch.wire import (
     has_objects,
     new_control,
     with_rows,
+    with_specs,
 )
 
 __all__ = ["StepReceiver"]
@@ -124,8 +125,8 @@ class StepReceiver:
             self.stats.headers += 1
             if kind == HEADER:
                 return cast("tuple[Any, list[tuple[Any, Any]], tuple[tuple[int, str, int, int], ...]]", received)
-            first, part_rows = received
-            return with_rows(first, part_rows[self.process_index])
+            first, part_specs = received  # every part's leaf specs: this process reads its own
+            return with_specs(first, part_specs[self.process_index])
         if kind == ROWS and header is not None:
             return with_rows(header, message.rows)
         if kind != SAME or header is None:

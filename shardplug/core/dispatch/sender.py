@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 
 from shardplug.core._internal.collectives import world_size
-from shardplug.core._internal.rows import OBJECT, batch_rows, flatten, leaf_spec, slice_rows, unflatten
+from shardplug.core._internal.rows import OBJECT, flatten, leaf_spec, mark_ragged_rows, slice_rows, unflatten
 from shardplug.core.dispatch.dispatch_plan import DispatchError, DispatchPlan
 from shardplug.core.dispatch.shm import CollateIntoRing
 from shardplug.core.dispatch.transport import RECEIPT_LAG, Wire
@@ -29,6 +29,7 @@ from shardplug.core.dispatch.wire import (
     UNEVEN,
     DispatchStats,
     Header,
+    Specs,
     Step,
     announce,
     control_for,
@@ -89,6 +90,7 @@ class StepReader:
             self.wire.slots_taken += 1
             if not self.plan.takes_step(group):
                 return
+            group = mark_ragged_rows(group)  # lists of one tensor per row: one leaf, in every batch alike
             rows = self.plan.check_step(group)  # shapes may change from one step to the next
             if head is None:
                 head = self.plan.epoch_head(group, self.record, self.load)
@@ -122,8 +124,8 @@ class StepReader:
                 leaves = [leaf.clone() if self.wire.holds(leaf) else leaf for leaf in leaves]
                 parts[0] = unflatten(iter(leaves), skeleton)
             flat = [[transportable(leaf, device) for leaf in flatten(part)[0]] for part in parts]
-            rows = [batch_rows(part_leaves) or 0 for part_leaves in flat]
-            yield Step(parts[0], flat, (skeleton, [leaf_spec(leaf) for leaf in leaves]), rows, slot)
+            specs = [[leaf_spec(leaf) for leaf in part_leaves] for part_leaves in flat]
+            yield Step(parts[0], flat, (skeleton, [leaf_spec(leaf) for leaf in leaves]), specs, slot)
 
 
 def local_steps(reader: StepReader, stats: DispatchStats) -> Iterator[tuple[Any, bool]]:
@@ -245,14 +247,14 @@ class StepSender:
 
     def _send(self, step: Step, last: bool) -> Any:
         """Announce ``step`` and send its rows; process 0's own part as handed out."""
-        own, parts, first, part_rows, slot = step
+        own, parts, first, part_specs, slot = step
         header: Header = first + (self.wire.ring_table(parts),)
-        uneven = len(set(part_rows)) > 1  # even_batches=False: the last step's leftovers
+        uneven = step.uneven  # the last step's leftovers (even_batches=False), or batches of their own shapes
         for j in self.wire.shm_targets:  # this host: through shared memory, written before it is announced
             total, copied = self.wire.write_ring(j, tensors(parts[j]), slot)
             self.stats.bytes_shared += total
             self.stats.bytes_collated_in_place += total - copied
-        self._announce(header, part_rows, uneven, last, slot)
+        self._announce(header, part_specs, uneven, last, slot)
         self._send_rows(parts, header, uneven)
         self.stats.steps += 1
         self.wire.expect_receipts(self.reader.plan.layout.num_processes, self.device)
@@ -262,7 +264,7 @@ class StepSender:
             own = unflatten(iter(parts[0]), header[0])
         return own
 
-    def _announce(self, header: Header, part_rows: list[int], uneven: bool, last: bool, slot: int) -> None:
+    def _announce(self, header: Header, part_specs: list[Specs], uneven: bool, last: bool, slot: int) -> None:
         """The message of the step, and its header when the others do not know it."""
         kind, rows = (UNEVEN, 0) if uneven else control_for(header, self.sent)
         self.wire.slot_steps[slot] = self.wire.steps_sent
@@ -280,7 +282,7 @@ class StepSender:
             self.wire.broadcast_object(header, self.device, what)
             self.stats.headers += 1
         elif kind == UNEVEN:
-            self.wire.broadcast_object((header, part_rows), self.device, what)
+            self.wire.broadcast_object((header, part_specs), self.device, what)
             self.stats.headers += 1
         self.sent = None if uneven else header
 

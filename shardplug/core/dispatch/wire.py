@@ -6,8 +6,9 @@ on the kind:
 
 * ``SAME``: the step's part has the header sent last; ``ROWS``: that header with dim 0 =
   ``rows`` on every leaf; ``HEADER``: a new header follows (pickled: its size, then its bytes,
-  broadcast); ``UNEVEN`` (``even_batches=False``, the parts differ in rows): part 0's header and
-  every part's rows follow (pickled). Then, in this order: the leaves that travel pickled (their
+  broadcast); ``UNEVEN`` (the parts differ in rows, ``even_batches=False``, or in shape: each process's
+  own batch, padded by its collate to its own longest row): part 0's header and every part's leaf specs
+  follow (pickled), each process reading its own. Then, in this order: the leaves that travel pickled (their
   sizes broadcast, then one ``scatter``, when there are any), and every tensor leaf -- through process 0's
   shared-memory ring for the processes of its host (nothing on the group), else a point-to-point
   send tagged :data:`SEND_TAG` (CPU groups, and uneven parts) or a ``scatter`` (GPU groups).
@@ -93,14 +94,23 @@ Header = tuple[Any, list[tuple[Any, Any]], tuple[tuple[int, str, int, int], ...]
 shared-memory ring of every process on process 0's host: (process, path, slots, slot bytes))."""
 
 
+Specs = list[tuple[Any, Any]]
+"""(dtype, shape) of every leaf of one process's part."""
+
+
 class Step(NamedTuple):
     """Process 0: one step read and cut, ready to send."""
 
     own: Any  # process 0's part, as handed out
     parts: list[list[Any]]  # every process's part as leaves (tensors contiguous, on the group's device)
-    header: tuple[Any, list[tuple[Any, Any]]]  # part 0's skeleton and leaf specs
-    rows: list[int]  # every part's rows
+    header: tuple[Any, Specs]  # part 0's skeleton and leaf specs
+    specs: list[Specs]  # every part's leaf specs (their rows, and shapes that may differ: see UNEVEN)
     slot: int  # the ring slot the step's rows take (processes of process 0's host)
+
+    @property
+    def uneven(self) -> bool:
+        """Whether the parts differ in rows or in shape: every part's specs are sent (``UNEVEN``)."""
+        return any(specs != self.specs[0] for specs in self.specs[1:])
 
 
 class Message(NamedTuple):
@@ -150,6 +160,12 @@ def control_for(header: Header, sent: Header | None) -> tuple[int, int]:
     if len(rows) == 1 and with_rows(sent, next(iter(rows))) == header:
         return ROWS, next(iter(rows))
     return HEADER, 0
+
+
+def with_specs(header: Header, specs: Specs) -> Header:
+    """``header`` with the leaf ``specs`` of another process's part (an ``UNEVEN`` step)."""
+    skeleton, _, rings = header
+    return skeleton, specs, rings
 
 
 def with_rows(header: Header, rows: int) -> Header:

@@ -109,6 +109,8 @@ class PassHost(Protocol):
 
     def set_epoch(self, epoch: int) -> None: ...
 
+    def next_epoch(self) -> None: ...
+
     def pin_epoch(self) -> None: ...
 
     def inner_loader(self) -> Any: ...
@@ -261,7 +263,7 @@ class LoaderPass(WeakLoader[PassHost]):
         resume = loader.resume
         resume.inner.end_pass()  # what a pass left early kept describes no place once a new one begins
         if resume.last_pass.complete:
-            loader.set_epoch(loader.epoch + 1)
+            loader.next_epoch()
         loader.pin_epoch()
         shuffles = resume.shuffles()
         synchronize(shuffles.seedable, loader.rng_types, loader.synchronized_generator)

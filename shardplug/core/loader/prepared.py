@@ -80,6 +80,43 @@ def stateful_variant(cls: type) -> type:
     return combined_class(cls, stateful_dataloader_class())
 
 
+_EPOCH_LEVELS = ("batch_sampler", "sampler", "dataset")
+"""Where a ``set_epoch`` hands the epoch on: a shard's wrapped batch sampler and its sampler, a wrapper's dataset."""
+
+
+def _stands_at_another_epoch(target: Any, epoch: int) -> bool:
+    """Whether ``target``, or a level under it that its ``set_epoch`` reaches, says it stands at another
+    epoch than ``epoch``: an ``epoch`` attribute (torch's ``DistributedSampler``, shardplug's samplers,
+    Hugging Face's datasets), ``next_epoch`` (streaming's ``StreamingDataset``) or ``current_epoch``
+    (litdata's, which starts at 1).  A level that says nothing stands where it was built.  Preparing a
+    loader tells its samplers epoch 0 only where this holds, so a framework's own ``set_epoch`` calls
+    (Lightning's, once per epoch) are the only ones they get.
+
+    Example::
+
+        >>> from shardplug.core.shuffle.seedable import SeedableRandomSampler
+        >>> sampler = SeedableRandomSampler(range(4), data_seed=0)
+        >>> _stands_at_another_epoch(sampler, 0)
+        False
+        >>> sampler.set_epoch(3)
+        >>> _stands_at_another_epoch(sampler, 0)
+        True
+    """
+    seen: list[Any] = []
+    pending = [target]
+    while pending and len(seen) < 8:  # a few levels: samplers and wrappers, never a cycle
+        level = pending.pop()
+        if level is None or any(level is s for s in seen):
+            continue
+        seen.append(level)
+        for name in ("epoch", "next_epoch", "current_epoch"):
+            said = getattr(level, name, None)
+            if is_int(said) and said != epoch:
+                return True
+        pending.extend(getattr(level, name, None) for name in _EPOCH_LEVELS)
+    return False
+
+
 def _variant_instance(bases: tuple[type, ...]) -> Any:
     """Unpickling helper: an empty instance of the cached class deriving from ``bases``."""
     return object.__new__(combined_class(*bases))
@@ -256,6 +293,24 @@ class PreparedDataLoader(DataLoader[Any]):
         if self.keeps_own_epoch:
             for target in self._epoch_targets():
                 target.set_epoch(self.epoch)
+
+    epochs_set_by_framework = False
+    """A framework sets the epoch of the loader's samplers itself before every pass (Lightning's loops call
+    ``set_epoch`` on ``loader.sampler`` and ``loader.batch_sampler.sampler``, once per epoch): after a
+    complete pass the loader then advances its own epoch and its dataset's (:meth:`next_epoch`), not its
+    samplers' a second time. shardplug's Lightning strategy sets this on the loaders it prepares."""
+
+    def next_epoch(self) -> None:
+        """After a complete pass, as the next one begins: the next epoch (:meth:`set_epoch`); with
+        :attr:`epochs_set_by_framework`, on the loader and its dataset only."""
+        epoch = self.epoch + 1
+        if not self.epochs_set_by_framework:
+            self.set_epoch(epoch)
+            return
+        self._resume.enter_epoch(epoch)
+        self.epoch = epoch
+        if hasattr(self.dataset, "set_epoch"):
+            self.dataset.set_epoch(epoch)
 
     def set_epoch(self, epoch: int) -> None:
         """Set the epoch of this loader, its sampler, its batch sampler and its dataset.
@@ -498,8 +553,9 @@ class DataLoaderShard(PreparedDataLoader):
                 object.__setattr__(self, "batch_size", self.batch_sampler.per_process_batch_size)
                 object.__setattr__(self, "drop_last", self.batch_sampler.drop_last)
         super()._setup(options)
-        for target in self._epoch_targets():
-            target.set_epoch(0)
+        for target in self._epoch_targets():  # the loader starts at epoch 0: so do they, told only where needed
+            if _stands_at_another_epoch(target, 0):
+                target.set_epoch(0)
 
     def inner_batches(self, discard: int) -> Iterator[Any]:
         with self.plan.start_in_workers(self.num_workers) as pending:
