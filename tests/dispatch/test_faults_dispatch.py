@@ -116,6 +116,37 @@ def test_a_slow_process_is_waited_for_not_taken_for_dead():
         assert sorted(sum(seen, [])) == list(range(15)), seen
 
 
+def _dispatch_while_process_0_ends_first(rank: int, world: int, shared_memory: bool) -> list[int]:
+    """Process 0 goes through its pass and ends (its process group destroyed, as a script that ends
+    does) between the others' receiving the last step and their sending its receipt (forced: the
+    receipt of the last step waits 1.5 s; the suite once met this interleaving by chance)."""
+    import shardplug
+    from shardplug.core.dispatch.transport import Wire
+
+    shardplug.DataLoaderDispatcher.shared_memory = shared_memory
+    data = [torch.tensor([float(i)]) for i in range(5 * world)]
+    loader = prepare_data_loader(DataLoader(data, batch_size=1), put_on_device=True, dispatch_batches=True)
+    send_receipt = Wire.send_receipt
+
+    def late_last_receipt(wire: Wire, device: torch.device) -> None:
+        if wire.steps_received == len(loader) - 1:
+            time.sleep(1.5)  # process 0 ends its pass and leaves meanwhile
+        send_receipt(wire, device)
+
+    Wire.send_receipt = late_last_receipt  # type: ignore[method-assign]
+    return [int(batch.item()) for batch in loader]
+
+
+def test_process_0_that_ended_after_the_last_step_failed_nothing():
+    """The others received the last step whole: their receipt of it can no longer reach process 0, and
+    that is no failure (it was, through the process group: a DispatchError on every other process at the
+    last step, whose batch was not handed out)."""
+    for shared_memory in (True, False):
+        seen = run_gloo(_dispatch_while_process_0_ends_first, shared_memory, world_size=3, timeout=60)
+        assert sorted(sum(seen, [])) == list(range(15)), seen
+        assert [len(part) for part in seen] == [5, 5, 5], seen
+
+
 def _dispatch_group_timeout(rank: int, world: int) -> float:
     from shardplug.core._internal.compat import group_timeout
 

@@ -3,11 +3,13 @@
 A process reads the message before every step (:mod:`~shardplug.core.dispatch.wire`),
 the header when one follows, then its rows -- from process 0's ring when it shares process 0's
 host, else through the process group -- and sends its receipt. Messages of a pass it left early
-are received and dropped when its next pass starts.
+are received and dropped when its next pass starts. The receipt of a pass's last step may find
+process 0 gone: a process 0 that ended after sending every step (a script that ends) failed nothing.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 from typing import Any, cast
 
@@ -36,6 +38,8 @@ from shardplug.core.dispatch.wire import (
 )
 
 __all__ = ["StepReceiver"]
+
+logger = logging.getLogger(__name__)
 
 
 class StepReceiver:
@@ -109,12 +113,23 @@ class StepReceiver:
             header_after = (
                 None if kind == UNEVEN else header
             )  # after uneven parts, the next step comes with a header of its own
-            self.wire.send_receipt(self.device)
+            self._send_receipt(last_of_pass=bool(message.last) and number == pass_number)
             if number < pass_number:
                 header = header_after
                 continue  # the rest of a pass this process left early
             self.stats.steps += 1
             return kind, bool(message.last), header_after, unflatten(iter(leaves), header[0])
+
+    def _send_receipt(self, last_of_pass: bool) -> None:
+        """Tell process 0 that the step arrived. After the pass's last step, this process has every
+        row of the pass: process 0 may have ended since (its pass was over), and its receipt then
+        reaches nobody, which fails nothing."""
+        try:
+            self.wire.send_receipt(self.device)
+        except RuntimeError as exc:  # DispatchError, gloo's closed connection
+            if not last_of_pass:
+                raise
+            logger.debug("process 0 ended before taking the receipt of pass %d's last step: %s", self.pass_number, exc)
 
     def _header(self, message: Message, header: Header | None) -> Header:
         """This process's header of the step ``message`` announces (received when one follows)."""
