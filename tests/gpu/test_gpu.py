@@ -211,6 +211,52 @@ def test_lightning_on_the_gpu_steps_the_scheduler_per_real_step(precision, tmp_p
         torch.distributed.destroy_process_group()
 
 
+def test_lightning_transfer_hooks_see_device_batches_with_put_on_device(tmp_path):
+    """docs/gpu.md: with ``put_on_device=True`` Lightning still calls its three transfer hooks once per batch, in
+    order, and the batch they receive is already on the device (shardplug moved it, overlapped)."""
+    pl = pytest.importorskip("lightning.pytorch")
+    shardplug_lightning = pytest.importorskip("shardplug_lightning")
+    calls: list[tuple[str, str]] = []
+
+    class Model(pl.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.layer = torch.nn.Linear(8, 1)
+
+        def on_before_batch_transfer(self, batch, dataloader_idx):
+            calls.append(("before", batch[0].device.type))
+            return batch
+
+        def transfer_batch_to_device(self, batch, device, dataloader_idx):
+            calls.append(("transfer", batch[0].device.type))
+            return super().transfer_batch_to_device(batch, device, dataloader_idx)
+
+        def on_after_batch_transfer(self, batch, dataloader_idx):
+            calls.append(("after", batch[0].device.type))
+            return batch
+
+        def training_step(self, batch, batch_idx):
+            return self.layer(batch[0]).pow(2).mean()
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    trainer = pl.Trainer(
+        accelerator="gpu",
+        devices=1,
+        strategy=shardplug_lightning.ShardplugDDPStrategy(put_on_device=True),
+        max_epochs=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        default_root_dir=tmp_path,
+    )
+    trainer.fit(Model(), DataLoader(TensorDataset(torch.randn(12, 8)), batch_size=2))
+    assert calls == [("before", "cuda"), ("transfer", "cuda"), ("after", "cuda")] * 6, calls
+    if torch.distributed.is_initialized():  # the strategy's group of one process: not left to the next test
+        torch.distributed.destroy_process_group()
+
+
 def test_ignite_trainer_and_evaluator_with_a_cuda_device():
     pytest.importorskip("ignite")
     from shardplug.core.config import ShardplugConfig
