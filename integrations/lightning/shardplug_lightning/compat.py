@@ -177,3 +177,43 @@ def set_epoch_length(trainer: Any, fit_loop: Any, limit: int) -> None:
 def forget_iterator(loader: DataLoader[Any]) -> None:
     """Drop the persistent iterator of a (copied) ``DataLoader``."""
     core_compat.forget_iterator(loader)
+
+
+def open_the_next_epoch(fit_loop: Any) -> bool:
+    """After Lightning's ``_FitLoop.reset`` finished the epoch whose last batch a checkpoint of
+    ``on_train_batch_end`` saw (its epoch progress: processed == ready), its restart stage still says
+    "restarted mid-epoch", so ``on_advance_start`` would not count the next epoch as ready and started (nor call
+    ``on_train_epoch_start``): every later checkpoint would then hold an epoch progress no uninterrupted run
+    holds. Clear that stage, as an uninterrupted run opens the next epoch; whether it was cleared."""
+    current = fit_loop.epoch_progress.current
+    if (
+        not _required(fit_loop, "restarted_mid_epoch", "the fit loop's restart stage")
+        or current.ready != current.processed
+    ):
+        return False
+    fit_loop.reset_restart_stage()
+    return True
+
+
+def repair_epoch_progress(checkpoint: dict[str, Any], loader_epoch: Any) -> bool:
+    """Repair, in a loaded ``checkpoint``, the epoch progress a resume from an epoch's last batch left in every
+    later checkpoint before :func:`open_the_next_epoch` (epoch ``k`` running, counted as not started: ready =
+    started = processed = completed = ``k``): where the batch counters and the saved loader position
+    (``loader_epoch(state)``: its epoch inside which it stands, else ``None``) both stand inside epoch ``k``,
+    epoch ``k`` is counted ready and started, as an uninterrupted run counts it; whether it was repaired."""
+    fit = checkpoint.get("loops", {}).get("fit_loop")
+    if not isinstance(fit, dict) or "epoch_progress" not in fit or "epoch_loop.batch_progress" not in fit:
+        return False
+    epochs, batches = fit["epoch_progress"], fit["epoch_loop.batch_progress"]
+    current = epochs["current"]
+    k = current["processed"]
+    if len({current["ready"], current["started"], k, current["completed"]}) != 1:
+        return False
+    if batches["current"]["ready"] <= 0 or batches.get("is_last_batch", False):
+        return False
+    states = fit.get("state_dict", {}).get("combined_loader") or []
+    if not states or any(loader_epoch(state) != k for state in states):
+        return False
+    for counts in epochs.values():
+        counts["ready"] = counts["started"] = counts["processed"] + 1
+    return True
