@@ -217,3 +217,18 @@ def repair_epoch_progress(checkpoint: dict[str, Any], loader_epoch: Any) -> bool
     for counts in epochs.values():
         counts["ready"] = counts["started"] = counts["processed"] + 1
     return True
+
+
+def finish_the_epoch(fit_loop: Any) -> bool:
+    """Finish Lightning's running epoch as ``_FitLoop.reset`` finishes one whose last batch a checkpoint of
+    ``on_train_batch_end`` saw (its batches counted done, the epoch processed and completed), where the
+    checkpoint saw another batch that is the last one on this layout (no batch of it left); whether it did.
+    Only for such a checkpoint: one saved after the epoch's validation is finished by Lightning itself."""
+    epoch_loop = _required(fit_loop, "epoch_loop", "the training epoch loop")
+    progress = epoch_loop.batch_progress
+    if progress.is_last_batch or not _required(epoch_loop, "restarted_on_train_batch_end", "its restart stage"):
+        return False
+    progress.is_last_batch = True
+    fit_loop.epoch_progress.increment_processed()
+    fit_loop.epoch_progress.increment_completed()
+    return True

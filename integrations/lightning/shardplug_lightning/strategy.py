@@ -392,6 +392,12 @@ class ShardplugStrategyMixin(ShardplugOptions):
                 # the same shift for all: a checkpoint of on_train_batch_end has completed = ready - 1,
                 # and Lightning adds the 1 when it restarts (completed may be -1 until then)
                 setattr(tracker, name, getattr(tracker, name) + delta)
+        if loader.epoch == trainer.current_epoch + 1 and compat.finish_the_epoch(fit_loop):
+            logger.info(
+                "rank %d: resumed where this layout has no batch left in epoch %d: the next epoch starts",
+                self.global_rank,
+                loader.epoch - 1,
+            )
         if delta:
             logger.info(
                 "rank %d: resumed on another layout: %d of %d batches of this epoch done (the checkpoint counted %d)",

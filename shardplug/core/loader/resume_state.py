@@ -138,6 +138,11 @@ class ResumeState(WeakLoader[ResumeHost]):
         (:class:`~shardplug.core.loader.placing.PassPlacement`)."""
         reads_through = self.loader.use_stateful_dataloader and self.inner_state_resumes()
         placement = PassPlacement(self.plan, self.inner, reads_through, self.check().workers_split_stream)
+        state = self.loader.gradient_state
+        if self.pending.epoch_ended and state is not None:
+            # the loaded position's epoch ended on this layout: as at every epoch's end, the accumulation
+            # cycle it was saved in ends with it (its micro-batches' gradients are in no checkpoint)
+            state.restart_cycle()
         return placement.place(*self.pending.take())
 
     # -- lengths ----------------------------------------------------------------------------
@@ -221,14 +226,16 @@ class ResumeState(WeakLoader[ResumeHost]):
         if not isinstance(position, Position):
             position = Position.from_dict(position)
         self.check_loadable(position, stateful=False)
-        self.apply(self.on_this_layout(position))
+        self.apply(position)
 
     def apply(self, position: Position) -> None:
-        """Continue from ``position`` (already checked) at the next pass."""
+        """Continue from ``position`` (already checked) at the next pass (:meth:`on_this_layout`)."""
+        saved_epoch = position.epoch
+        position = self.on_this_layout(position)
         self.pending.position = None  # a position loaded before is replaced
         self.shuffles().restore(position.seeds, position.generator_state)
         self.loader.set_epoch(position.epoch)
-        self.pending.load(position)
+        self.pending.load(position, epoch_ended=position.epoch != saved_epoch)
 
     def on_this_layout(self, position: Position) -> Position:
         """``position`` (already checked) as this loader's layout reads it: a place inside an epoch after which
@@ -320,8 +327,7 @@ class ResumeState(WeakLoader[ResumeHost]):
             )
         position = Position.from_dict(state.pop(POSITION_KEY))
         self.check_loadable(position, stateful=True)
-        position = self.on_this_layout(position)
-        if self.position_suffices(position):
+        if self.position_suffices(self.on_this_layout(position)):
             self.apply(position)  # shardplug's own skip (exact) repositions the next pass
             return
         self.inner.load(loader.inner_loader(), state)
