@@ -159,14 +159,16 @@ def _relay(script: str, setup: Setup, relay: Relay | None, root: Path) -> tuple[
     return first_rows(out, m), more
 
 
-def relay_cases(setups: dict[str, tuple[Setup, Layouts]], relays: dict[str, Relay]) -> list[Any]:
-    """The parameters of every relay case of ``setups``."""
+def relay_cases(setups: dict[str, tuple[Setup, Layouts]], relays: dict[str, Relay], old: bool = False) -> list[Any]:
+    """The parameters of every relay case of ``setups`` (``old``: also each position of a relay resumed from an
+    epoch's last step with the epoch progress an older shardplug left there, ``<point>-old``: Lightning)."""
     cases = []
     for name, (n, point, m, resumed_on) in relays.items():
         if name in setups:
             for k in resumed_on:
                 for p in relay_points(setups[name][0], (n, point), m, k):
-                    cases.append(pytest.param(name, k, p, id=f"{name}-{n}to{m}to{k}-{p}"))
+                    for variant in (p, f"{p}-old") if old and relay_epoch(point) else (p,):
+                        cases.append(pytest.param(name, k, variant, id=f"{name}-{n}to{m}to{k}-{variant}"))
     return cases
 
 
@@ -175,7 +177,7 @@ def check_relay(
 ) -> None:
     """The oracle on the relay of ``setup`` saved at ``point`` and resumed on ``after`` processes."""
     n, first_point, m, _ = relay
-    batch = relay_points(setup, (n, first_point), m, after)[point]
+    batch = relay_points(setup, (n, first_point), m, after)[point.removesuffix("-old")]
     first = [rows_until(rows, first_point, setup, n) for rows in runs["first"][n]]
     before, saved = relayed(runs["relay"], batch, first)
     ranks = runs["resumed"][after]

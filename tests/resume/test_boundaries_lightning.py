@@ -11,14 +11,14 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from _boundary_runs import LIGHTNING, cases, check, scenario_runs
+from _boundary_runs import LIGHTNING, RELAYS, cases, check, check_relay, relay_cases, scenario_runs
 
 
 @pytest.fixture(scope="module")
 def lightning_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """Every Lightning setup's first runs (killed) and resumed runs, by setup id."""
     pytest.importorskip("shardplug_lightning")
-    return scenario_runs("boundaries_lightning.py", LIGHTNING, "lightning", tmp_path_factory)
+    return scenario_runs("boundaries_lightning.py", LIGHTNING, "lightning", tmp_path_factory, RELAYS)
 
 
 @pytest.mark.parametrize("name, before, after, point", cases(LIGHTNING))
@@ -28,22 +28,11 @@ def test_lightning_resumes_a_checkpoint_of_every_boundary_exactly(
     check(LIGHTNING[name][0], lightning_runs[name], before, after, point)
 
 
-def test_lightning_resumed_twice_in_a_row_keeps_its_loop_state_and_batch_idx(
-    tmp_path_factory: pytest.TempPathFactory,
+@pytest.mark.parametrize("name, after, point", relay_cases(LIGHTNING, RELAYS, old=True))
+def test_lightning_resumes_a_relay_saved_inside_its_epoch_exactly(
+    lightning_runs: dict[str, Any], name: str, after: int, point: str
 ) -> None:
-    """Resumed from epoch 0's last step, then from that run's checkpoint inside epoch 1 (and from the same
-    checkpoint with the epoch progress an older shardplug left there): Lightning's epoch progress is an
-    uninterrupted run's, and ``batch_idx`` continues where the checkpoint stood."""
-    pytest.importorskip("shardplug_lightning")
-    import json
-
-    from _boundary_runs import run_script
-
-    out = tmp_path_factory.mktemp("lightning-chain")
-    run_script("lightning_resume_chain.py", out)
-    runs = json.loads((out / "chain.json").read_text())
-    assert runs["progress"] == {"ready": 2, "started": 2, "processed": 1, "completed": 1}, runs["progress"]
-    whole = runs["whole"]
-    assert runs["second"] == [row for row in whole if row[0] == 1]
-    for name in ("third", "old"):
-        assert runs[name] == [row for row in whole if row[0] == 1 and row[1] >= 5], f"{name}: {runs[name][:2]}"
+    """A second kill and resize inside the epoch after a first resized resume (from an epoch's last step:
+    ``batch_idx`` continues; ``-old``: the checkpoint with the epoch progress an older shardplug left there), and
+    one where the new layout has no step left in the epoch (the fit goes on to the next epoch)."""
+    check_relay(LIGHTNING[name][0], lightning_runs[name], RELAYS[name], after, point)
