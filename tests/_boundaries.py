@@ -250,6 +250,9 @@ def _check_no_step_left(
 ) -> None:
     """A resumed run that starts in a later epoch than its position's: the rest of that epoch filled no step of
     the saved layout (its end) or of the new one (``drop_last`` dropped it), as at an epoch's end."""
+    assert all(after), (
+        f"{where}: a rank trained nothing (epochs run: {[sorted({r[0] for r in rank}) for rank in after]})"
+    )
     first_epoch = min(row[0] for rank in after for row in rank)
     if first_epoch == last_saved[0]:
         return
