@@ -43,6 +43,9 @@ __all__ = [
     "batch_progress",
     "set_epoch_length",
     "forget_iterator",
+    "open_the_next_epoch",
+    "repair_epoch_progress",
+    "finish_the_epoch",
 ]
 
 CHECKED_AGAINST: dict[str, str] = {"lightning": "2.6.6", "torch": core_compat.CHECKED_AGAINST["torch"]}
@@ -75,6 +78,14 @@ PRIVATES: dict[str, str] = {
     "val_check_batch is not derived from the epoch's length)",
     "lightning.pytorch.trainer.Trainer.val_check_batch": "the batch of the epoch after which validation runs, "
     "derived again from the epoch's length set after a resume",
+    f"{_LOOPS}.fit_loop._FitLoop.epoch_progress": "its epoch counters, counted on after a resume where Lightning "
+    "leaves them as no uninterrupted run has them",
+    f"{_LOOPS}.fit_loop._FitLoop.restarted_mid_epoch": "its restart stage after a resume inside an epoch",
+    f"{_LOOPS}.fit_loop._FitLoop.reset_restart_stage": "clears it, so that the next epoch opens as in a run",
+    f"{_LOOPS}.training_epoch_loop._TrainingEpochLoop.restarted_on_train_batch_end": "whether the checkpoint was "
+    "saved in on_train_batch_end (then Lightning finishes an epoch whose last batch it saw)",
+    f"{_LOOPS}.fit_loop._FitLoop.state_dict": "the fit loop's part of a checkpoint (checkpoint['loops']['fit_loop']: "
+    "'epoch_progress', 'epoch_loop.batch_progress', 'state_dict' / 'combined_loader'), repaired when loaded",
     "torch.utils.data.DataLoader._iterator": "dropped on the shallow copy of a predict loader made for "
     "prepare_data_loader (see shardplug.core._internal.compat)",
 }
