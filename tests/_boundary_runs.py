@@ -67,12 +67,13 @@ processes (the relay, itself saved after every batch of its first epoch), and th
 on each K (a second kill and resize after a first resized resume)."""
 
 RELAYS: dict[str, Relay] = {
-    # setup id: relay; each K is a layout the setup's matrix already resumes on
-    "seeded": (2, "last_step", 3, (1, 2)),  # resumed from an epoch's last step, then inside the next epoch
+    # setup id: relay; each K is a layout the setup's matrix already resumes on (no process group more than the
+    # relay's own: the relay's positions join the resumed runs)
+    "seeded": (2, "last_step", 3, (1,)),  # from an epoch's last step, then inside the next epoch, onto fewer
     "agreed-accumulate3-droplast-workers2": (3, "first_step", 1, (2,)),  # onto more: no step left at the end
     "agreed-accumulate3-droplast-workers2-validation": (3, "first_step", 1, (2,)),
 }
-FEWER_RELAYS: dict[str, Relay] = {**RELAYS, "seeded": (2, "last_step", 3, (1,))}  # Fabric and Ignite
+FEWER_RELAYS: dict[str, Relay] = {**RELAYS, "seeded": (2, "last_step", 1, (3,))}  # Fabric and Ignite: onto more
 
 
 def run_script(script: str, out: Path, *args: str, expect_killed: bool = False) -> None:
