@@ -16,6 +16,13 @@ agreed shuffle, a validation loop), each with the layouts that meet it; Fabric a
 processes import their framework for seconds, meet fewer (2 -> 1, 2 -> 3, 1 -> 2, 3 -> 2). Lightning
 and Fabric step at the new layout's cycles of the epoch; plain PyTorch and Ignite continue the saved
 accumulation cycle of the core's ``GradientState`` (``cycles="carried"`` of the oracle).
+
+Relays (:data:`RELAYS`): a second kill and resize inside the epoch after a first resized resume. One position
+of a first run is resumed on another number of processes, which saves after every batch of its epoch and is
+killed in the next; its positions after its first batch, a middle one and, where ``drop_last`` leaves it, the
+first after which the third layout has no step left in the epoch, join the resumed runs of that layout (the
+same oracle, from the relay's counters). Lightning also resumes each relay position saved after a resume
+from an epoch's last step with the epoch progress an older shardplug left there (``<point>-old``).
 """
 
 from __future__ import annotations
