@@ -139,7 +139,7 @@ def feed(quick: bool) -> list[tuple[str, float, float | None]]:
         ("feed: copy then compute, one stream", best_of(3, one_stream) / count, None),
         ("feed: hand-written side-stream loop", best_of(3, side_stream) / count, None),
         ("feed: shardplug, prefetch_depth=0", best_of(3, loader_of(0)) / count, None),
-        ("feed: shardplug (default: prefetch on CUDA)", best_of(3, loader_of(None)) / count, None),
+        ("feed: shardplug, prefetch_depth=2 (opt-in)", best_of(3, loader_of(2)) / count, None),
     ]
     if reference is not None:
         try:

@@ -41,8 +41,9 @@ logger = logging.getLogger(__name__)
 
 
 def resolve_prefetch_depth(depth: int | None, device: torch.device | None) -> int:
-    """The depth a pass uses: ``depth`` when given, else :data:`DEFAULT_CUDA_DEPTH` on a CUDA ``device`` and 0
-    elsewhere (reading ahead on the CPU only holds batches longer).
+    """The depth a pass uses: ``depth`` when given, else :data:`DEFAULT_CUDA_DEPTH` on a CUDA ``device`` (0:
+    prefetching is opt-in until the GPU checks have passed on a real GPU) and 0 elsewhere (reading ahead on
+    the CPU only holds batches longer).
 
     Example::
 
