@@ -210,10 +210,15 @@ class StepOutcome:
             return cls.known(bool(float(flag.detach().sum()) != 0.0))
         outcome = cls()
         if flag.device.type == "cuda":
-            host = torch.empty(flag.shape, dtype=flag.dtype, pin_memory=True)
-            host.copy_(flag, non_blocking=True)
-            event = torch.cuda.Event()
-            event.record()
+            # everything on the flag's own device and its current stream (the step's kernels ran there), never
+            # on the process's current device: under torchrun without torch.cuda.set_device that is GPU 0,
+            # where this process has nothing to do
+            with torch.cuda.device(flag.device):
+                stream = torch.cuda.current_stream(flag.device)
+                host = torch.empty(flag.shape, dtype=flag.dtype, pin_memory=True)
+                host.copy_(flag, non_blocking=True)  # on the current stream of the flag's device: ``stream``
+                event = torch.cuda.Event()
+                event.record(stream)
             outcome._flag, outcome._event = host, event
         else:
             outcome._flag = flag.detach().clone()
