@@ -222,3 +222,45 @@ def test_a_position_saved_while_reading_ahead_resumes_on_another_number_of_proce
     resized.load_state_dict(state)
     rest = [_values(b) for b in resized]
     assert sorted(v for b in rest for v in b) == list(range(12, 24))  # 2 processes x 3 batches x 2 rows consumed
+
+
+def _layouts():
+    dense = torch.arange(12.0).reshape(3, 4) * (torch.arange(12).reshape(3, 4) % 3 == 0)
+    uncoalesced = torch.sparse_coo_tensor(torch.tensor([[0, 0, 2]]), torch.tensor([1.0, 2.0, 3.0]), (4,))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # torch.nested's prototype warning
+        nested = torch.nested.nested_tensor([torch.ones(2), torch.full((3,), 2.0)])
+        jagged = torch.nested.nested_tensor([torch.ones(2, 3), torch.ones(4, 3)], layout=torch.jagged)
+    return {
+        "dense": dense,
+        "coo": dense.to_sparse(),
+        "coo_uncoalesced": uncoalesced,
+        "csr": dense.to_sparse_csr(),
+        "csc": dense.to_sparse_csc(),
+        "bsr": torch.arange(16.0).reshape(4, 4).to_sparse_bsr((2, 2)),
+        "nested": nested,
+        "jagged": jagged,
+    }
+
+
+@pytest.mark.parametrize("name", sorted(_layouts()))
+def test_strided_parts_hold_the_memory_of_every_layout(name):
+    """What the side-stream copy marks with ``record_stream`` (a kernel for strided tensors only): strided
+    tensors whose storages are those of the sparse or nested tensor's own components."""
+    from shardplug.core.loader.prefetch import strided_parts
+
+    tensor = _layouts()[name]
+    parts = strided_parts(tensor)
+    assert parts and all(part.layout is torch.strided and not part.is_nested for part in parts)
+    storages = {part.untyped_storage().data_ptr() for part in parts}
+    if tensor.layout is torch.sparse_coo:
+        owned = [tensor._indices(), tensor._values()]
+    elif tensor.layout in (torch.sparse_csr, torch.sparse_bsr):
+        owned = [tensor.crow_indices(), tensor.col_indices(), tensor.values()]
+    elif tensor.layout is torch.sparse_csc:
+        owned = [tensor.ccol_indices(), tensor.row_indices(), tensor.values()]
+    elif tensor.is_nested:
+        owned = list(tensor.unbind())  # views of the nested tensor's buffer
+    else:
+        owned = [tensor]
+    assert {t.untyped_storage().data_ptr() for t in owned} <= storages

@@ -8,7 +8,8 @@ notices and the position stay with the batch *handed out* (they happen at hand-o
 On a CUDA device the copy runs on a side stream (:class:`SideStreamCopy`): host memory is pinned where the
 loader did not pin it, the copy of batch ``i + 1`` runs while the step of batch ``i`` computes, the step's
 stream waits for its own batch only (an event) and each tensor is marked as used on the step's stream
-(``record_stream``), so the caching allocator never hands its memory out early. At most ``k + 1`` batches
+(``record_stream``; a sparse or nested tensor through its strided components, :func:`strided_parts`), so
+the caching allocator never hands its memory out early. At most ``k + 1`` batches
 are on the device: the one handed out and ``k`` in flight.  Elsewhere (a CPU device, no device) the
 prefetcher is a plain look-ahead, so the logic is the same and CI checks it.
 
@@ -35,7 +36,14 @@ import torch
 from shardplug.core._internal.arguments import DEFAULT_CUDA_DEPTH, check_prefetch_depth
 from shardplug.core._internal.rows import iter_leaves, map_leaves
 
-__all__ = ["Prefetcher", "SideStreamCopy", "resolve_prefetch_depth", "check_prefetch_depth", "DEFAULT_CUDA_DEPTH"]
+__all__ = [
+    "Prefetcher",
+    "SideStreamCopy",
+    "resolve_prefetch_depth",
+    "check_prefetch_depth",
+    "strided_parts",
+    "DEFAULT_CUDA_DEPTH",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -152,11 +160,12 @@ class SideStreamCopy:
 
     def start(self, batch: Any) -> _InFlight:
         """Enqueue ``batch``'s copy on the side stream (after what the current stream has queued so far)."""
-        self.stream.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(self.stream):
-            moved = map_leaves(batch, self._move)
-            event = torch.cuda.Event()
-            event.record(self.stream)
+        with torch.cuda.device(self.device):  # pinning and events on this device, never the process's current one
+            self.stream.wait_stream(torch.cuda.current_stream(self.device))
+            with torch.cuda.stream(self.stream):
+                moved = map_leaves(batch, self._move)
+                event = torch.cuda.Event()
+                event.record(self.stream)
         return _InFlight(moved, event)
 
     def finish(self, flight: _InFlight) -> Any:
@@ -164,8 +173,9 @@ class SideStreamCopy:
         current = torch.cuda.current_stream(self.device)
         current.wait_event(flight.event)
         for leaf in _tensors(flight.batch):
-            if leaf.device.type == "cuda":
-                leaf.record_stream(current)
+            for part in strided_parts(leaf):
+                if part.device.type == "cuda":
+                    part.record_stream(current)
         return flight.batch
 
     def _move(self, leaf: Any) -> Any:
@@ -194,6 +204,34 @@ class SideStreamCopy:
                     stacklevel=2,
                 )
             return tensor
+
+
+def strided_parts(tensor: torch.Tensor) -> list[torch.Tensor]:
+    """The strided tensors that hold ``tensor``'s memory: ``tensor`` itself when it is strided, else its
+    components (``Tensor.record_stream`` has a kernel for strided tensors only: marking the components marks
+    the memory of a sparse or nested tensor).
+
+    Example::
+
+        >>> coo = torch.sparse_coo_tensor(torch.tensor([[0, 1]]), torch.tensor([1.0, 2.0]), (3,))
+        >>> [part.layout for part in strided_parts(coo)]
+        [torch.strided, torch.strided]
+    """
+    layout = tensor.layout
+    if tensor.is_nested:  # torch.strided (one buffer, its sizes kept on the host) or torch.jagged
+        parts = [tensor.values()]
+        if layout is torch.jagged:
+            parts += [part for part in (tensor.offsets(), tensor.lengths()) if part is not None]
+        return parts
+    if layout is torch.strided:
+        return [tensor]
+    if layout is torch.sparse_coo:
+        return [tensor._indices(), tensor._values()]  # also uncoalesced (indices() would refuse)
+    if layout in (torch.sparse_csr, torch.sparse_bsr):
+        return [tensor.crow_indices(), tensor.col_indices(), tensor.values()]
+    if layout in (torch.sparse_csc, torch.sparse_bsc):
+        return [tensor.ccol_indices(), tensor.row_indices(), tensor.values()]
+    return [tensor]
 
 
 def _tensors(batch: Any) -> Iterator[torch.Tensor]:
