@@ -10,8 +10,9 @@ loader did not pin it, the copy of batch ``i + 1`` runs while the step of batch 
 stream waits for its own batch only (an event) and each tensor is marked as used on the step's stream
 (``record_stream``; a sparse or nested tensor through its strided components, :func:`strided_parts`), so
 the caching allocator never hands its memory out early. At most ``k + 1`` batches
-are on the device: the one handed out and ``k`` in flight.  Elsewhere (a CPU device, no device) the
-prefetcher is a plain look-ahead, so the logic is the same and CI checks it.
+are held by the prefetcher while the next is read; in a ``for`` loop the loop variable holds one more (the
+previous batch), ``k + 2`` in all.  Elsewhere (a CPU device, no device) the prefetcher is a look-ahead
+whose batches are copied as they are read (:func:`copy_ahead`), so the logic is the same and CI checks it.
 
 An exception raised while reading ahead is kept and raised when the pass reaches the batch it belongs to;
 nothing after it is handed out.
@@ -42,6 +43,7 @@ __all__ = [
     "resolve_prefetch_depth",
     "check_prefetch_depth",
     "strided_parts",
+    "copy_ahead",
     "DEFAULT_CUDA_DEPTH",
 ]
 
@@ -130,6 +132,29 @@ class Prefetcher:
         return self.note() if self.note is not None else None
 
 
+def copy_ahead(transfer: Callable[[Any], Any] | None) -> Callable[[Any], Any]:
+    """The ``start`` of a look-ahead off CUDA: each batch read ahead is moved (``transfer``, when given) and
+    its tensors copied as it is read, so a source that refills one buffer in place hands out what it hands
+    out at depth 0 (as the side stream's copy of unpinned memory on a GPU does).
+
+    Example::
+
+        >>> buffer = torch.zeros(1)
+        >>> held = copy_ahead(None)(buffer); _ = buffer.fill_(7.0)
+        >>> held.item()
+        0.0
+    """
+
+    def start(batch: Any) -> Any:
+        return map_leaves(transfer(batch) if transfer is not None else batch, _copied)
+
+    return start
+
+
+def _copied(leaf: Any) -> Any:
+    return leaf.clone() if isinstance(leaf, torch.Tensor) else leaf
+
+
 class _InFlight(NamedTuple):
     """A batch whose copy was started on the side stream, and the event recorded after its copy."""
 
@@ -143,7 +168,9 @@ class SideStreamCopy:
     :meth:`start` pins host tensors the loader left unpinned (a copy from pageable memory cannot overlap)
     and enqueues the copies on the side stream, then records an event; :meth:`finish` makes the current
     stream wait for that event only and marks each tensor as used by the current stream
-    (``Tensor.record_stream``). Non-tensor leaves with a ``.to()`` are moved by it, inside the side stream.
+    (``Tensor.record_stream``). Tensors already on the device are copied (a source reusing one device buffer
+    would otherwise alias every batch in flight). Non-tensor leaves with a ``.to()`` are moved by it, inside
+    the side stream.
 
     Example (on a CUDA machine)::
 
@@ -182,7 +209,10 @@ class SideStreamCopy:
         if isinstance(leaf, torch.Tensor):
             if leaf.device.type == "cpu" and not leaf.is_pinned():
                 leaf = self._pinned(leaf)
-            return leaf.to(self.device, non_blocking=True)
+            moved = leaf.to(self.device, non_blocking=True)
+            # already on the device: copied (on the side stream, after what the current stream queued), so a
+            # source that reuses one device buffer does not make every batch in flight alias it
+            return moved.clone() if moved is leaf else moved
         to = getattr(leaf, "to", None)
         if callable(to):
             try:
