@@ -251,7 +251,8 @@ def strided_parts(tensor: torch.Tensor) -> list[torch.Tensor]:
     if tensor.is_nested:  # torch.strided (one buffer, its sizes kept on the host) or torch.jagged
         parts = [tensor.values()]
         if layout is torch.jagged:
-            parts += [part for part in (tensor.offsets(), tensor.lengths()) if part is not None]
+            jagged: Any = tensor  # torch.nested's NestedTensor (a Tensor subclass): its offsets and lengths
+            parts += [part for part in (jagged.offsets(), jagged.lengths()) if part is not None]
         return parts
     if layout is torch.strided:
         return [tensor]
