@@ -124,7 +124,7 @@ class Resume:
     point: str = "half"
     load_twice: bool = False
     resume_twice: bool = False
-    skip: bool = False  # skip_first_batches instead of a position (same N)
+    skip: bool = False  # skip_first_batches instead of a position (same N); with resume_twice, then a position
 
 
 def dataset_for(case: Case) -> Any:
@@ -447,7 +447,7 @@ def run_after(case: Case, resume: Resume, saved: Saved) -> dict[str, Any]:
             if resume.load_twice:
                 loader.load_state_dict(state_for(rank, saved.states))
     rest = [Pass(loader) for loader in resumed]
-    if resume.resume_twice and not resume.skip:
+    if resume.resume_twice:  # (after a skip: a position saved inside the skipped pass)
         for p in rest:
             p.take(1)
         first_part = first_part + after.gather([p.batches for p in rest])
