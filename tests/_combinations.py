@@ -7,10 +7,11 @@ epoch, M processes, loaded once or twice, resumed once or twice, or ``skip_first
 runs the next epoch, and asserts from one oracle:
 
 * every real sample of the epoch exactly once (``drop_last``: at most once, and no more than a
-  step short), padding only where the mode pads, and always marked (``batch_real_count``);
+  step short), padding only where the mode pads, and always marked (``batch_real_count``, also under
+  dispatch, with ``remainder`` the last step's real rows on every process);
 * ``len()`` equal to what the pass yields, asked before the pass, at its first batch and at its last;
 * equal batch counts on every process where the mode promises them;
-* identical positions on every process;
+* identical positions on every process (also a step after a resume);
 * the next epoch equal to an uninterrupted run's of M processes.
 
 Without a process group the processes are simulated in one process (explicit ``num_processes`` /
@@ -123,7 +124,7 @@ class Resume:
     point: str = "half"
     load_twice: bool = False
     resume_twice: bool = False
-    skip: bool = False  # skip_first_batches instead of a position (same N)
+    skip: bool = False  # skip_first_batches instead of a position (same N); with resume_twice, then a position
 
 
 def dataset_for(case: Case) -> Any:
@@ -228,6 +229,7 @@ class Pass:
         self.len_first: int | None = None
         self.len_last: int | None = None
         self.batches: list[tuple[list[int], int]] = []
+        self.remainder: int | None = None  # loader.remainder at the pass's last batch
         self.iterator = iter(loader)
         self.done = False
 
@@ -241,29 +243,18 @@ class Pass:
                 return
             values = _values(batch)
             real = self.loader.batch_real_count
-            if real is None:
-                real = _dispatch_real(self.loader, len(values))
             self.batches.append((values, len(values) if real is None else real))
             length = _length(self.loader)
             if len(self.batches) == 1:
                 self.len_first = length
             self.len_last = length
+            if self.loader.end_of_dataloader:
+                self.remainder = self.loader.remainder
             if count is not None:
                 count -= 1
 
     def close(self) -> None:
         self.iterator = None  # type: ignore[assignment]
-
-
-def _dispatch_real(loader: Any, rows: int) -> int | None:
-    """Dispatch marks the last step's padding by ``remainder`` (its real rows over all processes):
-    process ``i`` of ``N`` holds rows ``[i*k, (i+1)*k)`` of the step (``k = rows``)."""
-    if getattr(loader, "dispatch_stats", None) is None or not loader.end_of_dataloader:
-        return None
-    remainder = loader.remainder
-    if remainder <= 0:
-        return None
-    return min(max(remainder - loader.process_index * rows, 0), rows)
 
 
 def _length(loader: Any) -> int | None:
@@ -278,16 +269,10 @@ def _position(loader: Any, stateful: bool) -> dict[str, Any]:
     return state["_shardplug_position"] if stateful else state
 
 
-def _receivers_own(case: Case) -> tuple[str, ...]:
-    """Position keys that may differ between processes: with dispatch only process 0 reads, so only its
-    shuffle generator draws the order (the others' generators stay where the epoch began, unused)."""
-    return ("generator_state",) if case.dispatch and case.shuffle == "generator" else ()
-
-
-def same_position(a: dict[str, Any], b: dict[str, Any], ignore: tuple[str, ...] = ()) -> bool:
+def same_position(a: dict[str, Any], b: dict[str, Any]) -> bool:
     if set(a) != set(b):
         return False
-    for key in set(a) - set(ignore):
+    for key in a:
         x, y = a[key], b[key]
         if isinstance(x, torch.Tensor) or isinstance(y, torch.Tensor):
             if not (isinstance(x, torch.Tensor) and isinstance(y, torch.Tensor) and torch.equal(x, y)):
@@ -295,6 +280,13 @@ def same_position(a: dict[str, Any], b: dict[str, Any], ignore: tuple[str, ...] 
         elif x != y:
             return False
     return True
+
+
+def _check_same_positions(positions: list[dict[str, Any]], where: str) -> None:
+    for rank, position in enumerate(positions[1:], 1):
+        assert same_position(positions[0], position), (
+            f"positions differ: process 0 {positions[0]} process {rank} {position} ({where})"
+        )
 
 
 def steps_of(case: Case, processes: int) -> int:
@@ -423,13 +415,8 @@ def run_before(case: Case, resume: Resume) -> Saved:
     states: list[Any] = []
     if not resume.skip:
         positions = before.gather([_position(loader, case.stateful) for loader in loaders])
-        for rank, position in enumerate(positions[1:], 1):
-            assert same_position(positions[0], position, ignore=_receivers_own(case)), (
-                f"positions differ: process 0 {positions[0]} process {rank} {position} ({case}, {resume})"
-            )
+        _check_same_positions(positions, f"{case}, {resume}")
         states = before.gather([loader.state_dict() for loader in loaders]) if case.stateful else positions
-        if _receivers_own(case) and not case.stateful:  # each process loads its own copy: exact all the same
-            states = positions
     for p in passes:
         p.close()
     return Saved(target_epoch, first_part, states, taken)
@@ -443,8 +430,7 @@ def run_after(case: Case, resume: Resume, saved: Saved) -> dict[str, Any]:
 
     def state_for(rank: int, states: list[Any]) -> Any:
         # a StatefulDataLoader's state is each process's own (a process the first run did not have loads process 0's)
-        own = case.stateful or bool(_receivers_own(case))
-        return states[rank] if own and rank < len(states) else states[0]
+        return states[rank] if case.stateful and rank < len(states) else states[0]
 
     if resume.skip:
         fresh = after.build()
@@ -461,13 +447,14 @@ def run_after(case: Case, resume: Resume, saved: Saved) -> dict[str, Any]:
             if resume.load_twice:
                 loader.load_state_dict(state_for(rank, saved.states))
     rest = [Pass(loader) for loader in resumed]
-    if resume.resume_twice and not resume.skip:
+    if resume.resume_twice:  # (after a skip: a position saved inside the skipped pass)
         for p in rest:
             p.take(1)
         first_part = first_part + after.gather([p.batches for p in rest])
         if _position(resumed[0], case.stateful)["epoch"] > target_epoch:  # that batch ended the epoch
             target_epoch, first_part = target_epoch + 1, []
         positions = after.gather([_position(loader, case.stateful) for loader in resumed])
+        _check_same_positions(positions, f"{case}, {resume}, a step after the resume")
         states = after.gather([loader.state_dict() for loader in resumed]) if case.stateful else positions
         for p in rest:
             p.close()
@@ -487,6 +474,8 @@ def run_after(case: Case, resume: Resume, saved: Saved) -> dict[str, Any]:
         "rest_lengths": after.gather([(p.len_before, p.len_first, p.len_last, len(p.batches)) for p in rest]),
         "next": after.gather([p.batches for p in following]),
         "next_lengths": after.gather([(p.len_before, p.len_first, p.len_last, len(p.batches)) for p in following]),
+        "rest_remainder": after.gather([p.remainder for p in rest]),
+        "next_remainder": after.gather([p.remainder for p in following]),
         "reference": reference(case, after_n, epochs=target_epoch + 2)[target_epoch + 1],
         "tracked": resumed[0].batch_real_count is not None,
     }
@@ -503,6 +492,15 @@ def verify(case: Case, resume: Resume, result: dict[str, Any]) -> None:
                     assert value == got, (
                         f"{where}: process {rank} len() {asked} the {name} pass is {value}, it yields {got}"
                     )
+    if case.dispatch:  # the last step's real rows, on every process (also of a stream without len())
+        for name in ("rest", "next"):
+            last = [batches[-1][1] for batches in result[name] if batches]
+            if last:
+                expected = sum(last) % steps_of(case, after_n)
+                assert result[f"{name}_remainder"] == [expected] * after_n, (
+                    f"{where}: remainder at the {name} pass's last step {result[f'{name}_remainder']}, its real rows "
+                    f"{last} (of steps of {steps_of(case, after_n)})"
+                )
     for batches in result["rest"]:
         _check_padding(case, batches, where)
     _check_counts(case, [len(b) for b in result["rest"]], where)

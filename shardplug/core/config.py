@@ -89,8 +89,8 @@ class ShardplugConfig:
             reference's orders) or ``"bijective"`` (a keyed bijection: no permutation in memory,
             each process computes only its own rows; for very large datasets).
         prefetch_depth: batches read (and copied to the device, on a CUDA side stream) ahead of the one
-            handed out, so that the next batch's copy overlaps the step; ``None`` (default): 2 on a CUDA
-            device with ``put_on_device=True``, else 0; ``0`` turns it off. Never with dispatch.
+            handed out, so that the next batch's copy overlaps the step; ``None`` (default) and ``0``:
+            no look-ahead (prefetching is opt-in; see docs/gpu.md for what changes with it). Never with dispatch.
 
     Stepping:
 

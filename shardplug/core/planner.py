@@ -228,9 +228,9 @@ def prepare_data_loader(
     keyword that disagrees with it is a ``TypeError`` (apply overrides with ``config.replace(...)``).
 
     ``prefetch_depth``: batches read ahead of the one handed out; on a CUDA device their copy runs on a side
-    stream while the step computes (``None``: 2 on a CUDA device with ``put_on_device=True``, else 0; ``0``:
-    off). What the loader tells (``len()``, ``end_of_dataloader``, padding, ``state_dict()``) counts the
-    batches handed out, never those read ahead. Dispatching loaders do not read ahead.
+    stream while the step computes (``None``, the default, and ``0``: off; prefetching is opt-in). What the
+    loader tells (``len()``, ``end_of_dataloader``, padding, ``state_dict()``) counts the batches handed out,
+    never those read ahead. Dispatching loaders do not read ahead.
 
     Example::
 

@@ -108,11 +108,9 @@ def dispatched_batches(
     layout = loader.plan.layout
     plan = DispatchPlan(layout, source.num_batches(0), source)
     record = PassRecord(track=True)  # the source's batches come with their real counts
-    read = [0]  # rows read so far: a step's real rows are those read for it (padding is appended)
 
     def global_batches() -> Iterator[torch.Tensor]:
         for batch, _ in source.batches(consumed, record):
-            read[0] += len(batch)
             yield torch.tensor(batch, dtype=torch.int64)
 
     def load(indices: list[int]) -> torch.Tensor:
@@ -129,14 +127,10 @@ def dispatched_batches(
         load=load,
     )
     out: list[Batches] = [[] for _ in range(layout.num_processes)]
-    counted = 0
-    for step, _slot in steps.steps():
-        real, counted = read[0] - counted, read[0]
-        start = 0
+    for step, _slot, padding in steps.steps():  # where each step's padding begins: the plan's answer
         for j, part in enumerate(plan.cut(step, slice_rows)):
             rows = [int(i) for i in part.tolist()]
-            out[j].append((rows, max(0, min(len(rows), real - start))))
-            start += len(rows)
+            out[j].append((rows, padding.real_rows(j, len(rows))))
     return out
 
 

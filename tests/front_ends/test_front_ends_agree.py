@@ -53,3 +53,13 @@ def test_overflowing_steps_are_skipped_and_do_not_move_the_scheduler(results: di
     # batches 1 and 4 overflow: both skipped (the fused optimizer too, which the scaler calls)
     assert run["skips"] == [[False], [True], [False], [False], [True], [False]]
     assert run["last_epoch"] == 4  # 6 batches, 4 real steps
+
+
+@pytest.mark.parametrize("kind", ["sgd", "adamw", "adamw_fused", "two"])
+def test_the_scheduler_the_user_created_reads_right_after_each_step(results: dict, kind: str) -> None:
+    """On the CPU the skip flag is on the host: nothing is deferred, so the scheduler the user created (not
+    the prepared wrapper) reads the real updates so far right after each step, as in torch, in every front end."""
+    for name in FRONT_ENDS:
+        run = results[kind][name]
+        real = [sum(not all(row) for row in run["skips"][: i + 1]) for i in range(len(run["skips"]))]
+        assert run["epochs"] == real, name

@@ -2,7 +2,8 @@
 
 Whatever runs here also runs on the CPU where it can: the prefetcher's logic (tests/resume/test_prefetch_exact.py)
 and the lazy skip flag (tests/stepping/test_no_host_sync.py). Here: the CUDA side of both (side-stream copies,
-pinned memory, events, host syncs counted with ``torch.cuda.set_sync_debug_mode``), nested batches on the
+pinned memory, events, host syncs counted with ``torch.cuda.set_sync_debug_mode`` and event waits counted as
+``torch.cuda.Event.synchronize`` calls, which it does not see), nested batches on the
 device, collectives on an NCCL group of one process, Lightning with 16-mixed and bf16-mixed, Ignite on a GPU.
 """
 
@@ -74,21 +75,6 @@ def test_prefetch_on_cuda_is_exact_after_break_and_resume(depth, pin_memory):
     assert taken + rest == [sum(range(4 * i, 4 * i + 4)) for i in range(10)]
 
 
-def test_prefetch_holds_at_most_depth_plus_one_batches():
-    depth, numel = 2, 1 << 18  # batches of 1 MiB, made ready (the loader's own batches, not collated)
-    data = [torch.zeros(numel) for _ in range(12)]
-    loader = prepare_data_loader(
-        DataLoader(data, batch_size=None), put_on_device=True, device=CUDA, prefetch_depth=depth
-    )
-    torch.cuda.synchronize()
-    base = torch.cuda.memory_allocated()
-    most = 0
-    for x in loader:
-        most = max(most, torch.cuda.memory_allocated() - base)
-        del x
-    assert most <= (depth + 1) * numel * 4 + (1 << 16)
-
-
 def _amp_run(kind, inf_at=(3, 7, 8, 20), steps=40, count_syncs=False):
     torch.manual_seed(0)
     model = torch.nn.Sequential(*[torch.nn.Linear(64, 64) for _ in range(2)]).to(CUDA)
@@ -101,7 +87,14 @@ def _amp_run(kind, inf_at=(3, 7, 8, 20), steps=40, count_syncs=False):
     used: list[float] = []
     opt.register_step_pre_hook(lambda o, a, k: used.append(o.param_groups[0]["lr"]))
     x = torch.ones(8, 64, device=CUDA)
-    syncs = 0
+    syncs = waits = 0
+    original = torch.cuda.Event.synchronize
+
+    def counted(event):  # host waits on events: set_sync_debug_mode does not see them
+        nonlocal waits
+        waits += 1
+        return original(event)
+
     for i in range(steps):
         with torch.autocast("cuda", dtype=torch.float16):
             loss = model(x).float().mean()
@@ -112,22 +105,30 @@ def _amp_run(kind, inf_at=(3, 7, 8, 20), steps=40, count_syncs=False):
             warnings.simplefilter("always")
             if count_syncs:
                 torch.cuda.set_sync_debug_mode("warn")
+            torch.cuda.Event.synchronize = counted
             try:
                 prepared.step()
                 prepared_sched.step()
                 prepared.zero_grad()
             finally:
                 torch.cuda.set_sync_debug_mode("default")
+                torch.cuda.Event.synchronize = original
         syncs += sum("synchroniz" in str(w.message) for w in caught)
-    return prepared, prepared_sched, used, syncs
+    return prepared, prepared_sched, used, syncs, waits
 
 
 @pytest.mark.parametrize("kind", ["fused", "foreach", "plain"])
-def test_amp_skips_are_exact_and_the_fused_step_waits_for_nothing(kind):
-    prepared, sched, used, syncs = _amp_run(kind, count_syncs=True)
+def test_amp_skips_are_exact_and_host_waits_are_counted(kind):
+    prepared, sched, used, syncs, waits = _amp_run(kind, count_syncs=True)
+    if kind == "fused":
+        assert syncs == 0  # no stream or device synchronize in the steps (torch's own fused loop has none)
+        # one event wait per step after the first: the next step's pre-hook reads the previous step's flag
+        # for the prepared scheduler's decision (docs/gpu.md, "What waits on the host")
+        assert waits == 40 - 1
+    else:
+        assert waits == 0  # no flag: nothing lazy to read
     assert prepared.steps_taken == 36 and sched.last_epoch == 36
     if kind == "fused":
-        assert syncs == 0  # torch's own GradScaler + fused loop waits for nothing, and neither does shardplug
         real = [lr for i, lr in enumerate(used) if i not in (3, 7, 8, 20)]  # fused: called on skipped steps too
     else:
         real = used  # the scaler does not call a plain optimizer on inf gradients
@@ -173,8 +174,9 @@ def test_collectives_on_an_nccl_group_of_one(nccl_world_of_one):
     assert all(b.device == CUDA for b in batches) and torch.cat(batches).tolist() == list(range(10))
 
 
+@pytest.mark.parametrize("fused", [False, True])
 @pytest.mark.parametrize("precision", ["16-mixed", "bf16-mixed"])
-def test_lightning_on_the_gpu_steps_the_scheduler_per_real_step(precision, tmp_path):
+def test_lightning_on_the_gpu_steps_the_scheduler_per_real_step(precision, fused, tmp_path):
     pl = pytest.importorskip("lightning.pytorch")
     pytest.importorskip("shardplug_lightning")
 
@@ -188,14 +190,14 @@ def test_lightning_on_the_gpu_steps_the_scheduler_per_real_step(precision, tmp_p
             return loss * float("inf") if batch_idx in (5, 11) else loss
 
         def configure_optimizers(self):
-            opt = torch.optim.AdamW(self.parameters(), lr=0.1)
+            opt = torch.optim.AdamW(self.parameters(), lr=0.1, fused=fused)
             return [opt], [{"scheduler": torch.optim.lr_scheduler.StepLR(opt, 1), "interval": "step"}]
 
     model = Model()
     trainer = pl.Trainer(
         accelerator="gpu",
         devices=1,
-        strategy="shardplug_ddp",
+        strategy=pytest.importorskip("shardplug_lightning").ShardplugDDPStrategy(put_on_device=True),
         precision=precision,
         max_epochs=1,
         logger=False,

@@ -2,14 +2,16 @@
 order, ``len()``, ``end_of_dataloader``, padding marks, ``state_dict()`` after a ``break`` (also a
 ``StatefulDataLoader``'s own state), ``skip_first_batches``, a dataset's exception at its batch.
 
-On a CPU device the prefetcher is a plain look-ahead through the same seam as on a GPU (tests/gpu/ checks
-the CUDA copy): every case runs with depth 0 (no look-ahead), 1 and 2, with and without DataLoader workers.
+On a CPU device the prefetcher is a look-ahead (each batch copied as it is read) through the same seam as
+on a GPU (tests/gpu/ checks the CUDA copy): every case runs with depth 0 (no look-ahead), 1 and 2,
+with and without DataLoader workers.
 """
 
 from __future__ import annotations
 
 import gc
 import warnings
+import weakref
 
 import pytest
 import torch
@@ -165,7 +167,9 @@ def test_prefetcher_reads_ahead_and_keeps_an_error_for_its_batch(depth):
 
 
 def test_depth_defaults_and_checks():
-    assert resolve_prefetch_depth(None, torch.device("cuda")) == 2
+    # opt-in until the GPU checks have passed on a real GPU: None is 0 on a CUDA device too
+    assert resolve_prefetch_depth(None, torch.device("cuda")) == 0
+    assert resolve_prefetch_depth(2, torch.device("cuda")) == 2
     assert resolve_prefetch_depth(None, torch.device("cpu")) == 0
     assert resolve_prefetch_depth(None, None) == 0
     with pytest.raises(ValueError, match=r"prefetch_depth=-1 is invalid: pass an integer >= 0"):
@@ -220,3 +224,106 @@ def test_a_position_saved_while_reading_ahead_resumes_on_another_number_of_proce
     resized.load_state_dict(state)
     rest = [_values(b) for b in resized]
     assert sorted(v for b in rest for v in b) == list(range(12, 24))  # 2 processes x 3 batches x 2 rows consumed
+
+
+def _layouts():
+    dense = torch.arange(12.0).reshape(3, 4) * (torch.arange(12).reshape(3, 4) % 3 == 0)
+    uncoalesced = torch.sparse_coo_tensor(torch.tensor([[0, 0, 2]]), torch.tensor([1.0, 2.0, 3.0]), (4,))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # torch.nested's prototype warning
+        nested = torch.nested.nested_tensor([torch.ones(2), torch.full((3,), 2.0)])
+        jagged = torch.nested.nested_tensor([torch.ones(2, 3), torch.ones(4, 3)], layout=torch.jagged)
+    return {
+        "dense": dense,
+        "coo": dense.to_sparse(),
+        "coo_uncoalesced": uncoalesced,
+        "csr": dense.to_sparse_csr(),
+        "csc": dense.to_sparse_csc(),
+        "bsr": torch.arange(16.0).reshape(4, 4).to_sparse_bsr((2, 2)),
+        "nested": nested,
+        "jagged": jagged,
+    }
+
+
+@pytest.mark.parametrize("name", sorted(_layouts()))
+def test_strided_parts_hold_the_memory_of_every_layout(name):
+    """What the side-stream copy marks with ``record_stream`` (a kernel for strided tensors only): strided
+    tensors whose storages are those of the sparse or nested tensor's own components."""
+    from shardplug.core.loader.prefetch import strided_parts
+
+    tensor = _layouts()[name]
+    parts = strided_parts(tensor)
+    assert parts and all(part.layout is torch.strided and not part.is_nested for part in parts)
+    storages = {part.untyped_storage().data_ptr() for part in parts}
+    if tensor.layout is torch.sparse_coo:
+        owned = [tensor._indices(), tensor._values()]
+    elif tensor.layout in (torch.sparse_csr, torch.sparse_bsr):
+        owned = [tensor.crow_indices(), tensor.col_indices(), tensor.values()]
+    elif tensor.layout is torch.sparse_csc:
+        owned = [tensor.ccol_indices(), tensor.row_indices(), tensor.values()]
+    elif tensor.is_nested:
+        owned = list(tensor.unbind())  # views of the nested tensor's buffer
+    else:
+        owned = [tensor]
+    assert {t.untyped_storage().data_ptr() for t in owned} <= storages
+
+
+class _Refilled(torch.utils.data.IterableDataset):
+    """Yields one buffer, refilled in place with 0, 1, ..., n - 1 (a staging buffer reused by its source)."""
+
+    def __init__(self, n):
+        self.n = n
+
+    def __iter__(self):
+        buffer = torch.zeros(1)
+        for value in range(self.n):
+            buffer.fill_(value)
+            yield buffer
+
+
+@pytest.mark.parametrize("depth", [1, 2, 3])
+def test_a_refilled_buffer_hands_out_what_depth_0_hands_out(depth):
+    """Even at depth 0 the loader reads one batch ahead (to know the last one), so a source that refills one
+    buffer hands out each value one step late and the last twice; reading further ahead on the CPU copies
+    each batch as it is read, so it changes nothing more (the source must yield copies to be right)."""
+
+    def handed(d):
+        loader = _prepared(_Refilled(12), d, processes=1, index=0, batch_size=None)
+        return [batch.item() for batch in loader]
+
+    at_0 = handed(0)
+    assert at_0 == [*range(1, 12), 11]  # the value the buffer held when the next one had been read
+    assert handed(depth) == at_0
+
+
+@pytest.mark.parametrize("depth", [1, 2, 3])
+def test_a_for_loop_holds_depth_plus_two_batches(depth):
+    """What docs/gpu.md states as the batches held: while the next is read, ``depth + 1`` by the prefetcher
+    and the previous one by the loop's variable."""
+    alive: weakref.WeakSet = weakref.WeakSet()
+    most = 0
+
+    def start(batch):
+        nonlocal most
+        copy = batch.clone()  # what the device copy makes
+        alive.add(copy)
+        most = max(most, len(alive))
+        return copy
+
+    steps = iter([(torch.full((1,), i), i == 19) for i in range(20)])
+    for batch, _, _ in Prefetcher(steps, depth, start):
+        assert batch.numel() == 1
+    assert most == depth + 2
+
+
+def test_an_out_of_memory_error_of_a_look_ahead_copy_surfaces_at_its_batch():
+    def start(batch):
+        if batch == 3:
+            raise torch.OutOfMemoryError("the copy of batch 3")
+        return batch
+
+    handed = []
+    with pytest.raises(torch.OutOfMemoryError, match="batch 3"):
+        for batch, _, _ in Prefetcher(iter([(i, i == 5) for i in range(6)]), 2, start):
+            handed.append(batch)
+    assert handed == [0, 1, 2]  # the batches before it, as a dataset's exception

@@ -135,15 +135,9 @@ def test_a_stateful_state_of_a_stream_split_by_workers_is_refused_with_other_wor
         build(Case(data="worker_split", workers=3, stateful=True), 2, 0).load_state_dict(state)
 
 
-def test_a_position_of_a_stream_split_by_workers_is_refused_naming_a_fix_that_applies():
-    case = Case(data="worker_split", workers=2)
-    loader = build(case, 2, 0)
-    iterator = iter(loader)
-    next(iterator)
-    position = loader.state_dict()
-    del iterator
-    with pytest.raises(ValueError, match="num_workers=2.*use_stateful_dataloader=True"):
-        build(case, 2, 0).load_state_dict(position)
+def test_a_position_of_a_stream_split_by_workers_resumes_without_a_stateful_loader():
+    """Each worker's place is its number of batches: read and dropped again, as with a StatefulDataLoader."""
+    check(Case(data="worker_split", workers=2), Resume(2, 2, "half"))
 
 
 @pytest.mark.parametrize(

@@ -3,7 +3,8 @@
 Usage: ``python amp_front_ends.py OUT.json``. For each optimizer set (SGD, AdamW, fused AdamW, two
 optimizers) and each front end, the same model, data, float16 autocast on CPU and ``GradScaler``
 train 6 batches whose loss is inf at batches 1 and 4; the record holds the skip reports of every
-step, the scheduler's position and learning rate, the final scale and the parameters. The test
+step, the scheduler's position and learning rate, the final scale and the parameters, and the
+``last_epoch`` of the scheduler the user created, read after each step (``epochs``). The test
 asserts the four front ends agree. One process (``devices=1``), so the run is deterministic.
 """
 
@@ -59,9 +60,12 @@ def loss_of(prediction: torch.Tensor, y: torch.Tensor, batch: int) -> torch.Tens
     return loss * math.inf if batch in OVERFLOW else loss
 
 
-def record(net: Net, sched: Any, skips: list[list[bool]], grad_scaler: torch.amp.GradScaler) -> dict[str, Any]:
+def record(
+    net: Net, sched: Any, skips: list[list[bool]], grad_scaler: torch.amp.GradScaler, epochs: list[int]
+) -> dict[str, Any]:
     return {
         "skips": skips,
+        "epochs": epochs,
         "last_epoch": sched.last_epoch,
         "lr": sched.get_last_lr(),
         "scale": grad_scaler.get_scale(),
@@ -77,8 +81,9 @@ def plain(kind: str) -> dict[str, Any]:
     loader = run.prepare_data_loader(data())
     inner = optimizers(kind, net)
     prepared = [run.prepare_optimizer(o) for o in inner]
-    sched = run.prepare_scheduler(scheduler(inner[0]))
-    skips = []
+    raw = scheduler(inner[0])
+    sched = run.prepare_scheduler(raw)
+    skips, epochs = [], []
     for i, (x, y) in enumerate(loader):
         with run.accumulate(net):
             with torch.autocast("cpu", dtype=torch.float16):
@@ -89,8 +94,9 @@ def plain(kind: str) -> dict[str, Any]:
             sched.step()
             for opt in prepared:
                 opt.zero_grad()
+        epochs.append(raw.last_epoch)  # the scheduler the user created, read right after scheduler.step()
         skips.append([opt.step_was_skipped for opt in prepared])
-    return record(net, sched, skips, grad_scaler)
+    return record(net, sched, skips, grad_scaler, epochs)
 
 
 def ignite(kind: str) -> dict[str, Any]:
@@ -128,12 +134,15 @@ def ignite(kind: str) -> dict[str, Any]:
 
         trainer = Engine(step)
         handler.attach(trainer)
-    sched = handler.attach_scheduler(trainer, scheduler(inner[0]))
+    raw = scheduler(inner[0])
+    sched = handler.attach_scheduler(trainer, raw)
+    epochs: list[int] = []
     trainer.add_event_handler(
         Events.ITERATION_COMPLETED, lambda e: skips.append([o.step_was_skipped for o in handler.optimizers])
     )
+    trainer.add_event_handler(Events.ITERATION_COMPLETED, lambda e: epochs.append(raw.last_epoch))
     trainer.run(loader, max_epochs=1)
-    return record(net, sched, skips, grad_scaler)
+    return record(net, sched, skips, grad_scaler, epochs)
 
 
 def lightning(kind: str) -> dict[str, Any]:
@@ -148,6 +157,7 @@ def lightning(kind: str) -> dict[str, Any]:
             self.net = Net()
             self.automatic_optimization = kind != "two"
             self.skips: list[list[bool]] = []
+            self.epochs: list[int] = []  # the scheduler created in configure_optimizers, read after each step
 
         def training_step(self, batch: Any, batch_idx: int) -> Any:
             x, y = batch
@@ -169,10 +179,12 @@ def lightning(kind: str) -> dict[str, Any]:
         def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
             if self.automatic_optimization:
                 self.skips.append([self.trainer.strategy.step_was_skipped])
+            self.epochs.append(self.raw.last_epoch)  # Lightning stepped the scheduler before this hook
 
         def configure_optimizers(self) -> Any:
             opts = optimizers(kind, self.net)
-            return opts, [{"scheduler": scheduler(opts[0]), "interval": "step"}]
+            self.raw = scheduler(opts[0])
+            return opts, [{"scheduler": self.raw, "interval": "step"}]
 
         def train_dataloader(self) -> DataLoader:
             return data()
@@ -192,7 +204,7 @@ def lightning(kind: str) -> dict[str, Any]:
     )
     trainer.fit(module)
     sched = trainer.lr_scheduler_configs[0].scheduler
-    out = record(module.net, sched, module.skips, grad_scaler)
+    out = record(module.net, sched, module.skips, grad_scaler, module.epochs)
     out["scheduler_type"] = type(sched).__name__
     return out
 
@@ -213,9 +225,10 @@ def fabric(kind: str) -> dict[str, Any]:
     runner.launch()
     net = Net()
     inner = optimizers(kind, net)
-    model, *opts, sched = runner.setup(net, *inner, scheduler=scheduler(inner[0]))
+    raw = scheduler(inner[0])
+    model, *opts, sched = runner.setup(net, *inner, scheduler=raw)
     loader = runner.setup_dataloaders(data())
-    skips = []
+    skips, epochs = [], []
     for i, (x, y) in enumerate(loader):
         for opt in opts:
             opt.zero_grad()
@@ -227,8 +240,9 @@ def fabric(kind: str) -> dict[str, Any]:
             opt.step()
             row.append(runner.strategy.step_was_skipped)
         sched.step()
+        epochs.append(raw.last_epoch)
         skips.append(row)
-    out = record(net, sched, skips, grad_scaler)
+    out = record(net, sched, skips, grad_scaler, epochs)
     out["scheduler_type"] = type(sched).__name__
     return out
 

@@ -70,8 +70,8 @@ class ShardplugOptions:
             ``generator``).
         slice_fn_for_dispatch: ``slice_fn(data, slice, process_index, num_processes)`` of dispatching loaders.
         shuffle_algorithm: ``randperm`` (one ``torch.randperm`` per epoch) or ``bijective`` (a keyed bijection).
-        prefetch_depth: batches read and copied to the device ahead of the step (the config's ``None``: 2 on a
-            CUDA device with ``put_on_device``, else 0; ``0``: off).
+        prefetch_depth: batches read and copied to the device ahead of the step (the config's ``None``, and ``0``:
+            off; prefetching is opt-in).
         gradient_accumulation_steps: micro-batches per optimizer step.
         step_scheduler_with_optimizer: prepared schedulers step only after real optimizer updates.
         scale_scheduler_by_num_processes: step prepared schedulers once per process for each optimizer step

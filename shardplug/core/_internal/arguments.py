@@ -24,8 +24,12 @@ from typing import Any, TypeGuard
 
 __all__ = ["is_int", "check_int", "check_prefetch_depth", "DEFAULT_CUDA_DEPTH"]
 
-DEFAULT_CUDA_DEPTH = 2
-"""The prefetch depth ``prefetch_depth=None`` gives on a CUDA device (0 elsewhere)."""
+DEFAULT_CUDA_DEPTH = 0
+"""The prefetch depth ``prefetch_depth=None`` gives on a CUDA device (0 elsewhere).
+
+0 (prefetching is opt-in: pass ``prefetch_depth > 0``) until the GPU checks (``tests/gpu/``,
+``benchmarks/gpu.py``) have passed on a real GPU; whoever sees them pass may make it 2, with the figures
+in docs/gpu.md in the same commit."""
 
 
 def is_int(value: Any) -> TypeGuard[int]:
@@ -56,6 +60,6 @@ def check_prefetch_depth(depth: Any) -> int | None:
     if depth is not None and (not is_int(depth) or depth < 0):
         raise ValueError(
             f"prefetch_depth={depth!r} is invalid: pass an integer >= 0 (0 = no look-ahead) or None "
-            f"({DEFAULT_CUDA_DEPTH} on a CUDA device with put_on_device=True, else 0)"
+            "(the default: 0, no look-ahead)"
         )
     return None if depth is None else int(depth)

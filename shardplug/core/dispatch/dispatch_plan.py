@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -26,7 +26,7 @@ from shardplug.core.sharding.shard_plan import (
     global_batch_samples,
 )
 
-__all__ = ["DispatchPlan", "DispatchError", "CutStep"]
+__all__ = ["DispatchPlan", "DispatchError", "CutStep", "StepPadding"]
 
 
 class DispatchError(RuntimeError):
@@ -40,6 +40,35 @@ class CutStep:
 
     def __init__(self, parts: list[Any]) -> None:
         self.parts = parts
+
+
+class StepPadding(NamedTuple):
+    """Where the padding of one step begins, as every process learns it with the step: the step's
+    ``real`` rows over all processes, the first process whose part holds padding (``part``; the number
+    of processes when no part does) and that part's real rows (``rows``). The parts before it are
+    all real, those after it all padding (padding always comes last, in process order).
+
+    Example (a step of 3 real rows padded to 4, cut in 2 parts of 2)::
+
+        >>> padding = StepPadding(real=3, part=1, rows=1)
+        >>> [padding.real_rows(j, 2) for j in range(2)]
+        [2, 1]
+    """
+
+    real: int
+    part: int
+    rows: int
+
+    def real_rows(self, process_index: int, own_rows: int) -> int:
+        """The real rows of process ``process_index``'s part of ``own_rows`` rows."""
+        if process_index < self.part:
+            return own_rows
+        return self.rows if process_index == self.part else 0
+
+    def mark(self, record: PassRecord, process_index: int, rows: int | None) -> None:
+        """Note in ``record`` (the pass's) that this step is being handed out: its real rows, and those of
+        process ``process_index``'s part of ``rows`` rows."""
+        record.step_real = (self.real, self.real_rows(process_index, rows or 0))
 
 
 _FIX = "pass split_batches=True (one batch per step, no concatenation) or dispatch_batches=False"
@@ -96,10 +125,6 @@ class DispatchPlan(PlanDefaults):
     """
 
     unit = "global_batches"
-    untracked_reason = (
-        "dispatch_batches=True: only process 0 reads indices, so padding is not tracked per batch; use "
-        "loader.remainder for the real rows of the last step, or dispatch_batches=False"
-    )
 
     def __init__(self, layout: ShardLayout, length: int | None = None, source: ShardPlan | None = None) -> None:
         self.layout = layout
@@ -117,8 +142,12 @@ class DispatchPlan(PlanDefaults):
             return self.source.start_after(consumed)
         return check_consumed(consumed)
 
-    def batch_record(self, record: PassRecord, batch: int) -> tuple[list[int], int]:
-        raise ValueError(self.untracked_reason)
+    def batch_record(self, record: PassRecord, batch: int) -> tuple[list[int] | None, int]:
+        """The real rows of this process's part of the step being handed out, as the step's message told
+        them (:class:`StepPadding`); no indices: only process 0 reads them."""
+        if record.step_real is None:
+            raise ValueError(f"dispatch: no step of this pass was handed out yet (batch {batch})")
+        return None, record.step_real[1]
 
     @property
     def consumed_per_batch(self) -> int:
@@ -223,6 +252,26 @@ class DispatchPlan(PlanDefaults):
             return CutStep(group + self.padding_parts(group, head))
         step = group[0] if len(group) == 1 else concatenate_rows(group)
         return self.pad_step(step, head) if self.layout.even_batches else step
+
+    def padding_of(self, step: Any, rows: list[int]) -> StepPadding:
+        """Where the padding of ``step`` (made by :meth:`step` of batches of ``rows`` rows) begins: the
+        rows :meth:`pad_step` added come last, so the parts :meth:`cut` makes hold them last; the parts
+        :meth:`padding_parts` added are padding whole.
+
+        Example (2 processes, a short last step of 3 rows padded to 4)::
+
+            >>> plan = DispatchPlan(ShardLayout.for_batches(4, num_processes=2, split_batches=True))
+            >>> step = plan.step([torch.arange(3)], [3], torch.tensor([0]), uncut=False)
+            >>> plan.padding_of(step, [3])
+            StepPadding(real=3, part=1, rows=1)
+        """
+        real, n = sum(rows), self.layout.num_processes
+        if isinstance(step, CutStep):  # whole batches: those of the group real, the padding parts after them
+            return StepPadding(real, len(rows), 0) if len(step.parts) > len(rows) else StepPadding(real, n, 0)
+        for j, part in enumerate(self.part_slices(batch_rows(flatten(step)[0]) or 0)):
+            if part.stop > real:
+                return StepPadding(real, j, max(real - part.start, 0))
+        return StepPadding(real, n, 0)
 
     def padding_parts(self, group: list[Any], head: Any) -> list[Any]:
         """The parts of the processes a short step of batches that cannot be joined leaves without

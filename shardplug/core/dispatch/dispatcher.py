@@ -248,6 +248,19 @@ class DataLoaderDispatcher(DataLoaderShard):
             state["collate_fn"] = default_collate
         return rebuild, args, state
 
+    @property
+    def remainder(self) -> int:
+        """Real samples in the last step (0 when it is full; -1 when unknown): known from the data's length
+        before the pass (see :attr:`PreparedDataLoader.remainder`), else -- a stream without ``len()`` -- from
+        the step itself once the last one is handed out (process 0 read it, every process was told), as the
+        reference's dispatcher does."""
+        known = super().remainder
+        current = self.resume.last_pass
+        step, total = current.record.step_real, self.total_batch_size
+        if known >= 0 or not current.end_of_dataloader or step is None or not total:
+            return known
+        return step[0] % total
+
     source_marks_last = True  # _receive yields (batch, last): the end of the pass is process 0's, on every process
 
     overlap_reads: bool | None = None
@@ -280,13 +293,20 @@ class DataLoaderDispatcher(DataLoaderShard):
                 wire.passes_started,
                 communication_device(),
                 self.overlap_reads,
+                self.resume.shuffles().generator,
             )
             steps = sender.steps()
             wire.sending = weakref.ref(steps)  # weak: an abandoned pass is closed by the garbage collector
             return steps
         wire.check_group()
         receiver = StepReceiver(
-            wire, self.dispatch_stats, self.process_index, wire.passes_started, communication_device()
+            wire,
+            self.dispatch_stats,
+            self.process_index,
+            wire.passes_started,
+            communication_device(),
+            self.resume.last_pass.record,
+            self.resume.shuffles().generator,
         )
         return receiver.steps()
 

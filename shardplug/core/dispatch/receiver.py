@@ -16,8 +16,8 @@ from typing import Any, cast
 import torch
 import torch.distributed as dist
 
-from shardplug.core._internal.rows import OBJECT, unflatten
-from shardplug.core.dispatch.dispatch_plan import DispatchError
+from shardplug.core._internal.rows import OBJECT, batch_rows, flatten, unflatten
+from shardplug.core.dispatch.dispatch_plan import DispatchError, StepPadding
 from shardplug.core.dispatch.transport import Wire
 from shardplug.core.dispatch.wire import (
     CLOSE,
@@ -36,6 +36,7 @@ from shardplug.core.dispatch.wire import (
     with_rows,
     with_specs,
 )
+from shardplug.core.sharding.shard_plan import PassRecord
 
 __all__ = ["StepReceiver"]
 
@@ -51,7 +52,14 @@ class StepReceiver:
     """
 
     def __init__(
-        self, wire: Wire, stats: DispatchStats, process_index: int, pass_number: int, device: torch.device
+        self,
+        wire: Wire,
+        stats: DispatchStats,
+        process_index: int,
+        pass_number: int,
+        device: torch.device,
+        record: PassRecord | None = None,
+        shuffle: torch.Generator | None = None,
     ) -> None:
         self.wire, self.stats, self.process_index, self.pass_number, self.device = (
             wire,
@@ -61,6 +69,8 @@ class StepReceiver:
             device,
         )
         self.group = wire.group
+        self.record = record if record is not None else PassRecord()  # where each step's padding is noted
+        self.shuffle = shuffle  # the shuffle's generator: process 0's state is taken at each pass's end
 
     def steps(self) -> Iterator[tuple[Any, bool]]:
         """Receive each step's message, then this process's rows; until the pass's last step."""
@@ -68,7 +78,7 @@ class StepReceiver:
         header: Header | None = None
         while True:
             try:
-                kind, last, header, batch = self._next_step(control, header)
+                kind, last, header, batch, padding = self._next_step(control, header)
             except DispatchError:
                 raise
             except RuntimeError as exc:  # torch.distributed.DistBackendError included
@@ -79,12 +89,16 @@ class StepReceiver:
                 raise lost from exc
             if kind in (END, CLOSE):
                 return
+            padding.mark(self.record, self.process_index, batch_rows(flatten(batch)[0]))
             yield batch, last
             if last:
                 return
 
-    def _next_step(self, control: torch.Tensor, header: Header | None) -> tuple[int, bool, Header | None, Any]:
-        """The next message of this pass: (kind, last, the header now known, the batch).
+    def _next_step(
+        self, control: torch.Tensor, header: Header | None
+    ) -> tuple[int, bool, Header | None, Any, StepPadding]:
+        """The next message of this pass: (kind, last, the header now known, the batch, where the step's
+        padding begins).
 
         Messages of an earlier pass (one this process left early) are received and dropped.
         """
@@ -104,11 +118,15 @@ class StepReceiver:
                 if number == pass_number:
                     raise DispatchError(f"process 0 failed to dispatch a batch: {text}")
                 continue
+            if kind == END:
+                self._take_shuffle_state()
             if kind in (END, CLOSE):
                 if number == pass_number:
-                    return kind, True, header, None
+                    return kind, True, header, None, message.padding
                 continue
             header = self._header(message, header)
+            if message.last:
+                self._take_shuffle_state()
             leaves = self._receive_rows(header, message)
             header_after = (
                 None if kind == UNEVEN else header
@@ -118,7 +136,15 @@ class StepReceiver:
                 header = header_after
                 continue  # the rest of a pass this process left early
             self.stats.steps += 1
-            return kind, bool(message.last), header_after, unflatten(iter(leaves), header[0])
+            batch = unflatten(iter(leaves), header[0])
+            return kind, bool(message.last), header_after, batch, message.padding
+
+    def _take_shuffle_state(self) -> None:
+        """After the message of a pass's last step or end: process 0's state of the shuffle's generator, which
+        only its reading advanced (see :meth:`StepSender._send_shuffle_state`)."""
+        if self.shuffle is not None:
+            what = "process 0's state of the shuffle's generator (at the end of its pass)"
+            self.shuffle.set_state(self.wire.broadcast_object(None, self.device, what))
 
     def _send_receipt(self, last_of_pass: bool) -> None:
         """Tell process 0 that the step arrived. After the pass's last step, this process has every

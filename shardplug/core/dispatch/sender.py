@@ -16,8 +16,16 @@ import torch
 import torch.distributed as dist
 
 from shardplug.core._internal.collectives import world_size
-from shardplug.core._internal.rows import OBJECT, flatten, leaf_spec, mark_ragged_rows, slice_rows, unflatten
-from shardplug.core.dispatch.dispatch_plan import DispatchError, DispatchPlan
+from shardplug.core._internal.rows import (
+    OBJECT,
+    batch_rows,
+    flatten,
+    leaf_spec,
+    mark_ragged_rows,
+    slice_rows,
+    unflatten,
+)
+from shardplug.core.dispatch.dispatch_plan import DispatchError, DispatchPlan, StepPadding
 from shardplug.core.dispatch.shm import CollateIntoRing
 from shardplug.core.dispatch.transport import RECEIPT_LAG, Wire
 from shardplug.core.dispatch.wire import (
@@ -77,8 +85,9 @@ class StepReader:
         self.plan, self.wire, self.read_batches, self.slice_fn = plan, wire, read_batches, slice_fn
         self.uncut, self.collate, self.record, self.load = uncut, collate, record, load
 
-    def steps(self) -> Iterator[tuple[Any, int]]:
-        """The global batch of each step (padded to a multiple of N rows) and its ring slot."""
+    def steps(self) -> Iterator[tuple[Any, int, StepPadding]]:
+        """The global batch of each step (padded to a multiple of N rows), its ring slot and where its
+        padding begins."""
         batches = self.read_batches()
         per_step = self.plan.layout.batches_per_step
         head: Any | None = None  # a copy of the first rows: process 0 may change its own rows in place
@@ -94,7 +103,8 @@ class StepReader:
             rows = self.plan.check_step(group)  # shapes may change from one step to the next
             if head is None:
                 head = self.plan.epoch_head(group, self.record, self.load)
-            yield self.plan.step(group, rows, head, self.uncut), slot
+            step = self.plan.step(group, rows, head, self.uncut)
+            yield step, slot, self.plan.padding_of(step, rows)
 
     def _group(self, batches: Iterator[Any], count: int, slot: int) -> list[Any]:
         """Up to ``count`` batches: one step's, batch ``j`` collated into ``j``'s ring ``slot``
@@ -116,7 +126,7 @@ class StepReader:
 
     def cut_steps(self, device: torch.device) -> Iterator[Step]:
         """Each step cut into the parts of every process, ready to send."""
-        for step, slot in self.steps():
+        for step, slot, padding in self.steps():
             parts = self.plan.cut(step, self.slice_fn)
             leaves, skeleton = flatten(parts[0])
             # never its own rows: the ring is reused
@@ -125,15 +135,21 @@ class StepReader:
                 parts[0] = unflatten(iter(leaves), skeleton)
             flat = [[transportable(leaf, device) for leaf in flatten(part)[0]] for part in parts]
             specs = [[leaf_spec(leaf) for leaf in part_leaves] for part_leaves in flat]
-            yield Step(parts[0], flat, (skeleton, [leaf_spec(leaf) for leaf in leaves]), specs, slot)
+            yield Step(parts[0], flat, (skeleton, [leaf_spec(leaf) for leaf in leaves]), specs, slot, padding)
+
+    def hand_out(self, own: Any, padding: StepPadding, rows: int | None) -> Any:
+        """Process 0's part ``own`` of ``rows`` rows, its padding marked in the pass's record
+        (:meth:`StepPadding.mark`)."""
+        padding.mark(self.record, 0, rows)
+        return own
 
 
 def local_steps(reader: StepReader, stats: DispatchStats) -> Iterator[tuple[Any, bool]]:
     """Without a process group: process 0's own part of every step, and whether it is the last."""
-    for (step, _), last in _flag_last(reader.steps()):
+    for (step, _, padding), last in _flag_last(reader.steps()):
         parts = reader.plan.cut(step, reader.slice_fn)
         stats.steps += 1
-        yield parts[0], last
+        yield reader.hand_out(parts[0], padding, batch_rows(flatten(parts[0])[0])), last
 
 
 class StepSender:
@@ -155,7 +171,9 @@ class StepSender:
         pass_number: int,
         device: torch.device,
         overlap_reads: bool | None = None,
+        shuffle: torch.Generator | None = None,
     ) -> None:
+        self.shuffle = shuffle  # the generator process 0's sampler draws the order from (see _send_shuffle_state)
         self.reader, self.wire, self.stats, self.pass_number, self.device = (
             reader,
             reader.wire,
@@ -186,6 +204,7 @@ class StepSender:
             if upcoming is None:
                 self.ended = True
                 self._announce_now(END, "the other processes to receive the end of the pass")
+                self._send_shuffle_state()
                 return
             while upcoming is not None:
                 if not isinstance(upcoming, Exception):
@@ -195,9 +214,10 @@ class StepSender:
                     self._fail(upcoming)
                 following = self._read_next(steps)
                 last = following is None
+                padding, rows = upcoming.padding, batch_rows(upcoming.parts[0])
                 own = self._send(upcoming, last)
                 del upcoming  # rows in flight stay referenced by their sends only
-                yield own, last
+                yield self.reader.hand_out(own, padding, rows), last
                 upcoming = following
         except RuntimeError as exc:
             if exc is self.read_failure or isinstance(exc, DispatchError):
@@ -247,14 +267,14 @@ class StepSender:
 
     def _send(self, step: Step, last: bool) -> Any:
         """Announce ``step`` and send its rows; process 0's own part as handed out."""
-        own, parts, first, part_specs, slot = step
+        own, parts, first, part_specs, slot, _ = step
         header: Header = first + (self.wire.ring_table(parts),)
         uneven = step.uneven  # the last step's leftovers (even_batches=False), or batches of their own shapes
         for j in self.wire.shm_targets:  # this host: through shared memory, written before it is announced
             total, copied = self.wire.write_ring(j, tensors(parts[j]), slot)
             self.stats.bytes_shared += total
             self.stats.bytes_collated_in_place += total - copied
-        self._announce(header, part_specs, uneven, last, slot)
+        self._announce(header, part_specs, uneven, last, slot, step.padding)
         self._send_rows(parts, header, uneven)
         self.stats.steps += 1
         self.wire.expect_receipts(self.reader.plan.layout.num_processes, self.device)
@@ -264,7 +284,9 @@ class StepSender:
             own = unflatten(iter(parts[0]), header[0])
         return own
 
-    def _announce(self, header: Header, part_specs: list[Specs], uneven: bool, last: bool, slot: int) -> None:
+    def _announce(
+        self, header: Header, part_specs: list[Specs], uneven: bool, last: bool, slot: int, padding: StepPadding
+    ) -> None:
         """The message of the step, and its header when the others do not know it."""
         kind, rows = (UNEVEN, 0) if uneven else control_for(header, self.sent)
         self.wire.slot_steps[slot] = self.wire.steps_sent
@@ -274,7 +296,7 @@ class StepSender:
             self.wire.wait(self.announced.pop(0), what)
         message = torch.empty_like(self.control) if self.on_cpu else self.control  # each in flight has its own
         self.announced.append(
-            announce(message, kind, self.pass_number, rows, last, slot, group=self.group, async_op=self.on_cpu)
+            announce(message, kind, self.pass_number, rows, last, slot, padding, group=self.group, async_op=self.on_cpu)
         )
         self.ended = last
         what = f"the other processes to receive the header of step {self.wire.steps_sent - 1}"
@@ -284,7 +306,17 @@ class StepSender:
         elif kind == UNEVEN:
             self.wire.broadcast_object((header, part_specs), self.device, what)
             self.stats.headers += 1
+        if last:
+            self._send_shuffle_state()
         self.sent = None if uneven else header
+
+    def _send_shuffle_state(self) -> None:
+        """With the pass's last message (its last step, or its end): the state of the shuffle's generator, which
+        only process 0's reading advanced (the order, the DataLoader's base seed); the others take it, so every
+        process's position records the same ``generator_state`` and the next pass starts from it."""
+        if self.shuffle is not None:
+            what = "the other processes to receive the state of the shuffle's generator"
+            self.wire.broadcast_object(self.shuffle.get_state(), self.device, what)
 
     def _send_rows(self, parts: list[list[Any]], header: Header, uneven: bool) -> None:
         """Every other process's leaves of the step: pickled ones, then tensors (those of process

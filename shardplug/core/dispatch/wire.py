@@ -1,8 +1,10 @@
 """The wire protocol of dispatch mode: the message before every step, and what follows it.
 
 Before every step process 0 broadcasts a message of :data:`CONTROL_SIZE` integers on the
-dispatcher's own process group: ``(kind, pass number, rows, last, slot)``. What follows depends
-on the kind:
+dispatcher's own process group: ``(kind, pass number, rows, last, slot, real, padded part, its real
+rows)``, the last three where the step's padding begins
+(:class:`~shardplug.core.dispatch.dispatch_plan.StepPadding`: every process knows its real rows, and
+the step's). What follows depends on the kind:
 
 * ``SAME``: the step's part has the header sent last; ``ROWS``: that header with dim 0 =
   ``rows`` on every leaf; ``HEADER``: a new header follows (pickled: its size, then its bytes,
@@ -13,6 +15,9 @@ on the kind:
   shared-memory ring for the processes of its host (nothing on the group), else a point-to-point
   send tagged :data:`SEND_TAG` (CPU groups, and uneven parts) or a ``scatter`` (GPU groups).
   Every process then sends process 0 a receipt (:data:`ACK_TAG`), or counts it in shared memory.
+  The message of a pass's last step (``last``) and ``END`` are followed, where the shuffle draws from a
+  generator, by process 0's state of that generator (pickled, broadcast), which the others take: only
+  process 0's reading advanced it.
 * ``END``: the pass had no step; ``CLOSE``: process 0 left the pass early (nothing follows).
 * ``ERROR``: process 0 could not read or dispatch a step; the error text follows (pickled).
 
@@ -39,7 +44,7 @@ import torch
 import torch.distributed as dist
 
 from shardplug.core._internal.rows import OBJECT, leaf_spec
-from shardplug.core.dispatch.dispatch_plan import DispatchError
+from shardplug.core.dispatch.dispatch_plan import DispatchError, StepPadding
 
 if TYPE_CHECKING:
     from torch.distributed import ProcessGroup
@@ -79,9 +84,10 @@ class DispatchStats:
 SAME, ROWS, HEADER, END, ERROR, CLOSE, UNEVEN = range(7)
 """Kinds of the message process 0 broadcasts before every step (see the module's description)."""
 
-CONTROL_SIZE = 5
+CONTROL_SIZE = 8
 """The message: (kind, process 0's pass number, rows, whether this step is the pass's last, the
-ring slot its rows are in)."""
+ring slot its rows are in, and where the step's padding begins: its real rows over all processes,
+the first process whose part holds padding, that part's real rows)."""
 
 SEND_TAG = 0x5350
 """Tag of the point-to-point sends of rows (gloo), apart from the user's own sends."""
@@ -106,6 +112,7 @@ class Step(NamedTuple):
     header: tuple[Any, Specs]  # part 0's skeleton and leaf specs
     specs: list[Specs]  # every part's leaf specs (their rows, and shapes that may differ: see UNEVEN)
     slot: int  # the ring slot the step's rows take (processes of process 0's host)
+    padding: StepPadding  # where the step's padding begins
 
     @property
     def uneven(self) -> bool:
@@ -121,6 +128,18 @@ class Message(NamedTuple):
     rows: int
     last: int
     slot: int
+    real: int
+    part: int
+    part_rows: int
+
+    @property
+    def padding(self) -> StepPadding:
+        """Where the step's padding begins (see :class:`~shardplug.core.dispatch.dispatch_plan.StepPadding`)."""
+        return StepPadding(self.real, self.part, self.part_rows)
+
+
+NO_STEP = StepPadding(0, 0, 0)
+"""Where no step follows (``END``, ``CLOSE``, ``ERROR``): no rows, no padding."""
 
 
 def new_control(device: torch.device) -> torch.Tensor:
@@ -135,12 +154,14 @@ def announce(
     rows: int = 0,
     last: bool = False,
     slot: int = 0,
+    padding: StepPadding = NO_STEP,
     *,
     group: ProcessGroup | None,
     async_op: bool = False,
 ) -> Any:
     """Process 0: broadcast the message of the coming step (its work when ``async_op``)."""
     control[0], control[1], control[2], control[3], control[4] = kind, pass_number, rows, int(last), slot
+    control[5], control[6], control[7] = padding
     work = dist.broadcast(control, src=0, group=group, async_op=async_op)
     return work if async_op else _Done()
 

@@ -31,7 +31,7 @@ import torch
 
 from shardplug.core.loader.building import PassCounts
 from shardplug.core.loader.placing import PassStart
-from shardplug.core.loader.prefetch import Prefetcher, SideStreamCopy, resolve_prefetch_depth
+from shardplug.core.loader.prefetch import Prefetcher, SideStreamCopy, copy_ahead, resolve_prefetch_depth
 from shardplug.core.loader.transfer import DeviceTransfer
 from shardplug.core.padding.tracking import PaddingTracker
 from shardplug.core.resume.lengths import PassLengths
@@ -332,7 +332,7 @@ class LoaderPass(WeakLoader[PassHost]):
         everything a batch tells (its count, padding, ``end_of_dataloader``, the StatefulDataLoader's state)
         is still told when it is handed out (see :mod:`~shardplug.core.loader.prefetch`)."""
         loader = self.loader
-        start: Any = transfer
+        start: Any = copy_ahead(transfer)  # a batch read ahead is copied as it is read: as at depth 0
         finish = None
         if transfer is not None and transfer.device.type == "cuda":
             copy = SideStreamCopy(transfer.device)

@@ -73,6 +73,31 @@ class PassPlacement:
         self.inner.repositions = False  # a loaded state of the StatefulDataLoader's own repositions this pass only
         return start
 
+    def _batches_before(self, consumed: int) -> int:
+        """The batches of the epoch before ``consumed`` (of another layout's position) counted on this one, the
+        same on every process (a position is): this process's, where every process yields as many batches
+        (padding, ``drop_last``); else the whole steps of this layout the place holds (``even_batches=False``:
+        the processes' own counts differ by where the saved layout's leftovers fell, never by more than a step).
+
+        Example (21 samples in batches of 3, a place after 3 global batches of 7, 2 processes)::
+
+            >>> from torch.utils.data import BatchSampler, SequentialSampler
+            >>> from shardplug.core.sharding.layout import ShardLayout
+            >>> from shardplug.core.sharding.map_style import BatchSamplerPlan
+            >>> def placed(index, even):
+            ...     layout = ShardLayout(2, index, even_batches=even, batch_size=3)
+            ...     plan = BatchSamplerPlan(BatchSampler(SequentialSampler(range(21)), 3, False), layout)
+            ...     return PassPlacement(plan, InnerState(), False, False)._batches_before(3)
+            >>> [placed(index, even=True) for index in range(2)], [placed(index, even=False) for index in range(2)]
+            ([2, 2], [1, 1])
+        """
+        plan = self.plan
+        layout = plan.layout
+        full, rest = plan.num_batches(0), plan.num_batches(consumed)
+        if full is None or rest is None or not (layout.pads or layout.drop_last or layout.num_processes == 1):
+            return consumed // plan.consumed_per_batch
+        return full - rest
+
     def _start_after(self, position: Position) -> PassStart:
         """The start after what ``position`` consumed."""
         plan = self.plan
@@ -87,6 +112,5 @@ class PassPlacement:
                 return PassStart(consumed, position.batches_yielded, discard=position.batches_yielded)
             resumed = position.batches_yielded
         else:
-            full, rest = plan.num_batches(0), plan.num_batches(consumed)
-            resumed = full - rest if full is not None and rest is not None else consumed // plan.consumed_per_batch
+            resumed = self._batches_before(consumed)
         return PassStart(consumed, resumed, discard=plan.start_after(consumed, position.dataset_state))

@@ -8,9 +8,11 @@ notices and the position stay with the batch *handed out* (they happen at hand-o
 On a CUDA device the copy runs on a side stream (:class:`SideStreamCopy`): host memory is pinned where the
 loader did not pin it, the copy of batch ``i + 1`` runs while the step of batch ``i`` computes, the step's
 stream waits for its own batch only (an event) and each tensor is marked as used on the step's stream
-(``record_stream``), so the caching allocator never hands its memory out early. At most ``k + 1`` batches
-are on the device: the one handed out and ``k`` in flight.  Elsewhere (a CPU device, no device) the
-prefetcher is a plain look-ahead, so the logic is the same and CI checks it.
+(``record_stream``; a sparse or nested tensor through its strided components, :func:`strided_parts`), so
+the caching allocator never hands its memory out early. At most ``k + 1`` batches
+are held by the prefetcher while the next is read; in a ``for`` loop the loop variable holds one more (the
+previous batch), ``k + 2`` in all.  Elsewhere (a CPU device, no device) the prefetcher is a look-ahead
+whose batches are copied as they are read (:func:`copy_ahead`), so the logic is the same and CI checks it.
 
 An exception raised while reading ahead is kept and raised when the pass reaches the batch it belongs to;
 nothing after it is handed out.
@@ -35,14 +37,23 @@ import torch
 from shardplug.core._internal.arguments import DEFAULT_CUDA_DEPTH, check_prefetch_depth
 from shardplug.core._internal.rows import iter_leaves, map_leaves
 
-__all__ = ["Prefetcher", "SideStreamCopy", "resolve_prefetch_depth", "check_prefetch_depth", "DEFAULT_CUDA_DEPTH"]
+__all__ = [
+    "Prefetcher",
+    "SideStreamCopy",
+    "resolve_prefetch_depth",
+    "check_prefetch_depth",
+    "strided_parts",
+    "copy_ahead",
+    "DEFAULT_CUDA_DEPTH",
+]
 
 logger = logging.getLogger(__name__)
 
 
 def resolve_prefetch_depth(depth: int | None, device: torch.device | None) -> int:
-    """The depth a pass uses: ``depth`` when given, else :data:`DEFAULT_CUDA_DEPTH` on a CUDA ``device`` and 0
-    elsewhere (reading ahead on the CPU only holds batches longer).
+    """The depth a pass uses: ``depth`` when given, else :data:`DEFAULT_CUDA_DEPTH` on a CUDA ``device`` (0:
+    prefetching is opt-in until the GPU checks have passed on a real GPU) and 0 elsewhere (reading ahead on
+    the CPU only holds batches longer).
 
     Example::
 
@@ -121,6 +132,29 @@ class Prefetcher:
         return self.note() if self.note is not None else None
 
 
+def copy_ahead(transfer: Callable[[Any], Any] | None) -> Callable[[Any], Any]:
+    """The ``start`` of a look-ahead off CUDA: each batch read ahead is moved (``transfer``, when given) and
+    its tensors copied as it is read, so a source that refills one buffer in place hands out what it hands
+    out at depth 0 (as the side stream's copy of unpinned memory on a GPU does).
+
+    Example::
+
+        >>> buffer = torch.zeros(1)
+        >>> held = copy_ahead(None)(buffer); _ = buffer.fill_(7.0)
+        >>> held.item()
+        0.0
+    """
+
+    def start(batch: Any) -> Any:
+        return map_leaves(transfer(batch) if transfer is not None else batch, _copied)
+
+    return start
+
+
+def _copied(leaf: Any) -> Any:
+    return leaf.clone() if isinstance(leaf, torch.Tensor) else leaf
+
+
 class _InFlight(NamedTuple):
     """A batch whose copy was started on the side stream, and the event recorded after its copy."""
 
@@ -134,7 +168,9 @@ class SideStreamCopy:
     :meth:`start` pins host tensors the loader left unpinned (a copy from pageable memory cannot overlap)
     and enqueues the copies on the side stream, then records an event; :meth:`finish` makes the current
     stream wait for that event only and marks each tensor as used by the current stream
-    (``Tensor.record_stream``). Non-tensor leaves with a ``.to()`` are moved by it, inside the side stream.
+    (``Tensor.record_stream``). Tensors already on the device are copied (a source reusing one device buffer
+    would otherwise alias every batch in flight). Non-tensor leaves with a ``.to()`` are moved by it, inside
+    the side stream.
 
     Example (on a CUDA machine)::
 
@@ -151,11 +187,12 @@ class SideStreamCopy:
 
     def start(self, batch: Any) -> _InFlight:
         """Enqueue ``batch``'s copy on the side stream (after what the current stream has queued so far)."""
-        self.stream.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(self.stream):
-            moved = map_leaves(batch, self._move)
-            event = torch.cuda.Event()
-            event.record(self.stream)
+        with torch.cuda.device(self.device):  # pinning and events on this device, never the process's current one
+            self.stream.wait_stream(torch.cuda.current_stream(self.device))
+            with torch.cuda.stream(self.stream):
+                moved = map_leaves(batch, self._move)
+                event = torch.cuda.Event()
+                event.record(self.stream)
         return _InFlight(moved, event)
 
     def finish(self, flight: _InFlight) -> Any:
@@ -163,15 +200,19 @@ class SideStreamCopy:
         current = torch.cuda.current_stream(self.device)
         current.wait_event(flight.event)
         for leaf in _tensors(flight.batch):
-            if leaf.device.type == "cuda":
-                leaf.record_stream(current)
+            for part in strided_parts(leaf):
+                if part.device.type == "cuda":
+                    part.record_stream(current)
         return flight.batch
 
     def _move(self, leaf: Any) -> Any:
         if isinstance(leaf, torch.Tensor):
             if leaf.device.type == "cpu" and not leaf.is_pinned():
                 leaf = self._pinned(leaf)
-            return leaf.to(self.device, non_blocking=True)
+            moved = leaf.to(self.device, non_blocking=True)
+            # already on the device: copied (on the side stream, after what the current stream queued), so a
+            # source that reuses one device buffer does not make every batch in flight alias it
+            return moved.clone() if moved is leaf else moved
         to = getattr(leaf, "to", None)
         if callable(to):
             try:
@@ -193,6 +234,35 @@ class SideStreamCopy:
                     stacklevel=2,
                 )
             return tensor
+
+
+def strided_parts(tensor: torch.Tensor) -> list[torch.Tensor]:
+    """The strided tensors that hold ``tensor``'s memory: ``tensor`` itself when it is strided, else its
+    components (``Tensor.record_stream`` has a kernel for strided tensors only: marking the components marks
+    the memory of a sparse or nested tensor).
+
+    Example::
+
+        >>> coo = torch.sparse_coo_tensor(torch.tensor([[0, 1]]), torch.tensor([1.0, 2.0]), (3,))
+        >>> [part.layout for part in strided_parts(coo)]
+        [torch.strided, torch.strided]
+    """
+    layout = tensor.layout
+    if tensor.is_nested:  # torch.strided (one buffer, its sizes kept on the host) or torch.jagged
+        parts = [tensor.values()]
+        if layout is torch.jagged:
+            jagged: Any = tensor  # torch.nested's NestedTensor (a Tensor subclass): its offsets and lengths
+            parts += [part for part in (jagged.offsets(), jagged.lengths()) if part is not None]
+        return parts
+    if layout is torch.strided:
+        return [tensor]
+    if layout is torch.sparse_coo:
+        return [tensor._indices(), tensor._values()]  # also uncoalesced (indices() would refuse)
+    if layout in (torch.sparse_csr, torch.sparse_bsr):
+        return [tensor.crow_indices(), tensor.col_indices(), tensor.values()]
+    if layout in (torch.sparse_csc, torch.sparse_bsc):
+        return [tensor.ccol_indices(), tensor.row_indices(), tensor.values()]
+    return [tensor]
 
 
 def _tensors(batch: Any) -> Iterator[torch.Tensor]:

@@ -127,8 +127,8 @@ class LoaderOptions:
     """What a prepared loader holds beyond a ``DataLoader``'s settings, in one object: the ``device`` its
     batches move to (``None``: they stay), the RNGs agreed with process 0 at each pass (``rng_types``, and
     ``synchronized_generator``), the batches its first pass skips (``skip_batches``), ``non_blocking``
-    copies, the batches read ahead of the one handed out (``prefetch_depth``, ``None``: 2 on a CUDA device,
-    else 0; see :mod:`~shardplug.core.loader.prefetch`), and the ``plan`` of its rows (``None``: the
+    copies, the batches read ahead of the one handed out (``prefetch_depth``, ``None``: 0, prefetching is
+    opt-in; see :mod:`~shardplug.core.loader.prefetch`), and the ``plan`` of its rows (``None``: the
     loader's own, from its sampler or dataset).
 
     Example::

@@ -53,14 +53,6 @@ class PositionCheck:
         if position.num_processes != processes and position.unit == current.unit and not at_start:
             self.refuse_resize(position, stateful and self.inner_state_resumes)
         self.check_workers(position)
-        if self.workers_split_stream and position.consumed and not stateful:
-            raise ValueError(
-                f"with num_workers={self.num_workers} each DataLoader worker reads its own part of this "
-                f"stream, so the place after {position.consumed} elements cannot be found by skipping elements; "
-                "resume at an epoch's start (a position saved after a complete pass), save and resume with "
-                "num_workers=0, or build both loaders with use_stateful_dataloader=True (each worker's place is "
-                "saved; same numbers of processes and workers)"
-            )
         position.check_resumable(current, self.plan.epoch_size(), epoch_length())
 
     def check_workers(self, position: Position) -> None:

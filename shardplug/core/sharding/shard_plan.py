@@ -257,16 +257,21 @@ class PassRecord:
     ``StatefulDataLoader`` fast-forwarding to its loaded state): a plan that records a batch where
     its indices are drawn drops their records.
 
+    ``step_real``: ``(real samples of the step handed out last over all processes, those of this
+    process's part)``, where the pass learns them with the step (a dispatcher's: process 0 reads the
+    data and tells the others); ``None`` elsewhere.
+
     One record per pass: a pass left early leaves its record behind, never in the next pass.
     """
 
-    __slots__ = ("started_at", "head", "batches", "fast_forwarded")
+    __slots__ = ("started_at", "head", "batches", "fast_forwarded", "step_real")
 
     def __init__(self, track: bool = False) -> None:
         self.started_at = 0
         self.head: EpochOrder | EpochHead | None = None
         self.batches: deque[tuple[list[int], int]] | None = deque() if track else None
         self.fast_forwarded = 0
+        self.step_real: tuple[int, int] | None = None
 
     def first_indices(self, count: int) -> list[int]:
         """Up to ``count`` first indices of the epoch's order (once the pass has started)."""

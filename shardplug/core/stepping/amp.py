@@ -168,6 +168,11 @@ def close_failed_step(scaler: Scaler | None, optimizer: Optimizer, stepped: bool
 #: Unread outcomes a :class:`StepCounter` keeps at most; beyond, the oldest is read (its step is long done).
 MAX_UNREAD = 64
 
+#: Device types whose skip flag is read lazily. On the CPU the flag is on the host already: reading it costs
+#: nothing, so it is read at once and the wrapped optimizer and scheduler read as torch's do right after
+#: ``scheduler.step()`` (the tests add ``"cpu"`` here to run the lazy path on the CPU).
+DEFERRED_DEVICE_TYPES: tuple[str, ...] = ("cuda",)
+
 
 class StepOutcome:
     """Whether one call of an optimizer's ``step`` was skipped, read only when someone asks.
@@ -175,11 +180,12 @@ class StepOutcome:
     A fused (or ``_step_supports_amp_scaling``) optimizer skips inside its kernel on the flag
     ``GradScaler`` sets; on a CUDA device the flag is copied to pinned host memory behind the step's
     kernels and an event is recorded after the copy, so reading :attr:`skipped` waits for that
-    step's kernels only, never for work queued after it (on the CPU the flag is simply there).
+    step's kernels only, never for work queued after it. On the CPU the flag is on the host: it is read
+    at once (the outcome is settled), nothing is deferred.
 
     Example::
 
-        >>> StepOutcome.known(False).skipped, StepOutcome.of_flag(torch.ones(())).skipped
+        >>> StepOutcome.known(False).skipped, StepOutcome.of_flag(torch.ones(())).settled
         (False, True)
     """
 
@@ -200,12 +206,19 @@ class StepOutcome:
     @classmethod
     def of_flag(cls, flag: torch.Tensor) -> StepOutcome:
         """The outcome of a step that skips on ``flag`` (non-zero: skipped), read lazily."""
+        if flag.device.type not in DEFERRED_DEVICE_TYPES:
+            return cls.known(bool(float(flag.detach().sum()) != 0.0))
         outcome = cls()
         if flag.device.type == "cuda":
-            host = torch.empty(flag.shape, dtype=flag.dtype, pin_memory=True)
-            host.copy_(flag, non_blocking=True)
-            event = torch.cuda.Event()
-            event.record()
+            # everything on the flag's own device and its current stream (the step's kernels ran there), never
+            # on the process's current device: under torchrun without torch.cuda.set_device that is GPU 0,
+            # where this process has nothing to do
+            with torch.cuda.device(flag.device):
+                stream = torch.cuda.current_stream(flag.device)
+                host = torch.empty(flag.shape, dtype=flag.dtype, pin_memory=True)
+                host.copy_(flag, non_blocking=True)  # on the current stream of the flag's device: ``stream``
+                event = torch.cuda.Event()
+                event.record(stream)
             outcome._flag, outcome._event = host, event
         else:
             outcome._flag = flag.detach().clone()
@@ -238,9 +251,9 @@ class StepCounter:
     whoever makes it (``scaler.step``, Lightning's precision plugin, a user). ``GradScaler`` does
     not call a plain optimizer's ``step`` on inf/NaN gradients; it does call fused and
     ``_step_supports_amp_scaling`` optimizers, with the inf flag set on them: such a call counts only
-    when the flag is zero. Each call leaves a :class:`StepOutcome`; a fused step's flag is read only
-    when :attr:`taken` is read (or when more than :data:`MAX_UNREAD` are unread): nothing in a step
-    waits for the device.
+    when the flag is zero. Each call leaves a :class:`StepOutcome`; a fused step's flag on a CUDA device
+    is read only when :attr:`taken` is read (or when more than :data:`MAX_UNREAD` are unread): nothing
+    in a step waits for the device. A flag on the CPU is read at once.
 
     Use :func:`step_counter` to get the one counter of an optimizer.
     """
@@ -273,9 +286,12 @@ class StepCounter:
         flag = compat.step_inf_flag(optimizer)
         if isinstance(flag, torch.Tensor):
             outcome = StepOutcome.of_flag(flag)
-            self._unread.append(outcome)
-            if len(self._unread) > MAX_UNREAD:
-                self._settle_oldest()
+            if outcome.settled:  # a flag on the host (CPU): counted now, as a plain optimizer's step is
+                self._taken += not outcome.skipped
+            else:
+                self._unread.append(outcome)
+                if len(self._unread) > MAX_UNREAD:
+                    self._settle_oldest()
         else:
             scaler = kwargs.get("grad_scaler") if isinstance(kwargs, dict) else None
             # the deprecated protocol: the optimizer consulted the scaler itself
