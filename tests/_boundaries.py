@@ -115,6 +115,7 @@ def check_resumed(
     factor: int = 1,
     saved_factor: int | None = None,
     cycles: str = "epoch",
+    relayed: Relayed | None = None,
 ) -> None:
     """Assert that ``after`` (one list of rows per process of the resumed run, with its final ``counters``
     ``(optimizer steps, scheduler steps)`` per process) continues ``before`` (rows per process of the first
@@ -123,7 +124,8 @@ def check_resumed(
     ``saved_factor``: the first run's (``None``: the same; a scheduler stepping N times per optimizer step
     on N processes steps another number of times per step after a resize), ``cycles``: where the resumed
     epoch's optimizer steps fall, ``"epoch"`` (the epoch's cycles on the new layout) or ``"carried"`` (the
-    saved cycle continued, see the module's doc)."""
+    saved cycle continued, see the module's doc); ``relayed``: ``before`` is a relay's (a run itself resumed
+    from a first run, see :class:`Relayed`)."""
     where = f"{setup} saved at {point} on {len(before)}, resumed on {len(after)}"
     n_before, n_after = len(before), len(after)
     per_epoch = setup.batches_per_epoch(n_after)
@@ -132,10 +134,14 @@ def check_resumed(
     saved_steps = last_saved[4] + (1 if stepped_last else 0)
     saved_scheduler = last_saved[5] + ((factor if saved_factor is None else saved_factor) if stepped_last else 0)
     carried = 0 if stepped_last else (last_saved[1] + 1) % setup.accumulation  # micro-batches of the saved cycle
+    prior: list[Row] = []
+    if relayed is not None:  # the relay's own counters after its saved batch, and its first run's batches
+        (saved_steps, saved_scheduler), carried, prior = relayed.counters, relayed.carried, relayed.prior
     assert cycles in ("epoch", "carried"), cycles
+    _check_no_step_left(setup, last_saved, len(before), after, prior + [row for rank in before for row in rank], where)
 
     def steps_after(row: Row, start: Row) -> bool:
-        if cycles == "carried" and row[0] == start[0]:  # the resumed epoch continues the saved cycle
+        if cycles == "carried" and row[0] == start[0] == last_saved[0]:  # the resumed epoch continues the saved cycle
             done = carried + row[1] - start[1] + 1
             return done % setup.accumulation == 0 or row[1] == per_epoch - 1
         return setup.steps_after(row[1], n_after)
@@ -161,11 +167,13 @@ def check_resumed(
         assert indices[0] == list(range(per_epoch - len(indices[0]), per_epoch)), (
             f"{where}: epoch {epoch}: batch indices {indices[0]}, the epoch has {per_epoch}"
         )
-        done = [i for rank in before for row in rank if row[0] == epoch for i in row[2]]
+        done = [i for row in prior if row[0] == epoch for i in row[2]]
+        done += [i for rank in before for row in rank if row[0] == epoch for i in row[2]]
         rest = [i for rank in after for row in rank if row[0] == epoch for i in row[2]]
         if epoch == epochs[0] and done:
             step = setup.batch * n_after
-            done_rows = sum(len(row[2]) + len(row[3]) for rank in before for row in rank if row[0] == epoch)
+            done_rows = sum(len(row[2]) + len(row[3]) for row in prior if row[0] == epoch)
+            done_rows += sum(len(row[2]) + len(row[3]) for rank in before for row in rank if row[0] == epoch)
             assert indices[0][0] == -(-done_rows // step), f"{where}: epoch {epoch} resumed at batch {indices[0][0]}"
         _check_once(setup, done + rest, setup.batch * n_after, f"{where}: epoch {epoch}")
         for rank in after:
@@ -178,6 +186,81 @@ def check_resumed(
             mine = [[row[:4] for row in rank if row[0] == epoch] for rank in after]
             theirs = [[row[:4] for row in rank if row[0] == epoch] for rank in fresh]
             assert mine == theirs, f"{where}: epoch {epoch} differs from an uninterrupted run's"
+
+
+@dataclass(frozen=True)
+class Relayed:
+    """What a relay saved (a run resumed from a first run's position on another number of processes, itself
+    saved inside its epoch and resumed on a third): its ``counters`` after the saved batch (optimizer and
+    scheduler steps), the micro-batches of its accumulation cycle not stepped yet (``carried``) and the
+    first run's batches before the relay (``prior``, all ranks)."""
+
+    counters: tuple[int, int]
+    carried: int
+    prior: list[Row]
+
+
+def relay_epoch(point: str) -> int:
+    """The epoch a relay resumed from a first run's ``point`` runs first (a position at or after epoch 0's last
+    step is epoch 1's start)."""
+    return 1 if point in ("last_step", "epoch_end", "after_validation") else 0
+
+
+def relay_points(setup: Setup, first: tuple[int, str], processes: int, resumed_on: int) -> dict[str, int]:
+    """Where a relay on ``processes`` of the first run on ``first = (N, point)`` is resumed on ``resumed_on``, by
+    point (a batch of the relay's first epoch, after which it ran on): after its first batch, a middle one and,
+    where this setup leaves one, the first batch after which the resumed layout has no step left in the epoch
+    (``drop_last``, onto more processes)."""
+    n, point = first
+    per_epoch = setup.batches_per_epoch(processes)
+    start = 0
+    if relay_epoch(point) == 0:
+        done = (setup.save_batch(point, n) + 1) * setup.batch * n  # type: ignore[operator]
+        start = -(-done // (setup.batch * processes))
+    batches = list(range(start, per_epoch - 1))
+    points = {"relay_first": batches[0], "relay_middle": batches[len(batches) // 2]}
+    left = [
+        b for b in batches if setup.drop_last and setup.n - (b + 1) * setup.batch * processes < setup.batch * resumed_on
+    ]
+    if left:
+        points["relay_no_step_left"] = left[0]
+    return points
+
+
+def relayed(relay: list[list[Row]], batch: int, first: list[list[Row]]) -> tuple[list[list[Row]], Relayed]:
+    """The relay's rows (per rank) up to its epoch's ``batch``, and what it saved there (``first``: the rows of
+    the first run, per rank, up to the position the relay resumed)."""
+    epoch = relay[0][0][0]
+    before = [[row for row in rows if (row[0], row[1]) <= (epoch, batch)] for rows in relay]
+    following = next(row for row in relay[0] if (row[0], row[1]) > (epoch, batch))
+    counters = (following[4], following[5])
+    prior = [row for rows in first for row in rows]
+    chain = first[0] + relay[0]  # rank 0's batches in order
+    upto = [row for row in chain if (row[0], row[1]) <= (epoch, batch)]
+    carried = 0
+    for row in reversed(upto):  # the micro-batches since the last step
+        if row[4] != counters[0]:
+            break
+        carried += 1
+    return before, Relayed(counters, carried, prior)
+
+
+def _check_no_step_left(
+    setup: Setup, last_saved: Row, saved_on: int, after: list[list[Row]], done: list[Row], where: str
+) -> None:
+    """A resumed run that starts in a later epoch than its position's: the rest of that epoch filled no step of
+    the saved layout (its end) or of the new one (``drop_last`` dropped it), as at an epoch's end."""
+    assert all(after), (
+        f"{where}: a rank trained nothing (epochs run: {[sorted({r[0] for r in rank}) for rank in after]})"
+    )
+    first_epoch = min(row[0] for rank in after for row in rank)
+    if first_epoch == last_saved[0]:
+        return
+    assert first_epoch == last_saved[0] + 1, f"{where}: resumed in epoch {first_epoch} after epoch {last_saved[0]}"
+    left = setup.n - sum(len(row[2]) for row in done if row[0] == last_saved[0])
+    if left:
+        step = setup.batch * max(saved_on, len(after))
+        assert setup.drop_last and left < step, f"{where}: {left} samples of the epoch skipped"
 
 
 def _check_once(setup: Setup, seen: list[int], step: int, where: str) -> None:

@@ -16,6 +16,13 @@ agreed shuffle, a validation loop), each with the layouts that meet it; Fabric a
 processes import their framework for seconds, meet fewer (2 -> 1, 2 -> 3, 1 -> 2, 3 -> 2). Lightning
 and Fabric step at the new layout's cycles of the epoch; plain PyTorch and Ignite continue the saved
 accumulation cycle of the core's ``GradientState`` (``cycles="carried"`` of the oracle).
+
+Relays (:data:`RELAYS`): a second kill and resize inside the epoch after a first resized resume. One position
+of a first run is resumed on another number of processes, which saves after every batch of its epoch and is
+killed in the next; its positions after its first batch, a middle one and, where ``drop_last`` leaves it, the
+first after which the third layout has no step left in the epoch, join the resumed runs of that layout (the
+same oracle, from the relay's counters). Lightning also resumes each relay position saved after a resume
+from an epoch's last step with the epoch progress an older shardplug left there (``<point>-old``).
 """
 
 from __future__ import annotations
@@ -29,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from _boundaries import Setup, check_resumed, rows_until
+from _boundaries import Setup, check_resumed, relay_epoch, relay_points, relayed, rows_until
 
 SCRIPTS = Path(__file__).resolve().parent / "scripts"
 
@@ -59,6 +66,21 @@ FABRIC = IGNITE = {
     "seeded": (PLAIN["seeded"][0], ((1, (2,)), (3, (2,)))),
     "agreed-accumulate3-droplast-workers2": (PLAIN["agreed-accumulate3-droplast-workers2"][0], ((2, (1, 3)),)),
 }
+
+
+Relay = tuple[int, str, int, tuple[int, ...]]
+"""``(first run on N, its point, relayed on M, resumed on (K, ...))``: a first run's position resumed on M
+processes (the relay, itself saved after every batch of its first epoch), and the relay's positions resumed
+on each K (a second kill and resize after a first resized resume)."""
+
+RELAYS: dict[str, Relay] = {
+    # setup id: relay; each K is a layout the setup's matrix already resumes on (no process group more than the
+    # relay's own: the relay's positions join the resumed runs)
+    "seeded": (2, "last_step", 3, (1,)),  # from an epoch's last step, then inside the next epoch, onto fewer
+    "agreed-accumulate3-droplast-workers2": (3, "first_step", 1, (2,)),  # onto more: no step left at the end
+    "agreed-accumulate3-droplast-workers2-validation": (3, "first_step", 1, (2,)),
+}
+FEWER_RELAYS: dict[str, Relay] = {**RELAYS, "seeded": (2, "last_step", 1, (3,))}  # Fabric and Ignite: onto more
 
 
 def run_script(script: str, out: Path, *args: str, expect_killed: bool = False) -> None:
@@ -96,7 +118,11 @@ def first_rows(folder: Path, processes: int) -> list[list[Any]]:
 
 
 def scenario_runs(
-    script: str, setups: dict[str, tuple[Setup, Layouts]], prefix: str, factory: pytest.TempPathFactory
+    script: str,
+    setups: dict[str, tuple[Setup, Layouts]],
+    prefix: str,
+    factory: pytest.TempPathFactory,
+    relays: dict[str, Relay] | None = None,
 ) -> dict[str, Any]:
     """Every setup's first runs (killed) and resumed runs of the scenario program ``script``, by setup id:
     ``{"first": {N: rows per rank}, "resumed": {M: each rank's JSON}}``."""
@@ -111,15 +137,71 @@ def scenario_runs(
             (root / f"first{n}").mkdir()
             run_script(script, root / f"first{n}", str(n), setup.to_json(), "first", expect_killed=True)
             first[n] = first_rows(root / f"first{n}", n)
+        relay, more = _relay(script, setup, (relays or {}).get(name), root)
         resumed: dict[int, list[Any]] = {}
         for m, sources in layouts:
             out = root / f"resumed{m}"
             out.mkdir()
-            ckpts = [f"{root / f'first{n}' / 'ckpt'}:{n}" for n in sources]
+            ckpts = [f"{root / f'first{n}' / 'ckpt'}:{n}" for n in sources] + more.get(m, [])
             run_script(script, out, str(m), setup.to_json(), "resume", *ckpts)
             resumed[m] = [json.loads((out / f"resume_rank{r}.json").read_text()) for r in range(m)]
-        runs[name] = {"first": first, "resumed": resumed}
+        runs[name] = {"first": first, "resumed": resumed, "relay": relay}
     return runs
+
+
+def _relay(script: str, setup: Setup, relay: Relay | None, root: Path) -> tuple[Any, dict[int, list[str]]]:
+    """Run ``relay`` of ``setup`` (after the first runs under ``root``): its rows per rank, and the sources of
+    its positions for the resumed runs, by their number of processes."""
+    if relay is None:
+        return None, {}
+    n, point, m, resumed_on = relay
+    out = root / f"relay{m}"
+    out.mkdir()
+    epoch = relay_epoch(point)
+    source = f"{root / f'first{n}' / 'ckpt'}:{n}:{point}"
+    run_script(script, out, str(m), setup.to_json(), "relay", source, expect_killed=epoch == 0)
+    more = {}
+    for k in resumed_on:
+        points = relay_points(setup, (n, point), m, k)
+        more[k] = [f"{out / 'ckpt'}:{m}:{epoch}:" + ",".join(f"{p}={b}" for p, b in points.items())]
+    return first_rows(out, m), more
+
+
+def relay_cases(setups: dict[str, tuple[Setup, Layouts]], relays: dict[str, Relay], old: bool = False) -> list[Any]:
+    """The parameters of every relay case of ``setups`` (``old``: also each position of a relay resumed from an
+    epoch's last step with the epoch progress an older shardplug left there, ``<point>-old``: Lightning)."""
+    cases = []
+    for name, (n, point, m, resumed_on) in relays.items():
+        if name in setups:
+            for k in resumed_on:
+                for p in relay_points(setups[name][0], (n, point), m, k):
+                    for variant in (p, f"{p}-old") if old and relay_epoch(point) else (p,):
+                        cases.append(pytest.param(name, k, variant, id=f"{name}-{n}to{m}to{k}-{variant}"))
+    return cases
+
+
+def check_relay(
+    setup: Setup, runs: dict[str, Any], relay: Relay, after: int, point: str, cycles: str = "epoch"
+) -> None:
+    """The oracle on the relay of ``setup`` saved at ``point`` and resumed on ``after`` processes."""
+    n, first_point, m, _ = relay
+    batch = relay_points(setup, (n, first_point), m, after)[point.removesuffix("-old")]
+    first = [rows_until(rows, first_point, setup, n) for rows in runs["first"][n]]
+    before, saved = relayed(runs["relay"], batch, first)
+    ranks = runs["resumed"][after]
+    run = [rank["resumed"][f"relay{m}:{point}"] for rank in ranks]
+    fresh = [rank["fresh"] for rank in ranks]
+    check_resumed(
+        setup,
+        point,
+        before,
+        [r["rows"] for r in run],
+        [tuple(r["counters"]) for r in run],
+        fresh=[f["rows"] for f in fresh],
+        factor=fresh_factor(fresh[0]),
+        cycles=cycles,
+        relayed=saved,
+    )
 
 
 def cases(setups: dict[str, tuple[Setup, Layouts]]) -> list[Any]:

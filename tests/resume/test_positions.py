@@ -476,3 +476,31 @@ def test_set_epoch_of_another_epoch_after_loading_a_position_inside_an_epoch_is_
         resumed.set_epoch(1)
     resumed.set_epoch(0)  # its own epoch keeps it
     assert [b.tolist() for b in resumed] == epoch_zero[1:]
+
+
+@pytest.mark.parametrize("seeded", [True, False])
+def test_a_position_with_no_step_left_on_the_new_layout_is_the_next_epochs_start(seeded):
+    # 144 of 152 samples consumed on 1 process; on 2 processes the 8 left fill no step (drop_last): the
+    # position is epoch 0's end there, and the loader resumes at epoch 1's start, with its order
+    def make(world, rank):
+        shuffle = {} if seeded else {"generator": torch.Generator().manual_seed(7)}
+        loader = DataLoader(range(152), batch_size=8, shuffle=True, drop_last=True, **shuffle)
+        return prepare_data_loader(
+            loader,
+            num_processes=world,
+            process_index=rank,
+            use_seedable_sampler=seeded,
+            data_seed=5 if seeded else None,
+        )
+
+    saving = make(1, 0)
+    _after(saving, 18)
+    state = saving.state_dict()
+    for rank in range(2):
+        reference = make(2, rank)
+        epochs = [rows(reference) for _ in range(2)]
+        resumed = make(2, rank)
+        resumed.load_state_dict(state)
+        assert (resumed.epoch, len(resumed), resumed.resume.resumed_batches) == (1, 9, 0)
+        assert resumed.state_dict()["epoch"] == 1 and resumed.state_dict()["consumed"] == 0
+        assert rows(resumed) == epochs[1]

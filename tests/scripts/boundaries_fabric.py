@@ -1,15 +1,17 @@
 """A Fabric run killed after epoch 0 and resumed from each ``fabric.save`` checkpoint on another number of devices.
 
 Usage: ``python boundaries_fabric.py OUT_DIR DEVICES SETUP_JSON first`` trains 2 epochs (the setup of
-``tests/_boundaries.py``) with ``ShardplugFabricDDPStrategy``, accumulating with
-``fabric.no_backward_sync`` by the documented rule (a step after every ``accumulation``-th batch of the
-epoch and after its last), saves ``fabric.save(path, state)`` with the loader in the state at every
-boundary of epoch 0 (after its first, a middle and its last optimizer step, inside an accumulation cycle,
-at its end), then every rank kills itself (SIGKILL) at the first batch of epoch 1. ``python
-boundaries_fabric.py OUT_DIR DEVICES SETUP_JSON resume CKPT_DIR:N...`` resumes every checkpoint of each
-CKPT_DIR (saved on N devices) with ``fabric.load`` to the end of epoch 1, then runs a fresh run of that
-size. Every rank writes ``OUT_DIR/<mode>_rank<r>.json`` (the first run: ``first_rank<r>.jsonl``, a row
-per batch as it comes).
+``tests/_boundaries.py``) with ``ShardplugFabricDDPStrategy``, accumulating with ``fabric.no_backward_sync`` by
+the documented rule (a step after every ``accumulation``-th batch of the epoch and after its last), saves
+``fabric.save(path, state)`` with the loader in the state at every boundary of epoch 0 (after its first, a
+middle and its last optimizer step, inside an accumulation cycle, at its end), then every rank kills itself
+(SIGKILL) at the first batch of epoch 1. ``python boundaries_fabric.py OUT_DIR DEVICES SETUP_JSON resume
+CKPT_DIR:N...`` resumes every checkpoint of each CKPT_DIR (saved on N devices) with ``fabric.load`` to the end
+of epoch 1, then runs a fresh run of that size. ``python boundaries_fabric.py OUT_DIR DEVICES SETUP_JSON relay
+CKPT_DIR:N:POINT`` resumes that point and saves after every batch of its first epoch (``relay_b<batch>.ckpt``),
+killed in the next (the relay); a source ``CKPT_DIR:N:EPOCH:POINT=BATCH,...`` of ``resume`` names a relay's.
+Every rank writes ``OUT_DIR/<mode>_rank<r>.json`` (the first run: ``first_rank<r>.jsonl``, a row per batch as it
+comes).
 """
 
 from __future__ import annotations
@@ -85,6 +87,7 @@ def train(fabric: Fabric, saves: dict[str, int] | None = None, load: str | None 
     }
     if load is not None:
         state.update(fabric.load(load, state))
+    start = prepared.epoch  # saves are made in the first epoch with batches, the run is killed in the next
 
     def save(point: str) -> None:
         fabric.save(os.path.join(OUT, "ckpt", f"{point}.ckpt"), state)
@@ -95,7 +98,7 @@ def train(fabric: Fabric, saves: dict[str, int] | None = None, load: str | None 
         prepared.set_epoch(epoch)  # a position at the epoch's end saved inside it: this epoch's empty rest
         offset = prepared.epoch_length - len(prepared)  # the batches of this epoch a resumed pass does not yield
         for i, batch in enumerate(loader):
-            if saves is not None and epoch == 1:
+            if saves is not None and epoch == start + 1:
                 os.kill(os.getpid(), signal.SIGKILL)  # the interruption: no teardown, no last save
             b = offset + i
             real = prepared.batch_real_count
@@ -115,11 +118,11 @@ def train(fabric: Fabric, saves: dict[str, int] | None = None, load: str | None 
                 if not fabric.strategy.step_was_skipped:
                     state["steps"] += 1
             for point, after in (saves or {}).items():
-                if epoch == 0 and after == b:
+                if epoch == start and after == b:
                     save(point)
         state["epoch"] = epoch + 1
         for point, after in (saves or {}).items():
-            if epoch == 0 and after == -1:
+            if epoch == start and after == -1:
                 save(point)
     return {"rows": rows, "counters": [state["steps"], int(schedule.last_epoch)]}
 
@@ -139,9 +142,20 @@ def main() -> None:
         saves = {point: SETUP.save_batch(point, DEVICES) for point in SETUP.saved_points()}
         train(fabric, saves={point: -1 if batch is None else batch for point, batch in saves.items()})
         raise AssertionError("the run was not killed")
+    if MODE == "relay":  # resumed from a first run's point, saved after every batch of its first epoch
+        os.makedirs(os.path.join(OUT, "ckpt"), exist_ok=True)
+        folder, _, point = SOURCES[0].split(":")
+        saves = {f"relay_b{b}": b for b in range(SETUP.batches_per_epoch(DEVICES))}
+        train(fabric, saves=saves, load=os.path.join(folder, f"{point}.ckpt"))
+        return
     out: dict[str, Any] = {"resumed": {}}
     for source in SOURCES:
-        folder, processes = source.rsplit(":", 1)
+        folder, processes, *relayed = source.split(":")
+        if relayed:  # a relay's positions: EPOCH:point=batch,...
+            for point, batch in (item.split("=") for item in relayed[1].split(",")):
+                path = os.path.join(folder, f"relay_b{batch}.ckpt")
+                out["resumed"][f"relay{processes}:{point}"] = train(fabric, load=path)
+            continue
         for point in SETUP.saved_points():
             out["resumed"][f"{processes}:{point}"] = train(fabric, load=os.path.join(folder, f"{point}.ckpt"))
     out["fresh"] = train(fabric)

@@ -1,15 +1,18 @@
 """An Ignite run killed after epoch 1 and resumed from each of its ``Checkpoint`` files on another number of processes.
 
 Usage: ``python boundaries_ignite.py OUT_DIR PROCESSES SETUP_JSON first`` trains 2 epochs (the setup of
-``tests/_boundaries.py``; Ignite counts them from 1) with ``ShardplugHandler`` on PROCESSES gloo ranks,
-with a ``Checkpoint`` of the trainer, the model, the optimizer and the handler on every
-``ITERATION_COMPLETED`` and one on ``EPOCH_COMPLETED``, then every rank kills itself (SIGKILL) at the
-first iteration of epoch 2. ``python boundaries_ignite.py OUT_DIR PROCESSES SETUP_JSON resume
-CKPT_DIR:N...`` resumes, with ``Checkpoint.load_objects``, the checkpoint of every boundary of the
-first epoch of each CKPT_DIR (saved on N processes: after its first, a middle and its last optimizer
-step, inside an accumulation cycle, at its end) to the end of epoch 2, then runs a fresh run of that
-size. Rows use the oracle's 0-based epochs and batch indices in the epoch. Every rank writes
-``OUT_DIR/<mode>_rank<r>.json`` (the first run: ``first_rank<r>.jsonl``, a row per batch as it comes).
+``tests/_boundaries.py``; Ignite counts them from 1) with ``ShardplugHandler`` on PROCESSES gloo ranks, with a
+``Checkpoint`` of the trainer, the model, the optimizer and the handler on every ``ITERATION_COMPLETED`` and one
+on ``EPOCH_COMPLETED``, then every rank kills itself (SIGKILL) at the first iteration of epoch 2. ``python
+boundaries_ignite.py OUT_DIR PROCESSES SETUP_JSON resume CKPT_DIR:N...`` resumes, with
+``Checkpoint.load_objects``, the checkpoint of every boundary of the first epoch of each CKPT_DIR (saved on N
+processes: after its first, a middle and its last optimizer step, inside an accumulation cycle, at its end) to
+the end of epoch 2, then runs a fresh run of that size. ``python boundaries_ignite.py OUT_DIR PROCESSES
+SETUP_JSON relay CKPT_DIR:N:POINT`` resumes that point, saving after every iteration
+(``relay_checkpoint_<iteration>.pt``), killed in the epoch after its first (the relay); a source
+``CKPT_DIR:N:EPOCH:POINT=BATCH,...`` of ``resume`` names a relay's. Rows use the oracle's 0-based epochs and
+batch indices in the epoch. Every rank writes ``OUT_DIR/<mode>_rank<r>.json`` (the first run:
+``first_rank<r>.jsonl``, a row per batch as it comes).
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ from torch.utils.data import DataLoader, Dataset
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "tests" / "scripts")]
-from _boundaries import Setup  # noqa: E402  (the tests' helpers)
+from _boundaries import Setup, relay_epoch  # noqa: E402  (the tests' helpers)
 from _ranks import launch, leave  # noqa: E402  (this directory: how ranks start and end)
 
 from shardplug import ShardplugConfig  # noqa: E402
@@ -53,9 +56,11 @@ class Indices(Dataset):
         return torch.tensor(i)
 
 
-def train(rank: int, first: bool = False, load: str | None = None) -> dict[str, Any]:
+def train(rank: int, first: bool = False, load: str | None = None, kill: int | None = None) -> dict[str, Any]:
     """Train to the end of epoch 2 (from ``load``), recording every batch; ``first``: save checkpoints and
-    be killed in epoch 2."""
+    be killed in epoch 2; ``kill``: the epoch in which a relay (saving after every iteration) is killed."""
+    relay = kill is not None
+    kill = 2 if first else kill
     seeded = SETUP.shuffle == "seeded"
     handler = ShardplugHandler(
         ShardplugConfig(
@@ -97,14 +102,14 @@ def train(rank: int, first: bool = False, load: str | None = None) -> dict[str, 
 
     def record(engine: Engine) -> None:
         state = engine.state
-        if first and state.epoch == 2:
+        if state.epoch == kill:
             os.kill(os.getpid(), signal.SIGKILL)  # the interruption: no teardown, no last checkpoint
         real = loader.batch_real_count
         ids = state.batch.tolist()
         index = state.iteration - 1 - (state.epoch - 1) * state.epoch_length
         row = [state.epoch - 1, index, ids[:real], ids[real:], handler.optimizer_step, int(schedule.last_epoch)]
         rows.append(row)
-        if first:  # the first run never ends: each row is written as it comes
+        if first or relay:  # the first run never ends: each row is written as it comes
             with open(os.path.join(OUT, f"first_rank{rank}.jsonl"), "a") as f:
                 f.write(json.dumps(row) + "\n")
 
@@ -115,6 +120,9 @@ def train(rank: int, first: bool = False, load: str | None = None) -> dict[str, 
         for prefix, event in (("iteration", Events.ITERATION_COMPLETED), ("epoch_end", Events.EPOCH_COMPLETED)):
             saver = Checkpoint(to_save, DiskSaver(folder, require_empty=False), filename_prefix=prefix, n_saved=None)
             trainer.add_event_handler(event, saver)
+    if relay:
+        saver = Checkpoint(to_save, DiskSaver(os.path.join(OUT, "ckpt"), require_empty=False), "relay", n_saved=None)
+        trainer.add_event_handler(Events.ITERATION_COMPLETED, saver)
     if load is not None:
         Checkpoint.load_objects(to_save, load)
     trainer.run(loader, max_epochs=SETUP.epochs)
@@ -139,8 +147,19 @@ def main() -> None:
     if MODE == "first":
         train(rank, first=True)
         raise AssertionError("the run was not killed")
+    if MODE == "relay":  # resumed from a first run's point, saved after every iteration of its first epoch
+        folder, processes, point = SOURCES[0].split(":")
+        train(rank, load=saved(f"{folder}:{processes}")[point], kill=relay_epoch(point) + 2)
+        return
     out: dict[str, Any] = {"resumed": {}}
     for source in SOURCES:
+        folder, processes, *relayed = source.split(":")
+        if relayed:  # a relay's positions: EPOCH:point=batch,... (named by the iteration after that batch)
+            epoch, per_epoch = int(relayed[0]), SETUP.batches_per_epoch(int(processes))
+            for point, batch in (item.split("=") for item in relayed[1].split(",")):
+                path = os.path.join(folder, f"relay_checkpoint_{epoch * per_epoch + int(batch) + 1}.pt")
+                out["resumed"][f"relay{processes}:{point}"] = train(rank, load=path)
+            continue
         for point, path in saved(source).items():
             out["resumed"][f"{source.rsplit(':', 1)[1]}:{point}"] = train(rank, load=path)
     out["fresh"] = train(rank)

@@ -4,7 +4,10 @@ Usage: ``python boundaries_lightning.py OUT_DIR DEVICES SETUP_JSON first`` train
 ``tests/_boundaries.py``) with a real ``ModelCheckpoint`` for every boundary of epoch 0 (every optimizer
 step; a micro-batch inside an accumulation cycle; ``save_on_train_epoch_end``; after the epoch-end
 validation), then every rank kills itself (SIGKILL) at the first batch of epoch 1. ``python
-boundaries_lightning.py OUT_DIR DEVICES SETUP_JSON resume CKPT_DIR:PROCESSES...`` resumes every checkpoint of each
+boundaries_lightning.py OUT_DIR DEVICES SETUP_JSON relay CKPT_DIR:PROCESSES:POINT`` resumes that point, saving after
+every batch of its first epoch (``relay_b<batch_idx>.ckpt``), killed in the next (the relay). ``python
+boundaries_lightning.py OUT_DIR DEVICES SETUP_JSON resume CKPT_DIR:PROCESSES[:EPOCH:POINT=BATCH,...]...`` resumes every
+checkpoint of each
 CKPT_DIR with ``Trainer.fit(ckpt_path=...)`` on DEVICES devices to the end of epoch 1, then runs a fresh
 run of that size. Every rank writes ``OUT_DIR/<mode>_rank<r>.json``.
 """
@@ -26,7 +29,7 @@ from torch.utils.data import DataLoader, Dataset
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "integrations" / "lightning" / "tests" / "scripts")]
-from _boundaries import Setup  # noqa: E402  (the tests' helpers)
+from _boundaries import Setup, relay_epoch  # noqa: E402  (the tests' helpers)
 from _exit import leave  # noqa: E402  (how a scenario process ends)
 
 from shardplug_lightning import ShardplugDDPStrategy  # noqa: E402
@@ -49,10 +52,10 @@ class Indices(Dataset):
 
 
 class Recorder(pl.LightningModule):
-    def __init__(self, kill: bool = False) -> None:
+    def __init__(self, kill: int | None = None) -> None:
         super().__init__()
         self.layer = torch.nn.Linear(1, 1)
-        self.kill = kill
+        self.kill = kill  # the epoch whose first batch kills the run (it writes its rows as they come)
         self.rows: list[list[Any]] = []
         self.schedule: Any = None
 
@@ -60,13 +63,13 @@ class Recorder(pl.LightningModule):
         self.trainer.train_dataloader.track_padding()
 
     def training_step(self, batch: torch.Tensor, batch_idx: int) -> torch.Tensor:
-        if self.kill and self.current_epoch == 1:
+        if self.kill is not None and self.current_epoch == self.kill:
             os.kill(os.getpid(), signal.SIGKILL)  # the interruption: no teardown, no last checkpoint
         real = self.trainer.train_dataloader.batch_real_count
         ids = batch.tolist()
         row = [self.current_epoch, batch_idx, ids[:real], ids[real:], self.global_step, self.scheduled()]
         self.rows.append(row)
-        if self.kill:  # the first run never ends: each row is written as it comes
+        if self.kill is not None:  # the first run never ends: each row is written as it comes
             with open(os.path.join(OUT, f"first_rank{self.global_rank}.jsonl"), "a") as f:
                 f.write(json.dumps(row) + "\n")
         return self.layer(batch.float().unsqueeze(1) / SETUP.n).pow(2).mean()
@@ -110,6 +113,28 @@ class InAccumulation(Callback):
     def on_train_batch_end(self, trainer: pl.Trainer, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
         if trainer.current_epoch == 0 and batch_idx == SETUP.accumulation:
             trainer.save_checkpoint(os.path.join(OUT, "ckpt", "in_accumulation", "in_accumulation.ckpt"))
+
+
+class EveryBatch(Callback):
+    """Saves after every batch of ``epoch`` (a relay's positions: ``relay_b<batch_idx>.ckpt``)."""
+
+    def __init__(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def on_train_batch_end(self, trainer: pl.Trainer, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
+        if trainer.current_epoch == self.epoch:
+            trainer.save_checkpoint(os.path.join(OUT, "ckpt", f"relay_b{batch_idx}.ckpt"))
+
+
+def with_old_epoch_progress(path: str) -> str:
+    """A copy of the checkpoint at ``path`` with the epoch progress an older shardplug left after a resume from
+    an epoch's last step (the running epoch counted as not started)."""
+    checkpoint = torch.load(path, weights_only=False)
+    for counts in checkpoint["loops"]["fit_loop"]["epoch_progress"].values():
+        counts["ready"] = counts["started"] = counts["processed"]
+    old = path.replace(".ckpt", "-old.ckpt")
+    torch.save(checkpoint, old)
+    return old
 
 
 def trainer(**kwargs: Any) -> pl.Trainer:
@@ -163,11 +188,32 @@ def saved(source: str) -> dict[str, str]:
 def main() -> None:
     if MODE == "first":
         t = trainer(callbacks=checkpoints())
-        t.fit(Recorder(kill=True))
+        t.fit(Recorder(kill=1))
         raise AssertionError("the run was not killed")
+    if MODE == "relay":  # resumed from a first run's point, saved after every batch of its first epoch
+        folder, processes, point = SOURCES[0].split(":")
+        epoch = relay_epoch(point)
+        t = trainer(callbacks=[EveryBatch(epoch)], enable_checkpointing=True)
+        t.fit(Recorder(kill=epoch + 1), ckpt_path=saved(f"{folder}:{processes}")[point])
+        return
     out: dict[str, Any] = {"resumed": {}}
     t = None
     for source in SOURCES:
+        folder, processes, *relayed = source.split(":")
+        for point, batch in (item.split("=") for item in relayed[1].split(",")) if relayed else ():
+            path = os.path.join(folder, f"relay_b{batch}.ckpt")
+            for key, ckpt in ((point, path), (f"{point}-old", with_old_epoch_progress(path))):
+                if key.endswith("-old") and relayed[0] == "0":
+                    continue  # only a relay resumed from an epoch's last step left that epoch progress
+                model = Recorder()
+                t = trainer(enable_checkpointing=False)
+                t.fit(model, ckpt_path=ckpt)
+                out["resumed"][f"relay{processes}:{key}"] = {
+                    "rows": model.rows,
+                    "counters": [t.global_step, model.scheduled()],
+                }
+        if relayed:
+            continue
         for point, path in saved(source).items():
             key = f"{source.rsplit(':', 1)[1]}:{point}"
             model = Recorder()

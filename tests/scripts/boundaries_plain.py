@@ -5,8 +5,10 @@ Usage: ``python boundaries_plain.py OUT_DIR PROCESSES SETUP_JSON first`` trains 
 optimizer's, the scheduler's and the model's ``state_dict()`` at every boundary of epoch 0 (after its
 first, a middle and its last optimizer step, inside an accumulation cycle, at its end; rank 0 writes),
 then every rank kills itself (SIGKILL) at the first batch of epoch 1. ``python boundaries_plain.py
-OUT_DIR PROCESSES SETUP_JSON resume CKPT_DIR:N...`` resumes every checkpoint of each CKPT_DIR (saved on
-N processes) with ``torch.load`` and ``load_state_dict`` to the end of epoch 1, then runs a fresh run
+OUT_DIR PROCESSES SETUP_JSON relay CKPT_DIR:N:POINT`` resumes that point and saves after every batch of its
+first epoch (``relay_b<batch>.pt``), killed in the next (the relay); ``python boundaries_plain.py
+OUT_DIR PROCESSES SETUP_JSON resume CKPT_DIR:N[:EPOCH:POINT=BATCH,...]...`` resumes every checkpoint of each
+CKPT_DIR (saved on N processes) with ``torch.load`` and ``load_state_dict`` to the end of epoch 1, then runs a fresh run
 of that size. Every rank writes ``OUT_DIR/<mode>_rank<r>.json`` (the first run: ``first_rank<r>.jsonl``,
 a row per batch as it comes).
 """
@@ -50,7 +52,7 @@ class Indices(Dataset):
         return torch.tensor(i)
 
 
-def train(rank: int, saves: dict[int, str] | None = None, load: str | None = None) -> dict[str, Any]:
+def train(rank: int, saves: dict[str, int] | None = None, load: str | None = None) -> dict[str, Any]:
     """Train to the end of epoch 1 (from ``load``), recording every batch; ``saves``: the batch of epoch 0
     after which each point is saved (-1: the epoch's end), and the first run is killed in epoch 1."""
     seeded = SETUP.shuffle == "seeded"
@@ -92,6 +94,7 @@ def train(rank: int, saves: dict[int, str] | None = None, load: str | None = Non
         loader.load_state_dict(saved["loader"])
         run.gradient_state.load_state_dict(saved["gradient_state"])
         state.update(epoch=saved["epoch"], steps=saved["steps"])
+    start = loader.epoch  # saves are made in the first epoch with batches, the run is killed in the next
 
     def save(point: str, epoch: int) -> None:
         if rank == 0:
@@ -114,7 +117,7 @@ def train(rank: int, saves: dict[int, str] | None = None, load: str | None = Non
         loader.set_epoch(epoch)
         offset = loader.epoch_length - len(loader)  # the batches of this epoch a resumed pass does not yield
         for i, batch in enumerate(loader):
-            if saves is not None and epoch == 1:
+            if saves is not None and epoch == start + 1:
                 os.kill(os.getpid(), signal.SIGKILL)  # the interruption: no teardown, no last save
             real = loader.batch_real_count
             ids = batch.tolist()
@@ -131,10 +134,10 @@ def train(rank: int, saves: dict[int, str] | None = None, load: str | None = Non
                 if run.sync_gradients and not optimizer.step_was_skipped:
                     state["steps"] += 1
             for point, after in (saves or {}).items():
-                if epoch == 0 and after == offset + i:
+                if epoch == start and after == offset + i:
                     save(point, epoch)
         for point, after in (saves or {}).items():
-            if epoch == 0 and after == -1:
+            if epoch == start and after == -1:
                 save(point, epoch + 1)
     return {"rows": rows, "counters": [state["steps"], int(scheduler.scheduler.last_epoch)]}
 
@@ -146,9 +149,21 @@ def main() -> None:
         saves = {point: SETUP.save_batch(point, PROCESSES) for point in SETUP.saved_points()}
         train(rank, saves={point: -1 if batch is None else batch for point, batch in saves.items()})
         raise AssertionError("the run was not killed")
+    if MODE == "relay":  # resumed from a first run's point, saved after every batch of its first epoch
+        os.makedirs(os.path.join(OUT, "ckpt"), exist_ok=True)
+        folder, _, point = SOURCES[0].split(":")
+        saves = {f"relay_b{b}": b for b in range(SETUP.batches_per_epoch(PROCESSES))}
+        train(rank, saves=saves, load=os.path.join(folder, f"{point}.pt"))
+        return
     out: dict[str, Any] = {"resumed": {}}
     for source in SOURCES:
-        folder, processes = source.rsplit(":", 1)
+        folder, processes, *relayed = source.split(":")
+        if relayed:  # a relay's positions: EPOCH:point=batch,...
+            for point, batch in (item.split("=") for item in relayed[1].split(",")):
+                out["resumed"][f"relay{processes}:{point}"] = train(
+                    rank, load=os.path.join(folder, f"relay_b{batch}.pt")
+                )
+            continue
         for point in SETUP.saved_points():
             out["resumed"][f"{processes}:{point}"] = train(rank, load=os.path.join(folder, f"{point}.pt"))
     out["fresh"] = train(rank)

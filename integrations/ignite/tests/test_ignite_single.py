@@ -286,3 +286,43 @@ def test_ignite_with_a_prefetching_loader_runs_the_same_steps() -> None:
     seen, steps, mean = _prefetched_run(2)
     assert (seen, steps, mean) == _prefetched_run(0)
     assert steps == 6  # 5 micro-batches per epoch, 2 per step: the end of the loader ends a step (3 per epoch)
+
+
+def _epoch_rows(
+    processes: int, rank: int, stop_at: int | None, state: dict[str, Any] | None, stateful: bool
+) -> tuple[dict[int, list[list[int]]], dict[str, Any]]:
+    """(rows seen by epoch, the trainer's and the handler's states where it stopped) of a 2-epoch run of
+    152 samples, batch 8, ``drop_last``, an agreed shuffle, as rank ``rank`` of ``processes`` (a layout of
+    its own: the other ranks' batches are computed alike), stopped after iteration ``stop_at`` and resumed
+    from ``state``."""
+    config = ShardplugConfig(use_seedable_sampler=True, data_seed=5, use_stateful_dataloader=stateful)
+    handler = ShardplugHandler(config, num_processes=processes, process_index=rank)
+    loader = handler.prepare_data_loader(DataLoader(range(152), batch_size=8, shuffle=True, drop_last=True))
+    seen: dict[int, list[list[int]]] = {}
+
+    def step(engine: Engine, batch: Any) -> None:
+        seen.setdefault(engine.state.epoch, []).append(batch.tolist())
+        if engine.state.iteration == stop_at:
+            engine.terminate()
+
+    trainer = Engine(step)
+    handler.attach(trainer)
+    if state is not None:
+        handler.load_state_dict(state["shardplug"])
+        trainer.load_state_dict(state["trainer"])
+    trainer.run(loader, max_epochs=2)
+    return seen, {"trainer": trainer.state_dict(), "shardplug": handler.state_dict()}
+
+
+@pytest.mark.parametrize("stateful", [False, True])
+def test_ignite_resumed_where_the_new_layout_has_no_step_left_starts_the_next_epoch(stateful: bool) -> None:
+    # 144 of 152 samples consumed on 1 process; on 2 processes the 8 left fill no step of 16 (drop_last
+    # drops them): the resumed run is at epoch 1's end, as an uninterrupted run of 2 processes there
+    _, saved = _epoch_rows(1, 0, 18, None, stateful)
+    assert saved["trainer"]["iteration"] == 18
+    for rank in range(2):
+        whole, _ = _epoch_rows(2, rank, None, None, stateful)
+        resumed, after = _epoch_rows(2, rank, None, saved, stateful)
+        assert list(resumed) == [2], f"rank {rank}: epochs run {list(resumed)}, only epoch 2 was left"
+        assert resumed[2] == whole[2], f"rank {rank}: epoch 2 differs from an uninterrupted run's"
+        assert after["trainer"]["iteration"] == 18, f"rank {rank}: {after['trainer']}"

@@ -43,6 +43,9 @@ __all__ = [
     "batch_progress",
     "set_epoch_length",
     "forget_iterator",
+    "open_the_next_epoch",
+    "repair_epoch_progress",
+    "finish_the_epoch",
 ]
 
 CHECKED_AGAINST: dict[str, str] = {"lightning": "2.6.6", "torch": core_compat.CHECKED_AGAINST["torch"]}
@@ -75,6 +78,14 @@ PRIVATES: dict[str, str] = {
     "val_check_batch is not derived from the epoch's length)",
     "lightning.pytorch.trainer.Trainer.val_check_batch": "the batch of the epoch after which validation runs, "
     "derived again from the epoch's length set after a resume",
+    f"{_LOOPS}.fit_loop._FitLoop.epoch_progress": "its epoch counters, counted on after a resume where Lightning "
+    "leaves them as no uninterrupted run has them",
+    f"{_LOOPS}.fit_loop._FitLoop.restarted_mid_epoch": "its restart stage after a resume inside an epoch",
+    f"{_LOOPS}.fit_loop._FitLoop.reset_restart_stage": "clears it, so that the next epoch opens as in a run",
+    f"{_LOOPS}.training_epoch_loop._TrainingEpochLoop.restarted_on_train_batch_end": "whether the checkpoint was "
+    "saved in on_train_batch_end (then Lightning finishes an epoch whose last batch it saw)",
+    f"{_LOOPS}.fit_loop._FitLoop.state_dict": "the fit loop's part of a checkpoint (checkpoint['loops']['fit_loop']: "
+    "'epoch_progress', 'epoch_loop.batch_progress', 'state_dict' / 'combined_loader'), repaired when loaded",
     "torch.utils.data.DataLoader._iterator": "dropped on the shallow copy of a predict loader made for "
     "prepare_data_loader (see shardplug.core._internal.compat)",
 }
@@ -177,3 +188,58 @@ def set_epoch_length(trainer: Any, fit_loop: Any, limit: int) -> None:
 def forget_iterator(loader: DataLoader[Any]) -> None:
     """Drop the persistent iterator of a (copied) ``DataLoader``."""
     core_compat.forget_iterator(loader)
+
+
+def open_the_next_epoch(fit_loop: Any) -> bool:
+    """After Lightning's ``_FitLoop.reset`` finished the epoch whose last batch a checkpoint of
+    ``on_train_batch_end`` saw (its epoch progress: processed == ready), its restart stage still says
+    "restarted mid-epoch", so ``on_advance_start`` would not count the next epoch as ready and started (nor call
+    ``on_train_epoch_start``): every later checkpoint would then hold an epoch progress no uninterrupted run
+    holds. Clear that stage, as an uninterrupted run opens the next epoch; whether it was cleared."""
+    current = fit_loop.epoch_progress.current
+    if (
+        not _required(fit_loop, "restarted_mid_epoch", "the fit loop's restart stage")
+        or current.ready != current.processed
+    ):
+        return False
+    fit_loop.reset_restart_stage()
+    return True
+
+
+def repair_epoch_progress(checkpoint: dict[str, Any], loader_epoch: Any) -> bool:
+    """Repair, in a loaded ``checkpoint``, the epoch progress a resume from an epoch's last batch left in every
+    later checkpoint before :func:`open_the_next_epoch` (epoch ``k`` running, counted as not started: ready =
+    started = processed = completed = ``k``): where the batch counters and the saved loader position
+    (``loader_epoch(state)``: its epoch inside which it stands, else ``None``) both stand inside epoch ``k``,
+    epoch ``k`` is counted ready and started, as an uninterrupted run counts it; whether it was repaired."""
+    fit = checkpoint.get("loops", {}).get("fit_loop")
+    if not isinstance(fit, dict) or "epoch_progress" not in fit or "epoch_loop.batch_progress" not in fit:
+        return False
+    epochs, batches = fit["epoch_progress"], fit["epoch_loop.batch_progress"]
+    current = epochs["current"]
+    k = current["processed"]
+    if len({current["ready"], current["started"], k, current["completed"]}) != 1:
+        return False
+    if batches["current"]["ready"] <= 0 or batches.get("is_last_batch", False):
+        return False
+    states = fit.get("state_dict", {}).get("combined_loader") or []
+    if not states or any(loader_epoch(state) != k for state in states):
+        return False
+    for counts in epochs.values():
+        counts["ready"] = counts["started"] = counts["processed"] + 1
+    return True
+
+
+def finish_the_epoch(fit_loop: Any) -> bool:
+    """Finish Lightning's running epoch as ``_FitLoop.reset`` finishes one whose last batch a checkpoint of
+    ``on_train_batch_end`` saw (its batches counted done, the epoch processed and completed), where the
+    checkpoint saw another batch that is the last one on this layout (no batch of it left); whether it did.
+    Only for such a checkpoint: one saved after the epoch's validation is finished by Lightning itself."""
+    epoch_loop = _required(fit_loop, "epoch_loop", "the training epoch loop")
+    progress = epoch_loop.batch_progress
+    if progress.is_last_batch or not _required(epoch_loop, "restarted_on_train_batch_end", "its restart stage"):
+        return False
+    progress.is_last_batch = True
+    fit_loop.epoch_progress.increment_processed()
+    fit_loop.epoch_progress.increment_completed()
+    return True

@@ -29,6 +29,7 @@ from shardplug.core.config import ShardplugConfig
 from shardplug.core.evaluation import prepare_eval_loader
 from shardplug.core.loader.nodes import MixtureLoaderShard
 from shardplug.core.loader.prepared import PreparedDataLoader
+from shardplug.core.resume.stateful import POSITION_KEY
 from shardplug.core.sharding.nodes import is_graph
 from shardplug.core.stepping import amp
 from shardplug.core.stepping.scheduler import PreparedScheduler
@@ -345,6 +346,18 @@ class ShardplugStrategyMixin(ShardplugOptions):
         if applied:
             logger.debug("rank %d: applied %d training loader state(s) after restore", self.global_rank, applied)
         self._align_batch_progress(fit_loop)
+        if compat.open_the_next_epoch(fit_loop):
+            logger.debug(
+                "rank %d: resumed after an epoch's last batch: the next epoch opens as in a run", self.global_rank
+            )
+
+    def load_checkpoint(self, checkpoint_path: Any, weights_only: bool | None = None) -> dict[str, Any]:
+        """The checkpoint, with the epoch progress an older shardplug left after two resumes in a row repaired
+        (:func:`~shardplug_lightning.compat.repair_epoch_progress`): it then resumes inside its epoch."""
+        checkpoint = super().load_checkpoint(checkpoint_path, weights_only=weights_only)  # type: ignore[misc]
+        if compat.repair_epoch_progress(checkpoint, _epoch_inside):
+            logger.info("the checkpoint's epoch progress counted its running epoch as not started: repaired")
+        return cast("dict[str, Any]", checkpoint)
 
     def _align_batch_progress(self, fit_loop: Any) -> None:
         """After a resume, count the epoch's batches as the loader does on this layout.
@@ -379,6 +392,12 @@ class ShardplugStrategyMixin(ShardplugOptions):
                 # the same shift for all: a checkpoint of on_train_batch_end has completed = ready - 1,
                 # and Lightning adds the 1 when it restarts (completed may be -1 until then)
                 setattr(tracker, name, getattr(tracker, name) + delta)
+        if loader.epoch == trainer.current_epoch + 1 and compat.finish_the_epoch(fit_loop):
+            logger.info(
+                "rank %d: resumed where this layout has no batch left in epoch %d: the next epoch starts",
+                self.global_rank,
+                loader.epoch - 1,
+            )
         if delta:
             logger.info(
                 "rank %d: resumed on another layout: %d of %d batches of this epoch done (the checkpoint counted %d)",
@@ -426,6 +445,18 @@ def _batches_done(loader: PreparedDataLoader, epoch: int, limit: int, counted: i
     if loader.epoch == epoch and not loader.resume.resumed_inside_epoch and counted and last_counted:
         return limit
     return None
+
+
+def _epoch_inside(state: Any) -> int | None:
+    """The epoch inside which a saved loader state (a position, or a StatefulDataLoader's state with one)
+    stands; ``None`` at an epoch's start or for another state."""
+    if not isinstance(state, dict):
+        return None
+    position = state.get(POSITION_KEY, state)
+    if not isinstance(position, dict) or not position.get("consumed"):
+        return None
+    epoch = position.get("epoch")
+    return epoch if isinstance(epoch, int) else None
 
 
 def _loaders_in(iterables: Any) -> list[Any]:

@@ -103,6 +103,40 @@ def _check_iterator(namespace: str) -> None:
     assert loader._iterator is None
 
 
+def _check_restart_stage(namespace: str) -> None:
+    fit_loop = _trainer(namespace).fit_loop
+    assert fit_loop.restarted_mid_epoch is False and compat.open_the_next_epoch(fit_loop) is False
+    fit_loop._restart_stage = _module(namespace, "loops.fit_loop").RestartStage.RESTARTED_MID_EPOCH
+    for name in ("ready", "started", "processed", "completed"):
+        setattr(fit_loop.epoch_progress.current, name, 1)
+    assert fit_loop.restarted_mid_epoch is True and compat.open_the_next_epoch(fit_loop) is True
+    assert fit_loop.restarted_mid_epoch is False
+
+
+def _check_finish(namespace: str) -> None:
+    fit_loop = _trainer(namespace).fit_loop
+    assert compat.finish_the_epoch(fit_loop) is False
+    stages = _module(namespace, "loops.training_epoch_loop").RestartStage
+    fit_loop.epoch_loop._restart_stage = stages.RESTARTED_ON_TRAIN_BATCH_END
+    assert compat.finish_the_epoch(fit_loop) is True
+    assert fit_loop.epoch_loop.batch_progress.is_last_batch and fit_loop.epoch_progress.current.processed == 1
+
+
+def _check_checkpoint_layout(namespace: str) -> None:
+    fit_loop = _trainer(namespace).fit_loop
+    state = fit_loop.state_dict()
+    for name in ("ready", "started", "processed", "completed"):
+        state["epoch_progress"]["current"][name] = state["epoch_progress"]["total"][name] = 1
+    state["epoch_loop.batch_progress"]["current"]["ready"] = 3
+    state["state_dict"] = {"combined_loader": [{"epoch": 1, "consumed": 6}]}
+    checkpoint = {"loops": {"fit_loop": state}}
+    assert compat.repair_epoch_progress(checkpoint, lambda loader: loader["epoch"]) is True
+    assert state["epoch_progress"]["current"]["ready"] == state["epoch_progress"]["total"]["started"] == 2
+    assert compat.repair_epoch_progress(checkpoint, lambda loader: loader["epoch"]) is False  # already ordinary
+    fit_loop.load_state_dict(state)
+    assert fit_loop.epoch_progress.current.ready == 2
+
+
 _LOOPS = "lightning.pytorch.loops"
 CHECKS: dict[str, Callable[[str], None]] = {
     "lightning.pytorch.trainer.Trainer._accelerator_connector": _check_connector,
@@ -121,6 +155,11 @@ CHECKS: dict[str, Callable[[str], None]] = {
     f"{_LOOPS}.fetchers._DataFetcher.length": _check_epoch_length,
     "lightning.pytorch.trainer.Trainer._val_check_time_interval": _check_epoch_length,
     "lightning.pytorch.trainer.Trainer.val_check_batch": _check_epoch_length,
+    f"{_LOOPS}.fit_loop._FitLoop.epoch_progress": _check_restart_stage,
+    f"{_LOOPS}.fit_loop._FitLoop.restarted_mid_epoch": _check_restart_stage,
+    f"{_LOOPS}.fit_loop._FitLoop.reset_restart_stage": _check_restart_stage,
+    f"{_LOOPS}.training_epoch_loop._TrainingEpochLoop.restarted_on_train_batch_end": _check_finish,
+    f"{_LOOPS}.fit_loop._FitLoop.state_dict": _check_checkpoint_layout,
     "torch.utils.data.DataLoader._iterator": _check_iterator,
 }
 

@@ -62,6 +62,8 @@ class PassListener(Protocol):
 
     def loader_stopped(self, loader: object) -> None: ...
 
+    def restart_cycle(self) -> None: ...
+
 
 class PassKeeper(Protocol):
     """What keeps a loader's passes (its :class:`~shardplug.core.loader.resume_state.ResumeState`), as a pass

@@ -29,8 +29,11 @@ Example::
 from __future__ import annotations
 
 import copy
+import logging
 from collections.abc import Iterable
 from typing import Any, Protocol, cast
+
+import torch
 
 from shardplug.core.loader.building import LoaderIdentity, pass_position
 from shardplug.core.loader.passes import LoaderPass, PassHost, WeakLoader, weak_reference
@@ -44,6 +47,8 @@ from shardplug.core.sharding.shard_plan import PlanTraits, ShardPlan, plan_trait
 from shardplug.core.shuffle.agreement import Shuffles
 
 __all__ = ["ResumeState", "ResumeHost"]
+
+logger = logging.getLogger(__name__)
 
 
 class ResumeHost(PassHost, Protocol):
@@ -133,6 +138,11 @@ class ResumeState(WeakLoader[ResumeHost]):
         (:class:`~shardplug.core.loader.placing.PassPlacement`)."""
         reads_through = self.loader.use_stateful_dataloader and self.inner_state_resumes()
         placement = PassPlacement(self.plan, self.inner, reads_through, self.check().workers_split_stream)
+        state = self.loader.gradient_state
+        if self.pending.epoch_ended and state is not None:
+            # the loaded position's epoch ended on this layout: as at every epoch's end, the accumulation
+            # cycle it was saved in ends with it (its micro-batches' gradients are in no checkpoint)
+            state.restart_cycle()
         return placement.place(*self.pending.take())
 
     # -- lengths ----------------------------------------------------------------------------
@@ -219,11 +229,60 @@ class ResumeState(WeakLoader[ResumeHost]):
         self.apply(position)
 
     def apply(self, position: Position) -> None:
-        """Continue from ``position`` (already checked) at the next pass."""
+        """Continue from ``position`` (already checked) at the next pass (:meth:`on_this_layout`)."""
+        saved_epoch = position.epoch
+        position = self.on_this_layout(position)
         self.pending.position = None  # a position loaded before is replaced
         self.shuffles().restore(position.seeds, position.generator_state)
         self.loader.set_epoch(position.epoch)
-        self.pending.load(position)
+        self.pending.load(position, epoch_ended=position.epoch != saved_epoch)
+
+    def on_this_layout(self, position: Position) -> Position:
+        """``position`` (already checked) as this loader's layout reads it: a place inside an epoch after which
+        no process of this layout has a batch left (:meth:`~shardplug.core.sharding.shard_plan.ShardPlan.finished`,
+        the rule that also ends a pass, see :func:`~shardplug.core.loader.building.pass_position`) is the end of
+        that epoch, so the next epoch's start, as an uninterrupted run on this layout reaches it.  That happens
+        after a resize: the samples left (saved with another number of processes) fill no step of this layout
+        (``drop_last`` drops them).  Every front end then counts the resumed run from the next epoch, and no pass
+        reads past the epoch."""
+        if (position.consumed, position.batches_yielded) == (0, 0) or self.plan.finished(position.consumed) is not True:
+            return position
+        generator_state = position.generator_state
+        generator = self.shuffles().generator
+        if generator is not None:  # the next epoch's order is drawn after this one's: draw it as its pass would
+            batches = getattr(self.plan, "index_batches", None)
+            if batches is None:
+                return position
+            saved = generator.get_state()
+            self.shuffles().restore(position.seeds, generator_state)
+            if getattr(self.loader, "generator", None) is generator:  # a DataLoader draws from its own generator
+                torch.empty((), dtype=torch.int64).random_(generator=generator)  # iter() draws its base seed first
+            for _ in batches(position.consumed):
+                pass  # nothing is left: only the order is drawn
+            generator_state = generator.get_state()
+            generator.set_state(saved)
+        logger.info(
+            "the loaded position (epoch %d, %d %s consumed on %d processes) leaves no batch of this layout in its "
+            "epoch: the next pass starts epoch %d",
+            position.epoch,
+            position.consumed,
+            position.unit,
+            position.num_processes,
+            position.epoch + 1,
+        )
+        layout = self.plan.layout  # an epoch's start is the same on every layout: described in this one's
+        return position.replace(
+            epoch=position.epoch + 1,
+            batches_yielded=0,
+            consumed=0,
+            dataset_state=None,
+            generator_state=generator_state,
+            num_processes=layout.num_processes,
+            split_batches=layout.split_batches,
+            even_batches=layout.even_batches,
+            process_batch_size=layout.process_batch_size,
+            step_batch_size=layout.step_batch_size,
+        )
 
     def resume_at(self, epoch: int, batches_yielded: int, seeds: Iterable[int | None] | None = None) -> None:
         """Continue in ``epoch`` after this process's first ``batches_yielded`` batches, with this
@@ -268,7 +327,7 @@ class ResumeState(WeakLoader[ResumeHost]):
             )
         position = Position.from_dict(state.pop(POSITION_KEY))
         self.check_loadable(position, stateful=True)
-        if self.position_suffices(position):
+        if self.position_suffices(self.on_this_layout(position)):
             self.apply(position)  # shardplug's own skip (exact) repositions the next pass
             return
         self.inner.load(loader.inner_loader(), state)

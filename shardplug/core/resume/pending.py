@@ -25,28 +25,32 @@ class PendingStart:
 
     ``position``: a loaded position, applied when the next pass starts; ``ended``: that position (an
     epoch's start) is reached as the end of the epoch before it, so the next pass is empty
-    (:meth:`enter_epoch`); ``skip``: batches the next pass starts later still (``skip_first_batches``).
+    (:meth:`enter_epoch`); ``skip``: batches the next pass starts later still (``skip_first_batches``);
+    ``epoch_ended``: the position was saved inside the epoch before it, whose rest has no batch on this
+    layout (the accumulation cycle it was saved in ends with that epoch).
     """
 
-    __slots__ = ("position", "ended", "skip")
+    __slots__ = ("position", "ended", "skip", "epoch_ended")
 
     def __init__(self, skip: int = 0) -> None:
         self.position: Position | None = None
         self.ended = False
         self.skip = skip
+        self.epoch_ended = False
 
     def __copy__(self) -> PendingStart:
         new = PendingStart(self.skip)
-        new.position, new.ended = self.position, self.ended
+        new.position, new.ended, new.epoch_ended = self.position, self.ended, self.epoch_ended
         return new
 
     def forget(self) -> None:
         """The loader follows another loader's pass (its copy's): nothing of its own is pending."""
-        self.position, self.ended, self.skip = None, False, 0
+        self.position, self.ended, self.skip, self.epoch_ended = None, False, 0, False
 
-    def load(self, position: Position) -> None:
-        """The next pass starts after ``position`` (a skip pending before is dropped)."""
-        self.position, self.skip = position, 0
+    def load(self, position: Position, epoch_ended: bool = False) -> None:
+        """The next pass starts after ``position`` (a skip pending before is dropped; ``epoch_ended``: see the
+        class)."""
+        self.position, self.skip, self.epoch_ended = position, 0, epoch_ended
 
     def next_start(self) -> int:
         """Where (in the plan's unit) the next pass starts, before any skip."""
