@@ -29,7 +29,7 @@ from shardplug.core.dispatch.receiver import StepReceiver
 from shardplug.core.dispatch.sender import SliceFn, StepReader, StepSender, local_steps
 from shardplug.core.dispatch.shm import CollateIntoRing
 from shardplug.core.dispatch.transport import Wire, dispatch_group
-from shardplug.core.dispatch.wire import DispatchStats
+from shardplug.core.dispatch.wire_protocol import DispatchStats
 from shardplug.core.loader.prepared import DataLoaderShard, LoaderOptions, PreparedDataLoader
 from shardplug.core.resume.stateful import stateful_dataloader_class
 from shardplug.core.sharding.layout import ShardLayout
@@ -106,7 +106,7 @@ class DataLoaderDispatcher(DataLoaderShard):
     (same shapes as before / new row count / new structure / no step / error / pass closed early,
     with its pass number, whether the step is the pass's last and its ring slot); the pickled
     structure is sent only when it changes (once per pass for constant shapes): the wire protocol
-    is :mod:`shardplug.core.dispatch.wire`.  Process 0 reads one step ahead, so the end of a
+    is :mod:`shardplug.core.dispatch.wire_protocol`.  Process 0 reads one step ahead, so the end of a
     pass is its own on every process; a pass it leaves early (``break``, an exception, garbage
     collection, a new ``iter()``) is closed with a message, so the others stop after the same
     step.  Process 0 hands out its own rows while the others' are still being sent.  Processes on

@@ -1,6 +1,6 @@
 """The other processes' side of the step protocol: each receives its rows of every step.
 
-A process reads the message before every step (:mod:`~shardplug.core.dispatch.wire`),
+A process reads the message before every step (:mod:`~shardplug.core.dispatch.wire_protocol`),
 the header when one follows, then its rows -- from process 0's ring when it shares process 0's
 host, else through the process group -- and sends its receipt. Messages of a pass it left early
 are received and dropped when its next pass starts. The receipt of a pass's last step may find
@@ -19,7 +19,7 @@ import torch.distributed as dist
 from shardplug.core._internal.rows import OBJECT, batch_rows, flatten, unflatten
 from shardplug.core.dispatch.dispatch_plan import DispatchError, StepPadding
 from shardplug.core.dispatch.transport import Wire
-from shardplug.core.dispatch.wire import (
+from shardplug.core.dispatch.wire_protocol import (
     CLOSE,
     END,
     ERROR,

@@ -2,7 +2,7 @@
 
 :class:`StepReader` reads the loader's global batches and has the plan make them into steps
 (checked, padded, cut into every process's part); :class:`StepSender` announces each step,
-sends its rows (:mod:`~shardplug.core.dispatch.wire`) and hands out process 0's own.
+sends its rows (:mod:`~shardplug.core.dispatch.wire_protocol`) and hands out process 0's own.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from shardplug.core._internal.rows import (
 from shardplug.core.dispatch.dispatch_plan import DispatchError, DispatchPlan, StepPadding
 from shardplug.core.dispatch.shm import CollateIntoRing
 from shardplug.core.dispatch.transport import RECEIPT_LAG, Wire
-from shardplug.core.dispatch.wire import (
+from shardplug.core.dispatch.wire_protocol import (
     CLOSE,
     END,
     ERROR,

@@ -39,7 +39,7 @@ from shardplug.core._internal.collectives import all_gather_objects, broadcast_o
 from shardplug.core._internal.rows import OBJECT, leaf_spec
 from shardplug.core.dispatch.dispatch_plan import DispatchError
 from shardplug.core.dispatch.shm import ReceiptCounter, RingReader, SharedRing, ring_bytes, shared_memory_dir
-from shardplug.core.dispatch.wire import ACK_TAG, tensors
+from shardplug.core.dispatch.wire_protocol import ACK_TAG, tensors
 
 if TYPE_CHECKING:
     from torch.distributed import ProcessGroup
