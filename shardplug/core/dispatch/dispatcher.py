@@ -28,7 +28,7 @@ from shardplug.core.dispatch.dispatch_plan import DispatchPlan
 from shardplug.core.dispatch.receiver import StepReceiver
 from shardplug.core.dispatch.sender import SliceFn, StepReader, StepSender, local_steps
 from shardplug.core.dispatch.shm import CollateIntoRing
-from shardplug.core.dispatch.transport import Wire, dispatch_group
+from shardplug.core.dispatch.wire import Wire, dispatch_group
 from shardplug.core.dispatch.wire_protocol import DispatchStats
 from shardplug.core.loader.prepared import DataLoaderShard, LoaderOptions, PreparedDataLoader
 from shardplug.core.resume.stateful import stateful_dataloader_class

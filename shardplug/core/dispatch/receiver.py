@@ -18,7 +18,7 @@ import torch.distributed as dist
 
 from shardplug.core._internal.rows import OBJECT, batch_rows, flatten, unflatten
 from shardplug.core.dispatch.dispatch_plan import DispatchError, StepPadding
-from shardplug.core.dispatch.transport import Wire
+from shardplug.core.dispatch.wire import Wire
 from shardplug.core.dispatch.wire_protocol import (
     CLOSE,
     END,

@@ -27,7 +27,7 @@ from shardplug.core._internal.rows import (
 )
 from shardplug.core.dispatch.dispatch_plan import DispatchError, DispatchPlan, StepPadding
 from shardplug.core.dispatch.shm import CollateIntoRing
-from shardplug.core.dispatch.transport import RECEIPT_LAG, Wire
+from shardplug.core.dispatch.wire import RECEIPT_LAG, Wire
 from shardplug.core.dispatch.wire_protocol import (
     CLOSE,
     END,
