@@ -7,6 +7,9 @@
   the header, what follows), :class:`DispatchError`, :class:`DispatchStats`.
 * :mod:`~shardplug.core.dispatch.sender`: process 0 reads each step and sends the others their rows.
 * :mod:`~shardplug.core.dispatch.receiver`: the other processes receive theirs.
-* :mod:`~shardplug.core.dispatch.wire`: the process group's state, rings, receipts, liveness.
+* :mod:`~shardplug.core.dispatch.wire`: :class:`Wire`, the process group and its traffic, one part per job:
+  :mod:`~shardplug.core.dispatch.liveness`, :mod:`~shardplug.core.dispatch.timed_waits`,
+  :mod:`~shardplug.core.dispatch.object_collectives`, :mod:`~shardplug.core.dispatch.receipts`,
+  :mod:`~shardplug.core.dispatch.ring_slots`.
 * :mod:`~shardplug.core.dispatch.shm`: shared-memory rings, collation straight into them, receipt counters.
 """

@@ -199,7 +199,7 @@ class DataLoaderDispatcher(DataLoaderShard):
             mine = length if global_rank() == 0 else None
             length = broadcast_object(mine, group=self._wire.group, what="the number of batches (dispatch)")
         plan = DispatchPlan(layout, length, source if source.unit == "global_batches" else None)
-        self._wire.shm_targets = self._same_host_processes()
+        self._same_host_processes()
         return plan
 
     def _collate_into_rings(self) -> CollateIntoRing | None:
@@ -210,7 +210,7 @@ class DataLoaderDispatcher(DataLoaderShard):
         DataLoader's own iterator (no look-ahead that could hand back another batch)."""
         usable = (
             global_rank() == 0
-            and bool(self._wire.shm_targets)
+            and bool(self._wire.rings.targets)
             and self.num_workers == 0
             and self.collate_fn is default_collate
             and not self.split_batches

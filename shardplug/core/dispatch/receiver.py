@@ -82,7 +82,9 @@ class StepReceiver:
             except DispatchError:
                 raise
             except RuntimeError as exc:  # torch.distributed.DistBackendError included
-                lost = self.wire.ended(f"step {self.wire.steps_received} from process 0") or DispatchError(
+                lost = self.wire.liveness.ended(
+                    f"step {self.wire.receipts.steps_received} from process 0"
+                ) or DispatchError(
                     "lost process 0 (which reads and sends the data in dispatch mode), or another process of the "
                     f"dispatch group died, while waiting for a batch: {exc}"
                 )
@@ -104,8 +106,8 @@ class StepReceiver:
         """
         pass_number = self.pass_number
         while True:
-            step = self.wire.steps_received
-            self.wire.receive_message(control, f"process 0's message of step {step} (pass {pass_number})")
+            step = self.wire.receipts.steps_received
+            self.wire.objects.receive_message(control, f"process 0's message of step {step} (pass {pass_number})")
             message = Message(*control.tolist())
             kind, number = message.kind, message.number
             if number > pass_number:
@@ -114,7 +116,9 @@ class StepReceiver:
                     "mode every process must iterate the loader the same number of times"
                 )
             if kind == ERROR:
-                text = self.wire.broadcast_object(None, self.device, "process 0's error (after its error message)")
+                text = self.wire.objects.broadcast_object(
+                    None, self.device, "process 0's error (after its error message)"
+                )
                 if number == pass_number:
                     raise DispatchError(f"process 0 failed to dispatch a batch: {text}")
                 continue
@@ -144,14 +148,14 @@ class StepReceiver:
         only its reading advanced (see :meth:`StepSender._send_shuffle_state`)."""
         if self.shuffle is not None:
             what = "process 0's state of the shuffle's generator (at the end of its pass)"
-            self.shuffle.set_state(self.wire.broadcast_object(None, self.device, what))
+            self.shuffle.set_state(self.wire.objects.broadcast_object(None, self.device, what))
 
     def _send_receipt(self, last_of_pass: bool) -> None:
         """Tell process 0 that the step arrived. After the pass's last step, this process has every
         row of the pass: process 0 may have ended since (its pass was over), and its receipt then
         reaches nobody, which fails nothing."""
         try:
-            self.wire.send_receipt(self.device)
+            self.wire.receipts.send_receipt(self.device)
         except RuntimeError as exc:  # DispatchError, gloo's closed connection
             if not last_of_pass:
                 raise
@@ -161,8 +165,8 @@ class StepReceiver:
         """This process's header of the step ``message`` announces (received when one follows)."""
         kind = message.kind
         if kind in (HEADER, UNEVEN):
-            what = f"process 0's header of step {self.wire.steps_received}"
-            received = self.wire.broadcast_object(None, self.device, what)
+            what = f"process 0's header of step {self.wire.receipts.steps_received}"
+            received = self.wire.objects.broadcast_object(None, self.device, what)
             self.stats.headers += 1
             if kind == HEADER:
                 return cast("tuple[Any, list[tuple[Any, Any]], tuple[tuple[int, str, int, int], ...]]", received)
@@ -179,11 +183,11 @@ class StepReceiver:
         ring on its host, else through the process group)."""
         _, specs, rings = header
         uneven = message.kind == UNEVEN
-        what = f"the rows of step {self.wire.steps_received} from process 0"
+        what = f"the rows of step {self.wire.receipts.steps_received} from process 0"
         objects: list[Any] = []
         if has_objects(specs):
-            objects = self.wire.scatter_objects(None, self.device, what)
-        shared = self.wire.read_ring(self.process_index, rings, specs, message.slot)
+            objects = self.wire.objects.scatter_objects(None, self.device, what)
+        shared = self.wire.rings.read_ring(self.process_index, rings, specs, message.slot)
         if shared is not None:  # process 0's host: the rows are in shared memory
             tensors_in = iter(shared)
             received = [None if dtype == OBJECT else next(tensors_in) for dtype, _ in specs]
@@ -196,7 +200,7 @@ class StepReceiver:
             if shared is not None or out is None or (uneven and not out.numel()):
                 continue
             if self.device.type == "cpu" or uneven:
-                self.wire.wait_sent(dist.irecv(out, src=0, group=self.group, tag=SEND_TAG), what)
+                self.wire.waits.wait_sent(dist.irecv(out, src=0, group=self.group, tag=SEND_TAG), what)
             else:
                 dist.scatter(out, None, src=0, group=self.group)
         if shared is None and message.number == self.pass_number:
