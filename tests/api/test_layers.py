@@ -27,7 +27,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("shardplug.core.dispatch",),  # process 0 reads, every process receives its rows
     ("shardplug.core.planner", "shardplug.core.evaluation"),  # the assembler: prepare_data_loader
     ("shardplug.core.stepping",),  # optimizer, scheduler, accumulation, TrainingRun
-    ("shardplug.core",),  # the core's public names
+    ("shardplug.core",),  # the core's public names, and front_ends.py: the helpers the front ends use
     ("shardplug",),  # the package's public names
     ("shardplug.explain", "shardplug.__main__"),  # the explain tool, above everything it draws
 )
