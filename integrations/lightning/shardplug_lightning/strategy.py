@@ -414,7 +414,7 @@ class ShardplugStrategyMixin(ShardplugOptions):
         epoch = trainer.current_epoch
         for loader in _loaders_in(trainer.train_dataloader):
             if isinstance(loader, PreparedDataLoader) and loader.epoch != epoch and not loader.end_of_dataloader:
-                loader.epoch = epoch
+                loader.renumber_epoch(epoch)  # the pass goes on in its order: no set_epoch
 
 
 def _batches_done(loader: PreparedDataLoader, epoch: int, limit: int, counted: int, last_counted: bool) -> int | None:
