@@ -1,4 +1,4 @@
-"""``DataLoaderDispatcher``: its options, and the wiring of its plan, sender, receiver and transport."""
+"""``DataLoaderDispatcher``: its options, and the wiring of its plan, sender, receiver and wire."""
 
 from __future__ import annotations
 

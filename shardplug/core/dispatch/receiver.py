@@ -48,7 +48,7 @@ class StepReceiver:
 
     A failure of the process group while waiting (process 0 died, a timeout) is a
     :class:`DispatchError` that names process 0; every wait notices within seconds that a process
-    of this host died (:meth:`Wire.wait`).
+    of this host died (:meth:`~shardplug.core.dispatch.timed_waits.TimedWaits.wait`).
     """
 
     def __init__(
