@@ -199,7 +199,7 @@ class DataLoaderDispatcher(DataLoaderShard):
             mine = length if global_rank() == 0 else None
             length = broadcast_object(mine, group=self._wire.group, what="the number of batches (dispatch)")
         plan = DispatchPlan(layout, length, source if source.unit == "global_batches" else None)
-        self._same_host_processes()
+        self._wire.rings.targets = self._same_host_processes()
         return plan
 
     def _collate_into_rings(self) -> CollateIntoRing | None:

@@ -82,9 +82,8 @@ class StepReceiver:
             except DispatchError:
                 raise
             except RuntimeError as exc:  # torch.distributed.DistBackendError included
-                lost = self.wire.liveness.ended(
-                    f"step {self.wire.receipts.steps_received} from process 0"
-                ) or DispatchError(
+                what = f"step {self.wire.receipts.steps_received} from process 0"
+                lost = self.wire.liveness.ended(what) or DispatchError(
                     "lost process 0 (which reads and sends the data in dispatch mode), or another process of the "
                     f"dispatch group died, while waiting for a batch: {exc}"
                 )
@@ -116,9 +115,8 @@ class StepReceiver:
                     "mode every process must iterate the loader the same number of times"
                 )
             if kind == ERROR:
-                text = self.wire.objects.broadcast_object(
-                    None, self.device, "process 0's error (after its error message)"
-                )
+                what = "process 0's error (after its error message)"
+                text = self.wire.objects.broadcast_object(None, self.device, what)
                 if number == pass_number:
                     raise DispatchError(f"process 0 failed to dispatch a batch: {text}")
                 continue

@@ -103,8 +103,7 @@ class Wire:
     def find_host_processes(self, process_index: int, wanted: bool) -> frozenset[int]:
         """The processes other than 0 that share process 0's host, which read its rings (``wanted``: where
         shared memory is to be used); see :meth:`~shardplug.core.dispatch.liveness.Liveness.find_host_processes`."""
-        self.rings.targets = self.liveness.find_host_processes(self.group, process_index, wanted)
-        return self.rings.targets
+        return self.liveness.find_host_processes(self.group, process_index, wanted)
 
     def close(self) -> None:
         """Release the shared-memory rings.
