@@ -37,7 +37,7 @@ from typing import Any, Protocol, TypeGuard
 from torch.utils.data import DataLoader, Dataset
 
 from shardplug.core._internal import compat
-from shardplug.core.graphs.row_tags import OnRow, leading_samples
+from shardplug.core.graphs.row_tags import OnRow
 
 __all__ = ["GraphLike", "is_graph", "read_graph", "MapGraph", "MixtureGraph", "GraphKeysLoader"]
 
@@ -250,7 +250,7 @@ class GraphKeysLoader(DataLoader[Any]):
                 "drop_padding_rows() needs batches with rows; this graph hands out single samples (it has no "
                 "Batcher): keep them and skip those with loader.batch_real_count == 0"
             )
-        return leading_samples if self.graph.hands_out_lists else None
+        return _leading_samples if self.graph.hands_out_lists else None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -365,3 +365,16 @@ def read_graph(graph: Any) -> MapGraph | MixtureGraph:
             )
         sources[name] = part
     return MixtureGraph(sources=sources, mixture=source, stages=tuple(stages))
+
+
+def _leading_samples(batch: Any, real: int | None) -> Any:
+    """The first ``real`` samples of a batch that is a list of samples (what a ``Batcher`` yields).
+
+    Example::
+
+        >>> _leading_samples([{"x": 1}, {"x": 2}, {"x": 3}], 2)
+        [{'x': 1}, {'x': 2}]
+    """
+    if real is None or not isinstance(batch, (list, tuple)):
+        return batch
+    return batch[:real]
