@@ -29,13 +29,13 @@ from shardplug.core._internal.arguments import check_prefetch_depth
 from shardplug.core._internal.topology import ProcessTopology, Readers, resolve_data_topology
 from shardplug.core.config import ShardplugConfig
 from shardplug.core.dispatch.dispatcher import DataLoaderDispatcher, DispatchOptions, check_slice_fn
-from shardplug.core.loader.nodes import MixtureLoaderShard, prepare_graph
+from shardplug.core.graphs.prepared_graphs import MixtureLoaderShard, prepare_graph
+from shardplug.core.graphs.reading import GraphLike, is_graph
 from shardplug.core.loader.prepared import DataLoaderShard, LoaderOptions, PreparedDataLoader, combined_class
 from shardplug.core.resume.stateful import stateful_dataloader_class
 from shardplug.core.sharding import local, map_style, native, presplit, read_all
 from shardplug.core.sharding.kinds import DISPATCH, LOCAL, MAP_STYLE, NATIVE, PRESPLIT, Shard, ShardingKind
 from shardplug.core.sharding.layout import ShardLayout
-from shardplug.core.sharding.nodes import GraphLike, is_graph
 from shardplug.core.sharding.stream_traits import stream_kind
 from shardplug.core.shuffle.rng import check_rng_types
 from shardplug.core.shuffle.seedable import check_seed, check_shuffle_algorithm

@@ -25,7 +25,7 @@ from shardplug.core._internal.arguments import is_int
 from shardplug.core._internal.rows import slice_rows
 from shardplug.core.dispatch.dispatch_plan import DispatchPlan
 from shardplug.core.dispatch.sender import StepReader
-from shardplug.core.dispatch.transport import Wire
+from shardplug.core.dispatch.wire import Wire
 from shardplug.core.sharding.map_style import BatchSamplerPlan
 from shardplug.core.sharding.shard_plan import PassRecord
 

@@ -32,9 +32,17 @@ def _scaler_record() -> tuple[Any, Any]:
 
 
 def _check_scaler_records() -> None:
+    """The accessors of the record read it, move it and drop it, and make none where there is none."""
     scaler, opt = _scaler_record()
-    record = compat.scaler_records(scaler)[id(opt)]
-    assert record["stage"] is compat.opt_state().UNSCALED and record["found_inf_per_device"]
+    assert compat.scaler_stage(scaler, opt) is compat.opt_state().UNSCALED and compat.scaler_found_inf(scaler, opt)
+    other = torch.optim.SGD([torch.nn.Parameter(torch.ones(1))], lr=0.1)
+    assert compat.scaler_stage(scaler, other) is None and not compat.scaler_found_inf(scaler, other)
+    compat.move_scaler_record(scaler, opt, other)
+    assert compat.scaler_stage(scaler, opt) is None
+    assert compat.scaler_stage(scaler, other) is compat.opt_state().UNSCALED
+    assert compat.forget_scaler_record(scaler, other) and not compat.forget_scaler_record(scaler, other)
+    assert compat.scaler_stage(scaler, other) is None
+    assert len(getattr(scaler, "_per_optimizer_states")) == 0, "no record made by a lookup"  # noqa: B009
 
 
 def _check_opt_state() -> None:

@@ -23,10 +23,11 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("shardplug.core.padding",),  # which rows are padding: tracking, metrics, the audit
     ("shardplug.core.resume",),  # positions as values: Position, checks, lengths, the pending start
     ("shardplug.core.loader",),  # the prepared loader, its passes, its resume state
+    ("shardplug.core.graphs",),  # torchdata.nodes graphs: read, prepared on the loader, rebuilt on a part
     ("shardplug.core.dispatch",),  # process 0 reads, every process receives its rows
     ("shardplug.core.planner", "shardplug.core.evaluation"),  # the assembler: prepare_data_loader
     ("shardplug.core.stepping",),  # optimizer, scheduler, accumulation, TrainingRun
-    ("shardplug.core",),  # the core's public names
+    ("shardplug.core",),  # the core's public names, and front_ends.py: the helpers the front ends use
     ("shardplug",),  # the package's public names
     ("shardplug.explain", "shardplug.__main__"),  # the explain tool, above everything it draws
 )

@@ -121,7 +121,7 @@ def _dispatch_while_process_0_ends_first(rank: int, world: int, shared_memory: b
     does) between the others' receiving the last step and their sending its receipt (forced: the
     receipt of the last step waits 1.5 s; the suite once met this interleaving by chance)."""
     import shardplug
-    from shardplug.core.dispatch.transport import Wire
+    from shardplug.core.dispatch.receipts import Receipts as Wire
 
     shardplug.DataLoaderDispatcher.shared_memory = shared_memory
     data = [torch.tensor([float(i)]) for i in range(5 * world)]

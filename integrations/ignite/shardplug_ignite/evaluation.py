@@ -16,7 +16,7 @@ import torch
 from ignite.engine import Engine, Events
 from ignite.metrics.metric import MetricUsage
 
-from shardplug.core._internal.rows import iter_leaves
+from shardplug.core.front_ends import iter_leaves
 from shardplug.core.padding.tracking import leading_rows
 
 from .compat import ignite_prepare_batch

@@ -18,7 +18,7 @@ from typing import Any
 from ignite.base.mixins import Serializable
 from ignite.engine import Engine, EventEnum, Events
 
-from shardplug.core._internal.arguments import check_int
+from shardplug.core.front_ends import check_int
 from shardplug.core.loader.prepared import PreparedDataLoader
 from shardplug.core.stepping.optimizer import PreparedOptimizer
 from shardplug.core.stepping.scheduler import PreparedScheduler

@@ -24,7 +24,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any, cast
 
-from shardplug.core._internal import compat as core_compat
+from shardplug.core import front_ends
 
 if TYPE_CHECKING:
     from torch.utils.data import DataLoader
@@ -48,7 +48,7 @@ __all__ = [
     "finish_the_epoch",
 ]
 
-CHECKED_AGAINST: dict[str, str] = {"lightning": "2.6.6", "torch": core_compat.CHECKED_AGAINST["torch"]}
+CHECKED_AGAINST: dict[str, str] = {"lightning": "2.6.6", "torch": front_ends.CHECKED_AGAINST["torch"]}
 """The versions of the libraries whose private names :data:`PRIVATES` lists, as last checked."""
 
 _LOOPS = "lightning.pytorch.loops"
@@ -187,7 +187,7 @@ def set_epoch_length(trainer: Any, fit_loop: Any, limit: int) -> None:
 
 def forget_iterator(loader: DataLoader[Any]) -> None:
     """Drop the persistent iterator of a (copied) ``DataLoader``."""
-    core_compat.forget_iterator(loader)
+    front_ends.forget_iterator(loader)
 
 
 def open_the_next_epoch(fit_loop: Any) -> bool:

@@ -31,7 +31,7 @@ from typing_extensions import override
 from shardplug import prepare_data_loader
 from shardplug.core.config import ShardplugConfig
 from shardplug.core.evaluation import prepare_eval_loader
-from shardplug.core.sharding.nodes import is_graph
+from shardplug.core.graphs.reading import is_graph
 from shardplug.core.stepping import amp
 from shardplug.core.stepping.scheduler import PreparedScheduler
 

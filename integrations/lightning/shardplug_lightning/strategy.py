@@ -27,10 +27,10 @@ from typing_extensions import override
 from shardplug import prepare_data_loader
 from shardplug.core.config import ShardplugConfig
 from shardplug.core.evaluation import prepare_eval_loader
-from shardplug.core.loader.nodes import MixtureLoaderShard
+from shardplug.core.graphs.prepared_graphs import MixtureLoaderShard
+from shardplug.core.graphs.reading import is_graph
 from shardplug.core.loader.prepared import PreparedDataLoader
 from shardplug.core.resume.stateful import POSITION_KEY
-from shardplug.core.sharding.nodes import is_graph
 from shardplug.core.stepping import amp
 from shardplug.core.stepping.scheduler import PreparedScheduler
 
@@ -414,7 +414,7 @@ class ShardplugStrategyMixin(ShardplugOptions):
         epoch = trainer.current_epoch
         for loader in _loaders_in(trainer.train_dataloader):
             if isinstance(loader, PreparedDataLoader) and loader.epoch != epoch and not loader.end_of_dataloader:
-                loader.epoch = epoch
+                loader.renumber_epoch(epoch)  # the pass goes on in its order: no set_epoch
 
 
 def _batches_done(loader: PreparedDataLoader, epoch: int, limit: int, counted: int, last_counted: bool) -> int | None:

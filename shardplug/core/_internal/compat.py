@@ -39,7 +39,10 @@ __all__ = [
     "get_iterator_method",
     "random_sampler_num_samples",
     "torch_collate",
-    "scaler_records",
+    "scaler_stage",
+    "scaler_found_inf",
+    "move_scaler_record",
+    "forget_scaler_record",
     "opt_state",
     "step_inf_flag",
     "OPTIMIZER_HOOK_REGISTRIES",
@@ -183,9 +186,43 @@ def random_sampler_num_samples(sampler: Any) -> int | None:
 
 
 # -- GradScaler ---------------------------------------------------------------------------------
-def scaler_records(scaler: Any) -> dict[int, dict[str, Any]] | None:
-    """The scaler's per-optimizer records of this iteration (keyed by ``id(optimizer)``), or ``None``."""
-    return getattr(scaler, "_per_optimizer_states", None)
+_SCALER_RECORDS = "_per_optimizer_states"
+
+
+def _scaler_records(scaler: Any) -> dict[int, dict[str, Any]]:
+    """The scaler's per-optimizer records of this iteration (keyed by ``id(optimizer)``; empty without a scaler).
+
+    Read only here: it is a ``defaultdict`` that makes a record on a lookup by ``[]``, so it is looked up with
+    ``get`` and ``in`` only."""
+    records = getattr(scaler, _SCALER_RECORDS, None)
+    return records if records is not None else {}
+
+
+def scaler_stage(scaler: Any, optimizer: Any) -> Any:
+    """The stage (:func:`opt_state`: ``READY``, ``UNSCALED``, ``STEPPED``) of ``scaler``'s record of this
+    iteration for ``optimizer``; ``None`` when it has none (none since the last ``update()``). Makes no record."""
+    record = _scaler_records(scaler).get(id(optimizer))
+    return None if record is None else record["stage"]
+
+
+def scaler_found_inf(scaler: Any, optimizer: Any) -> dict[Any, Any]:
+    """The inf/NaN flags (one tensor per device) ``scaler`` found in ``optimizer``'s gradients in this
+    iteration; empty when it has not checked them (no ``unscale_`` or ``step`` since the last ``update()``)."""
+    record = _scaler_records(scaler).get(id(optimizer))
+    return dict((record or {}).get("found_inf_per_device") or {})
+
+
+def move_scaler_record(scaler: Any, source: Any, target: Any) -> None:
+    """Give ``target`` the record ``scaler`` made for ``source`` in this iteration, if any (``source`` has none
+    after it)."""
+    records = _scaler_records(scaler)
+    if id(source) in records:
+        records[id(target)] = records.pop(id(source))
+
+
+def forget_scaler_record(scaler: Any, optimizer: Any) -> bool:
+    """Drop ``scaler``'s record of this iteration for ``optimizer``; True if there was one."""
+    return _scaler_records(scaler).pop(id(optimizer), None) is not None
 
 
 def opt_state() -> Any:

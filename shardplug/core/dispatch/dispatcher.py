@@ -1,4 +1,4 @@
-"""``DataLoaderDispatcher``: its options, and the wiring of its plan, sender, receiver and transport."""
+"""``DataLoaderDispatcher``: its options, and the wiring of its plan, sender, receiver and wire."""
 
 from __future__ import annotations
 
@@ -28,8 +28,8 @@ from shardplug.core.dispatch.dispatch_plan import DispatchPlan
 from shardplug.core.dispatch.receiver import StepReceiver
 from shardplug.core.dispatch.sender import SliceFn, StepReader, StepSender, local_steps
 from shardplug.core.dispatch.shm import CollateIntoRing
-from shardplug.core.dispatch.transport import Wire, dispatch_group
-from shardplug.core.dispatch.wire import DispatchStats
+from shardplug.core.dispatch.wire import Wire, dispatch_group
+from shardplug.core.dispatch.wire_protocol import DispatchStats
 from shardplug.core.loader.prepared import DataLoaderShard, LoaderOptions, PreparedDataLoader
 from shardplug.core.resume.stateful import stateful_dataloader_class
 from shardplug.core.sharding.layout import ShardLayout
@@ -106,7 +106,7 @@ class DataLoaderDispatcher(DataLoaderShard):
     (same shapes as before / new row count / new structure / no step / error / pass closed early,
     with its pass number, whether the step is the pass's last and its ring slot); the pickled
     structure is sent only when it changes (once per pass for constant shapes): the wire protocol
-    is :mod:`shardplug.core.dispatch.wire`.  Process 0 reads one step ahead, so the end of a
+    is :mod:`shardplug.core.dispatch.wire_protocol`.  Process 0 reads one step ahead, so the end of a
     pass is its own on every process; a pass it leaves early (``break``, an exception, garbage
     collection, a new ``iter()``) is closed with a message, so the others stop after the same
     step.  Process 0 hands out its own rows while the others' are still being sent.  Processes on
@@ -199,7 +199,7 @@ class DataLoaderDispatcher(DataLoaderShard):
             mine = length if global_rank() == 0 else None
             length = broadcast_object(mine, group=self._wire.group, what="the number of batches (dispatch)")
         plan = DispatchPlan(layout, length, source if source.unit == "global_batches" else None)
-        self._wire.shm_targets = self._same_host_processes()
+        self._wire.rings.targets = self._same_host_processes()
         return plan
 
     def _collate_into_rings(self) -> CollateIntoRing | None:
@@ -210,7 +210,7 @@ class DataLoaderDispatcher(DataLoaderShard):
         DataLoader's own iterator (no look-ahead that could hand back another batch)."""
         usable = (
             global_rank() == 0
-            and bool(self._wire.shm_targets)
+            and bool(self._wire.rings.targets)
             and self.num_workers == 0
             and self.collate_fn is default_collate
             and not self.split_batches

@@ -1,6 +1,6 @@
 """The other processes' side of the step protocol: each receives its rows of every step.
 
-A process reads the message before every step (:mod:`~shardplug.core.dispatch.wire`),
+A process reads the message before every step (:mod:`~shardplug.core.dispatch.wire_protocol`),
 the header when one follows, then its rows -- from process 0's ring when it shares process 0's
 host, else through the process group -- and sends its receipt. Messages of a pass it left early
 are received and dropped when its next pass starts. The receipt of a pass's last step may find
@@ -18,8 +18,8 @@ import torch.distributed as dist
 
 from shardplug.core._internal.rows import OBJECT, batch_rows, flatten, unflatten
 from shardplug.core.dispatch.dispatch_plan import DispatchError, StepPadding
-from shardplug.core.dispatch.transport import Wire
-from shardplug.core.dispatch.wire import (
+from shardplug.core.dispatch.wire import Wire
+from shardplug.core.dispatch.wire_protocol import (
     CLOSE,
     END,
     ERROR,
@@ -48,7 +48,7 @@ class StepReceiver:
 
     A failure of the process group while waiting (process 0 died, a timeout) is a
     :class:`DispatchError` that names process 0; every wait notices within seconds that a process
-    of this host died (:meth:`Wire.wait`).
+    of this host died (:meth:`~shardplug.core.dispatch.timed_waits.TimedWaits.wait`).
     """
 
     def __init__(
@@ -82,7 +82,8 @@ class StepReceiver:
             except DispatchError:
                 raise
             except RuntimeError as exc:  # torch.distributed.DistBackendError included
-                lost = self.wire.ended(f"step {self.wire.steps_received} from process 0") or DispatchError(
+                what = f"step {self.wire.receipts.steps_received} from process 0"
+                lost = self.wire.liveness.ended(what) or DispatchError(
                     "lost process 0 (which reads and sends the data in dispatch mode), or another process of the "
                     f"dispatch group died, while waiting for a batch: {exc}"
                 )
@@ -104,8 +105,8 @@ class StepReceiver:
         """
         pass_number = self.pass_number
         while True:
-            step = self.wire.steps_received
-            self.wire.receive_message(control, f"process 0's message of step {step} (pass {pass_number})")
+            step = self.wire.receipts.steps_received
+            self.wire.objects.receive_message(control, f"process 0's message of step {step} (pass {pass_number})")
             message = Message(*control.tolist())
             kind, number = message.kind, message.number
             if number > pass_number:
@@ -114,7 +115,8 @@ class StepReceiver:
                     "mode every process must iterate the loader the same number of times"
                 )
             if kind == ERROR:
-                text = self.wire.broadcast_object(None, self.device, "process 0's error (after its error message)")
+                what = "process 0's error (after its error message)"
+                text = self.wire.objects.broadcast_object(None, self.device, what)
                 if number == pass_number:
                     raise DispatchError(f"process 0 failed to dispatch a batch: {text}")
                 continue
@@ -144,14 +146,14 @@ class StepReceiver:
         only its reading advanced (see :meth:`StepSender._send_shuffle_state`)."""
         if self.shuffle is not None:
             what = "process 0's state of the shuffle's generator (at the end of its pass)"
-            self.shuffle.set_state(self.wire.broadcast_object(None, self.device, what))
+            self.shuffle.set_state(self.wire.objects.broadcast_object(None, self.device, what))
 
     def _send_receipt(self, last_of_pass: bool) -> None:
         """Tell process 0 that the step arrived. After the pass's last step, this process has every
         row of the pass: process 0 may have ended since (its pass was over), and its receipt then
         reaches nobody, which fails nothing."""
         try:
-            self.wire.send_receipt(self.device)
+            self.wire.receipts.send_receipt(self.device)
         except RuntimeError as exc:  # DispatchError, gloo's closed connection
             if not last_of_pass:
                 raise
@@ -161,8 +163,8 @@ class StepReceiver:
         """This process's header of the step ``message`` announces (received when one follows)."""
         kind = message.kind
         if kind in (HEADER, UNEVEN):
-            what = f"process 0's header of step {self.wire.steps_received}"
-            received = self.wire.broadcast_object(None, self.device, what)
+            what = f"process 0's header of step {self.wire.receipts.steps_received}"
+            received = self.wire.objects.broadcast_object(None, self.device, what)
             self.stats.headers += 1
             if kind == HEADER:
                 return cast("tuple[Any, list[tuple[Any, Any]], tuple[tuple[int, str, int, int], ...]]", received)
@@ -179,11 +181,11 @@ class StepReceiver:
         ring on its host, else through the process group)."""
         _, specs, rings = header
         uneven = message.kind == UNEVEN
-        what = f"the rows of step {self.wire.steps_received} from process 0"
+        what = f"the rows of step {self.wire.receipts.steps_received} from process 0"
         objects: list[Any] = []
         if has_objects(specs):
-            objects = self.wire.scatter_objects(None, self.device, what)
-        shared = self.wire.read_ring(self.process_index, rings, specs, message.slot)
+            objects = self.wire.objects.scatter_objects(None, self.device, what)
+        shared = self.wire.rings.read_ring(self.process_index, rings, specs, message.slot)
         if shared is not None:  # process 0's host: the rows are in shared memory
             tensors_in = iter(shared)
             received = [None if dtype == OBJECT else next(tensors_in) for dtype, _ in specs]
@@ -196,7 +198,7 @@ class StepReceiver:
             if shared is not None or out is None or (uneven and not out.numel()):
                 continue
             if self.device.type == "cpu" or uneven:
-                self.wire.wait_sent(dist.irecv(out, src=0, group=self.group, tag=SEND_TAG), what)
+                self.wire.waits.wait_sent(dist.irecv(out, src=0, group=self.group, tag=SEND_TAG), what)
             else:
                 dist.scatter(out, None, src=0, group=self.group)
         if shared is None and message.number == self.pass_number:

@@ -2,7 +2,7 @@
 
 :class:`StepReader` reads the loader's global batches and has the plan make them into steps
 (checked, padded, cut into every process's part); :class:`StepSender` announces each step,
-sends its rows (:mod:`~shardplug.core.dispatch.wire`) and hands out process 0's own.
+sends its rows (:mod:`~shardplug.core.dispatch.wire_protocol`) and hands out process 0's own.
 """
 
 from __future__ import annotations
@@ -26,9 +26,10 @@ from shardplug.core._internal.rows import (
     unflatten,
 )
 from shardplug.core.dispatch.dispatch_plan import DispatchError, DispatchPlan, StepPadding
+from shardplug.core.dispatch.receipts import RECEIPT_LAG
 from shardplug.core.dispatch.shm import CollateIntoRing
-from shardplug.core.dispatch.transport import RECEIPT_LAG, Wire
-from shardplug.core.dispatch.wire import (
+from shardplug.core.dispatch.wire import Wire
+from shardplug.core.dispatch.wire_protocol import (
     CLOSE,
     END,
     ERROR,
@@ -92,11 +93,11 @@ class StepReader:
         per_step = self.plan.layout.batches_per_step
         head: Any | None = None  # a copy of the first rows: process 0 may change its own rows in place
         while True:
-            slot = self.wire.take_slot()
+            slot = self.wire.rings.next_slot()
             group = self._group(batches, per_step, slot)
             if not group:
                 return
-            self.wire.slots_taken += 1
+            self.wire.rings.slot_taken()
             if not self.plan.takes_step(group):
                 return
             group = mark_ragged_rows(group)  # lists of one tensor per row: one leaf, in every batch alike
@@ -113,8 +114,8 @@ class StepReader:
         try:
             for j in range(count):
                 if collate is not None:
-                    ring = self.wire.rings.get(j)
-                    collate.target = (ring, slot) if ring is not None and self.wire.slot_free(slot) else None
+                    ring = self.wire.rings.by_process.get(j)
+                    collate.target = (ring, slot) if ring is not None and self.wire.rings.slot_free(slot) else None
                 batch = next(batches, _NO_BATCH)
                 if batch is _NO_BATCH:
                     break
@@ -130,8 +131,9 @@ class StepReader:
             parts = self.plan.cut(step, self.slice_fn)
             leaves, skeleton = flatten(parts[0])
             # never its own rows: the ring is reused
-            if self.wire.rings and any(self.wire.holds(leaf) for leaf in leaves):
-                leaves = [leaf.clone() if self.wire.holds(leaf) else leaf for leaf in leaves]
+            rings = self.wire.rings
+            if rings.by_process and any(rings.holds(leaf) for leaf in leaves):
+                leaves = [leaf.clone() if rings.holds(leaf) else leaf for leaf in leaves]
                 parts[0] = unflatten(iter(leaves), skeleton)
             flat = [[transportable(leaf, device) for leaf in flatten(part)[0]] for part in parts]
             specs = [[leaf_spec(leaf) for leaf in part_leaves] for part_leaves in flat]
@@ -199,7 +201,7 @@ class StepSender:
         steps = self.reader.cut_steps(self.device)
         try:
             # every process has read the close of the previous pass by now, or is about to
-            self.wire.wait_all(self.wire.closing, "the other processes to read the close of the previous pass")
+            self.wire.waits.wait_all(self.wire.closing, "the other processes to read the close of the previous pass")
             upcoming = self._read_next(steps)
             if upcoming is None:
                 self.ended = True
@@ -208,7 +210,7 @@ class StepSender:
                 return
             while upcoming is not None:
                 if not isinstance(upcoming, Exception):
-                    failure = self.wire.await_receipts(upcoming.slot)
+                    failure = self.wire.receipts.await_receipts(self.wire.rings.slot_steps[upcoming.slot])
                     upcoming = upcoming if failure is None else failure
                 if isinstance(upcoming, Exception):
                     self._fail(upcoming)
@@ -224,7 +226,7 @@ class StepSender:
                 raise
             self.ended = True  # the process group failed: a process died or stopped receiving
             what = f"the other processes to take step {self.wire.steps_sent}"
-            lost = self.wire.ended(what) or DispatchError(f"process 0 lost a process it dispatches to: {exc}")
+            lost = self.wire.liveness.ended(what) or DispatchError(f"process 0 lost a process it dispatches to: {exc}")
             raise lost from exc
         finally:
             self._finish()
@@ -242,14 +244,14 @@ class StepSender:
 
     def _wait_rows(self) -> None:
         """Wait until the rows in flight through the process group were received."""
-        self.wire.wait_all_sent(
+        self.wire.waits.wait_all_sent(
             self.pending, f"the other processes to receive the rows of step {self.wire.steps_sent - 1} (process group)"
         )
 
     def _announce_now(self, kind: int, what: str) -> None:
         """Broadcast a message that no step follows, and wait until every process received it."""
         message = self.control.clone() if self.on_cpu else self.control
-        self.wire.wait(announce(message, kind, self.pass_number, group=self.group, async_op=self.on_cpu), what)
+        self.wire.waits.wait(announce(message, kind, self.pass_number, group=self.group, async_op=self.on_cpu), what)
 
     def _fail(self, exc: Exception) -> None:
         """Tell the others that this pass failed, and why; raise ``exc``."""
@@ -258,7 +260,9 @@ class StepSender:
             self.read_failure = exc
         try:
             self._announce_now(ERROR, "the other processes to receive process 0's error")
-            self.wire.broadcast_object(error_text(exc), self.device, "the other processes to receive process 0's error")
+            self.wire.objects.broadcast_object(
+                error_text(exc), self.device, "the other processes to receive process 0's error"
+            )
         except DispatchError as telling:
             if isinstance(exc, DispatchError):  # a process is gone: that error says so already
                 raise exc from None
@@ -268,16 +272,16 @@ class StepSender:
     def _send(self, step: Step, last: bool) -> Any:
         """Announce ``step`` and send its rows; process 0's own part as handed out."""
         own, parts, first, part_specs, slot, _ = step
-        header: Header = first + (self.wire.ring_table(parts),)
+        header: Header = first + (self.wire.rings.ring_table(parts),)
         uneven = step.uneven  # the last step's leftovers (even_batches=False), or batches of their own shapes
-        for j in self.wire.shm_targets:  # this host: through shared memory, written before it is announced
-            total, copied = self.wire.write_ring(j, tensors(parts[j]), slot)
+        for j in self.wire.rings.targets:  # this host: through shared memory, written before it is announced
+            total, copied = self.wire.rings.write_ring(j, tensors(parts[j]), slot)
             self.stats.bytes_shared += total
             self.stats.bytes_collated_in_place += total - copied
         self._announce(header, part_specs, uneven, last, slot, step.padding)
         self._send_rows(parts, header, uneven)
         self.stats.steps += 1
-        self.wire.expect_receipts(self.reader.plan.layout.num_processes, self.device)
+        self.wire.receipts.expect_receipts(self.reader.plan.layout.num_processes, self.device)
         if not self.overlap:
             self._wait_rows()
         if not (self.on_cpu or uneven):
@@ -289,11 +293,10 @@ class StepSender:
     ) -> None:
         """The message of the step, and its header when the others do not know it."""
         kind, rows = (UNEVEN, 0) if uneven else control_for(header, self.sent)
-        self.wire.slot_steps[slot] = self.wire.steps_sent
-        self.wire.steps_sent += 1
+        self.wire.step_announced(slot)
         while len(self.announced) > RECEIPT_LAG:  # (receipts keep it short anyway)
             what = f"the other processes to receive the message of step {self.wire.steps_sent - 1 - RECEIPT_LAG}"
-            self.wire.wait(self.announced.pop(0), what)
+            self.wire.waits.wait(self.announced.pop(0), what)
         message = torch.empty_like(self.control) if self.on_cpu else self.control  # each in flight has its own
         self.announced.append(
             announce(message, kind, self.pass_number, rows, last, slot, padding, group=self.group, async_op=self.on_cpu)
@@ -301,10 +304,10 @@ class StepSender:
         self.ended = last
         what = f"the other processes to receive the header of step {self.wire.steps_sent - 1}"
         if kind == HEADER:
-            self.wire.broadcast_object(header, self.device, what)
+            self.wire.objects.broadcast_object(header, self.device, what)
             self.stats.headers += 1
         elif kind == UNEVEN:
-            self.wire.broadcast_object((header, part_specs), self.device, what)
+            self.wire.objects.broadcast_object((header, part_specs), self.device, what)
             self.stats.headers += 1
         if last:
             self._send_shuffle_state()
@@ -316,15 +319,15 @@ class StepSender:
         process's position records the same ``generator_state`` and the next pass starts from it."""
         if self.shuffle is not None:
             what = "the other processes to receive the state of the shuffle's generator"
-            self.wire.broadcast_object(self.shuffle.get_state(), self.device, what)
+            self.wire.objects.broadcast_object(self.shuffle.get_state(), self.device, what)
 
     def _send_rows(self, parts: list[list[Any]], header: Header, uneven: bool) -> None:
         """Every other process's leaves of the step: pickled ones, then tensors (those of process
         0's host are in their rings already); ``parts[0]`` becomes process 0's own tensors."""
-        group, targets = self.group, self.wire.shm_targets
+        group, targets = self.group, self.wire.rings.targets
         if has_objects(header[1]):
             what = f"the other processes to receive the rows of step {self.wire.steps_sent - 1}"
-            self.wire.scatter_objects([objects(leaves) for leaves in parts], self.device, what)
+            self.wire.objects.scatter_objects([objects(leaves) for leaves in parts], self.device, what)
         for k, (dtype, shape) in enumerate(header[1]):
             if dtype == OBJECT:
                 continue
@@ -348,7 +351,7 @@ class StepSender:
         """The end of the pass: wait for what is in flight; a pass left early is closed."""
         try:
             self._wait_rows()
-            self.wire.wait_all(self.announced, "the other processes to receive the messages of the last steps")
+            self.wire.waits.wait_all(self.announced, "the other processes to receive the messages of the last steps")
             if not self.ended and dist.is_initialized():
                 # left early: the others stop after this step. Not waited for here: a process that
                 # left the pass early too reads it only when its next pass starts.

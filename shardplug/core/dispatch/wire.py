@@ -1,231 +1,134 @@
-"""The wire protocol of dispatch mode: the message before every step, and what follows it.
+"""The wire under the step protocol: a dispatcher's process group and the traffic on it, one part per job.
 
-Before every step process 0 broadcasts a message of :data:`CONTROL_SIZE` integers on the
-dispatcher's own process group: ``(kind, pass number, rows, last, slot, real, padded part, its real
-rows)``, the last three where the step's padding begins
-(:class:`~shardplug.core.dispatch.dispatch_plan.StepPadding`: every process knows its real rows, and
-the step's). What follows depends on the kind:
+* :class:`~shardplug.core.dispatch.liveness.Liveness`: the processes of this host, and which process this one
+  cannot go on without has ended;
+* :class:`~shardplug.core.dispatch.timed_waits.TimedWaits`: every wait for another process, watched and timed;
+* :class:`~shardplug.core.dispatch.object_collectives.ObjectCollectives`: process 0's messages and pickled
+  objects on every process;
+* :class:`~shardplug.core.dispatch.receipts.Receipts`: the receipt of every step, process 0 at most
+  :data:`~shardplug.core.dispatch.receipts.RECEIPT_LAG` steps ahead of the slowest;
+* :class:`~shardplug.core.dispatch.ring_slots.RingSlots`: the shared-memory rings of process 0's host and
+  their slots.
 
-* ``SAME``: the step's part has the header sent last; ``ROWS``: that header with dim 0 =
-  ``rows`` on every leaf; ``HEADER``: a new header follows (pickled: its size, then its bytes,
-  broadcast); ``UNEVEN`` (the parts differ in rows, ``even_batches=False``, or in shape: each process's
-  own batch, padded by its collate to its own longest row): part 0's header and every part's leaf specs
-  follow (pickled), each process reading its own. Then, in this order: the leaves that travel pickled (their
-  sizes broadcast, then one ``scatter``, when there are any), and every tensor leaf -- through process 0's
-  shared-memory ring for the processes of its host (nothing on the group), else a point-to-point
-  send tagged :data:`SEND_TAG` (CPU groups, and uneven parts) or a ``scatter`` (GPU groups).
-  Every process then sends process 0 a receipt (:data:`ACK_TAG`), or counts it in shared memory.
-  The message of a pass's last step (``last``) and ``END`` are followed, where the shuffle draws from a
-  generator, by process 0's state of that generator (pickled, broadcast), which the others take: only
-  process 0's reading advanced it.
-* ``END``: the pass had no step; ``CLOSE``: process 0 left the pass early (nothing follows).
-* ``ERROR``: process 0 could not read or dispatch a step; the error text follows (pickled).
-
-A header is ``(skeleton of the nested batch, (dtype, shape) of every leaf of one part, the ring
-of every process on process 0's host: (process, path, slots, slot bytes))``; it is pickled only
-when it changes (once per pass for constant shapes). ``last`` says whether the step is the
-pass's last (process 0 reads one step ahead); ``slot`` is the ring slot the step's rows are in.
+:class:`Wire` holds them with the group's own lifecycle: the group, the pass numbers, the pass being sent,
+closing.
 
 Example::
 
-    >>> header = (None, [(torch.int64, (4, 3))], ())
-    >>> control_for(header, None), control_for(header, header)
-    ((2, 0), (0, 0))
-    >>> control_for(with_rows(header, 2), header)  # only the rows changed: no header pickled
-    (1, 2)
+    >>> wire = Wire()  # no process group: a pickled loader's, which cannot dispatch
+    >>> wire.check_group()
+    Traceback (most recent call last):
+    ...
+    RuntimeError: this DataLoaderDispatcher is a copy (pickled) or was built without a process group: ...
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING, Any, NamedTuple
+import logging
+import weakref
+from typing import TYPE_CHECKING, Any
 
-import torch
 import torch.distributed as dist
 
-from shardplug.core._internal.rows import OBJECT, leaf_spec
-from shardplug.core.dispatch.dispatch_plan import DispatchError, StepPadding
+from shardplug.core._internal import compat
+from shardplug.core._internal.collectives import global_rank
+from shardplug.core.dispatch.liveness import Liveness
+from shardplug.core.dispatch.object_collectives import ObjectCollectives
+from shardplug.core.dispatch.receipts import Receipts
+from shardplug.core.dispatch.ring_slots import RingSlots
+from shardplug.core.dispatch.timed_waits import TimedWaits, default_timeout_s
 
 if TYPE_CHECKING:
     from torch.distributed import ProcessGroup
 
-__all__ = ["DispatchError", "DispatchStats"]
+__all__ = ["Wire", "dispatch_group"]
+
+logger = logging.getLogger(__name__)
+
+CLOSE_WAIT_S = 10.0
+"""How long closing a dispatcher waits for the receipts still due before it removes its rings."""
 
 
-@dataclass
-class DispatchStats:
-    """What a dispatcher has moved so far (all passes together).
+def dispatch_group(device_type: str) -> Any:
+    """The process group of a dispatcher's traffic (every process), with the default group's
+    timeout: ``new_group`` would otherwise take torch's default (30 minutes), whatever the user
+    passed to ``init_process_group``."""
+    return dist.new_group(timeout=compat.group_timeout(dist.group.WORLD, device_type))
 
-    ``steps``: batches handed out; ``headers``: batch structures pickled and broadcast (process
-    0) or received (the others) -- once per pass while the structure and shapes stay the same;
-    ``bytes_sent``: bytes of the other processes' rows process 0 passed to scatter;
-    ``bytes_received``: bytes of rows this process received through the process group (not on
-    process 0); ``bytes_shared``: bytes of rows process 0 wrote into shared memory for the
-    processes of its host (not counted in ``bytes_sent``); ``bytes_collated_in_place``: those of
-    ``bytes_shared`` that were collated straight into shared memory (no copy).
+
+class Wire:
+    """What a dispatcher keeps about its process group and the traffic on it: the group, the pass
+    numbers, and a part per job (see the module): :attr:`liveness`, :attr:`waits`, :attr:`objects`,
+    :attr:`receipts`, :attr:`rings`.
+
+    One per loader built with :func:`prepare_data_loader` (on every process); the copy that
+    ``skip_first_batches`` makes (``PreparedDataLoader.skipped_copy``) shares it, so that the copy
+    and the original number passes and steps alike on every process, whichever of them runs a pass.
+    A pickled loader gets an empty one: it cannot dispatch. The rings go when the last loader
+    sharing them does.
     """
 
-    steps: int = 0
-    headers: int = 0
-    bytes_sent: int = 0
-    bytes_received: int = 0
-    bytes_shared: int = 0
-    bytes_collated_in_place: int = 0
-
-    def snapshot(self) -> dict[str, int]:
-        """The counters now, as a plain dict."""
-        return asdict(self)
-
-    def since(self, before: dict[str, int]) -> dict[str, int]:
-        """What was counted after ``before`` (a :meth:`snapshot`)."""
-        return {name: value - before[name] for name, value in asdict(self).items()}
-
-
-SAME, ROWS, HEADER, END, ERROR, CLOSE, UNEVEN = range(7)
-"""Kinds of the message process 0 broadcasts before every step (see the module's description)."""
-
-CONTROL_SIZE = 8
-"""The message: (kind, process 0's pass number, rows, whether this step is the pass's last, the
-ring slot its rows are in, and where the step's padding begins: its real rows over all processes,
-the first process whose part holds padding, that part's real rows)."""
-
-SEND_TAG = 0x5350
-"""Tag of the point-to-point sends of rows (gloo), apart from the user's own sends."""
-
-ACK_TAG = 0x5351
-"""Tag of the receipts the other processes send process 0 for every step."""
-
-Header = tuple[Any, list[tuple[Any, Any]], tuple[tuple[int, str, int, int], ...]]
-"""(skeleton of the nested batch, (dtype, shape) of every leaf of one process's part, the
-shared-memory ring of every process on process 0's host: (process, path, slots, slot bytes))."""
-
-
-Specs = list[tuple[Any, Any]]
-"""(dtype, shape) of every leaf of one process's part."""
-
-
-class Step(NamedTuple):
-    """Process 0: one step read and cut, ready to send."""
-
-    own: Any  # process 0's part, as handed out
-    parts: list[list[Any]]  # every process's part as leaves (tensors contiguous, on the group's device)
-    header: tuple[Any, Specs]  # part 0's skeleton and leaf specs
-    specs: list[Specs]  # every part's leaf specs (their rows, and shapes that may differ: see UNEVEN)
-    slot: int  # the ring slot the step's rows take (processes of process 0's host)
-    padding: StepPadding  # where the step's padding begins
+    def __init__(self, group: ProcessGroup | None = None, device_type: str = "cpu") -> None:
+        self.group = group
+        rank = global_rank() if group is not None else 0
+        watch = device_type == "cpu"  # gloo: waits are polled; nccl's are its own (its watchdog's timeout)
+        timeout = compat.group_timeout(group, device_type) if group is not None else None
+        self.liveness = Liveness(rank)
+        self.waits = TimedWaits(
+            self.liveness, watch, timeout.total_seconds() if timeout is not None else default_timeout_s()
+        )
+        self.objects = ObjectCollectives(group, rank, self.waits)
+        self.receipts = Receipts(group, self.liveness, self.waits)
+        self.rings = RingSlots(self.liveness)
+        self.passes_started = 0  # passes begun on this process; every message names process 0's
+        self.sending: weakref.ref[Any] | None = None  # process 0: the pass whose steps are being sent
+        self.closing: list[Any] = []  # process 0: close messages not yet read by every process
 
     @property
-    def uneven(self) -> bool:
-        """Whether the parts differ in rows or in shape: every part's specs are sent (``UNEVEN``)."""
-        return any(specs != self.specs[0] for specs in self.specs[1:])
-
-
-class Message(NamedTuple):
-    """The message before a step, as received."""
-
-    kind: int
-    number: int  # process 0's pass number
-    rows: int
-    last: int
-    slot: int
-    real: int
-    part: int
-    part_rows: int
+    def timeout_s(self) -> float:
+        """How long a wait for another process lasts at most: the process group's timeout, in seconds."""
+        return self.waits.timeout_s
 
     @property
-    def padding(self) -> StepPadding:
-        """Where the step's padding begins (see :class:`~shardplug.core.dispatch.dispatch_plan.StepPadding`)."""
-        return StepPadding(self.real, self.part, self.part_rows)
+    def steps_sent(self) -> int:
+        """Process 0: the steps announced (all passes)."""
+        return self.liveness.steps_sent
 
+    def step_announced(self, slot: int) -> int:
+        """Process 0: a step, its rows in ring ``slot``, is announced; its number (all passes)."""
+        step = self.rings.slot_steps[slot] = self.liveness.steps_sent
+        self.liveness.steps_sent += 1
+        return step
 
-NO_STEP = StepPadding(0, 0, 0)
-"""Where no step follows (``END``, ``CLOSE``, ``ERROR``): no rows, no padding."""
+    def find_host_processes(self, process_index: int, wanted: bool) -> frozenset[int]:
+        """The processes other than 0 that share process 0's host, which read its rings (``wanted``: where
+        shared memory is to be used); see :meth:`~shardplug.core.dispatch.liveness.Liveness.find_host_processes`."""
+        return self.liveness.find_host_processes(self.group, process_index, wanted)
 
+    def close(self) -> None:
+        """Release the shared-memory rings.
 
-def new_control(device: torch.device) -> torch.Tensor:
-    """The buffer a message is broadcast in."""
-    return torch.zeros(CONTROL_SIZE, dtype=torch.int64, device=device)
+        Process 0 first waits (briefly) for the receipts still due: a process that has not read its
+        last steps yet may not have mapped its ring, and removing the file would leave it nothing to map.
+        """
+        self.rings.close(before=self._settle)  # (the receipt counters stay: their files are gone already)
 
+    def _settle(self, j: int) -> None:
+        """Wait (at most :data:`CLOSE_WAIT_S`) for process ``j``'s receipts of every step announced."""
+        failure = self.receipts.await_shared_receipts(j, self.liveness.steps_sent, CLOSE_WAIT_S)
+        if failure is not None:  # gone, or not reading any more: the file goes anyway
+            logger.debug("closing the dispatch ring of process %d without its receipts: %s", j, failure)
 
-def announce(
-    control: torch.Tensor,
-    kind: int,
-    pass_number: int,
-    rows: int = 0,
-    last: bool = False,
-    slot: int = 0,
-    padding: StepPadding = NO_STEP,
-    *,
-    group: ProcessGroup | None,
-    async_op: bool = False,
-) -> Any:
-    """Process 0: broadcast the message of the coming step (its work when ``async_op``)."""
-    control[0], control[1], control[2], control[3], control[4] = kind, pass_number, rows, int(last), slot
-    control[5], control[6], control[7] = padding
-    work = dist.broadcast(control, src=0, group=group, async_op=async_op)
-    return work if async_op else _Done()
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:  # interpreter shutdown
+            pass
 
-
-def error_text(exc: BaseException) -> str:
-    """What follows an ``ERROR`` message: the error process 0 raises, in words."""
-    return f"{type(exc).__name__}: {exc}"
-
-
-def control_for(header: Header, sent: Header | None) -> tuple[int, int]:
-    """How to tell the other processes about ``header`` when ``sent`` is what they know."""
-    if sent is None:
-        return HEADER, 0
-    if header == sent:
-        return SAME, 0
-    rows = {shape[0] for dtype, shape in header[1] if dtype != OBJECT}
-    if len(rows) == 1 and with_rows(sent, next(iter(rows))) == header:
-        return ROWS, next(iter(rows))
-    return HEADER, 0
-
-
-def with_specs(header: Header, specs: Specs) -> Header:
-    """``header`` with the leaf ``specs`` of another process's part (an ``UNEVEN`` step)."""
-    skeleton, _, rings = header
-    return skeleton, specs, rings
-
-
-def with_rows(header: Header, rows: int) -> Header:
-    """``header`` with ``rows`` rows on every tensor leaf."""
-    skeleton, specs, rings = header
-    return (
-        skeleton,
-        [(dtype, shape if dtype == OBJECT else (rows,) + tuple(shape[1:])) for dtype, shape in specs],
-        rings,
-    )
-
-
-def has_objects(specs: list[tuple[Any, Any]]) -> bool:
-    """Whether some leaves of a part travel pickled."""
-    return any(dtype == OBJECT for dtype, _ in specs)
-
-
-def objects(leaves: list[Any]) -> list[Any]:
-    """The leaves of one part that travel pickled (everything but tensors with rows)."""
-    return [leaf for leaf in leaves if leaf_spec(leaf)[0] == OBJECT]
-
-
-def tensors(leaves: list[Any]) -> list[Any]:
-    """The leaves of one part that travel as tensors (through a ring or the process group)."""
-    return [leaf for leaf in leaves if leaf_spec(leaf)[0] != OBJECT]
-
-
-def transportable(leaf: Any, device: torch.device) -> Any:
-    """A tensor leaf ready to send (contiguous, on the group's device); other leaves as they are."""
-    if leaf_spec(leaf)[0] == OBJECT:
-        return leaf
-    return leaf.contiguous().to(device)
-
-
-class _Done:
-    """A finished collective."""
-
-    def wait(self) -> bool:
-        return True
-
-    def is_completed(self) -> bool:
-        return True
+    def check_group(self) -> None:
+        """Refuse to dispatch without a process group (a pickled copy of a loader has none)."""
+        if self.group is None:
+            raise RuntimeError(
+                "this DataLoaderDispatcher is a copy (pickled) or was built without a process group: it cannot "
+                "dispatch; build the loader in each process with prepare_data_loader"
+            )

@@ -326,6 +326,19 @@ class PreparedDataLoader(DataLoader[Any]):
         for target in self._epoch_targets():
             target.set_epoch(epoch)
 
+    def renumber_epoch(self, epoch: int) -> None:
+        """Number the loader's epoch ``epoch`` without entering it: the pass in progress (or, outside a pass,
+        the next one) counts in ``epoch`` in the loader's position, and a complete pass moves on from it.
+
+        Nothing else changes: no ``set_epoch`` on the sampler, batch sampler or dataset (the pass reads on
+        in the order it began with), and a loaded position stays as it is. For a front end whose loop numbers
+        its epochs and already set them on the samplers, where a pass it cut short (``limit_train_batches``,
+        ``max_steps``) ended none of the loader's epochs; :meth:`set_epoch` would also end no epoch with the
+        pass in progress, and set the epoch again on every level."""
+        if not is_int(epoch) or epoch < 0:
+            raise ValueError(f"epoch={epoch!r} must be an integer >= 0")
+        self.epoch = epoch
+
     def agree_at_prepare(self, data: tuple[int | None, int | None] | None) -> None:
         """Agree unset shuffle seeds with process 0 now, comparing every process's ``data`` (dataset
         length, batch size) in the same collective (:func:`shardplug.core.shuffle.agreement.agree_at_prepare`)."""

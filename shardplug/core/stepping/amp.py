@@ -1,7 +1,7 @@
 """Mixed-precision stepping: every use of ``GradScaler``'s records, and the real-step count.
 
-Two things live here and nowhere else (the private ``GradScaler`` details they read are reached
-through :mod:`shardplug.core._internal.compat`, which lists them):
+Two things live here and nowhere else (the private ``GradScaler`` record they read and change is
+reached only through the accessors of :mod:`shardplug.core._internal.compat`, which lists it):
 
 * :class:`StepCounter`: how many updates an optimizer really made, counted by a public step
   post-hook. A step the scaler skips for inf/NaN gradients is not counted, also for fused and
@@ -88,21 +88,12 @@ def check_scaler(scaler: Any, name: str = "scaler") -> Scaler | None:
     return cast("Scaler | None", scaler)
 
 
-def _record(scaler: Scaler | None, optimizer: Optimizer) -> dict[str, Any] | None:
-    """The scaler's record of this iteration for ``optimizer``, without creating one."""
-    records = compat.scaler_records(scaler)
-    if records is None:
-        return None
-    return records.get(id(optimizer))
-
-
 def found_inf(scaler: Scaler | None, optimizer: Optimizer) -> bool | None:
     """Whether the scaler found inf/NaN gradients for ``optimizer`` in this iteration.
 
     ``None`` when it has not checked them yet (no ``unscale_`` or ``step`` since the last ``update``).
     """
-    record = _record(scaler, optimizer)
-    found = (record or {}).get("found_inf_per_device") or {}
+    found = compat.scaler_found_inf(scaler, optimizer)
     if not found:
         return None
     return bool(sum(float(t.item()) for t in found.values()) > 0)
@@ -110,16 +101,15 @@ def found_inf(scaler: Scaler | None, optimizer: Optimizer) -> bool | None:
 
 def is_unscaled(scaler: Scaler | None, optimizer: Optimizer) -> bool:
     """Whether ``optimizer``'s gradients were unscaled in this iteration and it has not stepped since."""
-    record = _record(scaler, optimizer)
-    return record is not None and record["stage"] is compat.opt_state().UNSCALED
+    return compat.scaler_stage(scaler, optimizer) is compat.opt_state().UNSCALED
 
 
 def unscale_once(scaler: Scaler | None, optimizer: Optimizer) -> bool:
     """``scaler.unscale_(optimizer)`` unless it was already done in this iteration; True if it unscaled."""
     if not scaler_enabled(scaler):
         return False
-    record = _record(scaler, optimizer)
-    if record is not None and record["stage"] is not compat.opt_state().READY:
+    stage = compat.scaler_stage(scaler, optimizer)
+    if stage is not None and stage is not compat.opt_state().READY:
         return False
     scaler.unscale_(optimizer)
     return True
@@ -128,9 +118,7 @@ def unscale_once(scaler: Scaler | None, optimizer: Optimizer) -> bool:
 def move_record(scaler: Scaler | None, source: Optimizer, target: Optimizer) -> None:
     """Give ``target`` the record the scaler made for ``source`` (``scaler.unscale_(wrapper)``
     followed by a step of the wrapped optimizer must not unscale twice)."""
-    records = compat.scaler_records(scaler)
-    if records is not None and id(source) in records:
-        records[id(target)] = records.pop(id(source))
+    compat.move_scaler_record(scaler, source, target)
 
 
 def forget_step(scaler: Scaler | None, optimizer: Optimizer) -> bool:
@@ -138,14 +126,10 @@ def forget_step(scaler: Scaler | None, optimizer: Optimizer) -> bool:
 
     Call it with the gradients it covered cleared: they may be unscaled already.
     """
-    records = compat.scaler_records(scaler) if scaler is not None else None
-    if records is None or id(optimizer) not in records:
-        return False
-    stage = records[id(optimizer)]["stage"]
-    if stage is compat.opt_state().STEPPED:
-        return False  # the parameters changed: only update() may close this iteration
-    del records[id(optimizer)]
-    return True
+    stage = compat.scaler_stage(scaler, optimizer)
+    if stage is None or stage is compat.opt_state().STEPPED:
+        return False  # no record, or the parameters changed: only update() may close this iteration
+    return compat.forget_scaler_record(scaler, optimizer)
 
 
 def close_failed_step(scaler: Scaler | None, optimizer: Optimizer, stepped: bool) -> None:
@@ -157,8 +141,7 @@ def close_failed_step(scaler: Scaler | None, optimizer: Optimizer, stepped: bool
     """
     if not scaler_enabled(scaler):
         return
-    record = _record(scaler, optimizer)
-    if stepped or (record is not None and record["stage"] is compat.opt_state().STEPPED):
+    if stepped or compat.scaler_stage(scaler, optimizer) is compat.opt_state().STEPPED:
         scaler.update()
     else:
         forget_step(scaler, optimizer)

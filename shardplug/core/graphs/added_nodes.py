@@ -21,7 +21,7 @@ from typing import Any
 
 import torchdata.nodes as tn
 
-from shardplug.core.sharding.steps import Tag
+from shardplug.core.graphs.row_tags import Tag
 
 __all__ = ["BatchSource", "Rows", "Regroup", "RowSource"]
 
@@ -61,7 +61,7 @@ class BatchSource(_Node):
 
 
 class Rows(_Node):
-    """The rows of each batch of ``source``, each with its :class:`~shardplug.core.sharding.steps.Tag`."""
+    """The rows of each batch of ``source``, each with its :class:`~shardplug.core.graphs.row_tags.Tag`."""
 
     def __init__(self, source: Any) -> None:
         super().__init__(source)

@@ -37,7 +37,7 @@ from typing import Any, Protocol, TypeGuard
 from torch.utils.data import DataLoader, Dataset
 
 from shardplug.core._internal import compat
-from shardplug.core.sharding.steps import OnRow, leading_samples
+from shardplug.core.graphs.row_tags import OnRow
 
 __all__ = ["GraphLike", "is_graph", "read_graph", "MapGraph", "MixtureGraph", "GraphKeysLoader"]
 
@@ -145,19 +145,19 @@ def _rebuild_node(node: Any, source: Any, wrap: Callable[[Callable[..., Any]], A
 
 def _build(stages: tuple[Any, ...], source: Any, batch_at: int | None) -> Any:
     """The graph's work ``stages`` (from the source up) rebuilt on ``source`` (a
-    :class:`~shardplug.core.sharding.graph_nodes.BatchSource`): the stages below the ``Batcher`` (at ``batch_at``;
+    :class:`~shardplug.core.graphs.added_nodes.BatchSource`): the stages below the ``Batcher`` (at ``batch_at``;
     ``None``: none) on tagged rows, the rest on the batches; the ``Batcher`` itself is the plan's batching (the
     source's batches are its batches)."""
-    from shardplug.core.sharding import graph_nodes  # imports torchdata: only for graphs
+    from shardplug.core.graphs import added_nodes  # imports torchdata: only for graphs
 
     below = stages if batch_at is None else stages[:batch_at]
     above = () if batch_at is None else stages[batch_at + 1 :]
     node = source
     if any(isinstance(s, _nodes().ParallelMapper) for s in below):
-        node = graph_nodes.Rows(node)
+        node = added_nodes.Rows(node)
         for stage in below:
             node = _rebuild_node(stage, node, OnRow)
-        node = graph_nodes.Regroup(node)
+        node = added_nodes.Regroup(node)
     else:  # Prefetcher / PinMemory only: they work on the batches as they are
         for stage in below:
             node = _rebuild_node(stage, node, None)
@@ -194,7 +194,7 @@ class MapGraph:
     def run(self, batches: Iterator[list[Any]]) -> Iterator[Any]:
         """The graph's work on ``batches`` of keys (this process's part): what the user's graph hands out for
         them, in their order (a batch, or without a ``Batcher`` its one row)."""
-        from shardplug.core.sharding.graph_nodes import BatchSource  # imports torchdata: only for graphs
+        from shardplug.core.graphs.added_nodes import BatchSource  # imports torchdata: only for graphs
 
         source = BatchSource(batches)
         root = _build(self.stages, source, self.batch_at)
@@ -250,7 +250,7 @@ class GraphKeysLoader(DataLoader[Any]):
                 "drop_padding_rows() needs batches with rows; this graph hands out single samples (it has no "
                 "Batcher): keep them and skip those with loader.batch_real_count == 0"
             )
-        return leading_samples if self.graph.hands_out_lists else None
+        return _leading_samples if self.graph.hands_out_lists else None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -265,7 +265,7 @@ class MixtureGraph:
     def rebuild(self, parts: Mapping[str, Any], seed: int) -> Any:
         """The mixture on this process's ``parts`` of its sources (their prepared loaders, of rows), drawn with
         ``seed`` alike on every process, and the work above it as the graph has it."""
-        from shardplug.core.sharding.graph_nodes import RowSource  # imports torchdata: only for graphs
+        from shardplug.core.graphs.added_nodes import RowSource  # imports torchdata: only for graphs
 
         tn = _nodes()
         sources = {name: RowSource(part) for name, part in parts.items()}
@@ -365,3 +365,16 @@ def read_graph(graph: Any) -> MapGraph | MixtureGraph:
             )
         sources[name] = part
     return MixtureGraph(sources=sources, mixture=source, stages=tuple(stages))
+
+
+def _leading_samples(batch: Any, real: int | None) -> Any:
+    """The first ``real`` samples of a batch that is a list of samples (what a ``Batcher`` yields).
+
+    Example::
+
+        >>> _leading_samples([{"x": 1}, {"x": 2}, {"x": 3}], 2)
+        [{'x': 1}, {'x': 2}]
+    """
+    if real is None or not isinstance(batch, (list, tuple)):
+        return batch
+    return batch[:real]

@@ -1,8 +1,8 @@
 """The prepared loader of a ``torchdata.nodes`` graph: this process's part, with the guarantees of a ``DataLoader``.
 
-:func:`prepare_graph` reads the graph (:func:`~shardplug.core.sharding.nodes.read_graph`):
+:func:`prepare_graph` reads the graph (:func:`~shardplug.core.graphs.reading.read_graph`):
 
-* a map-style graph becomes the ``DataLoader`` of its keys (:class:`~shardplug.core.sharding.nodes.GraphKeysLoader`),
+* a map-style graph becomes the ``DataLoader`` of its keys (:class:`~shardplug.core.graphs.reading.GraphKeysLoader`),
   prepared by ``prepare_data_loader`` like any ``DataLoader``: the map-style path decides the rows, ``len()``, the
   padding and where a pass resumes, and the prepared loader's one hand-out seam counts, marks and moves each batch
   that the graph's work (rebuilt on this process's part) hands out. The result is a
@@ -30,8 +30,8 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from shardplug.core._internal.collectives import all_gather_objects
+from shardplug.core.graphs.reading import MapGraph, MixtureGraph, read_graph
 from shardplug.core.loader.prepared import PreparedDataLoader
-from shardplug.core.sharding.nodes import MapGraph, MixtureGraph, read_graph
 
 __all__ = ["MixtureLoaderShard", "prepare_graph"]
 

@@ -1,7 +1,6 @@
 """What travels through a rebuilt ``torchdata.nodes`` graph beside the user's data: a row's place while per-row
-work runs (:class:`Tag`), carried through the graph's per-row ``map_fn`` by :class:`OnRow`; and how a batch that
-is a ``Batcher``'s list of samples loses its padding (:func:`leading_samples`).  Plain values: they cross
-``ParallelMapper`` workers (threads or processes) and ``PinMemory`` as they are.
+work runs (:class:`Tag`), carried through the graph's per-row ``map_fn`` by :class:`OnRow`.  Plain values: they
+cross ``ParallelMapper`` workers (threads or processes) and ``PinMemory`` as they are.
 """
 
 from __future__ import annotations
@@ -9,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
-__all__ = ["Tag", "OnRow", "leading_samples"]
+__all__ = ["Tag", "OnRow"]
 
 
 class Tag(NamedTuple):
@@ -35,16 +34,3 @@ class OnRow:
     def __call__(self, item: tuple[Any, Any]) -> tuple[Any, Any]:
         row, tag = item
         return self.fn(row), tag
-
-
-def leading_samples(batch: Any, real: int | None) -> Any:
-    """The first ``real`` samples of a batch that is a list of samples (what a ``Batcher`` yields).
-
-    Example::
-
-        >>> leading_samples([{"x": 1}, {"x": 2}, {"x": 3}], 2)
-        [{'x': 1}, {'x': 2}]
-    """
-    if real is None or not isinstance(batch, (list, tuple)):
-        return batch
-    return batch[:real]
