@@ -460,5 +460,5 @@ def skip_first_batches(
     if not isinstance(dataloader, DataLoader):
         raise TypeError(f"dataloader must be {_PREPARABLE}, got {type(dataloader).__name__}")
     new = prepare_data_loader(dataloader, num_processes=1, process_index=0)
-    new.resume.pending.skip = num_batches
+    new.cursor.skip = num_batches
     return new

@@ -255,7 +255,7 @@ class DataLoaderDispatcher(DataLoaderShard):
         the step itself once the last one is handed out (process 0 read it, every process was told), as the
         reference's dispatcher does."""
         known = super().remainder
-        current = self.resume.last_pass
+        current = self.cursor.now
         step, total = current.record.step_real, self.total_batch_size
         if known >= 0 or not current.end_of_dataloader or step is None or not total:
             return known
@@ -293,7 +293,7 @@ class DataLoaderDispatcher(DataLoaderShard):
                 wire.passes_started,
                 communication_device(),
                 self.overlap_reads,
-                self.resume.shuffles().generator,
+                self.shuffles.generator,
             )
             steps = sender.steps()
             wire.sending = weakref.ref(steps)  # weak: an abandoned pass is closed by the garbage collector
@@ -305,8 +305,8 @@ class DataLoaderDispatcher(DataLoaderShard):
             self.process_index,
             wire.passes_started,
             communication_device(),
-            self.resume.last_pass.record,
-            self.resume.shuffles().generator,
+            self.cursor.now.record,
+            self.shuffles.generator,
         )
         return receiver.steps()
 
@@ -327,7 +327,7 @@ class DataLoaderDispatcher(DataLoaderShard):
             self.slice_fn,
             uncut=not self.split_batches and self.slice_fn is slice_rows,
             collate=self._collate,
-            record=self.resume.last_pass.record,
+            record=self.cursor.now.record,
             load=load,
         )
 

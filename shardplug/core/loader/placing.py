@@ -1,6 +1,6 @@
 """Where a pass that begins starts: after a loaded position, then after a ``skip_first_batches`` skip.
 
-:class:`PassPlacement` answers a :class:`PassStart` (a value: ``consumed_at_start``, how much of the epoch,
+:func:`place` answers a :class:`PassStart` (a value: ``consumed_at_start``, how much of the epoch,
 in the plan's unit, was consumed before the pass; ``resumed``, this process's batches of the epoch before
 it; how many batches to read and drop first) and tells the plan where its batches start
 (:meth:`~shardplug.core.sharding.shard_plan.ShardPlan.start_after`); the pass takes the start as its own.
@@ -8,11 +8,11 @@ it; how many batches to read and drop first) and tells the plan where its batche
 Example::
 
     >>> from torch.utils.data import BatchSampler, SequentialSampler
-    >>> from shardplug.core.resume.stateful import InnerState
+    >>> from shardplug.core.loader.cursor import ParkedStart
     >>> from shardplug.core.sharding.layout import ShardLayout
     >>> from shardplug.core.sharding.map_style import BatchSamplerPlan
     >>> plan = BatchSamplerPlan(BatchSampler(SequentialSampler(range(12)), 2, False), ShardLayout(2, 0, batch_size=2))
-    >>> PassPlacement(plan, InnerState(), False, False).place(None, False, 2)
+    >>> place(plan, ParkedStart(skip=2), reads_through=False, workers_split_stream=False)
     PassStart(consumed_at_start=4, resumed=2, discard=0, fast_forwarded=0, empty=False)
 """
 
@@ -20,11 +20,11 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+from shardplug.core.loader.cursor import ParkedStart
 from shardplug.core.resume.position import Position
-from shardplug.core.resume.stateful import InnerState
 from shardplug.core.sharding.shard_plan import ShardPlan
 
-__all__ = ["PassPlacement", "PassStart"]
+__all__ = ["place", "PassPlacement", "PassStart"]
 
 
 class PassStart(NamedTuple):
@@ -40,26 +40,30 @@ class PassStart(NamedTuple):
     empty: bool = False
 
 
+def place(plan: ShardPlan, parked: ParkedStart, reads_through: bool, workers_split_stream: bool) -> PassStart:
+    """Where a pass of a loader with ``plan`` that begins starts: after the ``parked`` position and its skip
+    (``reads_through``: a skip is read through the loader's ``StatefulDataLoader``, whose state then counts the
+    batches; ``workers_split_stream``: only whole batches tell where each DataLoader worker is)."""
+    return PassPlacement(plan, reads_through, workers_split_stream).place(parked)
+
+
 class PassPlacement:
-    """How a pass of a loader with ``plan`` is placed: ``inner`` is its ``StatefulDataLoader``'s state,
-    ``reads_through``: a skip is read through that ``StatefulDataLoader`` (its state then counts the
-    batches), ``workers_split_stream``: only whole batches tell where each DataLoader worker is."""
+    """How a pass of a loader with ``plan`` is placed (see :func:`place`)."""
 
-    __slots__ = ("plan", "inner", "reads_through", "workers_split_stream")
+    __slots__ = ("plan", "reads_through", "workers_split_stream")
 
-    def __init__(self, plan: ShardPlan, inner: InnerState, reads_through: bool, workers_split_stream: bool) -> None:
+    def __init__(self, plan: ShardPlan, reads_through: bool, workers_split_stream: bool) -> None:
         self.plan = plan
-        self.inner = inner
         self.reads_through = reads_through
         self.workers_split_stream = workers_split_stream
 
-    def place(self, position: Position | None, ended: bool, skip: int) -> PassStart:
-        """Where a pass that begins starts: after ``position`` and ``skip`` batches more (``ended``: the rest
-        of an epoch whose end was loaded, an empty pass)."""
-        if ended:  # the rest of an epoch whose end was loaded: nothing (the DataLoader is not read)
-            self.inner.repositions = False
+    def place(self, parked: ParkedStart) -> PassStart:
+        """Where a pass that begins starts: after ``parked.position`` and ``parked.skip`` batches more
+        (``parked.ended``: the rest of an epoch whose end was loaded, an empty pass)."""
+        if parked.ended:  # the rest of an epoch whose end was loaded: nothing (the DataLoader is not read)
             return PassStart(empty=True)
-        start = self._start_after(position) if position is not None else PassStart()
+        position, skip = parked.position, parked.skip
+        start = self._start_after(position, parked.repositions) if position is not None else PassStart()
         if skip:  # skip_first_batches: this pass starts that many batches later still
             plan = self.plan
             consumed = start.consumed_at_start + skip * plan.consumed_per_batch
@@ -70,7 +74,6 @@ class PassPlacement:
                 start = start._replace(discard=start.discard + skip)
             else:
                 start = start._replace(discard=plan.start_after(consumed))
-        self.inner.repositions = False  # a loaded state of the StatefulDataLoader's own repositions this pass only
         return start
 
     def _batches_before(self, consumed: int) -> int:
@@ -87,7 +90,7 @@ class PassPlacement:
             >>> def placed(index, even):
             ...     layout = ShardLayout(2, index, even_batches=even, batch_size=3)
             ...     plan = BatchSamplerPlan(BatchSampler(SequentialSampler(range(21)), 3, False), layout)
-            ...     return PassPlacement(plan, InnerState(), False, False)._batches_before(3)
+            ...     return PassPlacement(plan, False, False)._batches_before(3)
             >>> [placed(index, even=True) for index in range(2)], [placed(index, even=False) for index in range(2)]
             ([2, 2], [1, 1])
         """
@@ -98,13 +101,14 @@ class PassPlacement:
             return consumed // plan.consumed_per_batch
         return full - rest
 
-    def _start_after(self, position: Position) -> PassStart:
-        """The start after what ``position`` consumed."""
+    def _start_after(self, position: Position, repositions: bool) -> PassStart:
+        """The start after what ``position`` consumed (``repositions``: a StatefulDataLoader loaded its own
+        state, which places the pass)."""
         plan = self.plan
         layout = plan.layout
         same_layout = (position.num_processes, position.split_batches) == (layout.num_processes, layout.split_batches)
         consumed = position.consumed
-        if self.inner.repositions:  # a StatefulDataLoader that loaded its own state
+        if repositions:  # a StatefulDataLoader that loaded its own state
             # drawn (and logged where the sampler logs), never handed out
             return PassStart(consumed, position.batches_yielded, fast_forwarded=position.batches_yielded)
         if same_layout:

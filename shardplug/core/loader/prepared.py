@@ -34,10 +34,12 @@ from torch.utils.data import DataLoader, IterableDataset
 from shardplug.core._internal import compat
 from shardplug.core._internal.arguments import check_prefetch_depth, is_int
 from shardplug.core.config import ShardplugConfig
-from shardplug.core.loader.passes import LengthMismatchWarning, LoaderPass, PassListener
+from shardplug.core.loader.cursor import Cursor, SkipView
+from shardplug.core.loader.passes import LengthMismatchWarning, PassListener, run_pass
 from shardplug.core.loader.resume_state import ResumeState
 from shardplug.core.padding.audit import SampleAudit
 from shardplug.core.padding.tracking import PaddingTracker
+from shardplug.core.resume.lengths import PassLengths
 from shardplug.core.resume.stateful import is_stateful, stateful_dataloader_class
 from shardplug.core.sharding.layout import ShardLayout
 from shardplug.core.sharding.local import LocalPlan
@@ -45,7 +47,7 @@ from shardplug.core.sharding.map_style import BatchSamplerShard, IndexSamplerSha
 from shardplug.core.sharding.marks import TagCollate
 from shardplug.core.sharding.read_all import IterableDatasetShard
 from shardplug.core.sharding.shard_plan import ShardPlan, plan_traits, sized_length, start_tagging
-from shardplug.core.shuffle.agreement import agree_at_prepare
+from shardplug.core.shuffle.agreement import Shuffles, agree_at_prepare
 from shardplug.core.shuffle.rng import check_rng_types
 
 __all__ = [
@@ -224,9 +226,9 @@ class PreparedDataLoader(DataLoader[Any]):
         self.rng_types = options.rng_types
         self.synchronized_generator = options.synchronized_generator
         self.gradient_state: PassListener | None = None  # the run's GradientState, when one is connected
-        self.epoch = 0
+        self.cursor = Cursor(options.skip_batches)  # where the loader stands; skip_batches shortens its next pass
         self.plan = self._plan_for(options)
-        self._resume = ResumeState(self, options.skip_batches)  # the last pass; skip_batches shortens the next one
+        self.shuffles = Shuffles(self.plan.sampler, getattr(self, "sampler", None))  # their seeds and generator
         self._tracker: PaddingTracker | None = None  # padding tracking (track_padding), with the audit
 
     def _plan_for(self, options: LoaderOptions) -> ShardPlan:
@@ -265,7 +267,16 @@ class PreparedDataLoader(DataLoader[Any]):
     @property
     def end_of_dataloader(self) -> bool:
         """True while the last batch of the current pass is being processed."""
-        return self._resume.last_pass.end_of_dataloader
+        return self.cursor.now.end_of_dataloader
+
+    @property
+    def epoch(self) -> int:
+        """The epoch this loader stands in (its cursor's; :meth:`set_epoch` sets it with its samplers')."""
+        return self.cursor.epoch
+
+    @epoch.setter
+    def epoch(self, epoch: int) -> None:
+        self.cursor.epoch = epoch
 
     @property
     def use_stateful_dataloader(self) -> bool:
@@ -303,12 +314,11 @@ class PreparedDataLoader(DataLoader[Any]):
     def next_epoch(self) -> None:
         """After a complete pass, as the next one begins: the next epoch (:meth:`set_epoch`); with
         :attr:`epochs_set_by_framework`, on the loader and its dataset only."""
-        epoch = self.epoch + 1
+        epoch = self.cursor.epoch + 1
         if not self.epochs_set_by_framework:
             self.set_epoch(epoch)
             return
-        self._resume.enter_epoch(epoch)
-        self.epoch = epoch
+        self.cursor.enter_epoch(epoch)
         if hasattr(self.dataset, "set_epoch"):
             self.dataset.set_epoch(epoch)
 
@@ -318,24 +328,31 @@ class PreparedDataLoader(DataLoader[Any]):
         Outside a pass, the loader then stands at that epoch's start (its position says so), or where a
         loaded position places it: its own epoch keeps it, and the epoch before a position at an epoch's
         start (that epoch's end) makes the next pass that epoch's empty rest; a position inside another
-        epoch is refused (see :meth:`~shardplug.core.resume.pending.PendingStart.enter_epoch`)."""
+        epoch is refused (see :meth:`~shardplug.core.loader.cursor.Cursor.enter_epoch`)."""
         if not is_int(epoch) or epoch < 0:
             raise ValueError(f"epoch={epoch!r} must be an integer >= 0")
-        self._resume.enter_epoch(epoch)
-        self.epoch = epoch
+        self.cursor.enter_epoch(epoch)
         for target in self._epoch_targets():
             target.set_epoch(epoch)
 
     def agree_at_prepare(self, data: tuple[int | None, int | None] | None) -> None:
         """Agree unset shuffle seeds with process 0 now, comparing every process's ``data`` (dataset
         length, batch size) in the same collective (:func:`shardplug.core.shuffle.agreement.agree_at_prepare`)."""
-        agree_at_prepare(self._resume.shuffles().seedable, data)
+        agree_at_prepare(self.shuffles.seedable, data)
 
     # -- lengths --------------------------------------------------------------------------
     def __len__(self) -> int:
         """Batches the pass yields: the pass in progress while one is open, else the next one
         (exact also after ``load_state_dict`` and ``skip_first_batches``)."""
-        return self._resume.length()
+        return self.cursor.length(self.lengths())
+
+    def lengths(self) -> PassLengths:
+        """The lengths of this loader's passes after a place in the epoch (the plan's, else the
+        ``DataLoader``'s own)."""
+        return PassLengths(self.plan, self._inner_length, self.dataset)
+
+    def _inner_length(self) -> int:
+        return int(self.inner_loader().__len__())
 
     @property
     def total_batch_size(self) -> int | None:
@@ -358,18 +375,18 @@ class PreparedDataLoader(DataLoader[Any]):
             return -1
         if self.plan.layout.drop_last:
             return 0  # a short last step is dropped: the last one is full
-        before = self.plan.samples_before(self._resume.pass_start())
+        before = self.plan.samples_before(self.cursor.next_start(self.plan.consumed_per_batch))
         return max(length - (before or 0), 0) % total
 
     @property
     def epoch_length(self) -> int | None:
         """Batches of a whole epoch on this loader's layout (``None`` when unknown: a stream without
         ``len()``); ``len(loader)`` is the next pass's, shorter after a resume."""
-        return self._resume.lengths().epoch_length()
+        return self.lengths().epoch_length()
 
     # -- iteration ------------------------------------------------------------------------
     def __iter__(self) -> Iterator[Any]:  # type: ignore[override]  # a pass of its own, not a _BaseDataLoaderIter
-        return iter(LoaderPass(self))
+        return run_pass(self)
 
     def inner_batches(self, discard: int) -> Iterator[Any]:
         """The batches of this pass, after ``discard`` of them were read and dropped (subclasses)."""
@@ -382,36 +399,37 @@ class PreparedDataLoader(DataLoader[Any]):
         :class:`~shardplug.core.loader.resume_state.ResumeState`): its :meth:`~ResumeState.position`, the
         counters a front end sets its own from (``resumed_batches``, ``resumed_inside_epoch``), and
         :meth:`~ResumeState.resume_at` for a front end that counts batches itself."""
-        return self._resume
+        return ResumeState(self)
 
     def state_dict(self) -> dict[str, Any]:
         """Resume state: after ``load_state_dict`` iteration continues after the last batch handed out
         (a :class:`~shardplug.core.resume.position.Position` as plain values, identical on every process)."""
-        return self._resume.state_dict()
+        return ResumeState(self).state_dict()
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Continue after what ``state_dict`` says at the next pass; it is validated first, and nothing
         changes when it is refused."""
-        self._resume.load_state_dict(state_dict)
+        ResumeState(self).load_state_dict(state_dict)
 
     def skipped_copy(self, num_batches: int) -> PreparedDataLoader:
         """A copy of this loader whose next pass starts after its first ``num_batches`` batches
         (what :func:`~shardplug.core.planner.skip_first_batches` returns): the same settings,
-        plan, epoch and position. This loader follows the copy's passes (its epoch and position), so
-        it continues with the next epoch once the copy's pass is over.
+        plan, epoch and position: the copy shares this loader's cursor (a
+        :class:`~shardplug.core.loader.cursor.SkipView` of it, with a skip of its own), so this loader follows
+        the copy's passes (its epoch and position) and continues with the next epoch once the copy's pass is
+        over.
 
         Not a pickled copy (which drops what belongs to this process, e.g. a dispatcher's process
         group): every attribute is shared as it is, so what a subclass keeps in one object (a
         dispatcher's wire state) stays one for both, and using the copy for one pass and this loader
-        afterwards keeps them in step with the other processes.  What is the loader's own (its resume
-        state with its last pass, its padding tracking) is copied.
+        afterwards keeps them in step with the other processes.  Its padding tracking is copied.
         """
         if not is_int(num_batches) or num_batches < 0:
             raise ValueError(f"num_batches={num_batches!r} must be an integer >= 0")
         new = object.__new__(type(self))
         new.__dict__.update(
             self.__dict__,
-            _resume=self._resume.copy_for(new, num_batches),  # this loader follows the copy's passes
+            cursor=SkipView(self.cursor, num_batches),  # this loader follows the copy's passes
             _tracker=copy.copy(self._tracker),  # the same audit
         )
         compat.forget_iterator(new)  # an open iterator (and its workers) stays this loader's
@@ -461,13 +479,13 @@ class PreparedDataLoader(DataLoader[Any]):
     @property
     def batch_indices(self) -> list[int] | None:
         """Dataset indices of the batch being processed (with :meth:`track_padding`)."""
-        return self._resume.last_pass.batch_indices
+        return self.cursor.now.batch_indices
 
     @property
     def batch_real_count(self) -> int | None:
         """How many leading samples of the batch being processed are real; the rest are
         wrap-around padding (with :meth:`track_padding`; ``None`` otherwise)."""
-        return self._resume.last_pass.batch_real
+        return self.cursor.now.batch_real
 
     @property
     def padding_tracker(self) -> PaddingTracker | None:

@@ -103,14 +103,19 @@ class BatchSamplerPlan(PlanDefaults):
         self.pending_start = 0
         """Global batches the next pass starts after (see :meth:`start_after`)."""
 
+    parked_record: PassRecord | None = None
+    """The record the next pass fills (its loader's pass parks it here with the start, as it begins)."""
+
     def start_after(self, consumed: int, dataset_state: Any = None) -> int:
         self.pending_start = check_consumed(consumed)
         return 0
 
-    def next_pass(self, record: PassRecord | None = None) -> Iterator[list[int]]:
-        """:meth:`index_batches` after the pending start, which it takes (one-shot)."""
-        first, self.pending_start = self.pending_start, 0
-        return self.index_batches(first, record)
+    def next_pass(self) -> Iterator[list[int]]:
+        """:meth:`index_batches` after the start and with the record parked for the next pass, which it takes
+        at its first batch (one-shot: what torch's ``DataLoader`` draws when it iterates the batch sampler; an
+        iterator it makes and drops unread takes nothing)."""
+        first, record, self.pending_start, self.parked_record = self.pending_start, self.parked_record, 0, None
+        yield from self.index_batches(first, record)
 
     def batch_record(self, record: PassRecord, batch: int) -> tuple[list[int], int]:
         """The next batch logged where the batch sampler drew it (those a ``StatefulDataLoader``
@@ -297,7 +302,6 @@ class BatchSamplerShard(Sampler[list[int]]):
         self.batch_sampler = batch_sampler
         self.plan = BatchSamplerPlan(batch_sampler, layout)
         self.epoch = 0
-        self._record: PassRecord | None = None
 
     @property
     def layout(self) -> ShardLayout:
@@ -339,16 +343,11 @@ class BatchSamplerShard(Sampler[list[int]]):
         the epoch is then split among this run's processes."""
         self.plan.start_after(global_batches)
 
-    def record_next_pass(self, record: PassRecord) -> None:
-        """Fill ``record`` with what the next iteration hands out (one-shot; see :class:`PassRecord`)."""
-        self._record = record
-
     def __len__(self) -> int:
         return self.plan.num_batches(self.plan.pending_start)
 
     def __iter__(self) -> Iterator[list[int]]:
-        record, self._record = self._record, None
-        yield from self.plan.next_pass(record)
+        return self.plan.next_pass()
 
     @classmethod
     def from_layout(cls, batch_sampler: Iterable[list[int]], layout: ShardLayout) -> BatchSamplerShard:
@@ -356,12 +355,7 @@ class BatchSamplerShard(Sampler[list[int]]):
         (``prepare_data_loader``'s: its batch size and ``drop_last`` are the batch sampler's)."""
         check_batch_sampler(batch_sampler)
         shard = cls.__new__(cls)
-        shard.batch_sampler, shard.plan, shard.epoch, shard._record = (
-            batch_sampler,
-            BatchSamplerPlan(batch_sampler, layout),
-            0,
-            None,
-        )
+        shard.batch_sampler, shard.plan, shard.epoch = batch_sampler, BatchSamplerPlan(batch_sampler, layout), 0
         return shard
 
 
