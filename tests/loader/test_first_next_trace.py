@@ -35,8 +35,8 @@ class Walk(NamedTuple):
 
 BOUNDS = {
     # the targets: Walk(60, ..., 8, 25) for both
-    "fresh": Walk(calls=84, files=16, modules=12, switches=45),
-    "resumed": Walk(calls=93, files=18, modules=14, switches=51),
+    "fresh": Walk(calls=71, files=12, modules=8, switches=34),
+    "resumed": Walk(calls=78, files=12, modules=8, switches=38),
 }
 
 

@@ -78,7 +78,7 @@ class DispatchOptions(LoaderOptions):
 
 def _loader_fields(options: LoaderOptions) -> dict[str, Any]:
     """The fields of a prepared loader's options (without a dispatcher's)."""
-    return {field.name: getattr(options, field.name) for field in dataclasses.fields(LoaderOptions)}
+    return {field.name: getattr(options, field.name) for field in dataclasses.fields(LoaderOptions) if field.init}
 
 
 def check_slice_fn(slice_fn: Any) -> None:
@@ -162,9 +162,9 @@ class DataLoaderDispatcher(DataLoaderShard):
     def _setup(self, options: LoaderOptions) -> None:
         if not isinstance(options, DispatchOptions):  # the constructor's: with its own dispatch keywords
             options = dataclasses.replace(self._dispatch_options, **_loader_fields(options))
+        options = dataclasses.replace(options, prefetch_depth=0)  # each step's rows arrive as the step comes
         self._dispatch_options = options
         super()._setup(options)
-        self.prefetch_depth = 0  # each step's rows arrive from process 0 as the step comes: nothing is read ahead
         self._collate = self._collate_into_rings()
 
     def _plan_for(self, options: LoaderOptions) -> ShardPlan:

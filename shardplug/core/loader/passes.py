@@ -5,7 +5,7 @@ a ``DataLoader``.
 
 1. :func:`begin` -- the epoch (the next one after a complete pass), the shuffle seeds and RNG states agreed
    with process 0, the start taken from the loader's :class:`~shardplug.core.loader.cursor.Cursor` and
-   placed (:mod:`~shardplug.core.loader.placing`), the lengths counted once; a new
+   placed (:func:`~shardplug.core.loader.cursor.place`), the lengths counted once; a new
    :class:`~shardplug.core.loader.cursor.PassState` is the cursor's pass from here on;
 2. read from the source: the loader's ``inner_batches`` (the ``DataLoader``, or a dispatcher's steps) as the
    plan hands them out;
@@ -14,7 +14,7 @@ a ``DataLoader``.
 4. look ahead: with a prefetch depth, a :class:`~shardplug.core.loader.prefetch.Prefetcher` reads and copies
    batches ahead of the one handed out (:func:`prefetched`);
 5. hand out (:class:`HandOut`): count the batch, record its padding, tell the run's gradient state, copy it
-   to the device (:class:`~shardplug.core.loader.transfer.DeviceTransfer`).
+   to the device (the options' :class:`~shardplug.core.loader.transfer.DeviceTransfer`).
 
 At its end the pass compares what it yielded with what ``len()`` said when it began
 (:class:`LengthMismatchWarning`).  Each pass writes its own :class:`PassState` only: a pass left early and
@@ -27,17 +27,13 @@ import warnings
 from collections.abc import Iterator
 from typing import Any, Protocol, cast
 
-import torch
-
-from shardplug.core.loader.cursor import Cursor, PassState
-from shardplug.core.loader.placing import PassStart, place
-from shardplug.core.loader.prefetch import Prefetcher, SideStreamCopy, copy_ahead, resolve_prefetch_depth
-from shardplug.core.loader.transfer import DeviceTransfer
+from shardplug.core.loader.cursor import Cursor, PassLengths, PassStart, PassState, place
+from shardplug.core.loader.options import LoaderOptions
+from shardplug.core.loader.prefetch import Prefetcher, SideStreamCopy, copy_ahead
 from shardplug.core.padding.tracking import PaddingTracker
-from shardplug.core.resume.lengths import PassLengths
 from shardplug.core.resume.stateful import InnerState
-from shardplug.core.sharding.map_style import BatchSamplerShard
-from shardplug.core.sharding.shard_plan import PassRecord, ShardPlan, plan_traits
+from shardplug.core.sharding.map_style import BatchSamplerPlan
+from shardplug.core.sharding.shard_plan import PassRecord, PlanTraits, ShardPlan
 from shardplug.core.shuffle.agreement import Shuffles, synchronize
 
 __all__ = ["run_pass", "begin", "HandOut", "LengthMismatchWarning", "PassListener", "PassHost"]
@@ -62,29 +58,24 @@ class PassListener(Protocol):
 class PassHost(Protocol):
     """What a pass reads of its loader (a :class:`~shardplug.core.loader.prepared.PreparedDataLoader`)."""
 
+    options: LoaderOptions
     plan: ShardPlan
     cursor: Cursor
     shuffles: Shuffles
-    device: torch.device | None
-    non_blocking: bool
-    prefetch_depth: int | None
-    rng_types: tuple[str, ...]
-    synchronized_generator: torch.Generator | None
+    traits: PlanTraits
+    tracker: PaddingTracker | None
+    sampler_plan: BatchSamplerPlan | None
     gradient_state: PassListener | None
     keeps_own_epoch: bool
     source_marks_last: bool
-    epoch: int
     num_workers: int
     dataset: Any
 
     @property
+    def epoch(self) -> int: ...
+
+    @property
     def use_stateful_dataloader(self) -> bool: ...
-
-    @property
-    def padding_tracker(self) -> PaddingTracker | None: ...
-
-    @property
-    def batch_shard(self) -> BatchSamplerShard | None: ...
 
     def next_epoch(self) -> None: ...
 
@@ -105,7 +96,7 @@ class LengthMismatchWarning(UserWarning):
 def inner_state_resumes(loader: PassHost) -> bool:
     """Whether the loader's ``StatefulDataLoader`` state is where a resumed pass continues (see
     :meth:`~shardplug.core.loader.resume_state.ResumeState.inner_state_resumes`)."""
-    return callable(getattr(loader.dataset, "state_dict", None)) and plan_traits(loader.plan).inner_state_resumes
+    return callable(getattr(loader.dataset, "state_dict", None)) and loader.traits.inner_state_resumes
 
 
 # -- 1. the start ---------------------------------------------------------------------------------
@@ -117,12 +108,12 @@ def begin(loader: PassHost, cursor: Cursor) -> tuple[PassState, int]:
         loader.next_epoch()
     if loader.keeps_own_epoch:
         loader.pin_epoch()
-    shuffles = loader.shuffles
-    synchronize(shuffles.seedable, loader.rng_types, loader.synchronized_generator)
+    shuffles, options = loader.shuffles, loader.options
+    synchronize(shuffles.seedable, options.rng_types, options.synchronized_generator)
     plan = loader.plan
     plan.begin_pass()
-    state = PassState()
-    state.record = record = PassRecord(track=loader.padding_tracker is not None)
+    state = PassState(PassRecord(track=loader.tracker is not None))
+    record = state.record
     generator = shuffles.generator
     if generator is not None:
         state.generator_state = generator.get_state()
@@ -133,8 +124,8 @@ def begin(loader: PassHost, cursor: Cursor) -> tuple[PassState, int]:
             # the loaded position's epoch ended on this layout: as at every epoch's end, the accumulation
             # cycle it was saved in ends with it (its micro-batches' gradients are in no checkpoint)
             loader.gradient_state.restart_cycle()
-        reads_through = loader.use_stateful_dataloader and inner_state_resumes(loader)
-        workers_split = loader.num_workers > 0 and plan_traits(plan).splits_by_worker
+        reads_through = inner_state_resumes(loader) and loader.use_stateful_dataloader
+        workers_split = loader.num_workers > 0 and loader.traits.splits_by_worker
         start = place(plan, parked, reads_through, workers_split)
     state.start, state.resumed, state.empty = start.consumed_at_start, start.resumed, start.empty
     state.yielded = start.resumed
@@ -142,9 +133,8 @@ def begin(loader: PassHost, cursor: Cursor) -> tuple[PassState, int]:
     record.started_at = start.consumed_at_start
     _count_lengths(loader, state)
     state.open = True
-    shard = loader.batch_shard
-    if shard is not None:
-        shard.plan.parked_record = record  # the sampler fills it as torch's DataLoader draws this pass
+    if loader.sampler_plan is not None:
+        loader.sampler_plan.parked_record = record  # the sampler fills it as torch's DataLoader draws this pass
     cursor.now = state
     return state, start.discard
 
@@ -160,7 +150,7 @@ def _count_lengths(loader: PassHost, state: PassState) -> None:
     except TypeError:
         return
     state.length = max(after, 0)
-    if plan_traits(loader.plan).exact_length:
+    if loader.traits.exact_length:
         state.total = state.resumed + after
 
 
@@ -177,7 +167,7 @@ def run_pass(loader: PassHost) -> Iterator[Any]:
         if not state.empty:
             batches = loader.plan.pass_batches(loader.inner_batches(discard), state.record)  # 2. read
             hand_out = HandOut(loader, state)
-            depth = resolve_prefetch_depth(loader.prefetch_depth, loader.device)
+            depth = loader.options.depth
             total = state.total
             if depth > 0:
                 yield from prefetched(loader, cursor.inner, mark_last(loader, state, batches), depth, hand_out)
@@ -284,9 +274,9 @@ class HandOut:
     def __init__(self, loader: PassHost, state: PassState) -> None:
         self.loader = loader
         self.state = state
-        self.tracker = loader.padding_tracker
+        self.tracker = loader.tracker
         self.listener = loader.gradient_state
-        self.transfer = DeviceTransfer.to(loader.device, loader.non_blocking)
+        self.transfer = loader.options.transfer
         self.only_counts = self.tracker is None and self.listener is None and self.transfer is None
 
     def count(self, batch: Any, last: bool) -> Any:

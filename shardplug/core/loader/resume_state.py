@@ -31,11 +31,10 @@ from typing import Any, Protocol
 
 import torch
 
-from shardplug.core.loader.building import LoaderIdentity, PassCounts, pass_position
-from shardplug.core.loader.cursor import Cursor
+from shardplug.core.loader.building import LoaderIdentity, pass_position
+from shardplug.core.loader.cursor import Cursor, PassLengths
 from shardplug.core.loader.passes import PassHost, inner_state_resumes
 from shardplug.core.resume.checks import PositionCheck
-from shardplug.core.resume.lengths import PassLengths
 from shardplug.core.resume.position import Position
 from shardplug.core.resume.stateful import POSITION_KEY
 from shardplug.core.sharding.shard_plan import PlanTraits, ShardPlan, plan_traits
@@ -104,10 +103,9 @@ class ResumeState:
 
     def pass_position(self) -> Position:
         """Where the last pass stands, in this loader's own layout (a loaded position aside)."""
-        loader, now = self.loader, self.cursor.now
+        loader = self.loader
         identity = LoaderIdentity(self.cursor.epoch, loader.total_dataset_length, loader.num_workers)
-        counts = PassCounts(now.yielded, now.resumed, now.start, now.complete, now.exhausted, now.generator_state)
-        return pass_position(loader.plan, identity, counts, loader.shuffles)
+        return pass_position(loader.plan, identity, self.cursor.now, loader.shuffles)
 
     def check(self) -> PositionCheck:
         """The refusals of a position for this loader."""

@@ -27,7 +27,7 @@ import copy
 import dataclasses
 import logging
 from collections.abc import Iterable, Iterator, Sequence
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Protocol
 
 import torch
 from torch.utils.data import (
@@ -75,6 +75,7 @@ __all__ = [
     "draw_seed",
     "Agreement",
     "MapOptions",
+    "Shuffling",
     "order_agreement",
     "shard",
     "agreed_sampler",
@@ -168,8 +169,10 @@ class BatchSamplerPlan(PlanDefaults):
         first = dataclasses.replace(self.layout, process_index=0)
         return shard_length(num - consumed, last, self.layout.batch_size, first) == 0
 
-    def _arithmetic(self) -> bool:
-        sampler = self.sampler
+    def _arithmetic(self, sampler: Any = None) -> bool:
+        """Whether this plan's batches are computed by arithmetic (``sampler``: the batch sampler's, when known)."""
+        if sampler is None:
+            sampler = self.sampler
         return type(self.batch_sampler) is BatchSampler and (
             type(sampler) in (SequentialSampler, RandomSampler) or isinstance(sampler, SeedableRandomSampler)
         )
@@ -190,8 +193,9 @@ class BatchSamplerPlan(PlanDefaults):
         record = record if record is not None else PassRecord()
         record.started_at = consumed = check_consumed(consumed)
         log = record.batches
-        if self._arithmetic():
-            order, generator = epoch_order(self.sampler)
+        sampler = self.sampler
+        if self._arithmetic(sampler):
+            order, generator = epoch_order(sampler)
             if order is not None:
                 if generator is not None:
                     # RandomSampler draws a second permutation when it is exhausted: draw it now,
@@ -406,8 +410,22 @@ class IndexSamplerShard(Sampler[int]):
         return shard
 
 
+class Shuffling(Protocol):
+    """What :func:`shard` reads of the data options (:class:`MapOptions`, or ``prepare_data_loader``'s whole)."""
+
+    @property
+    def shuffle_algorithm(self) -> str: ...
+
+    @property
+    def use_seedable_sampler(self) -> bool: ...
+
+    @property
+    def data_seed(self) -> int | None: ...
+
+
 class MapOptions(NamedTuple):
-    """The options that decide how map-style data is shuffled."""
+    """The options that decide how map-style data is shuffled (for a direct call of :func:`shard`;
+    ``prepare_data_loader`` hands its data options over whole)."""
 
     shuffle_algorithm: str = ShardplugConfig.shuffle_algorithm
     use_seedable_sampler: bool = ShardplugConfig.use_seedable_sampler
@@ -424,7 +442,7 @@ class Agreement(NamedTuple):
     fix: str
 
 
-def shard(dataloader: DataLoader[Any], layout: ShardLayout, options: MapOptions) -> Shard:
+def shard(dataloader: DataLoader[Any], layout: ShardLayout, options: Shuffling) -> Shard:
     """This process's shard of ``dataloader``'s indices under ``layout`` (see the module): the (batch)
     sampler keywords, its plan, the generator to synchronise from process 0 at each pass, and what the
     processes compare when the loader is prepared.  Where the processes need the process group to
