@@ -35,8 +35,8 @@ class Walk(NamedTuple):
 
 BOUNDS = {
     # the targets: Walk(60, ..., 8, 25) for both
-    "fresh": Walk(calls=71, files=12, modules=8, switches=34),
-    "resumed": Walk(calls=78, files=12, modules=8, switches=38),
+    "fresh": Walk(calls=68, files=12, modules=8, switches=31),
+    "resumed": Walk(calls=75, files=12, modules=8, switches=35),
 }
 
 
@@ -89,9 +89,10 @@ def test_the_first_next_walks_a_short_way(kind: str) -> None:
 
 
 def test_the_trace_sees_every_call_of_the_first_next() -> None:
-    """The trace is no empty count: the first batch comes out of it, and its walk ends in the hand-out."""
+    """The trace is no empty count: the first batch comes out of it, and its walk runs from the pass through
+    torch's ``DataLoader`` (which collates the batch)."""
     batches = _first_next("fresh")
     taken: list[Any] = []
     walk, calls = trace(lambda: taken.append(next(batches)))
     assert len(taken[0]) == 4 and walk.calls > 10
-    assert calls[0].startswith(PACKAGE) and calls[-1].startswith(PACKAGE)
+    assert calls[0].startswith(PACKAGE) and any(name.endswith("collate.py") for name in calls)

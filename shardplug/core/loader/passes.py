@@ -131,27 +131,21 @@ def begin(loader: PassHost, cursor: Cursor) -> tuple[PassState, int]:
     state.yielded = start.resumed
     record.fast_forwarded = start.fast_forwarded
     record.started_at = start.consumed_at_start
-    _count_lengths(loader, state)
+    if state.empty:  # the lengths, counted once: what len() says while the pass runs, and its last batch
+        state.length = 0
+    else:
+        try:
+            after = loader.lengths().batches_after(state.start)
+            state.length = max(after, 0)
+            if loader.traits.exact_length:  # the last batch is then known without reading ahead
+                state.total = state.resumed + after
+        except TypeError:  # unknown (a stream without len()): read one ahead
+            pass
     state.open = True
     if loader.sampler_plan is not None:
         loader.sampler_plan.parked_record = record  # the sampler fills it as torch's DataLoader draws this pass
     cursor.now = state
     return state, start.discard
-
-
-def _count_lengths(loader: PassHost, state: PassState) -> None:
-    """The pass's length (what ``len()`` says while it runs) and, where the plan's length is exact, its last
-    batch counted in the epoch: one count of the batches after its start."""
-    if state.empty:
-        state.length = 0
-        return
-    try:
-        after = loader.lengths().batches_after(state.start)
-    except TypeError:
-        return
-    state.length = max(after, 0)
-    if loader.traits.exact_length:
-        state.total = state.resumed + after
 
 
 # -- the chain ------------------------------------------------------------------------------------
@@ -166,16 +160,23 @@ def run_pass(loader: PassHost) -> Iterator[Any]:
     try:
         if not state.empty:
             batches = loader.plan.pass_batches(loader.inner_batches(discard), state.record)  # 2. read
-            hand_out = HandOut(loader, state)
-            depth = loader.options.depth
-            total = state.total
-            if depth > 0:
-                yield from prefetched(loader, cursor.inner, mark_last(loader, state, batches), depth, hand_out)
+            options, total = loader.options, state.total
+            if options.depth > 0:  # 4. look ahead
+                hand_out = HandOut(loader, state)
+                yield from prefetched(loader, cursor.inner, mark_last(loader, state, batches), options.depth, hand_out)
             elif total is not None and not loader.source_marks_last:  # 3. counted: the last is known
-                count = hand_out.count if hand_out.only_counts else hand_out
-                for batch in batches:
-                    yield count(batch, state.yielded + 1 >= total)
+                if listener is None and loader.tracker is None and options.transfer is None:
+                    for batch in batches:  # 5. nothing to hand out but the count
+                        state.yielded += 1
+                        if state.yielded >= total:
+                            state.end_of_dataloader = state.complete = True
+                        yield batch
+                else:
+                    hand_out = HandOut(loader, state)
+                    for batch in batches:
+                        yield hand_out(batch, state.yielded + 1 >= total)
             else:
+                hand_out = HandOut(loader, state)
                 for batch, last in mark_last(loader, state, batches):
                     yield hand_out(batch, last)
         state.complete = state.exhausted = True
@@ -269,7 +270,7 @@ class HandOut:
     """The one step every batch of a pass leaves by: count it (in ``state``), record its padding (and cut it
     where the loader drops it), tell the run's gradient state, copy it to the device."""
 
-    __slots__ = ("loader", "state", "tracker", "listener", "transfer", "only_counts")
+    __slots__ = ("loader", "state", "tracker", "listener", "transfer")
 
     def __init__(self, loader: PassHost, state: PassState) -> None:
         self.loader = loader
@@ -277,15 +278,6 @@ class HandOut:
         self.tracker = loader.tracker
         self.listener = loader.gradient_state
         self.transfer = loader.options.transfer
-        self.only_counts = self.tracker is None and self.listener is None and self.transfer is None
-
-    def count(self, batch: Any, last: bool) -> Any:
-        """Count ``batch`` as handed out (``last``: the pass's last)."""
-        state = self.state
-        state.yielded += 1
-        if last:
-            state.end_of_dataloader = state.complete = True
-        return batch
 
     def __call__(self, batch: Any, last: bool) -> Any:
         state = self.state
