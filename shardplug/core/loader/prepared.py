@@ -67,6 +67,18 @@ logger = logging.getLogger(__name__)
 _Prepared = TypeVar("_Prepared", bound="PreparedDataLoader")
 
 
+def _option(name: str, doc: str) -> Any:
+    """A loader attribute that reads (and, set, replaces) one field of its :class:`LoaderOptions`."""
+
+    def read(self: PreparedDataLoader) -> Any:
+        return getattr(self.options, name)
+
+    def write(self: PreparedDataLoader, value: Any) -> None:
+        self.options = dataclasses.replace(self.options, **{name: value})
+
+    return property(read, write, doc=doc)
+
+
 class PreparedDataLoader(Rebuilt, EpochFanOut, PaddingRecords, DataLoader[Any]):
     """What every prepared loader does on top of ``DataLoader``.
 
@@ -173,13 +185,11 @@ class PreparedDataLoader(Rebuilt, EpochFanOut, PaddingRecords, DataLoader[Any]):
     def use_stateful_dataloader(self) -> bool:
         return is_stateful(self)
 
-    device = property(lambda self: self.options.device, doc="Where batches move (``None``: they stay).")
-    non_blocking = property(lambda self: self.options.non_blocking, doc="Copies to the device are non-blocking.")
-    prefetch_depth = property(lambda self: self.options.prefetch_depth, doc="Batches read ahead (``None``: 0).")
-    rng_types = property(lambda self: self.options.rng_types, doc="The RNGs agreed with process 0 at each pass.")
-    synchronized_generator = property(
-        lambda self: self.options.synchronized_generator, doc="A generator agreed with process 0 at each pass."
-    )
+    device = _option("device", "Where batches move (``None``: they stay).")
+    non_blocking = _option("non_blocking", "Copies to the device are non-blocking.")
+    prefetch_depth = _option("prefetch_depth", "Batches read ahead of the one handed out (``None``: 0).")
+    rng_types = _option("rng_types", "The RNGs agreed with process 0 at each pass.")
+    synchronized_generator = _option("synchronized_generator", "A generator agreed with process 0 at each pass.")
 
     def agree_at_prepare(self, data: tuple[int | None, int | None] | None) -> None:
         """Agree unset shuffle seeds with process 0 now, comparing every process's ``data`` (dataset
