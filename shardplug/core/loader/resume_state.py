@@ -32,12 +32,12 @@ from typing import Any, Protocol
 import torch
 
 from shardplug.core.loader.building import LoaderIdentity, pass_position
-from shardplug.core.loader.cursor import Cursor, PassLengths
+from shardplug.core.loader.cursor import Cursor
 from shardplug.core.loader.passes import PassHost, inner_state_resumes
 from shardplug.core.resume.checks import PositionCheck
 from shardplug.core.resume.position import Position
 from shardplug.core.resume.stateful import POSITION_KEY
-from shardplug.core.sharding.shard_plan import PlanTraits, ShardPlan, plan_traits
+from shardplug.core.sharding.shard_plan import ShardPlan
 
 __all__ = ["ResumeState", "ResumeHost"]
 
@@ -68,20 +68,13 @@ class ResumeState:
         return self.loader.plan
 
     @property
-    def traits(self) -> PlanTraits:
-        return plan_traits(self.loader.plan)
-
-    def lengths(self) -> PassLengths:
-        return self.loader.lengths()
-
-    @property
     def resumed_batches(self) -> int:
         """Batches of the epoch that a resumed pass does not yield, counted on this layout: after
         ``load_state_dict`` (also of a position saved with another number of processes),
         ``loader.epoch_length - len(loader)``, and the same while that pass runs; 0 for a pass that
         started at the epoch's beginning. Front ends set their own counters from it (an engine's
         iteration, a trainer's batch progress)."""
-        return self.cursor.resumed_batches(self.lengths())
+        return self.cursor.resumed_batches(self.loader.lengths())
 
     @property
     def resumed_inside_epoch(self) -> bool:
@@ -114,7 +107,7 @@ class ResumeState:
     def check_loadable(self, position: Position, stateful: bool) -> None:
         """Everything that refuses ``position`` for this loader, before anything changes."""
         current = self.pass_position()
-        self.check().check_loadable(position, current, stateful, self.lengths().epoch_length)
+        self.check().check_loadable(position, current, stateful, self.loader.lengths().epoch_length)
 
     def load(self, position: Position | dict[str, Any]) -> None:
         """Continue from ``position`` at the next pass; it is validated first, and nothing changes when
