@@ -343,8 +343,7 @@ def _shard(
     dataset, batch_size, drop_last = dataloader.dataset, dataloader.batch_size, dataloader.drop_last
     name = kind.reads if kind.name == DISPATCH else kind.name
     if name == MAP_STYLE:
-        shuffling = map_style.MapOptions(options.shuffle_algorithm, options.use_seedable_sampler, options.data_seed)
-        return map_style.shard(dataloader, layout, shuffling)
+        return map_style.shard(dataloader, layout, options)  # the data options whole: the shuffle's are read there
     if name == LOCAL:  # one reader: a dispatcher's process 0 compares nothing
         return local.shard(dataset, layout, batch_size, drop_last, readers if kind.name == LOCAL else Readers())
     if kind.name == PRESPLIT:
@@ -460,5 +459,5 @@ def skip_first_batches(
     if not isinstance(dataloader, DataLoader):
         raise TypeError(f"dataloader must be {_PREPARABLE}, got {type(dataloader).__name__}")
     new = prepare_data_loader(dataloader, num_processes=1, process_index=0)
-    new.resume.pending.skip = num_batches
+    new.cursor.skip = num_batches
     return new

@@ -21,8 +21,8 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("shardplug.core.config",),  # ShardplugConfig: the options, validated
     ("shardplug.core.sharding",),  # which rows each process gets: one module per kind of sharding
     ("shardplug.core.padding",),  # which rows are padding: tracking, metrics, the audit
-    ("shardplug.core.resume",),  # positions as values: Position, checks, lengths, the pending start
-    ("shardplug.core.loader",),  # the prepared loader, its passes, its resume state
+    ("shardplug.core.resume",),  # positions as values: Position, checks, lengths, the StatefulDataLoader's state
+    ("shardplug.core.loader",),  # the prepared loader, its cursor, its passes, its resume state
     ("shardplug.core.graphs",),  # torchdata.nodes graphs: read, prepared on the loader, rebuilt on a part
     ("shardplug.core.dispatch",),  # process 0 reads, every process receives its rows
     ("shardplug.core.planner", "shardplug.core.evaluation"),  # the assembler: prepare_data_loader

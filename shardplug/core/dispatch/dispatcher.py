@@ -78,7 +78,7 @@ class DispatchOptions(LoaderOptions):
 
 def _loader_fields(options: LoaderOptions) -> dict[str, Any]:
     """The fields of a prepared loader's options (without a dispatcher's)."""
-    return {field.name: getattr(options, field.name) for field in dataclasses.fields(LoaderOptions)}
+    return {field.name: getattr(options, field.name) for field in dataclasses.fields(LoaderOptions) if field.init}
 
 
 def check_slice_fn(slice_fn: Any) -> None:
@@ -162,9 +162,9 @@ class DataLoaderDispatcher(DataLoaderShard):
     def _setup(self, options: LoaderOptions) -> None:
         if not isinstance(options, DispatchOptions):  # the constructor's: with its own dispatch keywords
             options = dataclasses.replace(self._dispatch_options, **_loader_fields(options))
+        options = dataclasses.replace(options, prefetch_depth=0)  # each step's rows arrive as the step comes
         self._dispatch_options = options
         super()._setup(options)
-        self.prefetch_depth = 0  # each step's rows arrive from process 0 as the step comes: nothing is read ahead
         self._collate = self._collate_into_rings()
 
     def _plan_for(self, options: LoaderOptions) -> ShardPlan:
@@ -255,7 +255,7 @@ class DataLoaderDispatcher(DataLoaderShard):
         the step itself once the last one is handed out (process 0 read it, every process was told), as the
         reference's dispatcher does."""
         known = super().remainder
-        current = self.resume.last_pass
+        current = self.cursor.now
         step, total = current.record.step_real, self.total_batch_size
         if known >= 0 or not current.end_of_dataloader or step is None or not total:
             return known
@@ -293,7 +293,7 @@ class DataLoaderDispatcher(DataLoaderShard):
                 wire.passes_started,
                 communication_device(),
                 self.overlap_reads,
-                self.resume.shuffles().generator,
+                self.shuffles.generator,
             )
             steps = sender.steps()
             wire.sending = weakref.ref(steps)  # weak: an abandoned pass is closed by the garbage collector
@@ -305,8 +305,8 @@ class DataLoaderDispatcher(DataLoaderShard):
             self.process_index,
             wire.passes_started,
             communication_device(),
-            self.resume.last_pass.record,
-            self.resume.shuffles().generator,
+            self.cursor.now.record,
+            self.shuffles.generator,
         )
         return receiver.steps()
 
@@ -327,7 +327,7 @@ class DataLoaderDispatcher(DataLoaderShard):
             self.slice_fn,
             uncut=not self.split_batches and self.slice_fn is slice_rows,
             collate=self._collate,
-            record=self.resume.last_pass.record,
+            record=self.cursor.now.record,
             load=load,
         )
 

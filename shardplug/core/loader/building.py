@@ -1,4 +1,5 @@
-"""The position of a loader's last pass: its counters, the loader's identity and its shuffle's state.
+"""The position of a loader's last pass: its counters (the cursor's :class:`~shardplug.core.loader.cursor.PassState`),
+the loader's identity and its shuffle's state.
 
 :func:`pass_position` reads where a pass stands (its batches, what the epoch consumed before it) and
 describes it as a :class:`~shardplug.core.resume.position.Position`: identical on every process, in
@@ -10,27 +11,12 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-import torch
-
+from shardplug.core.loader.cursor import PassState
 from shardplug.core.resume.position import Position
 from shardplug.core.sharding.shard_plan import ShardPlan, plan_traits
 from shardplug.core.shuffle.agreement import Shuffles
 
-__all__ = ["pass_position", "PassCounts", "LoaderIdentity"]
-
-
-class PassCounts(NamedTuple):
-    """Where a pass stands, as values: its batches of the epoch (``batches_yielded``, ``resumed`` of them
-    before it started), what the epoch consumed before it (``consumed_at_start``, in the plan's unit),
-    whether its last batch was handed out (``complete``) and its loop ended by itself (``exhausted``), and
-    its shuffle generator's state at its start."""
-
-    batches_yielded: int = 0
-    resumed: int = 0
-    consumed_at_start: int = 0
-    complete: bool = False
-    exhausted: bool = False
-    generator_state: torch.Tensor | None = None
+__all__ = ["pass_position", "LoaderIdentity"]
 
 
 class LoaderIdentity(NamedTuple):
@@ -42,12 +28,12 @@ class LoaderIdentity(NamedTuple):
     num_workers: int
 
 
-def pass_position(plan: ShardPlan, loader: LoaderIdentity, current: PassCounts, shuffles: Shuffles) -> Position:
-    """Where a pass that stands at ``current`` stands, in the layout of ``plan``."""
+def pass_position(plan: ShardPlan, loader: LoaderIdentity, current: PassState, shuffles: Shuffles) -> Position:
+    """Where a pass that stands at ``current`` (the cursor's pass) stands, in the layout of ``plan``."""
     layout = plan.layout
     generator = shuffles.generator
-    epoch, done, dataset_state = loader.epoch, current.batches_yielded, None
-    consumed = current.consumed_at_start + (done - current.resumed) * plan.consumed_per_batch
+    epoch, done, dataset_state = loader.epoch, current.yielded, None
+    consumed = current.start + (done - current.resumed) * plan.consumed_per_batch
     generator_state = current.generator_state
     # A pass is over for every process once none has a batch left. A process with fewer batches
     # (even_batches=False) reports the same place as the others until its loop has ended by itself,

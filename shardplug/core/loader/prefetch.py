@@ -1,9 +1,9 @@
 """Reading batches ahead of the step: the :class:`Prefetcher` of a pass and its :class:`SideStreamCopy`.
 
-A pass hands its batches out through one seam (``LoaderPass._deliver``); with a prefetch depth ``k > 0``
-the :class:`Prefetcher` sits in that seam: it reads ``k`` batches ahead of the one handed out and starts
-their copy to the device, while counting, padding marks, ``end_of_dataloader``, the gradient state's
-notices and the position stay with the batch *handed out* (they happen at hand-out, as without it).
+A pass hands its batches out through one seam (its ``HandOut``, in :mod:`~shardplug.core.loader.passes`);
+with a prefetch depth ``k > 0`` the :class:`Prefetcher` sits in that seam: it reads ``k`` batches ahead of
+the one handed out and starts their copy to the device, while counting, padding marks, ``end_of_dataloader``,
+the gradient state's notices and the position stay with the batch *handed out* (they happen at hand-out, as without it).
 
 On a CUDA device the copy runs on a side stream (:class:`SideStreamCopy`): host memory is pinned where the
 loader did not pin it, the copy of batch ``i + 1`` runs while the step of batch ``i`` computes, the step's
@@ -36,6 +36,7 @@ import torch
 
 from shardplug.core._internal.arguments import DEFAULT_CUDA_DEPTH, check_prefetch_depth
 from shardplug.core._internal.rows import iter_leaves, map_leaves
+from shardplug.core.loader.transfer import move_leaf
 
 __all__ = [
     "Prefetcher",
@@ -206,20 +207,14 @@ class SideStreamCopy:
         return flight.batch
 
     def _move(self, leaf: Any) -> Any:
-        if isinstance(leaf, torch.Tensor):
-            if leaf.device.type == "cpu" and not leaf.is_pinned():
-                leaf = self._pinned(leaf)
-            moved = leaf.to(self.device, non_blocking=True)
-            # already on the device: copied (on the side stream, after what the current stream queued), so a
-            # source that reuses one device buffer does not make every batch in flight alias it
-            return moved.clone() if moved is leaf else moved
-        to = getattr(leaf, "to", None)
-        if callable(to):
-            try:
-                return to(self.device, non_blocking=True)
-            except TypeError:
-                return to(self.device)
-        return leaf
+        if not isinstance(leaf, torch.Tensor):
+            return move_leaf(leaf, self.device, non_blocking=True)
+        if leaf.device.type == "cpu" and not leaf.is_pinned():
+            leaf = self._pinned(leaf)
+        moved = move_leaf(leaf, self.device, non_blocking=True)
+        # already on the device: copied (on the side stream, after what the current stream queued), so a
+        # source that reuses one device buffer does not make every batch in flight alias it
+        return moved.clone() if moved is leaf else moved
 
     def _pinned(self, tensor: torch.Tensor) -> torch.Tensor:
         try:

@@ -5,13 +5,15 @@ with process 0, its epoch) and hands its jobs to collaborators, in the shape of 
 ``DataLoader`` (settings on the loader, the state of one pass on its iterator) and of torchdata's
 stateful components (each keeps its own state):
 
-* each pass is a :class:`~shardplug.core.loader.passes.LoaderPass` (``passes.py``): its start, delivery,
-  look-ahead, ``end_of_dataloader``, the gradient state's notices and the ``len()`` check;
-* the resume state (:attr:`PreparedDataLoader.resume`, a :class:`~shardplug.core.loader.resume_state.ResumeState`):
-  the last pass, the start of the next one, the position (build, validate, load; ``state_dict()`` /
-  ``load_state_dict()``), with the ``StatefulDataLoader``'s own state beside it (``resume/``);
-* padding tracking and the audit (``padding/tracking.py``, ``padding/audit.py``), device transfer
-  (``transfer.py``) and the shuffle seeds (``shuffle/agreement.py``);
+* its options, whole (:class:`~shardplug.core.loader.options.LoaderOptions`, ``options.py``);
+* its place (:attr:`PreparedDataLoader.cursor`, a :class:`~shardplug.core.loader.cursor.Cursor`): the epoch,
+  the start of the next pass, the counters of the pass, as values;
+* each pass (:func:`~shardplug.core.loader.passes.run_pass`, ``passes.py``): a short chain of stages over
+  the cursor and the loader's source;
+* its saved positions (:attr:`PreparedDataLoader.resume`, a
+  :class:`~shardplug.core.loader.resume_state.ResumeState`: ``state_dict()`` / ``load_state_dict()``);
+* its epochs handed on (``epochs.py``), its padding records and audit (``padding_records.py``), its class
+  and pickling (``variants.py``);
 * which rows this process gets, how many batches and where a pass resumes: its plan (``sharding/``),
   which answers everything that differs between kinds of sharding.
 
@@ -25,27 +27,29 @@ import copy
 import dataclasses
 import logging
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import torch
 from torch.utils.data import DataLoader, IterableDataset
 
 from shardplug.core._internal import compat
-from shardplug.core._internal.arguments import check_prefetch_depth, is_int
+from shardplug.core._internal.arguments import is_int
 from shardplug.core.config import ShardplugConfig
-from shardplug.core.loader.passes import LengthMismatchWarning, LoaderPass, PassListener
+from shardplug.core.loader.cursor import Cursor, PassLengths, SkipView
+from shardplug.core.loader.epochs import EpochFanOut
+from shardplug.core.loader.options import LoaderOptions
+from shardplug.core.loader.padding_records import PaddingRecords
+from shardplug.core.loader.passes import LengthMismatchWarning, PassListener, run_pass
 from shardplug.core.loader.resume_state import ResumeState
-from shardplug.core.padding.audit import SampleAudit
+from shardplug.core.loader.variants import Rebuilt, combined_class, stateful_variant
 from shardplug.core.padding.tracking import PaddingTracker
 from shardplug.core.resume.stateful import is_stateful, stateful_dataloader_class
 from shardplug.core.sharding.layout import ShardLayout
 from shardplug.core.sharding.local import LocalPlan
 from shardplug.core.sharding.map_style import BatchSamplerShard, IndexSamplerShard
-from shardplug.core.sharding.marks import TagCollate
 from shardplug.core.sharding.read_all import IterableDatasetShard
-from shardplug.core.sharding.shard_plan import ShardPlan, plan_traits, sized_length, start_tagging
-from shardplug.core.shuffle.agreement import agree_at_prepare
+from shardplug.core.sharding.shard_plan import ShardPlan, plan_traits, sized_length
+from shardplug.core.shuffle.agreement import Shuffles, agree_at_prepare
 from shardplug.core.shuffle.rng import check_rng_types
 
 __all__ = [
@@ -55,125 +59,44 @@ __all__ = [
     "LengthMismatchWarning",
     "stateful_dataloader_class",
     "stateful_variant",
+    "combined_class",
 ]
 
 logger = logging.getLogger(__name__)
 
 _Prepared = TypeVar("_Prepared", bound="PreparedDataLoader")
 
-_VARIANTS: dict[tuple[type, ...], type] = {}
+
+def _option(name: str, doc: str) -> Any:
+    """A loader attribute that reads (and, set, replaces) one field of its :class:`LoaderOptions`."""
+
+    def read(self: PreparedDataLoader) -> Any:
+        return getattr(self.options, name)
+
+    def write(self: PreparedDataLoader, value: Any) -> None:
+        self.options = dataclasses.replace(self.options, **{name: value})
+
+    return property(read, write, doc=doc)
 
 
-def combined_class(*bases: type) -> type:
-    """One cached class deriving from ``bases`` in order (e.g. our loader and the user's subclass)."""
-    bases = tuple(dict.fromkeys(b for b in bases if not any(o is not b and issubclass(o, b) for o in bases)))
-    if len(bases) == 1:
-        return bases[0]
-    if bases not in _VARIANTS:
-        name = "".join(b.__name__ for b in bases[:1]) + "".join(f"_{b.__name__}" for b in bases[1:])
-        _VARIANTS[bases] = type(name, bases, {"__module__": bases[0].__module__})
-    return _VARIANTS[bases]
-
-
-def stateful_variant(cls: type) -> type:
-    """``cls`` backed by torchdata's ``StatefulDataLoader``."""
-    return combined_class(cls, stateful_dataloader_class())
-
-
-_EPOCH_LEVELS = ("batch_sampler", "sampler", "dataset")
-"""Where a ``set_epoch`` hands the epoch on: a shard's wrapped batch sampler and its sampler, a wrapper's dataset."""
-
-
-def _stands_at_another_epoch(target: Any, epoch: int) -> bool:
-    """Whether ``target``, or a level under it that its ``set_epoch`` reaches, says it stands at another
-    epoch than ``epoch``: an ``epoch`` attribute (torch's ``DistributedSampler``, shardplug's samplers,
-    Hugging Face's datasets), ``next_epoch`` (streaming's ``StreamingDataset``) or ``current_epoch``
-    (litdata's, which starts at 1).  A level that says nothing stands where it was built.  Preparing a
-    loader tells its samplers epoch 0 only where this holds, so a framework's own ``set_epoch`` calls
-    (Lightning's, once per epoch) are the only ones they get.
-
-    Example::
-
-        >>> from shardplug.core.shuffle.seedable import SeedableRandomSampler
-        >>> sampler = SeedableRandomSampler(range(4), data_seed=0)
-        >>> _stands_at_another_epoch(sampler, 0)
-        False
-        >>> sampler.set_epoch(3)
-        >>> _stands_at_another_epoch(sampler, 0)
-        True
-    """
-    seen: list[Any] = []
-    pending = [target]
-    while pending and len(seen) < 8:  # a few levels: samplers and wrappers, never a cycle
-        level = pending.pop()
-        if level is None or any(level is s for s in seen):
-            continue
-        seen.append(level)
-        for name in ("epoch", "next_epoch", "current_epoch"):
-            said = getattr(level, name, None)
-            if is_int(said) and said != epoch:
-                return True
-        pending.extend(getattr(level, name, None) for name in _EPOCH_LEVELS)
-    return False
-
-
-def _variant_instance(bases: tuple[type, ...]) -> Any:
-    """Unpickling helper: an empty instance of the cached class deriving from ``bases``."""
-    return object.__new__(combined_class(*bases))
-
-
-@dataclass(frozen=True)
-class LoaderOptions:
-    """What a prepared loader holds beyond a ``DataLoader``'s settings, in one object: the ``device`` its
-    batches move to (``None``: they stay), the RNGs agreed with process 0 at each pass (``rng_types``, and
-    ``synchronized_generator``), the batches its first pass skips (``skip_batches``), ``non_blocking``
-    copies, the batches read ahead of the one handed out (``prefetch_depth``, ``None``: 0, prefetching is
-    opt-in; see :mod:`~shardplug.core.loader.prefetch`), and the ``plan`` of its rows (``None``: the
-    loader's own, from its sampler or dataset).
-
-    Example::
-
-        >>> LoaderOptions(skip_batches=2).skip_batches
-        2
-        >>> LoaderOptions(skip_batches=-1)
-        Traceback (most recent call last):
-        ...
-        ValueError: skip_batches=-1 must be an integer >= 0
-    """
-
-    device: torch.device | None = None
-    rng_types: tuple[str, ...] = ()
-    synchronized_generator: torch.Generator | None = None
-    skip_batches: int = 0
-    non_blocking: bool = ShardplugConfig.non_blocking
-    plan: ShardPlan | None = None
-    prefetch_depth: int | None = ShardplugConfig.prefetch_depth
-
-    def __post_init__(self) -> None:
-        if not is_int(self.skip_batches) or self.skip_batches < 0:
-            raise ValueError(f"skip_batches={self.skip_batches!r} must be an integer >= 0")
-        object.__setattr__(self, "rng_types", check_rng_types(self.rng_types))
-        object.__setattr__(self, "non_blocking", bool(self.non_blocking))
-        object.__setattr__(self, "prefetch_depth", check_prefetch_depth(self.prefetch_depth))
-
-
-class PreparedDataLoader(DataLoader[Any]):
+class PreparedDataLoader(Rebuilt, EpochFanOut, PaddingRecords, DataLoader[Any]):
     """What every prepared loader does on top of ``DataLoader``.
 
-    * each pass (:class:`~shardplug.core.loader.passes.LoaderPass`): advance the epoch if the previous
+    * each pass (:func:`~shardplug.core.loader.passes.run_pass`): advance the epoch if the previous
       pass was complete, agree shuffling seeds and synchronise the named RNGs from process 0; per
       batch, move it to ``device``, know whether it is the last one (``end_of_dataloader``), and
       tell the run's gradient state (``gradient_state``, when set);
     * ``state_dict()`` / ``load_state_dict()``: the position in the epoch (a
-      :class:`~shardplug.core.resume.position.Position`), kept with the last pass by the loader's
+      :class:`~shardplug.core.resume.position.Position`), built from the loader's :attr:`cursor` by its
       :attr:`resume` state.
 
     Which rows this process gets, ``len()`` and where a pass resumes are its :attr:`plan`'s
-    (see ``sharding/``); the loader keeps the settings and its collaborators.
+    (see ``sharding/``); the loader keeps its settings (:attr:`options`, whole), its plan and its cursor.
 
     Not part of the API (the reference leaves them out): ``assemble``, ``skipped_copy``,
-    ``agree_at_prepare``, ``inner_loader``, ``inner_batches``, ``batch_shard``, ``padding_tracker`` and
-    ``source_marks_last`` are the hooks shardplug's own modules (the planner, the dispatcher, the
+    ``agree_at_prepare``, ``inner_loader``, ``inner_batches``, ``batch_shard``, ``padding_tracker``,
+    ``source_marks_last``, ``cursor``, ``options``, ``lengths``, ``shuffles``, ``traits``, ``tracker`` and
+    ``sampler_plan`` are the hooks shardplug's own modules (the planner, the dispatcher, the
     front ends) call; they may change without notice.
     """
 
@@ -189,14 +112,6 @@ class PreparedDataLoader(DataLoader[Any]):
         if use_stateful_dataloader:
             cls = stateful_variant(cls)
         return super().__new__(cls)
-
-    def __reduce_ex__(self, protocol: Any) -> Any:
-        state = dict(self.__dict__)
-        compat.without_iterator(state)  # an open iterator (and its workers) does not travel
-        cls = type(self)
-        if _VARIANTS.get(cls.__bases__) is cls:  # a class made by combined_class: rebuilt by its bases
-            return _variant_instance, (cls.__bases__,), state
-        return _variant_instance, ((cls,),), state
 
     # -- set-up ---------------------------------------------------------------------------
     @classmethod
@@ -218,16 +133,15 @@ class PreparedDataLoader(DataLoader[Any]):
 
     def _setup(self, options: LoaderOptions) -> None:
         """shardplug's part of the loader, once the ``DataLoader``'s settings are set (subclasses add theirs)."""
-        self.device = options.device
-        self.non_blocking = options.non_blocking
-        self.prefetch_depth = options.prefetch_depth
-        self.rng_types = options.rng_types
-        self.synchronized_generator = options.synchronized_generator
+        self.options = options  # whole: the passes read it
         self.gradient_state: PassListener | None = None  # the run's GradientState, when one is connected
-        self.epoch = 0
+        self.cursor = Cursor(options.skip_batches)  # where the loader stands; skip_batches shortens its next pass
         self.plan = self._plan_for(options)
-        self._resume = ResumeState(self, options.skip_batches)  # the last pass; skip_batches shortens the next one
-        self._tracker: PaddingTracker | None = None  # padding tracking (track_padding), with the audit
+        self.traits = plan_traits(self.plan)  # what the plan can do (read by each pass)
+        self.shuffles = Shuffles(self.plan.sampler, getattr(self, "sampler", None))  # their seeds and generator
+        self.tracker: PaddingTracker | None = None  # padding tracking (track_padding), with the audit
+        self.sampler_plan = shard.plan if (shard := self.batch_shard) is not None else None
+        """The plan of the batch sampler torch's ``DataLoader`` draws from, where a pass parks its record."""
 
     def _plan_for(self, options: LoaderOptions) -> ShardPlan:
         """The plan of this loader's rows: the planner's, else the loader's own (subclasses wrap it)."""
@@ -265,66 +179,17 @@ class PreparedDataLoader(DataLoader[Any]):
     @property
     def end_of_dataloader(self) -> bool:
         """True while the last batch of the current pass is being processed."""
-        return self._resume.last_pass.end_of_dataloader
+        return self.cursor.now.end_of_dataloader
 
     @property
     def use_stateful_dataloader(self) -> bool:
         return is_stateful(self)
 
-    # -- epochs and RNG -------------------------------------------------------------------
-    def _epoch_targets(self) -> list[Any]:
-        """Every object under this loader with a ``set_epoch`` (a batch sampler's, its sampler's, the dataset's)."""
-        candidates = [self.batch_sampler, getattr(self, "sampler", None), self.dataset]
-        unique: list[Any] = []
-        for target in candidates:
-            if target is not None and hasattr(target, "set_epoch") and all(target is not u for u in unique):
-                unique.append(target)
-        return unique
-
-    keeps_own_epoch = False
-    """Set the loader's epoch again on its sampler, batch sampler and dataset at the start of every pass,
-    over a ``set_epoch`` called on them directly. Fabric's loader wrapper calls ``set_epoch`` on the samplers
-    with its own count of passes, which a resumed run starts at 0 whatever epoch the loaded position is in:
-    shardplug's Fabric strategy sets this, so the loader's epoch (advanced after each complete pass, or
-    the loaded position's) decides the order."""
-
-    def pin_epoch(self) -> None:
-        """With :attr:`keeps_own_epoch`: the loader's epoch, set on every level that has one (a pass begins)."""
-        if self.keeps_own_epoch:
-            for target in self._epoch_targets():
-                target.set_epoch(self.epoch)
-
-    epochs_set_by_framework = False
-    """A framework sets the epoch of the loader's samplers itself before every pass (Lightning's loops call
-    ``set_epoch`` on ``loader.sampler`` and ``loader.batch_sampler.sampler``, once per epoch): after a
-    complete pass the loader then advances its own epoch and its dataset's (:meth:`next_epoch`), not its
-    samplers' a second time. shardplug's Lightning strategy sets this on the loaders it prepares."""
-
-    def next_epoch(self) -> None:
-        """After a complete pass, as the next one begins: the next epoch (:meth:`set_epoch`); with
-        :attr:`epochs_set_by_framework`, on the loader and its dataset only."""
-        epoch = self.epoch + 1
-        if not self.epochs_set_by_framework:
-            self.set_epoch(epoch)
-            return
-        self._resume.enter_epoch(epoch)
-        self.epoch = epoch
-        if hasattr(self.dataset, "set_epoch"):
-            self.dataset.set_epoch(epoch)
-
-    def set_epoch(self, epoch: int) -> None:
-        """Set the epoch of this loader, its sampler, its batch sampler and its dataset.
-
-        Outside a pass, the loader then stands at that epoch's start (its position says so), or where a
-        loaded position places it: its own epoch keeps it, and the epoch before a position at an epoch's
-        start (that epoch's end) makes the next pass that epoch's empty rest; a position inside another
-        epoch is refused (see :meth:`~shardplug.core.resume.pending.PendingStart.enter_epoch`)."""
-        if not is_int(epoch) or epoch < 0:
-            raise ValueError(f"epoch={epoch!r} must be an integer >= 0")
-        self._resume.enter_epoch(epoch)
-        self.epoch = epoch
-        for target in self._epoch_targets():
-            target.set_epoch(epoch)
+    device = _option("device", "Where batches move (``None``: they stay).")
+    non_blocking = _option("non_blocking", "Copies to the device are non-blocking.")
+    prefetch_depth = _option("prefetch_depth", "Batches read ahead of the one handed out (``None``: 0).")
+    rng_types = _option("rng_types", "The RNGs agreed with process 0 at each pass.")
+    synchronized_generator = _option("synchronized_generator", "A generator agreed with process 0 at each pass.")
 
     def renumber_epoch(self, epoch: int) -> None:
         """Number the loader's epoch ``epoch`` without entering it: the pass in progress (or, outside a pass,
@@ -342,13 +207,21 @@ class PreparedDataLoader(DataLoader[Any]):
     def agree_at_prepare(self, data: tuple[int | None, int | None] | None) -> None:
         """Agree unset shuffle seeds with process 0 now, comparing every process's ``data`` (dataset
         length, batch size) in the same collective (:func:`shardplug.core.shuffle.agreement.agree_at_prepare`)."""
-        agree_at_prepare(self._resume.shuffles().seedable, data)
+        agree_at_prepare(self.shuffles.seedable, data)
 
     # -- lengths --------------------------------------------------------------------------
     def __len__(self) -> int:
         """Batches the pass yields: the pass in progress while one is open, else the next one
         (exact also after ``load_state_dict`` and ``skip_first_batches``)."""
-        return self._resume.length()
+        return self.cursor.length(self.lengths())
+
+    def lengths(self) -> PassLengths:
+        """The lengths of this loader's passes after a place in the epoch (the plan's, else the
+        ``DataLoader``'s own)."""
+        return PassLengths(self.plan, self._inner_length, self.dataset)
+
+    def _inner_length(self) -> int:
+        return int(self.inner_loader().__len__())
 
     @property
     def total_batch_size(self) -> int | None:
@@ -371,18 +244,18 @@ class PreparedDataLoader(DataLoader[Any]):
             return -1
         if self.plan.layout.drop_last:
             return 0  # a short last step is dropped: the last one is full
-        before = self.plan.samples_before(self._resume.pass_start())
+        before = self.plan.samples_before(self.cursor.next_start(self.plan.consumed_per_batch))
         return max(length - (before or 0), 0) % total
 
     @property
     def epoch_length(self) -> int | None:
         """Batches of a whole epoch on this loader's layout (``None`` when unknown: a stream without
         ``len()``); ``len(loader)`` is the next pass's, shorter after a resume."""
-        return self._resume.lengths().epoch_length()
+        return self.lengths().epoch_length()
 
     # -- iteration ------------------------------------------------------------------------
     def __iter__(self) -> Iterator[Any]:  # type: ignore[override]  # a pass of its own, not a _BaseDataLoaderIter
-        return iter(LoaderPass(self))
+        return run_pass(self)
 
     def inner_batches(self, discard: int) -> Iterator[Any]:
         """The batches of this pass, after ``discard`` of them were read and dropped (subclasses)."""
@@ -395,117 +268,41 @@ class PreparedDataLoader(DataLoader[Any]):
         :class:`~shardplug.core.loader.resume_state.ResumeState`): its :meth:`~ResumeState.position`, the
         counters a front end sets its own from (``resumed_batches``, ``resumed_inside_epoch``), and
         :meth:`~ResumeState.resume_at` for a front end that counts batches itself."""
-        return self._resume
+        return ResumeState(self)
 
     def state_dict(self) -> dict[str, Any]:
         """Resume state: after ``load_state_dict`` iteration continues after the last batch handed out
         (a :class:`~shardplug.core.resume.position.Position` as plain values, identical on every process)."""
-        return self._resume.state_dict()
+        return ResumeState(self).state_dict()
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Continue after what ``state_dict`` says at the next pass; it is validated first, and nothing
         changes when it is refused."""
-        self._resume.load_state_dict(state_dict)
+        ResumeState(self).load_state_dict(state_dict)
 
     def skipped_copy(self, num_batches: int) -> PreparedDataLoader:
         """A copy of this loader whose next pass starts after its first ``num_batches`` batches
         (what :func:`~shardplug.core.planner.skip_first_batches` returns): the same settings,
-        plan, epoch and position. This loader follows the copy's passes (its epoch and position), so
-        it continues with the next epoch once the copy's pass is over.
+        plan, epoch and position: the copy shares this loader's cursor (a
+        :class:`~shardplug.core.loader.cursor.SkipView` of it, with a skip of its own), so this loader follows
+        the copy's passes (its epoch and position) and continues with the next epoch once the copy's pass is
+        over.
 
         Not a pickled copy (which drops what belongs to this process, e.g. a dispatcher's process
         group): every attribute is shared as it is, so what a subclass keeps in one object (a
         dispatcher's wire state) stays one for both, and using the copy for one pass and this loader
-        afterwards keeps them in step with the other processes.  What is the loader's own (its resume
-        state with its last pass, its padding tracking) is copied.
+        afterwards keeps them in step with the other processes.  Its padding tracking is copied.
         """
         if not is_int(num_batches) or num_batches < 0:
             raise ValueError(f"num_batches={num_batches!r} must be an integer >= 0")
         new = object.__new__(type(self))
         new.__dict__.update(
             self.__dict__,
-            _resume=self._resume.copy_for(new, num_batches),  # this loader follows the copy's passes
-            _tracker=copy.copy(self._tracker),  # the same audit
+            cursor=SkipView(self.cursor, num_batches),  # this loader follows the copy's passes
+            tracker=copy.copy(self.tracker),  # the same audit
         )
         compat.forget_iterator(new)  # an open iterator (and its workers) stays this loader's
         return new
-
-    # -- padding and audit ----------------------------------------------------------------
-    def track_padding(self) -> None:
-        """Record, for every batch, its indices and how many of them are real (not padding):
-        :attr:`batch_indices`, :attr:`batch_real_count`.
-
-        Map-style data: dataset indices.  A sized iterable dataset sharded by shardplug: positions
-        in the stream.  Other loaders cannot tell padding apart (a ``ValueError`` says so).
-        """
-        if getattr(self, "in_order", True) is False:
-            raise ValueError("padding tracking needs batches in sampler order: build the DataLoader with in_order=True")
-        reason = plan_traits(self.plan).untracked_reason
-        if reason is not None:
-            raise ValueError(reason)
-        if start_tagging(self.plan):
-            # the plan's readers tag each element where the batches' places cannot be computed (a stream
-            # without len(), or one that splits itself across workers): the collation hands the tags on
-            self.collate_fn = TagCollate(self.collate_fn)
-            compat.forget_iterator(self)  # persistent workers would keep their untagged copies
-        if self._tracker is None:
-            self._tracker = PaddingTracker()
-
-    def drop_padding_rows(self) -> None:
-        """Hand out only the real rows of every batch (:meth:`track_padding` first): the padding rows
-        that even out the last step are cut off before the batch leaves the loader, so a step whose
-        rows are all padding is a batch of 0 rows (the same structure). Every process still gets
-        the same number of batches. A loader of single samples (``batch_size=None``) has no rows to
-        cut: a ``ValueError``.
-        """
-        if isinstance(getattr(self, "sampler", None), IndexSamplerShard) or (
-            self.batch_size is None and self.batch_sampler is None
-        ):
-            raise ValueError(
-                "drop_padding_rows() needs batches with rows; this loader hands out single samples "
-                "(DataLoader(batch_size=None)): keep them and skip those with loader.batch_real_count == 0"
-            )
-        cut = getattr(self, "padding_cut", None)  # a loader whose batches are lists of samples says how to cut them
-        self.track_padding()
-        self._tracker.dropping = True  # type: ignore[union-attr]
-        if cut is not None:
-            self._tracker.cut = cut  # type: ignore[union-attr]
-
-    @property
-    def batch_indices(self) -> list[int] | None:
-        """Dataset indices of the batch being processed (with :meth:`track_padding`)."""
-        return self._resume.last_pass.batch_indices
-
-    @property
-    def batch_real_count(self) -> int | None:
-        """How many leading samples of the batch being processed are real; the rest are
-        wrap-around padding (with :meth:`track_padding`; ``None`` otherwise)."""
-        return self._resume.last_pass.batch_real
-
-    @property
-    def padding_tracker(self) -> PaddingTracker | None:
-        """The padding tracking of this loader's batches (after :meth:`track_padding`; ``None`` before)."""
-        return self._tracker
-
-    @property
-    def audit(self) -> SampleAudit | None:
-        """The samples this process consumed, per epoch (after :meth:`enable_audit`; ``None`` before)."""
-        return self._tracker.audit if self._tracker is not None else None
-
-    def enable_audit(self) -> SampleAudit:
-        """Start recording which samples this process consumes, per epoch (opt-in; see :class:`SampleAudit`)."""
-        self.track_padding()
-        if not plan_traits(self.plan).identifies_samples:
-            raise ValueError(
-                "this loader's batches carry no sample ids shardplug knows (a stream that shards itself, one without "
-                "len(), or one that splits itself across DataLoader workers): padding is marked in "
-                "loader.batch_real_count, but an audit needs ids; audit a map-style dataset or a sized stream read by "
-                "every process"
-            )
-        tracker = self._tracker
-        if tracker.audit is None:  # type: ignore[union-attr]
-            tracker.audit = SampleAudit(self.total_dataset_length)  # type: ignore[union-attr]
-        return tracker.audit  # type: ignore[union-attr]
 
 
 class DataLoaderShard(PreparedDataLoader):
@@ -566,9 +363,7 @@ class DataLoaderShard(PreparedDataLoader):
                 object.__setattr__(self, "batch_size", self.batch_sampler.per_process_batch_size)
                 object.__setattr__(self, "drop_last", self.batch_sampler.drop_last)
         super()._setup(options)
-        for target in self._epoch_targets():  # the loader starts at epoch 0: so do they, told only where needed
-            if _stands_at_another_epoch(target, 0):
-                target.set_epoch(0)
+        self.start_epochs_at_zero()
 
     def inner_batches(self, discard: int) -> Iterator[Any]:
         with self.plan.start_in_workers(self.num_workers) as pending:

@@ -10,7 +10,7 @@ import torch
 from shardplug.core._internal.rows import map_leaves
 from shardplug.core.config import ShardplugConfig
 
-__all__ = ["send_to_device", "DeviceTransfer"]
+__all__ = ["send_to_device", "move_leaf", "DeviceTransfer"]
 
 
 def send_to_device(
@@ -35,18 +35,28 @@ def send_to_device(
     if isinstance(skip_keys, str):
         skip_keys = [skip_keys]
 
-    def move(leaf: Any) -> Any:
-        if isinstance(leaf, torch.Tensor):
-            return leaf.to(device, non_blocking=non_blocking)
-        to = getattr(leaf, "to", None)
-        if callable(to):
-            try:
-                return to(device, non_blocking=non_blocking)
-            except TypeError:
-                return to(device)
-        return leaf
+    return map_leaves(data, lambda leaf: move_leaf(leaf, device, non_blocking), skip_keys=set(skip_keys or ()))
 
-    return map_leaves(data, move, skip_keys=set(skip_keys or ()))
+
+def move_leaf(leaf: Any, device: str | torch.device | int, non_blocking: bool) -> Any:
+    """The one copy of a leaf to ``device``, for the plain path and the CUDA side stream's
+    (:class:`~shardplug.core.loader.prefetch.SideStreamCopy`): a tensor by ``.to()``, an object by its own
+    ``.to()`` (without ``non_blocking`` where it takes none), anything else as it is.
+
+    Example::
+
+        >>> move_leaf(torch.ones(1), "cpu", False).device.type, move_leaf("a", "cpu", False)
+        ('cpu', 'a')
+    """
+    if isinstance(leaf, torch.Tensor):
+        return leaf.to(device, non_blocking=non_blocking)
+    to = getattr(leaf, "to", None)
+    if callable(to):
+        try:
+            return to(device, non_blocking=non_blocking)
+        except TypeError:
+            return to(device)
+    return leaf
 
 
 class DeviceTransfer:

@@ -47,15 +47,14 @@ class InnerState:
 
     ``snapshot``: its state after the last batch handed out, taken before a look-ahead fetch (``None``
     where nothing was read ahead: the live state is then the place); a pass left early (``break``, an
-    exception) keeps it until the next pass begins; ``repositions``: a loaded
-    state of its own repositions the next pass (shardplug's position then only counts).
+    exception) keeps it until the next pass begins.  A state of its own, loaded, repositions the next
+    pass (the loader's cursor parks that start with the position).
     """
 
-    __slots__ = ("snapshot", "repositions")
+    __slots__ = ("snapshot",)
 
     def __init__(self) -> None:
         self.snapshot: dict[str, Any] | None = None
-        self.repositions = False
 
     def take_snapshot(self, inner: Any) -> None:
         """Keep the state now: the batch about to be handed out was the last one read."""
@@ -72,7 +71,6 @@ class InnerState:
     def load(self, inner: Any, state: dict[str, Any]) -> None:
         """Load a state of its own: the next pass continues where it says."""
         inner.load_state_dict(state)
-        self.repositions = True
         self.snapshot = None  # the loaded state is the place now
 
     def end_pass(self) -> None:

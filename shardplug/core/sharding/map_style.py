@@ -27,7 +27,7 @@ import copy
 import dataclasses
 import logging
 from collections.abc import Iterable, Iterator, Sequence
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Protocol
 
 import torch
 from torch.utils.data import (
@@ -75,6 +75,7 @@ __all__ = [
     "draw_seed",
     "Agreement",
     "MapOptions",
+    "Shuffling",
     "order_agreement",
     "shard",
     "agreed_sampler",
@@ -103,14 +104,19 @@ class BatchSamplerPlan(PlanDefaults):
         self.pending_start = 0
         """Global batches the next pass starts after (see :meth:`start_after`)."""
 
+    parked_record: PassRecord | None = None
+    """The record the next pass fills (its loader's pass parks it here with the start, as it begins)."""
+
     def start_after(self, consumed: int, dataset_state: Any = None) -> int:
         self.pending_start = check_consumed(consumed)
         return 0
 
-    def next_pass(self, record: PassRecord | None = None) -> Iterator[list[int]]:
-        """:meth:`index_batches` after the pending start, which it takes (one-shot)."""
-        first, self.pending_start = self.pending_start, 0
-        return self.index_batches(first, record)
+    def next_pass(self) -> Iterator[list[int]]:
+        """:meth:`index_batches` after the start and with the record parked for the next pass, which it takes
+        at its first batch (one-shot: what torch's ``DataLoader`` draws when it iterates the batch sampler; an
+        iterator it makes and drops unread takes nothing)."""
+        first, record, self.pending_start, self.parked_record = self.pending_start, self.parked_record, 0, None
+        yield from self.index_batches(first, record)
 
     def batch_record(self, record: PassRecord, batch: int) -> tuple[list[int], int]:
         """The next batch logged where the batch sampler drew it (those a ``StatefulDataLoader``
@@ -163,8 +169,10 @@ class BatchSamplerPlan(PlanDefaults):
         first = dataclasses.replace(self.layout, process_index=0)
         return shard_length(num - consumed, last, self.layout.batch_size, first) == 0
 
-    def _arithmetic(self) -> bool:
-        sampler = self.sampler
+    def _arithmetic(self, sampler: Any = None) -> bool:
+        """Whether this plan's batches are computed by arithmetic (``sampler``: the batch sampler's, when known)."""
+        if sampler is None:
+            sampler = self.sampler
         return type(self.batch_sampler) is BatchSampler and (
             type(sampler) in (SequentialSampler, RandomSampler) or isinstance(sampler, SeedableRandomSampler)
         )
@@ -185,8 +193,9 @@ class BatchSamplerPlan(PlanDefaults):
         record = record if record is not None else PassRecord()
         record.started_at = consumed = check_consumed(consumed)
         log = record.batches
-        if self._arithmetic():
-            order, generator = epoch_order(self.sampler)
+        sampler = self.sampler
+        if self._arithmetic(sampler):
+            order, generator = epoch_order(sampler)
             if order is not None:
                 if generator is not None:
                     # RandomSampler draws a second permutation when it is exhausted: draw it now,
@@ -297,7 +306,6 @@ class BatchSamplerShard(Sampler[list[int]]):
         self.batch_sampler = batch_sampler
         self.plan = BatchSamplerPlan(batch_sampler, layout)
         self.epoch = 0
-        self._record: PassRecord | None = None
 
     @property
     def layout(self) -> ShardLayout:
@@ -339,16 +347,11 @@ class BatchSamplerShard(Sampler[list[int]]):
         the epoch is then split among this run's processes."""
         self.plan.start_after(global_batches)
 
-    def record_next_pass(self, record: PassRecord) -> None:
-        """Fill ``record`` with what the next iteration hands out (one-shot; see :class:`PassRecord`)."""
-        self._record = record
-
     def __len__(self) -> int:
         return self.plan.num_batches(self.plan.pending_start)
 
     def __iter__(self) -> Iterator[list[int]]:
-        record, self._record = self._record, None
-        yield from self.plan.next_pass(record)
+        return self.plan.next_pass()
 
     @classmethod
     def from_layout(cls, batch_sampler: Iterable[list[int]], layout: ShardLayout) -> BatchSamplerShard:
@@ -356,12 +359,7 @@ class BatchSamplerShard(Sampler[list[int]]):
         (``prepare_data_loader``'s: its batch size and ``drop_last`` are the batch sampler's)."""
         check_batch_sampler(batch_sampler)
         shard = cls.__new__(cls)
-        shard.batch_sampler, shard.plan, shard.epoch, shard._record = (
-            batch_sampler,
-            BatchSamplerPlan(batch_sampler, layout),
-            0,
-            None,
-        )
+        shard.batch_sampler, shard.plan, shard.epoch = batch_sampler, BatchSamplerPlan(batch_sampler, layout), 0
         return shard
 
 
@@ -412,8 +410,22 @@ class IndexSamplerShard(Sampler[int]):
         return shard
 
 
+class Shuffling(Protocol):
+    """What :func:`shard` reads of the data options (:class:`MapOptions`, or ``prepare_data_loader``'s whole)."""
+
+    @property
+    def shuffle_algorithm(self) -> str: ...
+
+    @property
+    def use_seedable_sampler(self) -> bool: ...
+
+    @property
+    def data_seed(self) -> int | None: ...
+
+
 class MapOptions(NamedTuple):
-    """The options that decide how map-style data is shuffled."""
+    """The options that decide how map-style data is shuffled (for a direct call of :func:`shard`;
+    ``prepare_data_loader`` hands its data options over whole)."""
 
     shuffle_algorithm: str = ShardplugConfig.shuffle_algorithm
     use_seedable_sampler: bool = ShardplugConfig.use_seedable_sampler
@@ -430,7 +442,7 @@ class Agreement(NamedTuple):
     fix: str
 
 
-def shard(dataloader: DataLoader[Any], layout: ShardLayout, options: MapOptions) -> Shard:
+def shard(dataloader: DataLoader[Any], layout: ShardLayout, options: Shuffling) -> Shard:
     """This process's shard of ``dataloader``'s indices under ``layout`` (see the module): the (batch)
     sampler keywords, its plan, the generator to synchronise from process 0 at each pass, and what the
     processes compare when the loader is prepared.  Where the processes need the process group to

@@ -287,6 +287,8 @@ def global_batch_samples(layout: ShardLayout, consumed: int) -> int | None:
 
 
 def check_consumed(consumed: int) -> int:
+    if type(consumed) is int and consumed >= 0:  # the common case, without a call
+        return consumed
     if not is_int(consumed) or consumed < 0:
         raise ValueError(f"consumed={consumed!r} must be an integer >= 0")
     return consumed

@@ -24,31 +24,34 @@ __all__ = ["Shuffles", "synchronize", "agree_at_prepare", "check_same_data"]
 
 class Shuffles:
     """The shuffles of one loader: ``plan_sampler`` is the index sampler its plan shares out
-    (:attr:`~shardplug.core.sharding.shard_plan.ShardPlan.sampler`), ``loader_sampler`` the DataLoader's own."""
+    (:attr:`~shardplug.core.sharding.shard_plan.ShardPlan.sampler`), ``loader_sampler`` the DataLoader's own.
+    What they are is found once, when the loader is prepared: ``seedable``, the seedable samplers (each once),
+    whose seeds are agreed and saved; ``generator``, the generator a shuffling index sampler draws its order
+    from (its ``generator``), if any.
 
-    __slots__ = ("plan_sampler", "loader_sampler")
+    Example::
+
+        >>> from shardplug.core.shuffle.seedable import SeedableRandomSampler
+        >>> sampler = SeedableRandomSampler(range(4), data_seed=3)
+        >>> shuffles = Shuffles(sampler, sampler)
+        >>> len(shuffles.seedable), shuffles.generator, shuffles.seeds()
+        (1, None, (3,))
+    """
+
+    __slots__ = ("plan_sampler", "loader_sampler", "seedable", "generator")
 
     def __init__(self, plan_sampler: Any, loader_sampler: Any) -> None:
         self.plan_sampler = plan_sampler
         self.loader_sampler = loader_sampler
-
-    @property
-    def seedable(self) -> list[SeedableRandomSampler]:
-        """The seedable samplers (each once): their seeds are agreed and saved."""
         found: list[SeedableRandomSampler] = []
-        for sampler in (self.loader_sampler, self.plan_sampler):
+        for sampler in (loader_sampler, plan_sampler):
             if isinstance(sampler, SeedableRandomSampler) and all(sampler is not f for f in found):
                 found.append(sampler)
-        return found
-
-    @property
-    def generator(self) -> torch.Generator | None:
-        """The generator a shuffling index sampler draws its order from (its ``generator``), if any."""
-        sampler = self.plan_sampler
-        if sampler is None or isinstance(sampler, SeedableRandomSampler):
-            return None
-        generator = getattr(sampler, "generator", None)
-        return generator if isinstance(generator, torch.Generator) else None
+        self.seedable = found
+        generator = None
+        if plan_sampler is not None and not isinstance(plan_sampler, SeedableRandomSampler):
+            generator = getattr(plan_sampler, "generator", None)
+        self.generator: torch.Generator | None = generator if isinstance(generator, torch.Generator) else None
 
     def seeds(self) -> tuple[int | None, ...]:
         return tuple(s.seed for s in self.seedable)
