@@ -15,13 +15,14 @@ the list in turn, each a ``{"setup": ..., "mode": ..., "out": OUT_DIR, "sources"
   resumes every position of each source (saved on N processes) to the end of epoch 1, then runs a fresh
   run of that size; every rank writes ``OUT_DIR/resume_rank<r>.json``.
 
-A killing job comes last in its list (the test orders them: ``tests/_boundary_runs.py``). The program
-imports only what a DataLoader worker needs again (a worker of a fork server runs this module once
-more); the front end's adapter is imported by :func:`main`.
+A killing job comes last in its list (the test orders them: ``tests/_boundary_runs.py``). A DataLoader
+worker (of a fork server) runs this module once more: it imports no front end (:func:`main` imports the
+adapter).
 """
 
 from __future__ import annotations
 
+import functools
 import importlib
 import json
 import multiprocessing
@@ -52,13 +53,14 @@ class Indices(Dataset):
         return torch.tensor(i)
 
 
-def worker_context(setup: Setup) -> Any:
+def worker_context(setup: Setup, preload: list[str]) -> Any:
     """The multiprocessing context of a setup's DataLoader workers: a rank runs gloo's threads, so its workers
-    come from a fork server (which has imported what a worker needs: this module, torch and shardplug)."""
+    come from a fork server, which has imported ``preload`` (the adapter's ``PRELOAD``: what a worker imports
+    again, else each worker imports it)."""
     if not setup.workers:
         return None
     context = multiprocessing.get_context("forkserver")
-    context.set_forkserver_preload(["torch", "shardplug"])
+    context.set_forkserver_preload(preload)
     return context
 
 
@@ -83,7 +85,8 @@ def resume(adapter: Any, setup: Setup, sources: list[str]) -> dict[str, Any]:
 
 def main() -> None:
     front_end, processes, jobs = sys.argv[1], int(sys.argv[2]), json.loads(sys.argv[3])
-    adapter = importlib.import_module(f"boundaries_{front_end}").Adapter(processes, Indices, worker_context)
+    module = importlib.import_module(f"boundaries_{front_end}")
+    adapter = module.Adapter(processes, Indices, functools.partial(worker_context, preload=module.PRELOAD))
     for job in jobs:
         setup, mode, out, sources = Setup(**job["setup"]), job["mode"], job["out"], job["sources"]
         adapter.out = out

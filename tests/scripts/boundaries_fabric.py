@@ -20,6 +20,9 @@ from torch.utils.data import DataLoader
 
 from shardplug_lightning import ShardplugFabricDDPStrategy
 
+PRELOAD = ["torch", "lightning.fabric", "shardplug_lightning"]
+"""What the fork server of a rank's DataLoader workers imports (what a worker imports again)."""
+
 
 class Adapter:
     def __init__(self, processes: int, dataset: Any, worker_context: Any) -> None:

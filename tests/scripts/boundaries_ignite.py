@@ -26,6 +26,9 @@ from torch.utils.data import DataLoader
 from shardplug import ShardplugConfig
 from shardplug_ignite import ShardplugHandler
 
+PRELOAD = ["torch", "ignite.engine", "ignite.handlers", "shardplug_ignite"]
+"""What the fork server of a rank's DataLoader workers imports (what a worker imports again)."""
+
 
 class Adapter:
     def __init__(self, processes: int, dataset: Any, worker_context: Any) -> None:

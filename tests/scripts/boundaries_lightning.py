@@ -22,6 +22,9 @@ from torch.utils.data import DataLoader
 
 from shardplug_lightning import ShardplugDDPStrategy
 
+PRELOAD = ["torch", "lightning.pytorch", "shardplug_lightning"]
+"""What the fork server of a rank's DataLoader workers imports (what a worker imports again)."""
+
 
 class Recorder(pl.LightningModule):
     def __init__(self, adapter: Adapter, setup: Setup, kill: int | None = None) -> None:

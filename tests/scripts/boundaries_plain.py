@@ -21,6 +21,9 @@ from torch.utils.data import DataLoader
 
 from shardplug import ShardplugConfig, TrainingRun
 
+PRELOAD = ["torch", "shardplug"]
+"""What the fork server of a rank's DataLoader workers imports (what a worker imports again)."""
+
 
 class Adapter:
     def __init__(self, processes: int, dataset: Any, worker_context: Any) -> None:
