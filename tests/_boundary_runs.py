@@ -31,6 +31,7 @@ from an epoch's last step with the epoch progress an older shardplug left there 
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import os
 import signal
@@ -138,26 +139,35 @@ class Job:
 
 
 def programs(jobs: list[Job]) -> list[list[Job]]:
-    """The jobs as runs of the scenario program, in order: each run one process group, its jobs of one number of
-    processes; a killing job comes last in its run, so each run holds at most one, and the others join the runs of
-    the killing jobs (as soon as the jobs they load have run) or, when no killing job is left to run, one run per
-    number of processes."""
-    done: set[tuple[Any, ...]] = set()
-    left, runs = list(jobs), []
-    while left:
-        ready = [job for job in left if job.after <= done]
-        assert ready, f"jobs waiting on each other: {[job.key for job in left]}"
-        killing: dict[int, Job] = {}
-        for job in ready:
-            if job.kills:
-                killing.setdefault(job.processes, job)
-        sizes = sorted(killing) or sorted({job.processes for job in ready})
-        for size in sizes:
-            run = [job for job in ready if job.processes == size and not job.kills]
-            runs.append(run + ([killing[size]] if size in killing else []))
-            done.update(job.key for job in runs[-1])
-            left = [job for job in left if job not in runs[-1]]
-    return runs
+    """The jobs as runs of the scenario program, in order, with the fewest processes started in all: each run is
+    one process group, its jobs of one number of processes in turn. A killing job ends its run, so a run holds
+    one at most: every order of the killing jobs is tried, each other job (in the order of ``jobs``, which lists a
+    job after those it loads) joining the first run of its number of processes after the jobs it loads, or a run
+    of its own at the end."""
+    best: list[list[Job]] = []
+    for order in itertools.permutations([job for job in jobs if job.kills]):
+        runs, sizes = [[job] for job in order], [job.processes for job in order]
+        ran = {job.key: i for i, job in enumerate(order)}  # the run of each job placed
+        for job in jobs:
+            if not job.kills:
+                start = max((ran[key] + (runs[ran[key]][-1].key == key) for key in job.after), default=0)
+                i = next((i for i in range(start, len(runs)) if sizes[i] == job.processes), len(runs))
+                if i == len(runs):
+                    runs.append([])
+                    sizes.append(job.processes)
+                runs[i].insert(len(runs[i]) - (1 if runs[i] and runs[i][-1].kills else 0), job)
+                ran[job.key] = i
+        position = {job.key: (i, j) for i, run in enumerate(runs) for j, job in enumerate(run)}
+        if all(position[key] < position[job.key] for job in jobs for key in job.after):
+            if not best or _cost(runs) < _cost(best):
+                best = runs
+    assert best, f"no order runs every job after the jobs it loads: {[job.key for job in jobs]}"
+    return best
+
+
+def _cost(runs: list[list[Job]]) -> tuple[int, int]:
+    """Processes started, runs."""
+    return sum(run[0].processes for run in runs), len(runs)
 
 
 def scenario_runs(
