@@ -27,7 +27,8 @@ from shardplug import ShardplugConfig
 from shardplug_ignite import ShardplugHandler
 
 PRELOAD = ["torch", "ignite.engine", "ignite.handlers", "shardplug_ignite"]
-"""What the fork server of a rank's DataLoader workers imports (what a worker imports again)."""
+"""What the fork server of a rank's DataLoader workers imports (what a worker imports again): Ignite's too (without
+it, a resumed run of workers that start each epoch took 1.6 times as long)."""
 
 
 class Adapter:
