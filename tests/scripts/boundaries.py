@@ -29,7 +29,7 @@ import multiprocessing
 import os
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 from torch.utils.data import Dataset
@@ -40,7 +40,7 @@ from _boundaries import Setup  # noqa: E402  (the tests' helpers)
 from _ranks import leave  # noqa: E402  (this directory: how a rank ends)
 
 
-class Indices(Dataset):
+class Indices(Dataset[torch.Tensor]):
     """The samples ``0 .. n-1``, each its own index."""
 
     def __init__(self, n: int) -> None:
@@ -51,6 +51,32 @@ class Indices(Dataset):
 
     def __getitem__(self, i: int) -> torch.Tensor:
         return torch.tensor(i)
+
+
+class Adapter(Protocol):
+    """What a front end's adapter (``boundaries_<front end>.py``: ``Adapter(processes, Indices, worker_context)``
+    beside its ``PRELOAD``) does; its ``__init__`` starts this program's ranks or leaves that to its front end."""
+
+    rank: int
+    out: str  # the running job's folder (its ``ckpt/`` and the rows it writes)
+
+    def first(self, setup: Setup) -> None:
+        """Train, saving at every point of ``setup.saved_points()``; killed at the first batch of epoch 1."""
+
+    def relay(self, setup: Setup, folder: str, processes: int, point: str) -> None:
+        """Resume a first run's ``point``, saving after every batch of its first epoch; killed in the next."""
+
+    def saved(self, setup: Setup, folder: str, processes: int) -> dict[str, str]:
+        """A first run's checkpoint of each point (saved on ``processes`` in ``folder``)."""
+
+    def relay_saved(self, setup: Setup, folder: str, processes: int, epoch: int, batch: int) -> str:
+        """A relay's checkpoint after ``batch`` of its ``epoch``."""
+
+    def variants(self, point: str, path: str, epoch: int) -> list[tuple[str, str]]:
+        """The relay checkpoints to resume for one position, by key (Lightning adds ``<point>-old``)."""
+
+    def train(self, setup: Setup, load: str | None = None) -> dict[str, Any]:
+        """Train to the end of the run (from ``load``): ``{"rows": ..., "counters": [optimizer, scheduler steps]}``."""
 
 
 def worker_context(setup: Setup, preload: list[str]) -> Any:
@@ -64,7 +90,7 @@ def worker_context(setup: Setup, preload: list[str]) -> Any:
     return context
 
 
-def resume(adapter: Any, setup: Setup, sources: list[str]) -> dict[str, Any]:
+def resume(adapter: Adapter, setup: Setup, sources: list[str]) -> dict[str, Any]:
     """Every position of ``sources`` resumed to the end of the run, and a fresh run: ``{"resumed": {key: result},
     "fresh": result}``, a result being ``{"rows": ..., "counters": [optimizer steps, scheduler steps]}``."""
     out: dict[str, Any] = {"resumed": {}}
@@ -86,7 +112,7 @@ def resume(adapter: Any, setup: Setup, sources: list[str]) -> dict[str, Any]:
 def main() -> None:
     front_end, processes, jobs = sys.argv[1], int(sys.argv[2]), json.loads(sys.argv[3])
     module = importlib.import_module(f"boundaries_{front_end}")
-    adapter = module.Adapter(processes, Indices, functools.partial(worker_context, preload=module.PRELOAD))
+    adapter: Adapter = module.Adapter(processes, Indices, functools.partial(worker_context, preload=module.PRELOAD))
     for job in jobs:
         setup, mode, out, sources = Setup(**job["setup"]), job["mode"], job["out"], job["sources"]
         adapter.out = out
