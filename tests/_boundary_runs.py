@@ -1,5 +1,5 @@
 """The boundary matrix's runs: positions saved at an epoch's boundaries resume exactly in every front end, on the
-same, fewer and more processes (one test module per front end: ``tests/resume/test_boundaries_*.py``).
+same, fewer and more processes (``tests/resume/test_boundaries.py``, a class per front end).
 
 One matrix (``tests/_boundaries.py`` holds the oracle and its points): a run of 2 epochs is saved after
 the first, a middle and the last optimizer step of epoch 0, inside an accumulation cycle, at the
@@ -9,7 +9,10 @@ and each saved position is resumed on another number of processes (2 -> 1, 3 -> 
 documented number of batches and optimizer / scheduler steps. Each front end saves its own way:
 Lightning by ``ModelCheckpoint`` and ``Trainer.fit(ckpt_path=...)``, Fabric by ``fabric.save`` /
 ``fabric.load``, Ignite by ``Checkpoint`` and ``Checkpoint.load_objects``, plain PyTorch by
-``torch.save`` of ``state_dict()``. Real gloo processes: each scenario program launches its own.
+``torch.save`` of ``state_dict()``. Real gloo processes: one scenario program for every front end
+(``tests/scripts/boundaries.py``, with an adapter per front end) launches its own; the jobs of a front end (its
+setups' first runs, relays and resumed runs) share its runs, one process group for several jobs of one number of
+processes (:func:`programs`).
 
 The setups split the options between them (accumulation, ``drop_last``, workers, a seeded and an
 agreed shuffle, a validation loop), each with the layouts that meet it; Fabric and Ignite, whose
@@ -28,10 +31,13 @@ from an epoch's last step with the epoch progress an older shardplug left there 
 from __future__ import annotations
 
 import contextlib
+import itertools
+import json
 import os
 import signal
 import subprocess
 import sys
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -83,16 +89,17 @@ RELAYS: dict[str, Relay] = {
 FEWER_RELAYS: dict[str, Relay] = {**RELAYS, "seeded": (2, "last_step", 1, (3,))}  # Fabric and Ignite: onto more
 
 
-def run_script(script: str, out: Path, *args: str, expect_killed: bool = False) -> None:
-    """Run ``scripts/<script> OUT ARGS...`` (it launches its own processes) in a session of its own; fail with
-    its output. What it leaves running (DataLoader workers and fork servers of a killed run) is killed after."""
+def run_script(front_end: str, out: Path, processes: int, jobs: list[dict[str, Any]], expect_killed: bool) -> None:
+    """Run ``scripts/boundaries.py FRONT_END PROCESSES JOBS`` (it launches its own processes) in ``out``, in a
+    session of its own; fail with its output. What it leaves running (DataLoader workers and fork servers of a
+    killed run) is killed after."""
     env = dict(os.environ, PYTHONWARNINGS="ignore", OMP_NUM_THREADS="1")
     for key in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "NODE_RANK", "MASTER_ADDR", "MASTER_PORT"):
         env.pop(key, None)
     log = out / "output.log"
     with open(log, "w") as output:
         proc = subprocess.Popen(
-            [sys.executable, str(SCRIPTS / script), str(out), *args],
+            [sys.executable, str(SCRIPTS / "boundaries.py"), front_end, str(processes), json.dumps(jobs)],
             cwd=out,
             env=env,
             stdout=output,
@@ -100,71 +107,126 @@ def run_script(script: str, out: Path, *args: str, expect_killed: bool = False) 
             start_new_session=True,
         )
         try:
-            code = proc.wait(timeout=240)
+            code = proc.wait(timeout=300)
         finally:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGKILL)
     wanted = -signal.SIGKILL if expect_killed else 0
-    assert code == wanted, f"{script} {args[:1]}: exit {code}, wanted {wanted}:\n{log.read_text()[-8000:]}"
+    modes = [(job["mode"], Path(job["out"]).parent.name) for job in jobs]
+    assert code == wanted, (
+        f"{front_end} on {processes} {modes}: exit {code}, wanted {wanted}:\n{log.read_text()[-8000:]}"
+    )
 
 
 def first_rows(folder: Path, processes: int) -> list[list[Any]]:
-    import json
-
     return [
         [json.loads(line) for line in (folder / f"first_rank{r}.jsonl").read_text().splitlines()]
         for r in range(processes)
     ]
 
 
+@dataclass(frozen=True)
+class Job:
+    """One run of a scenario (``key``: ``("first", setup id, N)``, ``("relay", setup id)`` or ``("resume", setup
+    id, M)``) on ``processes``, ``kills``: it ends in a SIGKILL, ``after``: the jobs whose positions it loads,
+    ``spec``: what the scenario program is given (see ``scripts/boundaries.py``)."""
+
+    key: tuple[Any, ...]
+    processes: int
+    kills: bool
+    after: frozenset[tuple[Any, ...]]
+    spec: dict[str, Any]
+
+
+def programs(jobs: list[Job]) -> list[list[Job]]:
+    """The jobs as runs of the scenario program, in order, with the fewest processes started in all: each run is
+    one process group, its jobs of one number of processes in turn. A killing job ends its run, so a run holds
+    one at most: every order of the killing jobs is tried, each other job (in the order of ``jobs``, which lists a
+    job after those it loads) joining the first run of its number of processes after the jobs it loads, or a run
+    of its own at the end."""
+    best: list[list[Job]] = []
+    for order in itertools.permutations([job for job in jobs if job.kills]):
+        runs, sizes = [[job] for job in order], [job.processes for job in order]
+        ran = {job.key: i for i, job in enumerate(order)}  # the run of each job placed
+        for job in jobs:
+            if not job.kills:
+                start = max((ran[key] + (runs[ran[key]][-1].key == key) for key in job.after), default=0)
+                i = next((i for i in range(start, len(runs)) if sizes[i] == job.processes), len(runs))
+                if i == len(runs):
+                    runs.append([])
+                    sizes.append(job.processes)
+                runs[i].insert(len(runs[i]) - (1 if runs[i] and runs[i][-1].kills else 0), job)
+                ran[job.key] = i
+        position = {job.key: (i, j) for i, run in enumerate(runs) for j, job in enumerate(run)}
+        if all(position[key] < position[job.key] for job in jobs for key in job.after):
+            if not best or _cost(runs) < _cost(best):
+                best = runs
+    assert best, f"no order runs every job after the jobs it loads: {[job.key for job in jobs]}"
+    return best
+
+
+def _cost(runs: list[list[Job]]) -> tuple[int, int]:
+    """Processes started, runs."""
+    return sum(run[0].processes for run in runs), len(runs)
+
+
 def scenario_runs(
-    script: str,
+    front_end: str,
     setups: dict[str, tuple[Setup, Layouts]],
-    prefix: str,
     factory: pytest.TempPathFactory,
     relays: dict[str, Relay] | None = None,
 ) -> dict[str, Any]:
-    """Every setup's first runs (killed) and resumed runs of the scenario program ``script``, by setup id:
-    ``{"first": {N: rows per rank}, "resumed": {M: each rank's JSON}}``."""
-    import json
-
-    runs: dict[str, Any] = {}
+    """Every setup's first runs (killed), relay and resumed runs of the scenario program in ``front_end``, by
+    setup id: ``{"first": {N: rows per rank}, "resumed": {M: each rank's JSON}, "relay": rows per rank}``; the
+    jobs of all setups share the program's runs (:func:`programs`)."""
+    jobs: list[Job] = []
+    roots: dict[str, Path] = {}
     for name, (setup, layouts) in setups.items():
-        root = factory.mktemp(f"{prefix}-{name}")
-        firsts = sorted({n for _, sources in layouts for n in sources})
-        first: dict[int, list[list[Any]]] = {}
-        for n in firsts:
-            (root / f"first{n}").mkdir()
-            run_script(script, root / f"first{n}", str(n), setup.to_json(), "first", expect_killed=True)
-            first[n] = first_rows(root / f"first{n}", n)
-        relay, more = _relay(script, setup, (relays or {}).get(name), root)
-        resumed: dict[int, list[Any]] = {}
-        for m, sources in layouts:
-            out = root / f"resumed{m}"
-            out.mkdir()
-            ckpts = [f"{root / f'first{n}' / 'ckpt'}:{n}" for n in sources] + more.get(m, [])
-            run_script(script, out, str(m), setup.to_json(), "resume", *ckpts)
-            resumed[m] = [json.loads((out / f"resume_rank{r}.json").read_text()) for r in range(m)]
-        runs[name] = {"first": first, "resumed": resumed, "relay": relay}
+        root = roots[name] = factory.mktemp(f"{front_end}-{name}")
+        jobs += _jobs(name, setup, layouts, (relays or {}).get(name), root)
+    for index, run in enumerate(programs(jobs)):
+        out = factory.mktemp(f"{front_end}-run{index}")
+        run_script(front_end, out, run[0].processes, [job.spec for job in run], expect_killed=run[-1].kills)
+    runs: dict[str, Any] = {}
+    for name, (_, layouts) in setups.items():
+        root = roots[name]
+        relay = (relays or {}).get(name)
+        runs[name] = {
+            "first": {n: first_rows(root / f"first{n}", n) for n in sorted({n for _, s in layouts for n in s})},
+            "resumed": {
+                m: [json.loads((root / f"resumed{m}" / f"resume_rank{r}.json").read_text()) for r in range(m)]
+                for m, _ in layouts
+            },
+            "relay": None if relay is None else first_rows(root / f"relay{relay[2]}", relay[2]),
+        }
     return runs
 
 
-def _relay(script: str, setup: Setup, relay: Relay | None, root: Path) -> tuple[Any, dict[int, list[str]]]:
-    """Run ``relay`` of ``setup`` (after the first runs under ``root``): its rows per rank, and the sources of
-    its positions for the resumed runs, by their number of processes."""
-    if relay is None:
-        return None, {}
-    n, point, m, resumed_on = relay
-    out = root / f"relay{m}"
-    out.mkdir()
-    epoch = relay_epoch(point)
-    source = f"{root / f'first{n}' / 'ckpt'}:{n}:{point}"
-    run_script(script, out, str(m), setup.to_json(), "relay", source, expect_killed=epoch == 0)
-    more = {}
-    for k in resumed_on:
-        points = relay_points(setup, (n, point), m, k)
-        more[k] = [f"{out / 'ckpt'}:{m}:{epoch}:" + ",".join(f"{p}={b}" for p, b in points.items())]
-    return first_rows(out, m), more
+def _jobs(name: str, setup: Setup, layouts: Layouts, relay: Relay | None, root: Path) -> list[Job]:
+    """The jobs of setup ``name``: its first runs, its relay and its resumed runs, each writing to a folder of
+    ``root`` (``first<N>``, ``relay<M>``, ``resumed<M>``)."""
+
+    def job(folder: str, processes: int, kills: bool, after: list[str], mode: str, *sources: str) -> Job:
+        spec = {"setup": asdict(setup), "mode": mode, "out": str(root / folder), "sources": list(sources)}
+        return Job((folder, name), processes, kills, frozenset((f, name) for f in after), spec)
+
+    firsts = sorted({n for _, sources in layouts for n in sources})
+    jobs = [job(f"first{n}", n, True, [], "first") for n in firsts]
+    more: dict[int, list[str]] = {}
+    if relay is not None:
+        n, point, m, resumed_on = relay
+        epoch = relay_epoch(point)
+        jobs.append(
+            job(f"relay{m}", m, epoch == 0, [f"first{n}"], "relay", f"{root / f'first{n}' / 'ckpt'}:{n}:{point}")
+        )
+        for k in resumed_on:
+            points = ",".join(f"{p}={b}" for p, b in relay_points(setup, (n, point), m, k).items())
+            more[k] = [f"{root / f'relay{m}' / 'ckpt'}:{m}:{epoch}:{points}"]
+    for m, sources in layouts:
+        after = [f"first{n}" for n in sources] + ([f"relay{relay[2]}"] if relay is not None and m in more else [])
+        ckpts = [f"{root / f'first{n}' / 'ckpt'}:{n}" for n in sources] + more.get(m, [])
+        jobs.append(job(f"resumed{m}", m, False, after, "resume", *ckpts))
+    return jobs
 
 
 def relay_cases(setups: dict[str, tuple[Setup, Layouts]], relays: dict[str, Relay], old: bool = False) -> list[Any]:

@@ -1,6 +1,6 @@
 """Checks that need a CUDA GPU (skipped without one; ``make gpu-check`` runs them with ``benchmarks/gpu.py``).
 
-Whatever runs here also runs on the CPU where it can: the prefetcher's logic (tests/resume/test_prefetch_exact.py)
+Whatever runs here also runs on the CPU where it can: the prefetcher's logic (tests/loader/test_prefetch_exact.py)
 and the lazy skip flag (tests/stepping/test_no_host_sync.py). Here: the CUDA side of both (side-stream copies,
 pinned memory, events, host syncs counted with ``torch.cuda.set_sync_debug_mode`` and event waits counted as
 ``torch.cuda.Event.synchronize`` calls, which it does not see), nested batches on the

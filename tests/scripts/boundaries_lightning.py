@@ -1,60 +1,37 @@
-"""A Lightning run killed after epoch 0 and resumed from each of its checkpoints on another number of devices.
+"""The boundary matrix's adapter for Lightning (``tests/scripts/boundaries.py`` runs it).
 
-Usage: ``python boundaries_lightning.py OUT_DIR DEVICES SETUP_JSON first`` trains 2 epochs (the setup of
-``tests/_boundaries.py``) with a real ``ModelCheckpoint`` for every boundary of epoch 0 (every optimizer
-step; a micro-batch inside an accumulation cycle; ``save_on_train_epoch_end``; after the epoch-end
-validation), then every rank kills itself (SIGKILL) at the first batch of epoch 1. ``python
-boundaries_lightning.py OUT_DIR DEVICES SETUP_JSON relay CKPT_DIR:PROCESSES:POINT`` resumes that point, saving after
-every batch of its first epoch (``relay_b<batch_idx>.ckpt``), killed in the next (the relay). ``python
-boundaries_lightning.py OUT_DIR DEVICES SETUP_JSON resume CKPT_DIR:PROCESSES[:EPOCH:POINT=BATCH,...]...`` resumes every
-checkpoint of each
-CKPT_DIR with ``Trainer.fit(ckpt_path=...)`` on DEVICES devices to the end of epoch 1, then runs a fresh
-run of that size. Every rank writes ``OUT_DIR/<mode>_rank<r>.json``.
+A first run saves with a real ``ModelCheckpoint`` at every boundary of epoch 0 (every optimizer step; a
+micro-batch inside an accumulation cycle; ``save_on_train_epoch_end``; after the epoch-end validation), a relay
+after every batch of its first epoch (``relay_b<batch_idx>.ckpt``); positions resume with
+``Trainer.fit(ckpt_path=...)``, a relay's saved after a resume from an epoch's last step also as an older
+shardplug left its epoch progress (``<point>-old``). Lightning's launcher starts the ranks.
 """
 
 from __future__ import annotations
 
 import json
-import multiprocessing
 import os
 import signal
-import sys
-from pathlib import Path
 from typing import Any
 
 import lightning.pytorch as pl
 import torch
+from _boundaries import Setup, relay_epoch
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "integrations" / "lightning" / "tests" / "scripts")]
-from _boundaries import Setup, relay_epoch  # noqa: E402  (the tests' helpers)
-from _exit import leave  # noqa: E402  (how a scenario process ends)
+from shardplug_lightning import ShardplugDDPStrategy
 
-from shardplug_lightning import ShardplugDDPStrategy  # noqa: E402
-
-OUT, DEVICES, SETUP, MODE, SOURCES = (
-    sys.argv[1],
-    int(sys.argv[2]),
-    Setup.from_json(sys.argv[3]),
-    *sys.argv[4:5],
-    sys.argv[5:],
-)
-
-
-class Indices(Dataset):
-    def __len__(self) -> int:
-        return SETUP.n
-
-    def __getitem__(self, i: int) -> torch.Tensor:
-        return torch.tensor(i)
+PRELOAD = ["torch", "shardplug"]
+"""What the fork server of a rank's DataLoader workers imports (what a worker imports again): not Lightning,
+which a worker never imports (a fork server importing it cost a 3-process first run a third of its time)."""
 
 
 class Recorder(pl.LightningModule):
-    def __init__(self, kill: int | None = None) -> None:
+    def __init__(self, adapter: Adapter, setup: Setup, kill: int | None = None) -> None:
         super().__init__()
         self.layer = torch.nn.Linear(1, 1)
+        self.adapter, self.setup_ = adapter, setup
         self.kill = kill  # the epoch whose first batch kills the run (it writes its rows as they come)
         self.rows: list[list[Any]] = []
         self.schedule: Any = None
@@ -70,9 +47,9 @@ class Recorder(pl.LightningModule):
         row = [self.current_epoch, batch_idx, ids[:real], ids[real:], self.global_step, self.scheduled()]
         self.rows.append(row)
         if self.kill is not None:  # the first run never ends: each row is written as it comes
-            with open(os.path.join(OUT, f"first_rank{self.global_rank}.jsonl"), "a") as f:
+            with open(os.path.join(self.adapter.out, f"first_rank{self.global_rank}.jsonl"), "a") as f:
                 f.write(json.dumps(row) + "\n")
-        return self.layer(batch.float().unsqueeze(1) / SETUP.n).pow(2).mean()
+        return self.layer(batch.float().unsqueeze(1) / self.setup_.n).pow(2).mean()
 
     def scheduled(self) -> int:
         return int(self.schedule.last_epoch)
@@ -86,44 +63,43 @@ class Recorder(pl.LightningModule):
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": self.schedule, "interval": "step"}}
 
     def train_dataloader(self) -> DataLoader:
-        context = None
-        if SETUP.workers:  # a rank runs gloo's threads: its workers come from a fork server (which has
-            # imported what a worker's run of this program imports again)
-            context = multiprocessing.get_context("forkserver")
-            context.set_forkserver_preload(["torch", "lightning.pytorch", "shardplug_lightning"])
+        setup = self.setup_
         return DataLoader(
-            Indices(),
-            batch_size=SETUP.batch,
+            self.adapter.dataset(setup.n),
+            batch_size=setup.batch,
             shuffle=True,
-            drop_last=SETUP.drop_last,
-            num_workers=SETUP.workers,
-            multiprocessing_context=context,
+            drop_last=setup.drop_last,
+            num_workers=setup.workers,
+            multiprocessing_context=self.adapter.worker_context(setup),
             # not persistent: a Trainer lives in reference cycles, and torch's iterator of persistent workers
             # freed by the cycle collector waits 5 s for each worker (its queues were finalized first)
             persistent_workers=False,
         )
 
     def val_dataloader(self) -> Any:
-        return DataLoader(Indices(), batch_size=4) if SETUP.validation else []
+        return DataLoader(self.adapter.dataset(self.setup_.n), batch_size=4) if self.setup_.validation else []
 
 
 class InAccumulation(Callback):
-    """Saves after epoch 0's micro-batch ``SETUP.accumulation`` (inside an accumulation cycle: no step after it)."""
+    """Saves after epoch 0's micro-batch ``accumulation`` (inside an accumulation cycle: no step after it)."""
+
+    def __init__(self, path: str, accumulation: int) -> None:
+        self.path, self.accumulation = path, accumulation
 
     def on_train_batch_end(self, trainer: pl.Trainer, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
-        if trainer.current_epoch == 0 and batch_idx == SETUP.accumulation:
-            trainer.save_checkpoint(os.path.join(OUT, "ckpt", "in_accumulation", "in_accumulation.ckpt"))
+        if trainer.current_epoch == 0 and batch_idx == self.accumulation:
+            trainer.save_checkpoint(self.path)
 
 
 class EveryBatch(Callback):
     """Saves after every batch of ``epoch`` (a relay's positions: ``relay_b<batch_idx>.ckpt``)."""
 
-    def __init__(self, epoch: int) -> None:
-        self.epoch = epoch
+    def __init__(self, folder: str, epoch: int) -> None:
+        self.folder, self.epoch = folder, epoch
 
     def on_train_batch_end(self, trainer: pl.Trainer, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
         if trainer.current_epoch == self.epoch:
-            trainer.save_checkpoint(os.path.join(OUT, "ckpt", f"relay_b{batch_idx}.ckpt"))
+            trainer.save_checkpoint(os.path.join(self.folder, f"relay_b{batch_idx}.ckpt"))
 
 
 def with_old_epoch_progress(path: str) -> str:
@@ -137,97 +113,79 @@ def with_old_epoch_progress(path: str) -> str:
     return old
 
 
-def trainer(**kwargs: Any) -> pl.Trainer:
-    seeded = SETUP.shuffle == "seeded"
-    return pl.Trainer(
-        accelerator="cpu",
-        devices=DEVICES,
-        max_epochs=SETUP.epochs,
-        logger=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        num_sanity_val_steps=0,
-        accumulate_grad_batches=SETUP.accumulation,
-        limit_val_batches=None if SETUP.validation else 0,
-        strategy=ShardplugDDPStrategy(
-            use_seedable_sampler=seeded, data_seed=5 if seeded else None, process_group_backend="gloo"
-        ),
-        **kwargs,
-    )
+class Adapter:
+    def __init__(self, processes: int, dataset: Any, worker_context: Any) -> None:
+        self.devices, self.dataset, self.worker_context, self.out, self.rank = processes, dataset, worker_context, "", 0
 
-
-def checkpoints() -> list[Callback]:
-    ckpt = os.path.join(OUT, "ckpt")
-    callbacks: list[Callback] = [
-        ModelCheckpoint(os.path.join(ckpt, "steps"), "{step}", every_n_train_steps=1, save_top_k=-1),
-        ModelCheckpoint(os.path.join(ckpt, "epoch_end"), "epoch_end", save_on_train_epoch_end=True, save_top_k=-1),
-    ]
-    if SETUP.validation:
-        callbacks.append(
-            ModelCheckpoint(os.path.join(ckpt, "after_validation"), "after_validation", save_top_k=-1, monitor="val")
+    def trainer(self, setup: Setup, **kwargs: Any) -> pl.Trainer:
+        seeded = setup.shuffle == "seeded"
+        return pl.Trainer(
+            accelerator="cpu",
+            devices=self.devices,
+            max_epochs=setup.epochs,
+            logger=False,
+            enable_progress_bar=False,
+            enable_model_summary=False,
+            num_sanity_val_steps=0,
+            accumulate_grad_batches=setup.accumulation,
+            limit_val_batches=None if setup.validation else 0,
+            strategy=ShardplugDDPStrategy(
+                use_seedable_sampler=seeded, data_seed=5 if seeded else None, process_group_backend="gloo"
+            ),
+            **kwargs,
         )
-    if SETUP.accumulation > 1:
-        callbacks.append(InAccumulation())
-    return callbacks
 
+    def fit(self, setup: Setup, model: Recorder, ckpt_path: str | None = None, **kwargs: Any) -> pl.Trainer:
+        t = self.trainer(setup, **kwargs)
+        t.fit(model, ckpt_path=ckpt_path)
+        self.rank = t.global_rank
+        return t
 
-def saved(source: str) -> dict[str, str]:
-    """The checkpoint of each point of ``source`` (``CKPT_DIR:PROCESSES``, a first run's), by point."""
-    folder, processes = source.rsplit(":", 1)
-    points = {}
-    for point in SETUP.saved_points():
-        batch = SETUP.save_batch(point, int(processes))
-        if point == "in_accumulation" or batch is None:
-            points[point] = os.path.join(folder, point, f"{point}.ckpt")
-        else:  # the optimizer steps counted to that batch
-            step = sum(SETUP.steps_after(b, int(processes)) for b in range(batch + 1))
-            points[point] = os.path.join(folder, "steps", f"step={step}.ckpt")
-    return points
+    def first(self, setup: Setup) -> None:
+        ckpt = os.path.join(self.out, "ckpt")
+        callbacks: list[Callback] = [
+            ModelCheckpoint(os.path.join(ckpt, "steps"), "{step}", every_n_train_steps=1, save_top_k=-1),
+            ModelCheckpoint(os.path.join(ckpt, "epoch_end"), "epoch_end", save_on_train_epoch_end=True, save_top_k=-1),
+        ]
+        if setup.validation:
+            callbacks.append(
+                ModelCheckpoint(
+                    os.path.join(ckpt, "after_validation"), "after_validation", save_top_k=-1, monitor="val"
+                )
+            )
+        if setup.accumulation > 1:
+            callbacks.append(
+                InAccumulation(os.path.join(ckpt, "in_accumulation", "in_accumulation.ckpt"), setup.accumulation)
+            )
+        self.fit(setup, Recorder(self, setup, kill=1), callbacks=callbacks)
 
-
-def main() -> None:
-    if MODE == "first":
-        t = trainer(callbacks=checkpoints())
-        t.fit(Recorder(kill=1))
-        raise AssertionError("the run was not killed")
-    if MODE == "relay":  # resumed from a first run's point, saved after every batch of its first epoch
-        folder, processes, point = SOURCES[0].split(":")
+    def relay(self, setup: Setup, folder: str, processes: int, point: str) -> None:
         epoch = relay_epoch(point)
-        t = trainer(callbacks=[EveryBatch(epoch)], enable_checkpointing=True)
-        t.fit(Recorder(kill=epoch + 1), ckpt_path=saved(f"{folder}:{processes}")[point])
-        return
-    out: dict[str, Any] = {"resumed": {}}
-    t = None
-    for source in SOURCES:
-        folder, processes, *relayed = source.split(":")
-        for point, batch in (item.split("=") for item in relayed[1].split(",")) if relayed else ():
-            path = os.path.join(folder, f"relay_b{batch}.ckpt")
-            for key, ckpt in ((point, path), (f"{point}-old", with_old_epoch_progress(path))):
-                if key.endswith("-old") and relayed[0] == "0":
-                    continue  # only a relay resumed from an epoch's last step left that epoch progress
-                model = Recorder()
-                t = trainer(enable_checkpointing=False)
-                t.fit(model, ckpt_path=ckpt)
-                out["resumed"][f"relay{processes}:{key}"] = {
-                    "rows": model.rows,
-                    "counters": [t.global_step, model.scheduled()],
-                }
-        if relayed:
-            continue
-        for point, path in saved(source).items():
-            key = f"{source.rsplit(':', 1)[1]}:{point}"
-            model = Recorder()
-            t = trainer(enable_checkpointing=False)
-            t.fit(model, ckpt_path=path)
-            out["resumed"][key] = {"rows": model.rows, "counters": [t.global_step, model.scheduled()]}
-    fresh = Recorder()
-    t = trainer(enable_checkpointing=False)
-    t.fit(fresh)
-    out["fresh"] = {"rows": fresh.rows, "counters": [t.global_step, fresh.scheduled()]}
-    with open(os.path.join(OUT, f"{MODE}_rank{t.global_rank}.json"), "w") as f:
-        json.dump(out, f)
+        callbacks = [EveryBatch(os.path.join(self.out, "ckpt"), epoch)]
+        load = self.saved(setup, folder, processes)[point]
+        self.fit(setup, Recorder(self, setup, kill=epoch + 1), load, callbacks=callbacks, enable_checkpointing=True)
 
+    def saved(self, setup: Setup, folder: str, processes: int) -> dict[str, str]:
+        """The checkpoint of each point of a first run's ``folder`` (on ``processes``), by point."""
+        points = {}
+        for point in setup.saved_points():
+            batch = setup.save_batch(point, processes)
+            if point == "in_accumulation" or batch is None:
+                points[point] = os.path.join(folder, point, f"{point}.ckpt")
+            else:  # the optimizer steps counted to that batch
+                step = sum(setup.steps_after(b, processes) for b in range(batch + 1))
+                points[point] = os.path.join(folder, "steps", f"step={step}.ckpt")
+        return points
 
-if __name__ == "__main__":
-    main()
-    leave()
+    def relay_saved(self, setup: Setup, folder: str, processes: int, epoch: int, batch: int) -> str:
+        return os.path.join(folder, f"relay_b{batch}.ckpt")
+
+    def variants(self, point: str, path: str, epoch: int) -> list[tuple[str, str]]:
+        """The relay's checkpoint, and (only a relay resumed from an epoch's last step left that epoch progress)
+        the same with an older shardplug's epoch progress."""
+        return [(point, path)] + ([(f"{point}-old", with_old_epoch_progress(path))] if epoch else [])
+
+    def train(self, setup: Setup, load: str | None = None) -> dict[str, Any]:
+        model = Recorder(self, setup)
+        t = self.fit(setup, model, load, enable_checkpointing=False)
+        return {"rows": model.rows, "counters": [t.global_step, model.scheduled()]}

@@ -3,7 +3,7 @@ simulated processes (``num_processes=N, process_index=i``), every process's batc
 padding, ``len()``, what is dropped, and the rest of an epoch resumed on another number of
 processes; bad input is exit status 2 with the option named; the figures in docs/figures/ are what
 the commands next to them in the docs make. (Dispatch is compared with real dispatchers on gloo
-in tests/test_dispatch_batches.py.)"""
+in tests/dispatch/test_dispatch_batches.py.)"""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """DataLoaderShard and prepare_data_loader in one process (simulated ranks); skipping and resuming:
-tests/resume/test_loader_resume.py."""
+tests/loader/test_loader_resume.py."""
 
 from __future__ import annotations
 
