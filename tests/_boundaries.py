@@ -16,10 +16,8 @@ uninterrupted run promises:
   epoch's last batch (the documented number of batches of that layout);
 * optimizer steps by the documented rule (after every ``accumulation``-th batch of the epoch and after
   its last batch), counted on from the saved count; scheduler steps = optimizer steps x the run's factor.
-  A front end whose accumulation cycle is the core's ``GradientState`` (plain PyTorch, Ignite) continues
-  the saved cycle instead in the resumed epoch (``cycles="carried"``: the first step after the
-  micro-batches the saved cycle lacked, then every ``accumulation``-th and after the last batch): on
-  another number of processes its steps then fall elsewhere than on the new layout's epoch cycles;
+  The same rule in every front end: the core's ``GradientState`` (plain PyTorch, Ignite) aligns its cycle to
+  the epoch's cycles of the new layout as a resumed pass begins, Lightning steps by ``batch_idx``;
 * the epoch after the resumed one, and a resumed epoch that starts at its beginning (a position saved at
   the previous epoch's end), equal to an uninterrupted run's of M processes (a seeded shuffle).
 """
@@ -114,7 +112,6 @@ def check_resumed(
     fresh: list[list[Row]] | None = None,
     factor: int = 1,
     saved_factor: int | None = None,
-    cycles: str = "epoch",
     relayed: Relayed | None = None,
 ) -> None:
     """Assert that ``after`` (one list of rows per process of the resumed run, with its final ``counters``
@@ -122,10 +119,8 @@ def check_resumed(
     run up to the save at ``point``, see :func:`rows_until`) as an uninterrupted run would; ``fresh``: an
     uninterrupted run's rows on the resumed layout, ``factor``: its scheduler steps per optimizer step,
     ``saved_factor``: the first run's (``None``: the same; a scheduler stepping N times per optimizer step
-    on N processes steps another number of times per step after a resize), ``cycles``: where the resumed
-    epoch's optimizer steps fall, ``"epoch"`` (the epoch's cycles on the new layout) or ``"carried"`` (the
-    saved cycle continued, see the module's doc); ``relayed``: ``before`` is a relay's (a run itself resumed
-    from a first run, see :class:`Relayed`)."""
+    on N processes steps another number of times per step after a resize); ``relayed``: ``before`` is a
+    relay's (a run itself resumed from a first run, see :class:`Relayed`)."""
     where = f"{setup} saved at {point} on {len(before)}, resumed on {len(after)}"
     n_before, n_after = len(before), len(after)
     per_epoch = setup.batches_per_epoch(n_after)
@@ -133,18 +128,10 @@ def check_resumed(
     stepped_last = setup.steps_after(last_saved[1], n_before)
     saved_steps = last_saved[4] + (1 if stepped_last else 0)
     saved_scheduler = last_saved[5] + ((factor if saved_factor is None else saved_factor) if stepped_last else 0)
-    carried = 0 if stepped_last else (last_saved[1] + 1) % setup.accumulation  # micro-batches of the saved cycle
     prior: list[Row] = []
     if relayed is not None:  # the relay's own counters after its saved batch, and its first run's batches
-        (saved_steps, saved_scheduler), carried, prior = relayed.counters, relayed.carried, relayed.prior
-    assert cycles in ("epoch", "carried"), cycles
+        (saved_steps, saved_scheduler), prior = relayed.counters, relayed.prior
     _check_no_step_left(setup, last_saved, len(before), after, prior + [row for rank in before for row in rank], where)
-
-    def steps_after(row: Row, start: Row) -> bool:
-        if cycles == "carried" and row[0] == start[0] == last_saved[0]:  # the resumed epoch continues the saved cycle
-            done = carried + row[1] - start[1] + 1
-            return done % setup.accumulation == 0 or row[1] == per_epoch - 1
-        return setup.steps_after(row[1], n_after)
 
     for rank, rows in enumerate(after):
         assert rows, f"{where}: rank {rank} trained nothing"
@@ -153,7 +140,7 @@ def check_resumed(
         )
         assert rows[0][5] == saved_scheduler, f"{where}: rank {rank} resumed at scheduler step {rows[0][5]}"
         for row, following in zip(rows, rows[1:] + [None]):
-            stepped = 1 if steps_after(row, rows[0]) else 0
+            stepped = 1 if setup.steps_after(row[1], n_after) else 0
             steps, scheduled = (following[4], following[5]) if following else counters[rank]
             assert steps - row[4] == stepped, (
                 f"{where}: rank {rank} epoch {row[0]} batch {row[1]}: step {steps - row[4]}"
@@ -192,11 +179,9 @@ def check_resumed(
 class Relayed:
     """What a relay saved (a run resumed from a first run's position on another number of processes, itself
     saved inside its epoch and resumed on a third): its ``counters`` after the saved batch (optimizer and
-    scheduler steps), the micro-batches of its accumulation cycle not stepped yet (``carried``) and the
-    first run's batches before the relay (``prior``, all ranks)."""
+    scheduler steps) and the first run's batches before the relay (``prior``, all ranks)."""
 
     counters: tuple[int, int]
-    carried: int
     prior: list[Row]
 
 
@@ -235,14 +220,7 @@ def relayed(relay: list[list[Row]], batch: int, first: list[list[Row]]) -> tuple
     following = next(row for row in relay[0] if (row[0], row[1]) > (epoch, batch))
     counters = (following[4], following[5])
     prior = [row for rows in first for row in rows]
-    chain = first[0] + relay[0]  # rank 0's batches in order
-    upto = [row for row in chain if (row[0], row[1]) <= (epoch, batch)]
-    carried = 0
-    for row in reversed(upto):  # the micro-batches since the last step
-        if row[4] != counters[0]:
-            break
-        carried += 1
-    return before, Relayed(counters, carried, prior)
+    return before, Relayed(counters, prior)
 
 
 def _check_no_step_left(

@@ -16,9 +16,8 @@ processes (:func:`programs`).
 
 The setups split the options between them (accumulation, ``drop_last``, workers, a seeded and an
 agreed shuffle, a validation loop), each with the layouts that meet it; Fabric and Ignite, whose
-processes import their framework for seconds, meet fewer (2 -> 1, 2 -> 3, 1 -> 2, 3 -> 2). Lightning
-and Fabric step at the new layout's cycles of the epoch; plain PyTorch and Ignite continue the saved
-accumulation cycle of the core's ``GradientState`` (``cycles="carried"`` of the oracle).
+processes import their framework for seconds, meet fewer (2 -> 1, 2 -> 3, 1 -> 2, 3 -> 2). Every front
+end steps at the new layout's cycles of the epoch (the one accumulation rule after a resume).
 
 Relays (:data:`RELAYS`): a second kill and resize inside the epoch after a first resized resume. One position
 of a first run is resumed on another number of processes, which saves after every batch of its epoch and is
@@ -242,9 +241,7 @@ def relay_cases(setups: dict[str, tuple[Setup, Layouts]], relays: dict[str, Rela
     return cases
 
 
-def check_relay(
-    setup: Setup, runs: dict[str, Any], relay: Relay, after: int, point: str, cycles: str = "epoch"
-) -> None:
+def check_relay(setup: Setup, runs: dict[str, Any], relay: Relay, after: int, point: str) -> None:
     """The oracle on the relay of ``setup`` saved at ``point`` and resumed on ``after`` processes."""
     n, first_point, m, _ = relay
     batch = relay_points(setup, (n, first_point), m, after)[point.removesuffix("-old")]
@@ -261,7 +258,6 @@ def check_relay(
         [tuple(r["counters"]) for r in run],
         fresh=[f["rows"] for f in fresh],
         factor=fresh_factor(fresh[0]),
-        cycles=cycles,
         relayed=saved,
     )
 
@@ -277,9 +273,8 @@ def cases(setups: dict[str, tuple[Setup, Layouts]]) -> list[Any]:
     return cases
 
 
-def check(setup: Setup, runs: dict[str, Any], before: int, after: int, point: str, cycles: str = "epoch") -> None:
-    """The oracle on the run of ``setup`` saved at ``point`` on ``before`` processes and resumed on ``after``
-    (``cycles``: see :func:`check_resumed`)."""
+def check(setup: Setup, runs: dict[str, Any], before: int, after: int, point: str) -> None:
+    """The oracle on the run of ``setup`` saved at ``point`` on ``before`` processes and resumed on ``after``."""
     first = runs["first"][before]
     ranks = runs["resumed"][after]
     run = [rank["resumed"][f"{before}:{point}"] for rank in ranks]
@@ -293,7 +288,6 @@ def check(setup: Setup, runs: dict[str, Any], before: int, after: int, point: st
         fresh=[f["rows"] for f in fresh],
         factor=fresh_factor(fresh[0]),
         saved_factor=first_factor(first),
-        cycles=cycles,
     )
 
 

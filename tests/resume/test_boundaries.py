@@ -6,14 +6,15 @@ One parametrized matrix (its setups, relays and runs: ``tests/_boundary_runs.py`
 one class per front end, so that the front ends' runs (a class-scoped fixture each) go side by side under
 ``pytest -n --dist loadscope``:
 
-* plain PyTorch: ``torch.save`` of ``state_dict()``; continues the saved accumulation cycle of the core's
-  ``GradientState``;
-* Lightning: saved by ``ModelCheckpoint``, resumed by ``Trainer.fit(ckpt_path=...)``; steps at the new layout's
-  cycles of the epoch; a relay's positions saved after a resume from an epoch's last step are also resumed
-  with the epoch progress an older shardplug left there (``-old``);
-* Fabric: ``fabric.save`` / ``fabric.load``; steps at the new layout's cycles of the epoch;
-* Ignite: ``Checkpoint`` and ``Checkpoint.load_objects``; continues the saved accumulation cycle of the core's
-  ``GradientState``.
+* plain PyTorch: ``torch.save`` of ``state_dict()``;
+* Lightning: saved by ``ModelCheckpoint``, resumed by ``Trainer.fit(ckpt_path=...)``; a relay's positions saved
+  after a resume from an epoch's last step are also resumed with the epoch progress an older shardplug left there
+  (``-old``);
+* Fabric: ``fabric.save`` / ``fabric.load``;
+* Ignite: ``Checkpoint`` and ``Checkpoint.load_objects``.
+
+Every front end steps at the new layout's cycles of the epoch (the core's ``GradientState`` aligns its cycle as a
+resumed pass begins; Lightning steps by ``batch_idx``).
 """
 
 from __future__ import annotations
@@ -40,14 +41,12 @@ from _boundary_runs import (
 
 
 class Matrix:
-    """The matrix of one front end: its setups, relays, where its resumed epoch steps (``cycles``, see
-    ``check_resumed``), the package it needs, and whether its relays are also resumed as an older shardplug
-    left them (``old``)."""
+    """The matrix of one front end: its setups, relays, the package it needs, and whether its relays are also
+    resumed as an older shardplug left them (``old``)."""
 
     front_end: ClassVar[str]
     setups: ClassVar[dict[str, tuple[Setup, Layouts]]]
     relays: ClassVar[dict[str, Relay]]
-    cycles: ClassVar[str] = "epoch"
     needs: ClassVar[str | None] = None
     old: ClassVar[bool] = False
 
@@ -62,7 +61,7 @@ class Matrix:
     def test_resumes_a_checkpoint_of_every_boundary_exactly(
         self, runs: dict[str, Any], name: str, before: int, after: int, point: str
     ) -> None:
-        check(self.setups[name][0], runs[name], before, after, point, cycles=self.cycles)
+        check(self.setups[name][0], runs[name], before, after, point)
 
     def test_resumes_a_relay_saved_inside_its_epoch_exactly(
         self, runs: dict[str, Any], name: str, after: int, point: str
@@ -70,7 +69,7 @@ class Matrix:
         """A second kill and resize inside the epoch after a first resized resume (from an epoch's last step:
         Lightning's ``batch_idx`` continues), and one where the new layout has no step left in the epoch (the
         run goes on to the next epoch)."""
-        check_relay(self.setups[name][0], runs[name], self.relays[name], after, point, cycles=self.cycles)
+        check_relay(self.setups[name][0], runs[name], self.relays[name], after, point)
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
@@ -82,7 +81,7 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 
 
 class TestPlainPyTorch(Matrix):
-    front_end, setups, relays, cycles = "plain", PLAIN, RELAYS, "carried"
+    front_end, setups, relays = "plain", PLAIN, RELAYS
 
 
 class TestLightning(Matrix):
@@ -94,4 +93,4 @@ class TestFabric(Matrix):
 
 
 class TestIgnite(Matrix):
-    front_end, setups, relays, cycles, needs = "ignite", IGNITE, FEWER_RELAYS, "carried", "shardplug_ignite"
+    front_end, setups, relays, needs = "ignite", IGNITE, FEWER_RELAYS, "shardplug_ignite"

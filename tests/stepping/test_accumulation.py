@@ -225,3 +225,30 @@ def test_micro_batches_counts_the_cycle_and_the_state_keeps_its_step_key():
     state.begin_micro_batch()
     assert state.micro_batches == 1 and not hasattr(state, "step")  # "step" means an optimizer update
     assert "micro_batches=1" in repr(state) and state.state_dict() == {"num_steps": 3, "step": 1}
+
+
+@pytest.mark.parametrize("saved_on", [3, 2, 1])
+def test_a_resumed_pass_steps_at_its_layouts_cycles_of_the_epoch(saved_on, caplog):
+    """A position saved inside a cycle resumes with the updates where the epoch's cycles of the loading layout put
+    them (after every k-th batch of the epoch and its last), whatever cycle the loaded state carried: on the
+    layout it was saved on that is the saved cycle, on another the one rule every front end follows."""
+    from shardplug import prepare_data_loader
+
+    def loader(processes: int):
+        return prepare_data_loader(DataLoader(range(48), batch_size=2), num_processes=processes, process_index=0)
+
+    saved = loader(saved_on)
+    batches = iter(saved)
+    for _ in range(2):  # 2 batches of each process: a cycle of 3 two micro-batches in
+        next(batches)
+    position = saved.state_dict()
+    state = GradientState(num_steps=3)
+    state.load_state_dict({"num_steps": 3, "step": 2})  # the saved cycle
+    resumed = loader(2)
+    resumed.gradient_state = state
+    resumed.load_state_dict(position)
+    flags = run_epoch(state, resumed)
+    before = 24 // 2 - len(flags)  # the epoch's batches on 2 processes before the resumed pass
+    assert before == saved_on
+    assert flags == [(i + 1) % 3 == 0 or i == 11 for i in range(before, 12)]
+    assert ("fewer micro-batches" in caplog.text) == (before % 3 not in (0, 2))

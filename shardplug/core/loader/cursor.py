@@ -41,14 +41,12 @@ __all__ = ["Cursor", "PassState", "ParkedStart", "SkipView", "PassStart", "place
 
 class ParkedStart(NamedTuple):
     """The start parked for the next pass, as it takes it: ``position`` (loaded), ``ended`` (the rest of an
-    epoch whose end was loaded: an empty pass), ``skip`` (batches later still), ``epoch_ended`` (the position
-    was saved inside the epoch before it, whose rest has no batch on this layout), ``repositions`` (a
+    epoch whose end was loaded: an empty pass), ``skip`` (batches later still), ``repositions`` (a
     ``StatefulDataLoader`` state of its own was loaded: it repositions the pass)."""
 
     position: Position | None = None
     ended: bool = False
     skip: int = 0
-    epoch_ended: bool = False
     repositions: bool = False
 
 
@@ -105,17 +103,16 @@ class PassState:
 
 class Cursor:
     """Where one loader stands (see the module docstring): ``epoch``, the parked start of its next pass
-    (``position``, ``ended``, ``skip``, ``epoch_ended``, ``repositions``), ``now`` (the pass in progress
+    (``position``, ``ended``, ``skip``, ``repositions``), ``now`` (the pass in progress
     or the last one), ``inner`` (the ``StatefulDataLoader``'s snapshot)."""
 
-    __slots__ = ("epoch", "position", "ended", "skip", "epoch_ended", "repositions", "now", "inner")
+    __slots__ = ("epoch", "position", "ended", "skip", "repositions", "now", "inner")
 
     def __init__(self, skip: int = 0) -> None:
         self.epoch = 0
         self.position: Position | None = None
         self.ended = False
         self.skip = skip
-        self.epoch_ended = False
         self.repositions = False
         self.now = PassState()
         self.inner = InnerState()
@@ -128,15 +125,14 @@ class Cursor:
             object.__setattr__(self, name, value)
 
     # -- the parked start -------------------------------------------------------------------
-    def park(self, position: Position, epoch_ended: bool = False, repositions: bool = False) -> None:
+    def park(self, position: Position, repositions: bool = False) -> None:
         """The next pass starts after ``position`` (a skip parked before is dropped)."""
-        self.position, self.skip, self.epoch_ended = position, 0, epoch_ended
-        self.repositions = repositions
+        self.position, self.skip, self.repositions = position, 0, repositions
 
     def take_start(self) -> ParkedStart:
         """The start parked for the pass that begins now; nothing stays parked."""
-        taken = ParkedStart(self.position, self.ended, self.skip, self.epoch_ended, self.repositions)
-        self.position, self.ended, self.skip, self.epoch_ended, self.repositions = None, False, 0, False, False
+        taken = ParkedStart(self.position, self.ended, self.skip, self.repositions)
+        self.position, self.ended, self.skip, self.repositions = None, False, 0, False
         return taken
 
     def next_start(self, consumed_per_batch: int) -> int:

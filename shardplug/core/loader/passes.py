@@ -52,7 +52,7 @@ class PassListener(Protocol):
 
     def loader_stopped(self, loader: object) -> None: ...
 
-    def restart_cycle(self) -> None: ...
+    def align_cycle(self, batches_before: int) -> None: ...
 
 
 class PassHost(Protocol):
@@ -120,13 +120,13 @@ def begin(loader: PassHost, cursor: Cursor) -> tuple[PassState, int]:
     parked = cursor.take_start()
     start = _NO_START
     if parked.position is not None or parked.ended or parked.skip:
-        if parked.epoch_ended and loader.gradient_state is not None:
-            # the loaded position's epoch ended on this layout: as at every epoch's end, the accumulation
-            # cycle it was saved in ends with it (its micro-batches' gradients are in no checkpoint)
-            loader.gradient_state.restart_cycle()
         reads_through = inner_state_resumes(loader) and loader.use_stateful_dataloader
         workers_split = loader.num_workers > 0 and loader.traits.splits_by_worker
         start = place(plan, parked, reads_through, workers_split)
+        if parked.position is not None and loader.gradient_state is not None:
+            # a loaded position: the accumulation cycle stands where this layout's cycles of the epoch put it
+            # (also after a resize, and at the next epoch's start where the saved epoch ended on this layout)
+            loader.gradient_state.align_cycle(start.resumed)
     state.start, state.resumed, state.empty = start.consumed_at_start, start.resumed, start.empty
     state.yielded = start.resumed
     record.fast_forwarded = start.fast_forwarded

@@ -371,7 +371,7 @@ class DataLoaderShard(PreparedDataLoader):
                 # persistent workers hold their copies of the plan from when they started: a start set
                 # since cannot reach them, so this pass gets new workers (compat.forget_iterator)
                 compat.forget_iterator(self)
-            batches: Iterator[Any] = self.inner_loader().__iter__()
+            batches: Iterator[Any] = super(PreparedDataLoader, self).__iter__()  # inner_loader()'s, asked inline
         for _ in zip(range(discard), batches):
             pass  # read, but never handed out (data that shardplug cannot skip by index)
         return batches

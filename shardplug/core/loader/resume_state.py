@@ -124,12 +124,11 @@ class ResumeState:
     def park(self, position: Position, repositions: bool = False) -> None:
         """Park ``position`` (already checked), read on this layout (:meth:`on_this_layout`), as the start of
         the next pass (``repositions``: the StatefulDataLoader's own state was loaded and places it)."""
-        saved_epoch = position.epoch
         position = self.on_this_layout(position)
         self.cursor.position = None  # a position loaded before is replaced
         self.loader.shuffles.restore(position.seeds, position.generator_state)
         self.loader.set_epoch(position.epoch)
-        self.cursor.park(position, epoch_ended=position.epoch != saved_epoch, repositions=repositions)
+        self.cursor.park(position, repositions=repositions)
 
     def on_this_layout(self, position: Position) -> Position:
         """``position`` (already checked) as this loader's layout reads it: a place inside an epoch after which

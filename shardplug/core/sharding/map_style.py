@@ -137,14 +137,18 @@ class BatchSamplerPlan(PlanDefaults):
 
     def _global_length(self) -> tuple[int, int | None]:
         """(number of global batches, size of the last one or None when unknown / full)."""
-        num = len(self.batch_sampler)  # type: ignore[arg-type]
+        batch_sampler = self.batch_sampler
+        sampler = getattr(batch_sampler, "sampler", None)
+        sized = sampler is not None and hasattr(sampler, "__len__")
+        if type(batch_sampler) is BatchSampler and sized:  # torch's: its len() from its sampler's, asked once
+            samples, per_batch = len(sampler), batch_sampler.batch_size
+            num = samples // per_batch if batch_sampler.drop_last else -(-samples // per_batch)
+        else:
+            num = len(batch_sampler)  # type: ignore[arg-type]
         size = self.layout.batch_size
-        if size is None or self.layout.drop_last or num == 0:
+        if size is None or self.layout.drop_last or num == 0 or not sized:
             return num, None
-        sampler = self.sampler
-        if sampler is None or not hasattr(sampler, "__len__"):
-            return num, None
-        return num, len(sampler) - (num - 1) * size
+        return num, (samples if type(batch_sampler) is BatchSampler else len(sampler)) - (num - 1) * size
 
     def epoch_size(self) -> int | None:
         try:
@@ -193,7 +197,7 @@ class BatchSamplerPlan(PlanDefaults):
         record = record if record is not None else PassRecord()
         record.started_at = consumed = check_consumed(consumed)
         log = record.batches
-        sampler = self.sampler
+        sampler = getattr(self.batch_sampler, "sampler", None)
         if self._arithmetic(sampler):
             order, generator = epoch_order(sampler)
             if order is not None:

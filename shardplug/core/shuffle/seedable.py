@@ -131,9 +131,9 @@ class SeedableRandomSampler(RandomSampler):
         self.epoch = int(epoch)
 
     def resolve_seed(self) -> int:
-        if self.seed is None:
+        if self._seed is None:
             self.seed = draw_seed()
-        return self.seed
+        return self._seed  # type: ignore[return-value]
 
     def _epoch_generator(self) -> torch.Generator:
         return torch.Generator().manual_seed(epoch_seed(self.resolve_seed(), self.epoch))

@@ -198,6 +198,35 @@ class GradientState:
         self._micro_batches = 0
         self._sync = True
 
+    def align_cycle(self, batches_before: int) -> None:
+        """A pass resumes its epoch after ``batches_before`` of its batches (counted on the loader's layout, from
+        a loaded position): the cycle stands where the epoch's cycles put it, ``batches_before % num_steps``
+        micro-batches in, whatever cycle :meth:`load_state_dict` restored. The optimizer then steps after every
+        ``num_steps``-th batch of the epoch and after its last, as in an uninterrupted run on this layout and as
+        Lightning's loop steps by ``batch_idx``; on the layout a position was saved on, that is the saved cycle.
+
+        The gradients of the cycle's micro-batches before the position are in no checkpoint: the first update
+        sums fewer micro-batches (logged).
+
+        Example::
+
+            >>> state = GradientState(num_steps=4)
+            >>> state.align_cycle(6)  # the 7th and 8th batches of the epoch complete its 2nd cycle
+            >>> state.micro_batches, [state.begin_micro_batch() for _ in range(3)]
+            (2, [False, True, False])
+        """
+        check_int("batches_before", batches_before, minimum=0)
+        micro_batches = batches_before % self._num_steps
+        if micro_batches and micro_batches != self._micro_batches:
+            logger.warning(
+                "the resumed epoch continues %d micro-batches into a gradient-accumulation cycle of %d (its cycles on "
+                "this layout): their gradients are not in the checkpoint, so its first update sums fewer micro-batches",
+                micro_batches,
+                self._num_steps,
+            )
+        self._micro_batches = micro_batches
+        self._sync = micro_batches == 0
+
     def reset(self) -> None:
         """Forget running passes and start a fresh accumulation cycle (``sync_gradients=True``);
         the micro-batches of a cycle in progress are dropped (:meth:`register_drop_hook`)."""
