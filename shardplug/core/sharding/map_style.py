@@ -137,18 +137,21 @@ class BatchSamplerPlan(PlanDefaults):
 
     def _global_length(self) -> tuple[int, int | None]:
         """(number of global batches, size of the last one or None when unknown / full)."""
-        batch_sampler = self.batch_sampler
+        batch_sampler: Any = self.batch_sampler
         sampler = getattr(batch_sampler, "sampler", None)
         sized = sampler is not None and hasattr(sampler, "__len__")
-        if type(batch_sampler) is BatchSampler and sized:  # torch's: its len() from its sampler's, asked once
-            samples, per_batch = len(sampler), batch_sampler.batch_size
+        samples = None
+        if type(batch_sampler) is BatchSampler and sized:  # torch's len(), from its sampler's (asked once)
+            samples, per_batch = len(sampler), batch_sampler.batch_size  # type: ignore[arg-type]
             num = samples // per_batch if batch_sampler.drop_last else -(-samples // per_batch)
         else:
-            num = len(batch_sampler)  # type: ignore[arg-type]
+            num = len(batch_sampler)
         size = self.layout.batch_size
         if size is None or self.layout.drop_last or num == 0 or not sized:
             return num, None
-        return num, (samples if type(batch_sampler) is BatchSampler else len(sampler)) - (num - 1) * size
+        if samples is None:
+            samples = len(sampler)  # type: ignore[arg-type]
+        return num, samples - (num - 1) * size
 
     def epoch_size(self) -> int | None:
         try:
