@@ -120,7 +120,7 @@ def begin(loader: PassHost, cursor: Cursor) -> tuple[PassState, int]:
     parked = cursor.take_start()
     start = _NO_START
     if parked.position is not None or parked.ended or parked.skip:
-        reads_through = inner_state_resumes(loader) and loader.use_stateful_dataloader
+        reads_through = bool(parked.skip) and loader.use_stateful_dataloader and inner_state_resumes(loader)
         workers_split = loader.num_workers > 0 and loader.traits.splits_by_worker
         start = place(plan, parked, reads_through, workers_split)
         if parked.position is not None and loader.gradient_state is not None:

@@ -274,7 +274,7 @@ class ArithmeticShard:
 
     def chunks(self, start: int = 0) -> Iterator[tuple[list[list[int]], Iterable[int]]]:
         """Batches in chunks of rows, with the real (not padding) count of each row."""
-        total = len(self)
+        total = shard_length(self.num_global_batches, self.last_batch_size, self.batch_size, self.layout)  # len(self)
         stride, offset, width = self._row_geometry()
         n = self.order.n
         # The only row that may end before its width: the final one without padding.

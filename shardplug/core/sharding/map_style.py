@@ -108,7 +108,7 @@ class BatchSamplerPlan(PlanDefaults):
     """The record the next pass fills (its loader's pass parks it here with the start, as it begins)."""
 
     def start_after(self, consumed: int, dataset_state: Any = None) -> int:
-        self.pending_start = check_consumed(consumed)
+        self.pending_start = consumed  # a position's (validated) or the cursor's: index_batches checks it
         return 0
 
     def next_pass(self) -> Iterator[list[int]]:
@@ -116,7 +116,7 @@ class BatchSamplerPlan(PlanDefaults):
         at its first batch (one-shot: what torch's ``DataLoader`` draws when it iterates the batch sampler; an
         iterator it makes and drops unread takes nothing)."""
         first, record, self.pending_start, self.parked_record = self.pending_start, self.parked_record, 0, None
-        yield from self.index_batches(first, record)
+        yield from self._index_batches(first, record if record is not None else PassRecord())  # first: checked
 
     def batch_record(self, record: PassRecord, batch: int) -> tuple[list[int], int]:
         """The next batch logged where the batch sampler drew it (those a ``StatefulDataLoader``
@@ -197,8 +197,11 @@ class BatchSamplerPlan(PlanDefaults):
         """This process's batches after ``consumed`` global batches (what a batch sampler yields);
         ``record`` receives the pass's start, the epoch's order and, when tracking, each batch
         with its real count."""
-        record = record if record is not None else PassRecord()
-        record.started_at = consumed = check_consumed(consumed)
+        return self._index_batches(check_consumed(consumed), record if record is not None else PassRecord())
+
+    def _index_batches(self, consumed: int, record: PassRecord) -> Iterator[list[int]]:
+        """:meth:`index_batches` after ``consumed`` (checked)."""
+        record.started_at = consumed
         log = record.batches
         sampler = getattr(self.batch_sampler, "sampler", None)
         if self._arithmetic(sampler):

@@ -73,7 +73,10 @@ def synchronize(
     samplers: list[SeedableRandomSampler], rng_types: tuple[str, ...], synchronized_generator: torch.Generator | None
 ) -> None:
     """Agree the shuffle seeds still to agree and the named RNG states with process 0 (one broadcast)."""
-    unseeded = [s for s in samplers if s.seed_to_agree]
+    unseeded = []
+    for sampler in samplers:  # a loop, not a comprehension: no call of its own at each pass's start
+        if sampler.seed_to_agree:
+            unseeded.append(sampler)
     names = rng_types
     if synchronized_generator is not None and "generator" not in names:
         names = names + ("generator",)

@@ -136,7 +136,8 @@ class SeedableRandomSampler(RandomSampler):
         return self._seed  # type: ignore[return-value]
 
     def _epoch_generator(self) -> torch.Generator:
-        return torch.Generator().manual_seed(epoch_seed(self.resolve_seed(), self.epoch))
+        seed = self._seed if self._seed is not None else self.resolve_seed()
+        return torch.Generator().manual_seed(epoch_seed(seed, self.epoch))
 
     def index_order(self) -> torch.Tensor | None:
         """This epoch's permutation, when the sampler draws exactly one (no replacement, all samples)."""
