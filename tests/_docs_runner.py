@@ -25,8 +25,9 @@ import importlib
 import json
 import os
 import signal
-import socket
 import sys
+
+from _dist import free_port  # this directory: the shared test helpers
 
 
 def child(job: dict, timeout: int, suffix: str = "") -> int:
@@ -64,12 +65,6 @@ def torchrun_variables(rank: int, ranks: int, port: int) -> dict[str, str]:
         **{"GROUP_RANK": "0", "GROUP_WORLD_SIZE": "1", "ROLE_NAME": "default"},
         **{"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)},
     }
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def main(jobs_path: str, results_path: str) -> None:
