@@ -18,7 +18,9 @@ The convention (written down in docs/internals.md, "The examples in these pages"
   lines all N processes print together, compared as a multiset (the processes' lines interleave).
 
 The blocks run in parallel: children forked from one interpreter that imported torch, Lightning and
-Ignite once (``tests/_docs_runner.py``), or, with ``SHARDPLUG_DOCS_FRESH=1``, fresh ``python`` processes.
+Ignite once (``tests/_docs_runner.py``; a block's torchrun form: one child per process, with the
+variables torchrun sets), or, with ``SHARDPLUG_DOCS_FRESH=1``, fresh ``python`` processes (its torchrun
+form under ``torchrun``).
 """
 
 from __future__ import annotations
@@ -183,10 +185,10 @@ def run(example: Example) -> subprocess.CompletedProcess:
 TORCH_EXIT_ABORT = "terminate called without an active exception"
 
 
-def run_several(example: Example) -> subprocess.CompletedProcess:
-    """A block's multi-process form (:func:`launch_several`), started once more when the only failure
-    was torch's abort at exit (:data:`TORCH_EXIT_ABORT`)."""
-    done = launch_several(example)
+def run_several(example: Example, done: subprocess.CompletedProcess | None = None) -> subprocess.CompletedProcess:
+    """A block's multi-process form (:func:`launch_several`, unless ``done`` is its run already), started
+    once more when the only failure was torch's abort at exit (:data:`TORCH_EXIT_ABORT`)."""
+    done = launch_several(example) if done is None else done
     if done.returncode != 0 and TORCH_EXIT_ABORT in done.stderr + done.stdout:
         done = launch_several(example)
     return done
@@ -222,9 +224,11 @@ def launch_several(example: Example) -> subprocess.CompletedProcess:
         return done
 
 
-def run_forked(examples: list[Example], workers: int) -> dict[str, subprocess.CompletedProcess]:
+def run_forked(examples: list[Example], workers: int, several: bool = False) -> dict[str, subprocess.CompletedProcess]:
     """Every block through ``tests/_docs_runner.py``: one interpreter imports torch (and Lightning, Ignite
-    where a block needs them) once and forks a child per block, in an empty directory of its own."""
+    where a block needs them) once and forks a child per block, in an empty directory of its own.
+    ``several``: each block's multi-process form, a torchrun form as one child per process (its output
+    process 0 first, as :func:`launch_several` gives it), ``workers`` processes at a time."""
     preload = ["torch", "shardplug"]
     needed = {n for e in examples for n in e.needs}
     if needed & {"lightning", "pytorch-lightning"}:
@@ -236,16 +240,18 @@ def run_forked(examples: list[Example], workers: int) -> dict[str, subprocess.Co
         for i, example in enumerate(examples):
             cwd = Path(root) / f"block{i}"
             cwd.mkdir()
-            (cwd / "example.py").write_text(example.code, encoding="utf-8")
-            jobs.append(
-                {
-                    "name": example.name,
-                    "script": str(cwd / "example.py"),
-                    "cwd": str(cwd),
-                    "stdout": str(Path(root) / f"{i}.out"),
-                    "stderr": str(Path(root) / f"{i}.err"),
-                }
-            )
+            form = example.several if several else None
+            (cwd / "example.py").write_text(example.code if form is None else form.code, encoding="utf-8")
+            job = {
+                "name": example.name,
+                "script": str(cwd / "example.py"),
+                "cwd": str(cwd),
+                "stdout": str(Path(root) / f"{i}.out"),
+                "stderr": str(Path(root) / f"{i}.err"),
+            }
+            if form is not None:  # the processes it runs: torchrun's, started by the runner, or its own
+                job["ranks" if form.torchrun else "processes"] = form.processes
+            jobs.append(job)
         spec = Path(root) / "jobs.json"
         spec.write_text(json.dumps({"workers": workers, "timeout": TIMEOUT_S, "preload": preload, "jobs": jobs}))
         done = subprocess.run(
@@ -262,12 +268,14 @@ def run_forked(examples: list[Example], workers: int) -> dict[str, subprocess.Co
         )
         assert done.returncode == 0, f"tests/_docs_runner.py failed:\n{done.stderr[-4000:]}"
         codes = json.loads((Path(root) / "results.json").read_text())
+
+        def output(path: str, job: dict) -> str:
+            files = [f"{path}.{rank}" for rank in range(job["ranks"])] if "ranks" in job else [path]
+            return "".join(Path(f).read_text(errors="replace") for f in files if Path(f).exists())
+
         return {
             job["name"]: subprocess.CompletedProcess(
-                job["script"],
-                codes[job["name"]],
-                Path(job["stdout"]).read_text(errors="replace"),
-                Path(job["stderr"]).read_text(errors="replace"),
+                job["script"], codes[job["name"]], output(job["stdout"], job), output(job["stderr"], job)
             )
             for job in jobs
         }
@@ -307,7 +315,9 @@ def results(request):
 
 @pytest.fixture(scope="module")
 def several_results(request):
-    """Runs the multi-process form of every selected, runnable block that has one, two at a time."""
+    """Runs the multi-process form of every selected, runnable block that has one, two at a time: forked
+    as :func:`results` does, or, with ``SHARDPLUG_DOCS_FRESH=1`` or where there is no ``fork``, launched
+    fresh (:func:`launch_several`)."""
     selected = {
         item.callspec.params["example"].name
         for item in request.session.items
@@ -316,6 +326,11 @@ def several_results(request):
         and item.originalname == "test_example_runs_on_several_processes_and_prints_what_it_shows"
     }
     chosen = [e for e in EXAMPLES if e.name in selected and e.several is not None and not missing(e)]
+    if hasattr(os, "fork") and not os.environ.get("SHARDPLUG_DOCS_FRESH"):
+        chosen.sort(key=lambda e: not e.needs)  # the slowest kinds first
+        done = run_forked(chosen, workers=4, several=True) if chosen else {}
+        yield {e.name: _Done(run_several(e, done[e.name])) for e in chosen}
+        return
     with ThreadPoolExecutor(max_workers=2) as pool:
         futures: dict[str, Future] = {e.name: pool.submit(run_several, e) for e in chosen}
         yield futures

@@ -1,7 +1,9 @@
 """The Ignite integration under a real ``Engine`` and ``idist.Parallel`` (gloo, 2 CPU processes).
 
 Each launch runs several scenarios per rank and writes one JSON file per rank; the assertions run in
-the test process against references computed independently of shardplug.
+the test process against references computed independently of shardplug.  One launch on 2 processes
+(the module's fixture :func:`two_processes`) runs the data, stepping and first elastic scenarios, each
+in a folder of its own; the elastic resume on 3 processes is a launch of its own.
 """
 
 from __future__ import annotations
@@ -9,6 +11,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import shutil
 import socket
 import sys
 from pathlib import Path
@@ -48,7 +51,12 @@ def _run_then_exit(local_rank: int, fn: Any, out_dir: str) -> None:
 def _launch(fn: Any, tmp_path: Path, world: int = WORLD) -> list[dict[str, Any]]:
     with idist.Parallel(backend="gloo", nproc_per_node=world, master_port=_free_port()) as parallel:
         parallel.run(_run_then_exit, fn, str(tmp_path))
-    return [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(world)]
+    return _ranks(tmp_path, world)
+
+
+def _ranks(out_dir: Path, world: int = WORLD) -> list[dict[str, Any]]:
+    """What each rank of a scenario wrote to ``out_dir``."""
+    return [json.loads((out_dir / f"rank{r}.json").read_text()) for r in range(world)]
 
 
 def _dataset(n: int) -> TensorDataset:
@@ -180,9 +188,8 @@ def _reference_eval(n: int) -> dict[str, float]:
     }
 
 
-def test_ignite_sharding_length_check_and_evaluation(tmp_path: Path, parquet_shards: Any) -> None:
-    shards = parquet_shards(tmp_path / "hf")
-    ranks = _launch(_worker_data, tmp_path)
+def test_ignite_sharding_length_check_and_evaluation(two_processes: dict[str, Any]) -> None:
+    shards, ranks = two_processes["shards"], two_processes["data"]
 
     # a Hugging Face stream: sharded natively (each rank reads its own shards), equal steps, every row
     assert all(ranks[r]["stream"]["dataset"].startswith("datasets") for r in range(WORLD))
@@ -340,8 +347,8 @@ def _worker_stepping(local_rank: int, out_dir: str) -> None:
     Path(out_dir, f"rank{idist.get_rank()}.json").write_text(json.dumps(res))
 
 
-def test_ignite_stepping_and_resume(tmp_path: Path) -> None:
-    ranks = _launch(_worker_stepping, tmp_path)
+def test_ignite_stepping_and_resume(two_processes: dict[str, Any]) -> None:
+    ranks = two_processes["stepping"]
     for r in range(WORLD):
         rec = ranks[r]["stepping"]
         # sync at every 2nd micro-batch and at the end of each epoch (7 iterations per epoch)
@@ -426,10 +433,35 @@ def _worker_elastic_resumed(local_rank: int, out_dir: str) -> None:
     Path(out_dir, f"rank{idist.get_rank()}.json").write_text(json.dumps(res))
 
 
-def test_ignite_resumes_with_another_number_of_processes_exactly(tmp_path: Path) -> None:
-    first = [r["first"] for r in _launch(_worker_elastic_first, tmp_path, world=2)]
-    for r in range(2):
-        (tmp_path / f"rank{r}.json").unlink()
+# the scenarios of the module's one launch on 2 processes: each writes to the folder of its name
+TWO_PROCESS_SCENARIOS = {"data": _worker_data, "stepping": _worker_stepping, "elastic": _worker_elastic_first}
+
+
+def _worker_two_processes(local_rank: int, out_dir: str) -> None:
+    for name, worker in TWO_PROCESS_SCENARIOS.items():
+        worker(local_rank, str(Path(out_dir, name)))
+
+
+@pytest.fixture(scope="module")
+def two_processes(tmp_path_factory: pytest.TempPathFactory, parquet_shards: Any) -> dict[str, Any]:
+    """One launch on 2 processes: what each rank of each scenario wrote, the stream's rows per shard
+    (``shards``), and the folder of the first elastic run (``elastic_dir``: its checkpoints)."""
+    out = tmp_path_factory.mktemp("ignite_two_processes")
+    for name in TWO_PROCESS_SCENARIOS:
+        (out / name).mkdir()
+    shards = parquet_shards(out / "data" / "hf")
+    with idist.Parallel(backend="gloo", nproc_per_node=WORLD, master_port=_free_port()) as parallel:
+        parallel.run(_run_then_exit, _worker_two_processes, str(out))
+    return {
+        **{name: _ranks(out / name) for name in TWO_PROCESS_SCENARIOS},
+        "shards": shards,
+        "elastic_dir": out / "elastic",
+    }
+
+
+def test_ignite_resumes_with_another_number_of_processes_exactly(two_processes: dict[str, Any], tmp_path: Path) -> None:
+    first = [r["first"] for r in two_processes["elastic"]]
+    shutil.copytree(two_processes["elastic_dir"] / "elastic", tmp_path / "elastic")  # the 2 processes' checkpoint
     runs = _launch(_worker_elastic_resumed, tmp_path, world=3)
     resumed, fresh = [r["resumed"] for r in runs], [r["fresh"] for r in runs]
     # epoch 1: what the 2 processes read before the checkpoint, and the 3 processes after it

@@ -1,8 +1,9 @@
 """ShardplugDDPStrategy with a real Lightning Trainer on 2 CPU processes (gloo).
 
 ``strategy="shardplug_ddp"`` re-executes ``sys.argv`` for rank 1, so the scenarios live in
-``scripts/lightning_scenarios.py``; one launch (about 15 s) runs them all and every rank writes
-JSON that the tests below check against ``shardplug.prepare_data_loader`` and exact expectations.
+``scripts/lightning_scenarios.py`` (and the modules it runs: Fabric, model parallelism, litdata and
+streaming); one launch runs them all and every rank writes JSON that the tests below check against
+``shardplug.prepare_data_loader`` and exact expectations.
 """
 
 from __future__ import annotations
@@ -27,21 +28,45 @@ from shardplug_lightning._registry import STRATEGY_NAMES
 
 SCRIPTS = Path(__file__).parent / "scripts"
 N_TRAIN, N_VAL, BATCH, WORLD = 42, 21, 4, 2
+PRESPLIT_N = 63  # samples in the litdata and streaming datasets
 
 
-def _run(script: str, out: Path) -> None:
-    _run_script(script, out)
+def _stream_helpers() -> Any:
+    """The core's test helpers for litdata and streaming (tests/_stream_libraries.py)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "tests"))
+    import _stream_libraries
+
+    return _stream_libraries
+
+
+def _write_presplit(out: Path) -> bool:
+    """Write the litdata and streaming datasets the scenarios train on; False when a library is missing
+    (the scenario is then not run, and its test skips)."""
+    helpers = _stream_helpers()
+    try:
+        helpers.litdata_module()
+        helpers.streaming_base()
+    except pytest.skip.Exception:
+        return False
+    helpers.write_litdata(out / "litdata", PRESPLIT_N)
+    for name in ("mds", "mds_native0", "mds_native1"):
+        helpers.write_mds(out / name, PRESPLIT_N)
+    return True
 
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory, parquet_shards: Any) -> dict[str, Any]:
     out = tmp_path_factory.mktemp("lightning_scenarios")
     shards = parquet_shards(out / "hf")
-    _run("lightning_scenarios.py", out)
+    presplit = _write_presplit(out)
+    _run_script("lightning_scenarios.py", out)
     data: dict[str, Any] = {}
     names = ("default", "split", "predict", "amp", "resume", "limited", "errors", "stream")
-    for name in (*names, "user_samplers", "own_sharding", "validation_resume", "prefetch"):
+    for name in (*names, "user_samplers", "own_sharding", "validation_resume", "prefetch", "fabric", "model_parallel"):
         data[name] = [json.loads((out / f"{name}_rank{r}.json").read_text()) for r in range(WORLD)]
+    if presplit:
+        data["presplit"] = [json.loads((out / f"presplit_rank{r}.json").read_text()) for r in range(WORLD)]
+    data["fabric_epochs"] = json.loads((out / "fabric_epochs.json").read_text())
     data["stream_rows"] = sum(shards)
     return data
 
@@ -281,9 +306,8 @@ def test_lightning_and_fabric_strategies_read_their_options_in_one_place() -> No
 
 
 # -- Fabric ----------------------------------------------------------------------------------------
-def test_fabric_setup_dataloaders_uses_the_engine(tmp_path: Path) -> None:
-    _run("lightning_fabric_scenario.py", tmp_path)
-    records = [json.loads((tmp_path / f"fabric_rank{r}.json").read_text()) for r in range(WORLD)]
+def test_fabric_setup_dataloaders_uses_the_engine(runs: dict[str, Any]) -> None:
+    records = runs["fabric"]
     assert records[0]["seeds"] == records[1]["seeds"]
     for rank, record in enumerate(records):
         assert record["strategy"] == "ShardplugFabricDDPStrategy" and record["len"] == 6
@@ -309,9 +333,8 @@ def test_a_hugging_face_stream_trains_exactly_once_per_epoch_with_equal_steps(ru
 
 
 # -- FSDP and model parallelism --------------------------------------------------------------------
-def test_model_parallel_shards_over_the_data_parallel_dimension_only(tmp_path: Path) -> None:
-    _run("lightning_model_parallel.py", tmp_path)
-    ranks = [json.loads((tmp_path / f"model_parallel_rank{r}.json").read_text()) for r in range(WORLD)]
+def test_model_parallel_shards_over_the_data_parallel_dimension_only(runs: dict[str, Any]) -> None:
+    ranks = runs["model_parallel"]
     assert all(r["tensor_parallel"]["strategy"] == "ShardplugModelParallelStrategy" for r in ranks)
     # tensor parallel over both ranks: one data-parallel group, the same batches on both
     assert ranks[0]["tensor_parallel"]["batches"] == ranks[1]["tensor_parallel"]["batches"]
@@ -339,20 +362,15 @@ def test_fsdp_and_model_parallel_names_build_shardplug_strategies() -> None:
     assert trainer.strategy is strategy
 
 
-def test_fabric_load_inside_a_later_epoch_resumes_that_epoch_in_its_order(tmp_path: Path) -> None:
+def test_fabric_load_inside_a_later_epoch_resumes_that_epoch_in_its_order(runs: dict[str, Any]) -> None:
     """Fabric's loader wrapper sets its own count of passes (0 after a restart) as the samplers' epoch at
     every iter(): the loader keeps its own (the loaded position's) epoch, so the rest of epoch 1 is epoch
     1's, every sample once."""
-    _run_script("lightning_fabric_epochs.py", tmp_path)
-    run = _json(tmp_path / "fabric_epochs.json")
+    run = runs["fabric_epochs"]
     epoch1 = run["uninterrupted"][1]
     assert run["before"] == epoch1[:3]
     assert run["rest"] == epoch1[3:], "the rest of epoch 1 in epoch 1's order"
     assert sorted(i for batch in run["before"] + run["rest"] for i in batch) == list(range(12))
-
-
-def _json(path: Path) -> Any:
-    return json.loads(path.read_text())
 
 
 def _run_script(script: str, out: Path, *args: str) -> None:
@@ -372,21 +390,15 @@ def _run_script(script: str, out: Path, *args: str) -> None:
 
 
 # -- streams that split themselves by rank ---------------------------------------------------------
-def test_litdata_and_streaming_train_once_per_epoch_with_equal_steps(tmp_path: Path) -> None:
+def test_litdata_and_streaming_train_once_per_epoch_with_equal_steps(runs: dict[str, Any]) -> None:
     """litdata's and streaming's StreamingDataset under the strategy on 2 processes: each rank trains on
     its own part as the library splits it (litdata drops its split's tail, streaming repeats to fill its
     ranks), the same number of steps on both, not split a second time."""
-    sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "tests"))  # the core's test helpers
-    import _stream_libraries as helpers
-
+    helpers = _stream_helpers()
     helpers.litdata_module()
     helpers.streaming_base()
-    n = 63
-    helpers.write_litdata(tmp_path / "litdata", n)
-    for name in ("mds", "mds_native0", "mds_native1"):
-        helpers.write_mds(tmp_path / name, n)
-    _run_script("lightning_presplit.py", tmp_path)
-    ranks = [_json(tmp_path / f"presplit_rank{r}.json") for r in range(WORLD)]
+    n = PRESPLIT_N
+    ranks = runs["presplit"]
     for kind in ("litdata", "streaming"):
         assert all(r[kind]["part"] == "NodePart" for r in ranks), "read as each process's part"
         for epoch in range(2):

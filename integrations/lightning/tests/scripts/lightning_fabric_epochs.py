@@ -1,6 +1,7 @@
-"""Fabric: ``fabric.save`` inside epoch 1, ``fabric.load`` into a fresh loader (run by ``test_lightning_strategy.py``).
+"""Fabric: ``fabric.save`` inside epoch 1, ``fabric.load`` into a fresh loader (the last scenario of
+``lightning_scenarios.py OUT_DIR``, run by rank 0 alone once the 2-process group is gone).
 
-Usage: ``python lightning_fabric_epochs.py OUT_DIR``. One device, 12 shuffled samples (seed 5), batch 2:
+One device, 12 shuffled samples (seed 5), batch 2:
 two uninterrupted epochs; a run saved after 3 batches of epoch 1 and left; a fresh loader that loads that
 save and finishes epoch 1. Fabric's loader wrapper sets its own count of passes (0 for a fresh one) as the
 samplers' epoch at every ``iter()``. Writes ``OUT_DIR/fabric_epochs.json``.
@@ -13,7 +14,6 @@ import os
 import sys
 from typing import Any
 
-from _exit import leave  # noqa: E402  (this directory: how a scenario process ends)
 from lightning.fabric import Fabric
 from torch.utils.data import DataLoader
 
@@ -50,8 +50,3 @@ def main() -> None:
     rest = [b.tolist() for b in resumed]
     with open(os.path.join(OUT, "fabric_epochs.json"), "w") as f:
         json.dump({"uninterrupted": epochs, "before": before, "rest": rest}, f)
-
-
-if __name__ == "__main__":
-    main()
-    leave()

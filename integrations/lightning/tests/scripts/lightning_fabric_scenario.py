@@ -1,6 +1,7 @@
 """Fabric with ``strategy="shardplug_ddp"`` on 2 CPU processes: what ``setup_dataloaders`` gives each rank.
 
-Usage: ``python lightning_fabric_scenario.py OUT_DIR``; every rank writes ``OUT_DIR/fabric_rank<r>.json``.
+A scenario of ``lightning_scenarios.py OUT_DIR`` (its process group already up: ``fabric.launch()``
+joins it); every rank writes ``OUT_DIR/fabric_rank<r>.json``.
 """
 
 from __future__ import annotations
@@ -10,7 +11,6 @@ import os
 import sys
 
 import torch
-from _exit import leave  # noqa: E402  (this directory: how a scenario process ends)
 from lightning.fabric import Fabric
 from torch.utils.data import DataLoader
 from torch.utils.data.distributed import DistributedSampler
@@ -51,8 +51,3 @@ def main() -> None:
     }
     with open(os.path.join(sys.argv[1], f"fabric_rank{fabric.global_rank}.json"), "w") as f:
         json.dump(record, f)
-
-
-if __name__ == "__main__":
-    main()
-    leave()

@@ -1,6 +1,6 @@
 """``strategy="shardplug_model_parallel"`` on 2 CPU processes: which data each rank gets.
 
-Usage: ``python lightning_model_parallel.py OUT_DIR``. Two fits: tensor parallel over both ranks
+A scenario of ``lightning_scenarios.py OUT_DIR``. Two fits: tensor parallel over both ranks
 (one data-parallel group: identical data), then data parallel over both (disjoint halves).
 Every rank writes ``OUT_DIR/model_parallel_rank<r>.json``.
 """
@@ -14,7 +14,6 @@ from typing import Any
 
 import lightning.pytorch as pl
 import torch
-from _exit import leave  # noqa: E402  (this directory: how a scenario process ends)
 from torch.utils.data import DataLoader
 
 from shardplug_lightning import ShardplugModelParallelStrategy
@@ -60,8 +59,3 @@ def main() -> None:
         out[name] = {"batches": model.batches, "strategy": type(trainer.strategy).__name__}
     with open(os.path.join(sys.argv[1], f"model_parallel_rank{rank}.json"), "w") as f:
         json.dump(out, f)
-
-
-if __name__ == "__main__":
-    main()
-    leave()

@@ -1,7 +1,8 @@
 """litdata's and MosaicML streaming's ``StreamingDataset`` trained on by 2 CPU processes under
-``strategy="shardplug_ddp"`` (run by ``test_lightning_strategy.py``).
+``strategy="shardplug_ddp"`` (a scenario of ``lightning_scenarios.py OUT_DIR``, run when the test
+wrote the datasets: both libraries installed).
 
-Usage: ``python lightning_presplit.py OUT_DIR``; ``OUT_DIR/litdata`` and ``OUT_DIR/mds`` (and
+``OUT_DIR/litdata`` and ``OUT_DIR/mds`` (and
 its copies ``mds_native0``, ``mds_native1``) hold the samples ``{"index": i}``.  Each stream is
 built in ``train_dataloader``, once the process group is up, so it splits itself by rank; every
 rank writes ``OUT_DIR/presplit_rank<r>.json``: the batches it trained on by epoch, and what the
@@ -11,14 +12,12 @@ library's own split gives it through a plain DataLoader.
 from __future__ import annotations
 
 import json
-import os
 import sys
 from pathlib import Path
 from typing import Any
 
 import lightning.pytorch as pl
 import torch
-from _exit import leave  # noqa: E402  (this directory: how a scenario process ends)
 from torch.utils.data import DataLoader
 
 import shardplug_lightning  # noqa: F401  (registers strategy="shardplug_ddp")
@@ -92,9 +91,3 @@ def main() -> None:
             "part": type(trainer.train_dataloader.dataset).__name__,
         }
     (OUT / f"presplit_rank{rank}.json").write_text(json.dumps(record))
-
-
-if __name__ == "__main__":
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
-    main()
-    leave()

@@ -1,7 +1,10 @@
 """Scenarios run on 2 CPU processes by ``test_lightning_strategy.py`` (one launch, several Trainers).
 
 Usage: ``python lightning_scenarios.py OUT_DIR``. ``strategy="shardplug_ddp"`` re-executes this
-script for rank 1; every rank writes ``OUT_DIR/<scenario>_rank<r>.json`` with what it saw.
+script for rank 1; every rank writes ``OUT_DIR/<scenario>_rank<r>.json`` with what it saw.  Fabric,
+model parallelism and the streams that split themselves by rank are scenarios of their own modules
+in this directory, run in the same process group; the last one, Fabric on one device, runs in rank 0
+alone once that group is gone.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from typing import Any
 
 import lightning.pytorch as pl
 import torch
+import torch.distributed as dist
 from _exit import leave  # noqa: E402  (this directory: how a scenario process ends)
 from lightning.pytorch.callbacks import BasePredictionWriter, ModelCheckpoint, OnExceptionCheckpoint
 from lightning.pytorch.plugins import MixedPrecision
@@ -481,6 +485,38 @@ def main() -> None:
         t.fit(model)
         runs[depth] = {"train": model.train_batches, "hooks": model.hooks, "positions": model.positions}
     dump("prefetch", rank, {"off": runs[0], "on": runs[2]})
+
+    # 13-15. Fabric's setup_dataloaders, model parallelism, litdata and streaming (when the test wrote them)
+    import lightning_fabric_scenario
+    import lightning_model_parallel
+
+    lightning_fabric_scenario.main()
+    lightning_model_parallel.main()
+    if os.path.isdir(os.path.join(OUT, "litdata")):
+        import lightning_presplit
+
+        lightning_presplit.main()
+
+    # 16. Fabric on one device, save and load inside an epoch: rank 0 as a process of its own
+    alone()
+    import lightning_fabric_epochs
+
+    lightning_fabric_epochs.main()
+
+
+# what the launcher (and streaming's environment) set for the 2 processes: a fresh launch sets its own
+LAUNCH_ENVIRONMENT = ("MASTER_ADDR", "MASTER_PORT", "NODE_RANK", "LOCAL_RANK", "WORLD_SIZE", "RANK", "LOCAL_WORLD_SIZE")
+
+
+def alone() -> None:
+    """End the 2-process group (rank 1 leaves) and let rank 0 go on as a process that was never launched."""
+    dist.barrier()
+    rank = dist.get_rank()
+    dist.destroy_process_group()
+    if rank != 0:
+        leave()
+    for key in LAUNCH_ENVIRONMENT:
+        os.environ.pop(key, None)
 
 
 if __name__ == "__main__":
