@@ -140,7 +140,7 @@ def process_alive(pid: int) -> bool:
     try:
         with open(f"/proc/{pid}/stat", "rb") as stat:
             return stat.read().rsplit(b")", 1)[1].split()[0] not in (b"Z", b"X")
-    except FileNotFoundError:
+    except (FileNotFoundError, ProcessLookupError):  # gone, also between the open and the read (ESRCH)
         return False
 
 
