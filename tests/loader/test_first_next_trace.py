@@ -5,7 +5,8 @@ files.  Traced with :func:`sys.setprofile` (calls counted, never timed), fresh a
 For the same loader, torch's ``DataLoader`` with a ``DistributedSampler`` makes 10 calls through 5 files, and
 torchdata's ``StatefulDataLoader`` 15 through 5.  The targets for shardplug are at most 60 calls, 8 shardplug
 modules and 25 switches; :data:`BOUNDS` holds what the code reaches now (a ratchet: lower them as the walk
-gets shorter, never raise them).
+gets shorter, never raise them).  Those figures count torch's own calls, measured with :data:`MEASURED_WITH`;
+with another torch only shardplug's part (:data:`OWN_CALLS`) is held.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from types import FrameType
 from typing import Any, NamedTuple
 
 import pytest
+import torch
 from torch.utils.data import DataLoader
 
 import shardplug
@@ -32,6 +34,12 @@ class Walk(NamedTuple):
     modules: int  # shardplug's
     switches: int
 
+
+MEASURED_WITH = "2.13."
+"""The torch release :data:`BOUNDS` were measured with (its ``DataLoader`` makes part of the calls)."""
+
+OWN_CALLS = {"fresh": 33, "resumed": 36}
+"""The calls into shardplug's own modules alone, whatever torch: a ratchet too."""
 
 BOUNDS = {
     # the targets: Walk(60, ..., 8, 25) for both (calls and modules reached; switches not yet)
@@ -82,9 +90,13 @@ def test_the_first_next_walks_a_short_way(kind: str) -> None:
     walk, calls = trace(lambda: next(batches))
     bound = BOUNDS[kind]
     where = "\n".join(name.removeprefix(PACKAGE) for name in calls)
+    own = sum(1 for name in calls if name.startswith(PACKAGE))
+    assert own <= OWN_CALLS[kind], f"{own} calls into shardplug, over {OWN_CALLS[kind]}:\n{where}"
+    assert walk.modules <= bound.modules, f"{walk} over {bound}:\n{where}"
+    if not torch.__version__.startswith(MEASURED_WITH):
+        pytest.skip(f"the walk's calls into torch were measured with torch {MEASURED_WITH}x, not {torch.__version__}")
     assert walk.calls <= bound.calls, f"{walk} over {bound}:\n{where}"
     assert walk.files <= bound.files, f"{walk} over {bound}:\n{where}"
-    assert walk.modules <= bound.modules, f"{walk} over {bound}:\n{where}"
     assert walk.switches <= bound.switches, f"{walk} over {bound}:\n{where}"
 
 
