@@ -14,9 +14,9 @@ import signal
 from typing import Any
 
 import torch
+from _adapters import SavesPointFiles, training_loader
 from _boundaries import Setup
 from lightning.fabric import Fabric
-from torch.utils.data import DataLoader
 
 from shardplug_lightning import ShardplugFabricDDPStrategy
 
@@ -25,26 +25,14 @@ PRELOAD = ["torch", "shardplug"]
 which a worker never imports (a fork server importing it cost a 3-process first run a third of its time)."""
 
 
-class Adapter:
+class Adapter(SavesPointFiles):
+    suffix = ".ckpt"
+
     def __init__(self, processes: int, dataset: Any, worker_context: Any) -> None:
         self.devices, self.dataset, self.worker_context, self.out, self.rank = processes, dataset, worker_context, "", 0
 
-    def first(self, setup: Setup) -> None:
-        saves = {point: setup.save_batch(point, self.devices) for point in setup.saved_points()}
-        self.train(setup, saves={point: -1 if batch is None else batch for point, batch in saves.items()})
-
-    def relay(self, setup: Setup, folder: str, processes: int, point: str) -> None:
-        saves = {f"relay_b{b}": b for b in range(setup.batches_per_epoch(self.devices))}
-        self.train(setup, saves=saves, load=self.saved(setup, folder, processes)[point])
-
-    def saved(self, setup: Setup, folder: str, processes: int) -> dict[str, str]:
-        return {point: os.path.join(folder, f"{point}.ckpt") for point in setup.saved_points()}
-
-    def relay_saved(self, setup: Setup, folder: str, processes: int, epoch: int, batch: int) -> str:
-        return os.path.join(folder, f"relay_b{batch}.ckpt")
-
-    def variants(self, point: str, path: str, epoch: int) -> list[tuple[str, str]]:
-        return [(point, path)]
+    def processes(self) -> int:
+        return self.devices
 
     def train(self, setup: Setup, saves: dict[str, int] | None = None, load: str | None = None) -> dict[str, Any]:
         """Train to the end of epoch 1 (from ``load``), recording every batch; ``saves``: the batch of epoch 0
@@ -59,17 +47,7 @@ class Adapter:
         )
         fabric.launch()
         self.rank = fabric.global_rank
-        loader = fabric.setup_dataloaders(
-            DataLoader(
-                self.dataset(setup.n),
-                batch_size=setup.batch,
-                shuffle=True,
-                drop_last=setup.drop_last,
-                num_workers=setup.workers,
-                multiprocessing_context=self.worker_context(setup),
-                persistent_workers=bool(setup.workers),
-            )
-        )
+        loader = fabric.setup_dataloaders(training_loader(setup, self.dataset, self.worker_context))
         prepared = loader._dataloader  # the prepared loader under Fabric's wrapper
         prepared.track_padding()
         layer = torch.nn.Linear(1, 1)
@@ -89,7 +67,7 @@ class Adapter:
         start = prepared.epoch  # saves are made in the first epoch with batches, the run is killed in the next
 
         def save(point: str) -> None:
-            fabric.save(os.path.join(self.out, "ckpt", f"{point}.ckpt"), state)
+            fabric.save(os.path.join(self.out, "ckpt", f"{point}{self.suffix}"), state)
 
         rows: list[list[Any]] = []
         for epoch in range(state["epoch"], setup.epochs):

@@ -17,11 +17,11 @@ from typing import Any
 
 import ignite.distributed as idist
 import torch
+from _adapters import training_loader
 from _boundaries import Setup, relay_epoch
 from _ranks import launch
 from ignite.engine import Engine, Events
 from ignite.handlers import Checkpoint, DiskSaver
-from torch.utils.data import DataLoader
 
 from shardplug import ShardplugConfig
 from shardplug_ignite import ShardplugHandler
@@ -76,17 +76,9 @@ class Adapter:
             )
         )
         loader = handler.prepare_data_loader(
-            DataLoader(
-                self.dataset(setup.n),
-                batch_size=setup.batch,
-                shuffle=True,
-                drop_last=setup.drop_last,
-                num_workers=setup.workers,
-                multiprocessing_context=self.worker_context(setup),
-                # not persistent: an Engine lives in reference cycles, and torch's iterator of persistent workers
-                # freed by the cycle collector waits 5 s for each worker (its queues were finalized first)
-                persistent_workers=False,
-            )
+            # not persistent: an Engine lives in reference cycles, and torch's iterator of persistent workers
+            # freed by the cycle collector waits 5 s for each worker (its queues were finalized first)
+            training_loader(setup, self.dataset, self.worker_context, persistent_workers=False)
         )
         loader.track_padding()
         model = idist.auto_model(torch.nn.Linear(1, 1))  # DDP under gloo

@@ -16,6 +16,7 @@ from typing import Any
 
 import lightning.pytorch as pl
 import torch
+from _adapters import training_loader
 from _boundaries import Setup, relay_epoch
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from torch.utils.data import DataLoader
@@ -63,18 +64,9 @@ class Recorder(pl.LightningModule):
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": self.schedule, "interval": "step"}}
 
     def train_dataloader(self) -> DataLoader:
-        setup = self.setup_
-        return DataLoader(
-            self.adapter.dataset(setup.n),
-            batch_size=setup.batch,
-            shuffle=True,
-            drop_last=setup.drop_last,
-            num_workers=setup.workers,
-            multiprocessing_context=self.adapter.worker_context(setup),
-            # not persistent: a Trainer lives in reference cycles, and torch's iterator of persistent workers
-            # freed by the cycle collector waits 5 s for each worker (its queues were finalized first)
-            persistent_workers=False,
-        )
+        # not persistent: a Trainer lives in reference cycles, and torch's iterator of persistent workers
+        # freed by the cycle collector waits 5 s for each worker (its queues were finalized first)
+        return training_loader(self.setup_, self.adapter.dataset, self.adapter.worker_context, persistent_workers=False)
 
     def val_dataloader(self) -> Any:
         return DataLoader(self.adapter.dataset(self.setup_.n), batch_size=4) if self.setup_.validation else []

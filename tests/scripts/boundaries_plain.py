@@ -14,10 +14,10 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from _adapters import SavesPointFiles, training_loader
 from _boundaries import Setup
 from _ranks import launch
 from torch.nn.parallel import DistributedDataParallel
-from torch.utils.data import DataLoader
 
 from shardplug import ShardplugConfig, TrainingRun
 
@@ -25,27 +25,15 @@ PRELOAD = ["torch", "shardplug"]
 """What the fork server of a rank's DataLoader workers imports (what a worker imports again)."""
 
 
-class Adapter:
+class Adapter(SavesPointFiles):
+    suffix = ".pt"
+
     def __init__(self, processes: int, dataset: Any, worker_context: Any) -> None:
         self.rank = launch(processes)
         self.dataset, self.worker_context, self.out = dataset, worker_context, ""
 
-    def first(self, setup: Setup) -> None:
-        saves = {point: setup.save_batch(point, dist.get_world_size()) for point in setup.saved_points()}
-        self.train(setup, saves={point: -1 if batch is None else batch for point, batch in saves.items()})
-
-    def relay(self, setup: Setup, folder: str, processes: int, point: str) -> None:
-        saves = {f"relay_b{b}": b for b in range(setup.batches_per_epoch(dist.get_world_size()))}
-        self.train(setup, saves=saves, load=self.saved(setup, folder, processes)[point])
-
-    def saved(self, setup: Setup, folder: str, processes: int) -> dict[str, str]:
-        return {point: os.path.join(folder, f"{point}.pt") for point in setup.saved_points()}
-
-    def relay_saved(self, setup: Setup, folder: str, processes: int, epoch: int, batch: int) -> str:
-        return os.path.join(folder, f"relay_b{batch}.pt")
-
-    def variants(self, point: str, path: str, epoch: int) -> list[tuple[str, str]]:
-        return [(point, path)]
+    def processes(self) -> int:
+        return dist.get_world_size()
 
     def train(self, setup: Setup, saves: dict[str, int] | None = None, load: str | None = None) -> dict[str, Any]:
         """Train to the end of epoch 1 (from ``load``), recording every batch; ``saves``: the batch of epoch 0
@@ -58,17 +46,7 @@ class Adapter:
                 data_seed=5 if seeded else None,
             )
         )
-        loader = run.prepare_data_loader(
-            DataLoader(
-                self.dataset(setup.n),
-                batch_size=setup.batch,
-                shuffle=True,
-                drop_last=setup.drop_last,
-                num_workers=setup.workers,
-                multiprocessing_context=self.worker_context(setup),
-                persistent_workers=bool(setup.workers),
-            )
-        )
+        loader = run.prepare_data_loader(training_loader(setup, self.dataset, self.worker_context))
         loader.track_padding()
         layer = torch.nn.Linear(1, 1)
         model = DistributedDataParallel(layer)
@@ -99,7 +77,7 @@ class Adapter:
                         "epoch": epoch,
                         "steps": state["steps"],
                     },
-                    os.path.join(self.out, "ckpt", f"{point}.pt"),
+                    os.path.join(self.out, "ckpt", f"{point}{self.suffix}"),
                 )
             dist.barrier()
 
