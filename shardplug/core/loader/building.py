@@ -9,14 +9,15 @@ process is the next epoch's start.
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from shardplug.core.loader.cursor import PassState
 from shardplug.core.resume.position import Position
+from shardplug.core.sharding.layout import ShardLayout
 from shardplug.core.sharding.shard_plan import ShardPlan, plan_traits
 from shardplug.core.shuffle.agreement import Shuffles
 
-__all__ = ["pass_position", "LoaderIdentity"]
+__all__ = ["layout_fields", "pass_position", "LoaderIdentity"]
 
 
 class LoaderIdentity(NamedTuple):
@@ -26,6 +27,18 @@ class LoaderIdentity(NamedTuple):
     epoch: int
     dataset_length: int | None
     num_workers: int
+
+
+def layout_fields(layout: ShardLayout) -> dict[str, Any]:
+    """What a position records of the layout it describes a place in, beside ``drop_last`` and ``batch_size``
+    (which a resize keeps): the number of processes, ``split_batches``, ``even_batches`` and the batch sizes."""
+    return {
+        "num_processes": layout.num_processes,
+        "split_batches": layout.split_batches,
+        "even_batches": layout.even_batches,
+        "process_batch_size": layout.process_batch_size,
+        "step_batch_size": layout.step_batch_size,
+    }
 
 
 def pass_position(plan: ShardPlan, loader: LoaderIdentity, current: PassState, shuffles: Shuffles) -> Position:
@@ -59,14 +72,10 @@ def pass_position(plan: ShardPlan, loader: LoaderIdentity, current: PassState, s
         batches_yielded=done,
         consumed=consumed,
         unit=plan.unit,
-        num_processes=layout.num_processes,
-        split_batches=layout.split_batches,
-        even_batches=layout.even_batches,
         drop_last=layout.drop_last,
         dataset_length=None if plan.stream else loader.dataset_length,
         batch_size=layout.batch_size,
-        process_batch_size=layout.process_batch_size,
-        step_batch_size=layout.step_batch_size,
+        **layout_fields(layout),
         sampler=shuffles.kind(plan.stream),
         num_workers=loader.num_workers,
         seeds=shuffles.seeds(),

@@ -31,7 +31,7 @@ from typing import Any, Protocol
 
 import torch
 
-from shardplug.core.loader.building import LoaderIdentity, pass_position
+from shardplug.core.loader.building import LoaderIdentity, layout_fields, pass_position
 from shardplug.core.loader.cursor import Cursor
 from shardplug.core.loader.passes import PassHost, inner_state_resumes
 from shardplug.core.resume.checks import PositionCheck
@@ -163,18 +163,13 @@ class ResumeState:
             position.num_processes,
             position.epoch + 1,
         )
-        layout = self.plan.layout  # an epoch's start is the same on every layout: described in this one's
-        return position.replace(
+        return position.replace(  # an epoch's start is the same on every layout: described in this one's
             epoch=position.epoch + 1,
             batches_yielded=0,
             consumed=0,
             dataset_state=None,
             generator_state=generator_state,
-            num_processes=layout.num_processes,
-            split_batches=layout.split_batches,
-            even_batches=layout.even_batches,
-            process_batch_size=layout.process_batch_size,
-            step_batch_size=layout.step_batch_size,
+            **layout_fields(self.plan.layout),
         )
 
     def resume_at(self, epoch: int, batches_yielded: int, seeds: Iterable[int | None] | None = None) -> None:
