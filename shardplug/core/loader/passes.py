@@ -159,7 +159,9 @@ def run_pass(loader: PassHost) -> Iterator[Any]:
         listener.loader_started(loader)
     try:
         if not state.empty:
-            batches = loader.plan.pass_batches(loader.inner_batches(discard), state.record)  # 2. read
+            batches = loader.inner_batches(discard)  # 2. read
+            if not loader.traits.batches_unchanged:
+                batches = loader.plan.pass_batches(batches, state.record)
             options, total = loader.options, state.total
             if options.depth > 0:  # 4. look ahead
                 hand_out = HandOut(loader, state)

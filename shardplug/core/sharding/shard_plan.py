@@ -220,6 +220,9 @@ class PlanTraits:
     """The data splits itself across DataLoader workers (:class:`_WorkerParts`)."""
     untracked_reason: str | None = None
     """Why padding cannot be tracked (:class:`_Untracked`; ``None``: :meth:`ShardPlan.batch_record` works)."""
+    batches_unchanged: bool = False
+    """The loader's batches are handed out as they come (:meth:`ShardPlan.pass_batches` is
+    :class:`PlanDefaults`'s): a pass need not call it."""
 
 
 def plan_traits(plan: ShardPlan) -> PlanTraits:
@@ -231,6 +234,8 @@ def plan_traits(plan: ShardPlan) -> PlanTraits:
         >>> traits = plan_traits(LocalPlan(ShardLayout(batch_size=2)))
         >>> traits.exact_length, traits.inner_state_resumes, traits.untracked_reason is not None
         (False, True, True)
+        >>> traits.batches_unchanged  # it compares the first batches of the processes as they are read
+        False
     """
     return PlanTraits(
         exact_length=isinstance(plan, _CountsFromIndices),
@@ -240,6 +245,7 @@ def plan_traits(plan: ShardPlan) -> PlanTraits:
         inner_state_resumes=not isinstance(plan, _ReadsAhead),
         splits_by_worker=isinstance(plan, _WorkerParts) and plan.splits_by_worker,
         untracked_reason=plan.untracked_reason if isinstance(plan, _Untracked) else None,
+        batches_unchanged=getattr(type(plan), "pass_batches", None) is PlanDefaults.pass_batches,
     )
 
 
