@@ -46,7 +46,7 @@ def pass_position(plan: ShardPlan, loader: LoaderIdentity, current: PassState, s
     layout = plan.layout
     generator = shuffles.generator
     epoch, done, dataset_state = loader.epoch, current.yielded, None
-    consumed = current.start + (done - current.resumed) * plan.consumed_per_batch
+    consumed = current.record.started_at + (done - current.resumed) * plan.consumed_per_batch
     generator_state = current.generator_state
     # A pass is over for every process once none has a batch left. A process with fewer batches
     # (even_batches=False) reports the same place as the others until its loop has ended by itself,

@@ -53,7 +53,8 @@ class ParkedStart(NamedTuple):
 class PassState:
     """One pass's counters (the pass in progress, or the last one): the only place they are kept.
 
-    ``start``: how much of the epoch (in the plan's unit) was consumed before the pass; ``resumed``: this
+    ``record.started_at``: how much of the epoch (in the plan's unit) was consumed before the pass (kept in
+    the plan's :class:`~shardplug.core.sharding.shard_plan.PassRecord`, which the plan reads); ``resumed``: this
     process's batches of the epoch before it; ``yielded``: this process's batches of the epoch handed out
     so far (``resumed`` included); ``total``: the pass's last batch counted the same way, where the plan's
     length is exact; ``length``: what ``len()`` said when the pass began.
@@ -61,7 +62,6 @@ class PassState:
 
     __slots__ = (
         "open",
-        "start",
         "resumed",
         "yielded",
         "complete",
@@ -78,7 +78,6 @@ class PassState:
 
     def __init__(self, record: PassRecord | None = None) -> None:
         self.open = False  # begun and not yet ended: len() is this pass's
-        self.start = 0
         self.resumed = 0
         self.yielded = 0
         self.complete = False  # its last batch was handed out
@@ -138,7 +137,7 @@ class Cursor:
     def next_start(self, consumed_per_batch: int) -> int:
         """Where (in the plan's unit) the pass in progress started, or where the next one starts."""
         if self.now.open:
-            return self.now.start
+            return self.now.record.started_at
         return (self.position.consumed if self.position is not None else 0) + self.skip * consumed_per_batch
 
     def enter_epoch(self, epoch: int) -> None:
@@ -179,7 +178,7 @@ class Cursor:
         """Batches the pass yields: the pass in progress while one is open, else the next one."""
         now = self.now
         if now.open:
-            return 0 if now.empty else max(lengths.batches_after(now.start), 0)
+            return 0 if now.empty else max(lengths.batches_after(now.record.started_at), 0)
         if self.ended:
             return 0
         start = self.position.consumed if self.position is not None else 0
@@ -195,7 +194,7 @@ class Cursor:
             if self.position is not None:
                 rest = self.length(lengths)
             else:
-                rest = lengths.batches_after(self.now.start)
+                rest = lengths.batches_after(self.now.record.started_at)
         except TypeError:
             return 0
         return max(total - rest, 0)

@@ -127,15 +127,14 @@ def begin(loader: PassHost, cursor: Cursor) -> tuple[PassState, int]:
             # a loaded position: the accumulation cycle stands where this layout's cycles of the epoch put it
             # (also after a resize, and at the next epoch's start where the saved epoch ended on this layout)
             loader.gradient_state.align_cycle(start.resumed)
-    state.start, state.resumed, state.empty = start.consumed_at_start, start.resumed, start.empty
+    record.started_at, record.fast_forwarded = start.consumed_at_start, start.fast_forwarded
+    state.resumed, state.empty = start.resumed, start.empty
     state.yielded = start.resumed
-    record.fast_forwarded = start.fast_forwarded
-    record.started_at = start.consumed_at_start
     if state.empty:  # the lengths, counted once: what len() says while the pass runs, and its last batch
         state.length = 0
     else:
         try:
-            after = loader.lengths().batches_after(state.start)
+            after = loader.lengths().batches_after(record.started_at)
             state.length = max(after, 0)
             if loader.traits.exact_length:  # the last batch is then known without reading ahead
                 state.total = state.resumed + after
