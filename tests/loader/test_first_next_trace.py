@@ -42,7 +42,7 @@ OWN_CALLS = {"fresh": 32, "resumed": 35}
 """The calls into shardplug's own modules alone, whatever torch: a ratchet too."""
 
 BOUNDS = {
-    # the targets: Walk(60, ..., 8, 25) for both (calls and modules reached; switches not yet)
+    # the targets: Walk(60, ..., 8, 25) for both (all reached)
     "fresh": Walk(calls=55, files=12, modules=8, switches=24),
     "resumed": Walk(calls=58, files=12, modules=8, switches=25),
 }
@@ -98,6 +98,24 @@ def test_the_first_next_walks_a_short_way(kind: str) -> None:
     assert walk.calls <= bound.calls, f"{walk} over {bound}:\n{where}"
     assert walk.files <= bound.files, f"{walk} over {bound}:\n{where}"
     assert walk.switches <= bound.switches, f"{walk} over {bound}:\n{where}"
+
+
+STEADY_OWN_CALLS = 3
+"""shardplug's calls per batch once a pass runs (the pass's generator, the sampler's pass and its batches): a
+ratchet, the count behind the per-batch overhead that ``benchmarks/`` times (6 before the cursor)."""
+
+
+@pytest.mark.parametrize("num_processes", [1, 2])
+def test_a_running_pass_adds_few_calls_per_batch(num_processes: int) -> None:
+    loader = prepare_data_loader(DataLoader(range(40), batch_size=1), num_processes=num_processes, process_index=0)
+    batches = iter(loader)
+    for _ in range(5):
+        next(batches)
+    taken: list[Any] = []
+    _, calls = trace(lambda: taken.append(next(batches)))
+    own = [name.removeprefix(PACKAGE) for name in calls if name.startswith(PACKAGE)]
+    assert taken[0].tolist() == [5 * num_processes]  # the sixth batch of this process came out of the traced call
+    assert len(own) <= STEADY_OWN_CALLS, f"{len(own)} calls into shardplug per batch: {own}"
 
 
 def test_the_trace_sees_every_call_of_the_first_next() -> None:
