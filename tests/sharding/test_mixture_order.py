@@ -5,10 +5,12 @@ from __future__ import annotations
 
 from collections import defaultdict
 
+import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from shardplug.core.shuffle.mixture_order import WEIGHT_UNITS, MixtureOrder, quantize_weights
+from shardplug.core.shuffle.seedable import KeyedPermutation
 
 NAMES = [f"s{k}" for k in range(8)]
 WINDOW = 10_000
@@ -128,3 +130,11 @@ def test_the_order_reads_back_from_its_state() -> None:
     order = _order(3, {"a": 4, "b": 9}, (0, {"a": 1, "b": 2}), (77, {"a": 2, "b": 1}))
     again = MixtureOrder.from_state(order.state())
     assert [again.locate(p) for p in range(200)] == [order.locate(p) for p in range(200)]
+
+
+@settings(max_examples=40, deadline=None)
+@given(n=st.integers(1, 2**40), seed=st.integers(0, 2**63), epoch=st.integers(0, 1000), k=st.integers(0, 2**40))
+def test_a_permutations_value_at_one_position_is_its_tensors(n: int, seed: int, epoch: int, k: int) -> None:
+    perm = KeyedPermutation(n, seed, epoch)
+    positions = [k % n, (k * 7 + 1) % n, n - 1]
+    assert [perm.at(p) for p in positions] == perm(torch.tensor(positions)).tolist()

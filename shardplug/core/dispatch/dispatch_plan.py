@@ -139,8 +139,17 @@ class DispatchPlan(PlanDefaults):
 
     def start_after(self, consumed: int, dataset_state: Any = None) -> int:
         if self.source is not None:
-            return self.source.start_after(consumed)
+            return self.source.start_after(consumed, dataset_state)
         return check_consumed(consumed)
+
+    def saved_state(self, consumed: int) -> Any:
+        """Process 0's source's own part of a position (a mixture's order), where it has one."""
+        return self.source.saved_state(consumed) if self.source is not None else None
+
+    @property
+    def state_everywhere(self) -> bool:
+        """Whether the source's saved state holds at every place (a mixture's order)."""
+        return bool(getattr(self.source, "state_everywhere", False))
 
     def batch_record(self, record: PassRecord, batch: int) -> tuple[list[int] | None, int]:
         """The real rows of this process's part of the step being handed out, as the step's message told

@@ -156,6 +156,15 @@ class _NamesSamples(Protocol):
 
 
 @runtime_checkable
+class _StateEverywhere(Protocol):
+    """A plan whose saved state (:meth:`ShardPlan.saved_state`) describes its order at every place, an
+    epoch's start included (a mixture's weights so far, which a resume with other weights goes on from):
+    a position keeps it wherever it stands (``state_everywhere``: whether this plan's does)."""
+
+    state_everywhere: bool
+
+
+@runtime_checkable
 class _AgreesSteps(Protocol):
     """A plan that agrees the step counts of its processes while they read (each reads up to
     ``steps_per_agreement`` batches ahead): the DataLoader's own count is not the pass's, and a position
@@ -214,6 +223,8 @@ class PlanTraits:
     """Batch records name the samples (:class:`_NamesSamples`)."""
     agrees_steps: bool = False
     """Step counts are agreed while reading (:class:`_AgreesSteps`)."""
+    state_everywhere: bool = False
+    """A position keeps the plan's saved state at every place (:class:`_StateEverywhere`)."""
     inner_state_resumes: bool = True
     """A ``StatefulDataLoader``'s own state is where a resumed pass continues (not :class:`_ReadsAhead`)."""
     splits_by_worker: bool = False
@@ -237,6 +248,7 @@ def plan_traits(plan: ShardPlan) -> PlanTraits:
         first_holds_most=isinstance(plan, _LeftoversFirst) and plan.first_holds_most,
         identifies_samples=isinstance(plan, _NamesSamples) and plan.identifies_samples,
         agrees_steps=isinstance(plan, _AgreesSteps),
+        state_everywhere=isinstance(plan, _StateEverywhere) and plan.state_everywhere,
         inner_state_resumes=not isinstance(plan, _ReadsAhead),
         splits_by_worker=isinstance(plan, _WorkerParts) and plan.splits_by_worker,
         untracked_reason=plan.untracked_reason if isinstance(plan, _Untracked) else None,

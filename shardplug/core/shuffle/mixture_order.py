@@ -51,6 +51,8 @@ _MASK64 = 2**64 - 1
 WEIGHT_UNITS = 2**32
 """The integer total a segment's weights are quantised to (a positive weight gets one unit at least)."""
 _PERMUTATIONS_KEPT = 64
+_TENSOR_FROM = 256
+"""Draws of one source and cycle from which a batch's samples are computed by tensors (fewer: by Python ints)."""
 
 
 class Draw(NamedTuple):
@@ -219,9 +221,13 @@ class MixtureOrder:
             groups.setdefault((name, draw // self.lengths[name]), []).append(k)
         out: list[Draw | None] = [None] * len(draws)
         for (name, cycle), where in groups.items():
-            length = self.lengths[name]
-            inside = torch.tensor([draws[k][1] - cycle * length for k in where], dtype=torch.int64)
-            for k, sample in zip(where, self.permutation(name, cycle)(inside).tolist()):
+            length, perm = self.lengths[name], self.permutation(name, cycle)
+            inside = [draws[k][1] - cycle * length for k in where]
+            if len(inside) > _TENSOR_FROM:
+                samples = perm(torch.tensor(inside, dtype=torch.int64)).tolist()
+            else:  # a few: Python integers are faster than a tensor's calls
+                samples = [perm.at(j) for j in inside]
+            for k, sample in zip(where, samples):
                 out[k] = Draw(name, draws[k][1], cycle, sample)
         return out  # type: ignore[return-value]
 
@@ -264,6 +270,8 @@ class MixtureOrder:
                 )
         kept = [(s.start, s.weights) for s in self.segments if s.start <= at]
         if configured.weights_at(at) != kept[-1][1]:
+            if kept[-1][0] == at:  # a segment that starts where the run resumes: nothing of it was read
+                kept.pop()
             kept.append((at, configured.weights_at(at)))
         kept += [(s.start, s.weights) for s in configured.segments if s.start > at]
         if kept == [(s.start, s.weights) for s in configured.segments]:

@@ -218,6 +218,25 @@ class KeyedPermutation:
             low = high  # the halves trade places (and sizes, when bits is odd)
         return values
 
+    def at(self, position: int) -> int:
+        """The index at one ``position`` (in ``[0, n)``), with Python integers: the same network as
+        :meth:`__call__` (every value stays below ``2**63``), without a tensor per call (for a few positions)."""
+        value = self._encrypt_int(position)
+        while value >= self.n:  # cycle-walking, as __call__
+            value = self._encrypt_int(value)
+        return value
+
+    def _encrypt_int(self, value: int) -> int:
+        """:meth:`_encrypt` of one value."""
+        low = self.bits // 2
+        for key, multiplier in self.keys:
+            high = self.bits - low
+            right = value & ((1 << low) - 1)
+            mixed = ((((right ^ key) * multiplier) >> 15) & ((1 << high) - 1)) ^ (value >> low)
+            value = (right << high) | mixed
+            low = high
+        return value
+
     def __call__(self, positions: torch.Tensor) -> torch.Tensor:
         """The indices at ``positions`` (int64, each in ``[0, n)``) of this epoch's order."""
         out = self._encrypt(positions.to(torch.int64, copy=True))
