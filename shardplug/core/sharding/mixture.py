@@ -140,7 +140,8 @@ class Mixture(Dataset[Any]):
         names = sorted(self.sources)
         if not is_int(seed):
             raise TypeError(f"seed={seed!r} is invalid: pass an integer (the same on every process and every run)")
-        self.seed = check_seed("seed", seed)
+        check_seed("seed", seed)
+        self.seed: int = seed
         self.schedule = _check_schedule(weights, names)
         lengths = {name: len(self.sources[name]) for name in names}
         if samples_per_epoch is None:
@@ -275,7 +276,7 @@ class MixturePlan(BatchSamplerPlan):
 def _check_sampler(dataloader: DataLoader[Any], data_seed: int | None, mixture: Mixture) -> None:
     """Refuse what would reorder the mixture's positions, or a seed that would not reach it."""
     batch_sampler = dataloader.batch_sampler
-    sampler = dataloader.sampler
+    sampler: Any = dataloader.sampler
     if batch_sampler is None or type(batch_sampler) is not BatchSampler:
         raise ValueError(
             f"a Mixture is read in batches of its global positions, and this DataLoader has "
