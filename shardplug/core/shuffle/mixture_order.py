@@ -40,8 +40,6 @@ import zlib
 from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
-import torch
-
 from shardplug.core._internal.arguments import is_int
 from shardplug.core.shuffle.seedable import KeyedPermutation, _splitmix64
 
@@ -51,8 +49,6 @@ _MASK64 = 2**64 - 1
 WEIGHT_UNITS = 2**32
 """The integer total a segment's weights are quantised to (a positive weight gets one unit at least)."""
 _PERMUTATIONS_KEPT = 64
-_TENSOR_FROM = 256
-"""Draws of one source and cycle from which a batch's samples are computed by tensors (fewer: by Python ints)."""
 
 
 class Draw(NamedTuple):
@@ -92,57 +88,52 @@ class _Segment:
     """One stretch of positions with one set of weights (quantised), from ``start``, with the draws
     each source had before ``start`` (``counts``)."""
 
-    __slots__ = ("start", "weights", "names", "nodes", "counts")
+    __slots__ = ("start", "weights", "names", "tree", "counts")
 
     def __init__(self, seed: int, start: int, weights: Mapping[str, int], counts: Mapping[str, int]) -> None:
         self.start = start
         self.weights = dict(weights)
         self.names = sorted(weights)
         self.counts = dict(counts)
-        self.nodes: dict[tuple[int, int], tuple[int, int, int]] = {}
-        units = [self.weights[name] for name in self.names]
-        self._build(seed, 0, len(units), units)
+        self.tree = self._build(seed, 0, len(self.names), [self.weights[name] for name in self.names])
+        """A leaf is a source's name; a node ``(left units, units, theta, left subtree, right subtree)``."""
 
-    def _build(self, seed: int, lo: int, hi: int, units: list[int]) -> None:
-        if hi - lo < 2:
-            return
+    def _build(self, seed: int, lo: int, hi: int, units: list[int]) -> Any:
+        if hi - lo == 1:
+            return self.names[lo]
         mid = (lo + hi) // 2
         left, total = sum(units[lo:mid]), sum(units[lo:hi])
         key = (seed ^ _splitmix64((self.start * 0x9E3779B1 + (lo << 20) + hi) & _MASK64)) & _MASK64
         theta = _splitmix64(key) % total if total else 0
-        self.nodes[(lo, hi)] = (left, total, theta)
-        self._build(seed, lo, mid, units)
-        self._build(seed, mid, hi, units)
+        return (left, total, theta, self._build(seed, lo, mid, units), self._build(seed, mid, hi, units))
 
     def draws_before(self, offset: int) -> dict[str, int]:
         """Each source's positions among the segment's first ``offset`` (they sum to ``offset``)."""
         out: dict[str, int] = {}
-        stack = [(0, len(self.names), offset)]
+        stack = [(self.tree, offset)]
         while stack:
-            lo, hi, n = stack.pop()
-            if hi - lo == 1:
-                out[self.names[lo]] = n
+            node, n = stack.pop()
+            if isinstance(node, str):
+                out[node] = n
                 continue
-            left_units, total, theta = self.nodes[(lo, hi)]
+            left_units, total, theta, left_tree, right_tree = node
             left = (n * left_units + theta) // total if total else 0
-            mid = (lo + hi) // 2
-            stack.append((lo, mid, left))
-            stack.append((mid, hi, n - left))
+            stack.append((left_tree, left))
+            stack.append((right_tree, n - left))
         return out
 
     def which(self, offset: int) -> tuple[str, int]:
         """The source of the segment's position ``offset``, and how many of the segment's positions before
         it are that source's."""
-        lo, hi, n = 0, len(self.names), offset
-        while hi - lo > 1:
-            left_units, total, theta = self.nodes[(lo, hi)]
+        node, n = self.tree, offset
+        while type(node) is tuple:
+            left_units, total, theta, left_tree, right_tree = node
             before = (n * left_units + theta) // total
-            mid = (lo + hi) // 2
             if ((n + 1) * left_units + theta) // total > before:
-                hi, n = mid, before
+                node, n = left_tree, before
             else:
-                lo, n = mid, n - before
-        return self.names[lo], n
+                node, n = right_tree, n - before
+        return node, n
 
 
 class MixtureOrder:
@@ -175,8 +166,10 @@ class MixtureOrder:
         self._permutations: dict[tuple[str, int], KeyedPermutation] = {}
 
     def _segment(self, position: int) -> _Segment:
-        if not is_int(position) or position < 0:
+        if type(position) is not int and not is_int(position) or position < 0:
             raise IndexError(f"position={position!r} is invalid: a mixture's positions are integers >= 0")
+        if len(self.segments) == 1:
+            return self.segments[0]
         return self.segments[bisect.bisect_right(self.starts, position) - 1]
 
     def counts_at(self, position: int) -> dict[str, int]:
@@ -212,24 +205,20 @@ class MixtureOrder:
         return self.locate_many([position])[0]
 
     def locate_many(self, positions: Sequence[int]) -> list[Draw]:
-        """The :class:`Draw` at each of ``positions`` (one permutation call per source and cycle)."""
-        draws = [self.draw_of(p) for p in positions]
-        groups: dict[tuple[str, int], list[int]] = {}
-        for k, (name, draw) in enumerate(draws):
-            if name not in self.lengths:
-                raise KeyError(f"position {positions[k]} reads source {name!r}, which this mixture has no more")
-            groups.setdefault((name, draw // self.lengths[name]), []).append(k)
-        out: list[Draw | None] = [None] * len(draws)
-        for (name, cycle), where in groups.items():
-            length, perm = self.lengths[name], self.permutation(name, cycle)
-            inside = [draws[k][1] - cycle * length for k in where]
-            if len(inside) > _TENSOR_FROM:
-                samples = perm(torch.tensor(inside, dtype=torch.int64)).tolist()
-            else:  # a few: Python integers are faster than a tensor's calls
-                samples = [perm.at(j) for j in inside]
-            for k, sample in zip(where, samples):
-                out[k] = Draw(name, draws[k][1], cycle, sample)
-        return out  # type: ignore[return-value]
+        """The :class:`Draw` at each of ``positions`` (a handful of Python integer operations each)."""
+        out = []
+        lengths, permutations = self.lengths, self._permutations
+        for p in positions:
+            segment = self._segment(p)
+            name, n = segment.which(p - segment.start)
+            draw = segment.counts.get(name, 0) + n
+            length = lengths.get(name)
+            if length is None:
+                raise KeyError(f"position {p} reads source {name!r}, which this mixture has no more")
+            cycle, inside = divmod(draw, length)
+            perm = permutations.get((name, cycle)) or self.permutation(name, cycle)
+            out.append(Draw(name, draw, cycle, perm.at(inside)))
+        return out
 
     # -- saving and continuing ----------------------------------------------------------------------
     def state(self) -> dict[str, Any]:
