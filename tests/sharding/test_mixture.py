@@ -134,3 +134,27 @@ def test_persistent_workers_read_the_order_loaded_after_they_started() -> None:
     expected = shardplug.Mixture(SOURCES, {"a": 0, "b": 0, "c": 1}, seed=6)
     expected.continue_from(20, mixture.order.state())
     assert after == [expected[p] for p in range(20, len(mixture))]
+
+
+def test_the_audit_reports_every_source_cycle_read_once_across_processes_and_epochs() -> None:
+    mixture = shardplug.Mixture(SOURCES, WEIGHTS, seed=8)
+    parts = [_loader(mixture, num_processes=2, process_index=rank, batch_size=3) for rank in range(2)]
+    audits = [part.enable_audit() for part in parts]
+    for epoch in range(2):
+        for part in parts:
+            part.set_epoch(epoch)
+            for _ in part:
+                pass
+    audits[0].load_state_dict(audits[1].state_dict())  # both processes' records in one
+    assert all(audits[0].report(epoch).exact for epoch in range(2))
+    seen: dict[tuple[str, int], int] = {}
+    for epoch in range(2):
+        for cycle in audits[0].by_source(mixture, epoch):
+            assert not cycle.duplicated, cycle
+            seen[(cycle.source, cycle.cycle)] = seen.get((cycle.source, cycle.cycle), 0) + cycle.seen
+    counts = mixture.order.counts_at(2 * len(mixture))
+    for (source, cycle), count in seen.items():  # every cycle ended within the two epochs was read whole
+        length = len(SOURCES[source])
+        assert count == (length if (cycle + 1) * length <= counts[source] else counts[source] - cycle * length)
+    assert sum(seen.values()) == 2 * len(mixture)
+    assert max(c for s, c in seen if s == "c") >= 8, "the small source cycles several times an epoch"
