@@ -69,9 +69,18 @@ CASES: list[tuple[str, dict[str, Any], list[tuple[int, int, str]]]] = [
         {"batch_size": 12, "split_batches": True},
         [(3, 100, "plain"), (4, 100, "plain"), (1, 100, "plain")],
     ),
+    (
+        "4 dispatched -> 3 -> 4 dispatched",
+        {"batch_size": 8, "dispatch": True},
+        [(4, 100, "plain"), (3, 100, "plain"), (4, 400, "plain")],
+    ),
     ("3 -> 2 with new weights and a source added", {"batch_size": 8}, [(3, 300, "plain"), (2, 400, "new")]),
     ("3 -> 2 across a scheduled step", {"batch_size": 8}, [(3, 350, "schedule"), (2, 200, "schedule")]),
 ]
+
+
+def _index(name: str) -> int:
+    return [case[0] for case in CASES].index(name)
 
 
 def _stage(
@@ -81,6 +90,7 @@ def _stage(
     if rank >= processes:
         return None, []
     workers = options.get("workers", 0)
+    dispatch = options.get("dispatch", False) and processes == dist.get_world_size()
     loader = shardplug.prepare_data_loader(
         DataLoader(
             _mixture(weights),
@@ -94,6 +104,8 @@ def _stage(
         process_index=rank,
         split_batches=options.get("split_batches", False),
         use_stateful_dataloader=options.get("stateful", False),
+        # dispatch: process 0 reads for every process of the group, so only a stage on all the ranks
+        **({"dispatch_batches": True, "put_on_device": True, "device": "cpu"} if dispatch else {}),
     )
     loader.track_padding()
     if state is not None:
@@ -103,11 +115,14 @@ def _stage(
         loader.set_epoch(epoch)
         for batch in loader:
             real = loader.batch_real_count
-            sources = loader.batch_sources
-            assert [CODES[item // 1_000_000] for item in batch.tolist()] == sources, (
-                "batch_sources names each row's source"
-            )
-            batches.append((epoch, loader.batch_indices[:real], batch.tolist()[:real]))
+            if dispatch:  # the rows came from process 0: no indices here
+                batches.append((epoch, None, batch.tolist()[:real]))
+            else:
+                sources = loader.batch_sources
+                assert [CODES[item // 1_000_000] for item in batch.tolist()] == sources, (
+                    "batch_sources names each row's source"
+                )
+                batches.append((epoch, loader.batch_indices[:real], batch.tolist()[:real]))
             if len(batches) == steps:
                 break
         else:
@@ -144,6 +159,8 @@ def _global(runs: list[list[list[Any]]], case: int) -> list[tuple[int, int]]:
             for part in parts:
                 if step < len(part):
                     epoch, indices, items = part[step]
+                    if indices is None:  # a dispatched stage: its rows' items are checked, their places taken in turn
+                        indices = [len(out) - epoch * S + k for k in range(len(items))]
                     out += [(epoch * S + i, item) for i, item in zip(indices, items)]
     return out
 
@@ -206,7 +223,7 @@ def test_the_windowed_shares_hold_over_the_chain(runs: Any) -> None:
 
 
 def test_new_weights_and_an_added_source_go_on_from_the_saved_position(runs: Any) -> None:
-    case = 5
+    case = _index("3 -> 2 with new weights and a source added")
     at = 3 * 300 * 8
     consumed = _global(runs, case)
     after = [CODES[item // 1_000_000] for _, item in consumed[at:]]
@@ -216,7 +233,7 @@ def test_new_weights_and_an_added_source_go_on_from_the_saved_position(runs: Any
 
 
 def test_a_scheduled_step_takes_effect_at_exactly_its_position_across_a_resize(runs: Any) -> None:
-    consumed = _global(runs, 6)
+    consumed = _global(runs, _index("3 -> 2 across a scheduled step"))
     step = SCHEDULE[1][0]
     assert 3 * 350 * 8 < step < len(consumed), "the step falls after the resume"
     assert all(item // 1_000_000 == 3 for _, item in consumed[step:]), "only math from the step on"
