@@ -63,16 +63,21 @@ def test_what_would_reorder_the_mixture_or_be_ignored_is_refused() -> None:
         ValueError, match=r"data_seed=7 would be ignored: a Mixture's order is seeded by Mixture\(seed=4\)"
     ):
         _loader(mixture, data_seed=7)
-    saved = _loader(mixture).state_dict()
+    saved = {**_loader(mixture).state_dict(), "batches_yielded": 1, "consumed": 1}
+    loader = _loader(shardplug.Mixture(SOURCES, WEIGHTS, seed=5))
+    before = loader.state_dict()
     with pytest.raises(ValueError, match="saved by a Mixture with seed=4 and this Mixture has seed=5"):
-        loader = _loader(shardplug.Mixture(SOURCES, WEIGHTS, seed=5))
-        loader.load_state_dict({**saved, "batches_yielded": 1, "consumed": 1})
-        next(iter(loader))
+        loader.load_state_dict(saved)
+    assert loader.state_dict() == before, "refused before anything changed"
     shorter = {**SOURCES, "b": SOURCES["b"][:-1]}
     with pytest.raises(ValueError, match="source 'b' had 60 samples when the position was saved and has 59 now"):
-        loader = _loader(shardplug.Mixture(shorter, WEIGHTS, seed=4, samples_per_epoch=105))
-        loader.load_state_dict({**saved, "batches_yielded": 1, "consumed": 1})
-        next(iter(loader))
+        _loader(shardplug.Mixture(shorter, WEIGHTS, seed=4, samples_per_epoch=105)).load_state_dict(saved)
+    with pytest.raises(ValueError, match="is not one a Mixture saved"):
+        _loader(mixture).load_state_dict({**saved, "dataset_state": {"seed": 4}})
+    with pytest.raises(
+        ValueError, match=r"a Mixture's dataset_length is its samples_per_epoch: pass samples_per_epoch=105"
+    ):
+        _loader(shardplug.Mixture({**SOURCES, "d": [1, 2]}, {**WEIGHTS, "d": 1}, seed=4)).load_state_dict(saved)
 
 
 def test_shuffle_true_and_false_read_the_same_order_and_each_batch_names_its_sources() -> None:

@@ -23,6 +23,7 @@ from shardplug.core.sharding.shard_plan import (
     PlanDefaults,
     ShardPlan,
     check_consumed,
+    check_saved_state,
     global_batch_samples,
 )
 
@@ -145,6 +146,11 @@ class DispatchPlan(PlanDefaults):
     def saved_state(self, consumed: int) -> Any:
         """Process 0's source's own part of a position (a mixture's order), where it has one."""
         return self.source.saved_state(consumed) if self.source is not None else None
+
+    def check_saved_state(self, state: Any) -> None:
+        """The source's refusals of a saved state of its own (a mixture's)."""
+        if self.source is not None:
+            check_saved_state(self.source, state)
 
     @property
     def state_everywhere(self) -> bool:

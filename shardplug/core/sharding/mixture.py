@@ -251,6 +251,11 @@ class MixturePlan(BatchSamplerPlan):
     def saved_state(self, consumed: int) -> Any:
         return self.mixture.order.state()
 
+    def check_saved_state(self, state: Any) -> None:
+        """Refuse an order this mixture cannot go on from (not a mixture's, another seed, a source of another
+        length), before anything changes."""
+        MixtureOrder.from_state(state).check_continues(self.mixture.configured)
+
     def start_after(self, consumed: int, dataset_state: Any = None) -> int:
         if dataset_state is not None:
             at = self.mixture_sampler.epoch * len(self.mixture) + (self.samples_before(consumed) or 0)

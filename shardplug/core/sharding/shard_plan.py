@@ -20,6 +20,7 @@ __all__ = [
     "PlanTraits",
     "plan_traits",
     "start_tagging",
+    "check_saved_state",
     "PassRecord",
     "UNITS",
     "sized_length",
@@ -204,6 +205,16 @@ class _TagsElements(Protocol):
 
 
 @runtime_checkable
+class _ChecksState(Protocol):
+    """A plan whose saved state (:meth:`ShardPlan.saved_state`) may not fit it (a mixture's, saved with another
+    seed): refused with the rest of a position, before anything changes."""
+
+    def check_saved_state(self, state: Any) -> None:
+        """Raise a ``ValueError`` naming the fix where ``state`` cannot be loaded into this plan."""
+        ...
+
+
+@runtime_checkable
 class _Untracked(Protocol):
     """A plan whose batches cannot be told apart from padding (``untracked_reason`` says why, and what
     to use instead)."""
@@ -253,6 +264,12 @@ def plan_traits(plan: ShardPlan) -> PlanTraits:
         splits_by_worker=isinstance(plan, _WorkerParts) and plan.splits_by_worker,
         untracked_reason=plan.untracked_reason if isinstance(plan, _Untracked) else None,
     )
+
+
+def check_saved_state(plan: ShardPlan, state: Any) -> None:
+    """Refuse a position's ``dataset_state`` that ``plan`` cannot load (:class:`_ChecksState`); others pass."""
+    if state is not None and isinstance(plan, _ChecksState):
+        plan.check_saved_state(state)
 
 
 def start_tagging(plan: ShardPlan) -> bool:

@@ -240,10 +240,9 @@ class MixtureOrder:
                 "loader.state_dict() of a loader over a Mixture, unchanged"
             ) from None
 
-    def continued(self, at: int, configured: MixtureOrder) -> MixtureOrder:
-        """This (saved) order up to ``at``, then ``configured``'s weights: the segment in effect at ``at`` goes on
-        where ``configured`` has the same weights there, else a segment starts at ``at`` with the draws every
-        source had; ``configured``'s later steps follow.  ``configured`` itself when nothing differs."""
+    def check_continues(self, configured: MixtureOrder) -> None:
+        """Refuse to go on with ``configured`` from this saved order where no place would keep every source's
+        cycle: another seed, or a source of another length."""
         if configured.seed != self.seed:
             raise ValueError(
                 f"the position was saved by a Mixture with seed={self.seed} and this Mixture has seed="
@@ -257,6 +256,12 @@ class MixtureOrder:
                     "now: its cycles would read other samples; resume with the same source, or add the new one "
                     "under another name"
                 )
+
+    def continued(self, at: int, configured: MixtureOrder) -> MixtureOrder:
+        """This (saved) order up to ``at``, then ``configured``'s weights: the segment in effect at ``at`` goes on
+        where ``configured`` has the same weights there, else a segment starts at ``at`` with the draws every
+        source had; ``configured``'s later steps follow.  ``configured`` itself when nothing differs."""
+        self.check_continues(configured)
         kept = [(s.start, s.weights) for s in self.segments if s.start <= at]
         if configured.weights_at(at) != kept[-1][1]:
             if kept[-1][0] == at:  # a segment that starts where the run resumes: nothing of it was read
