@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from shardplug.core.shuffle.mixture_order import WEIGHT_UNITS, MixtureOrder, quantize_weights
 from shardplug.core.shuffle.seedable import KeyedPermutation
 
-NAMES = [f"s{k}" for k in range(8)]
+NAMES = [f"s{k:02d}" for k in range(40)]
 WINDOW = 10_000
 
 
@@ -20,7 +20,7 @@ def _order(seed: int, lengths: dict[str, int], *steps: tuple[int, dict[str, floa
     return MixtureOrder(seed, lengths, [(start, quantize_weights(w)) for start, w in steps])
 
 
-weights_st = st.integers(2, 8).flatmap(
+weights_st = st.integers(2, 40).flatmap(
     lambda n: st.lists(st.integers(0, 1000), min_size=n, max_size=n).filter(lambda ws: sum(ws) > 0)
 )
 
