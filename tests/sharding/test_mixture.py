@@ -163,3 +163,67 @@ def test_the_audit_reports_every_source_cycle_read_once_across_processes_and_epo
         assert count == (length if (cycle + 1) * length <= counts[source] else counts[source] - cycle * length)
     assert sum(seen.values()) == 2 * len(mixture)
     assert max(c for s, c in seen if s == "c") >= 8, "the small source cycles several times an epoch"
+
+
+@pytest.mark.parametrize("split", [False, True])
+@pytest.mark.parametrize("even", [True, False])
+@pytest.mark.parametrize("drop_last", [False, True])
+@pytest.mark.parametrize(("before", "after"), [(3, 2), (2, 4), (4, 1)])
+def test_a_position_resumes_on_another_number_of_processes_with_every_option(
+    split: bool, even: bool, drop_last: bool, before: int, after: int
+) -> None:
+    """Processes simulated (num_processes=N, process_index=i: a mixture needs no group): the epoch's positions
+    read before the save and after the resume are each read once, in the global order, the items the mixture's,
+    and only a short tail is dropped (drop_last) or padded (marked)."""
+    mixture = shardplug.Mixture(SOURCES, WEIGHTS, seed=9)
+
+    def parts(processes: int) -> list[shardplug.PreparedDataLoader]:
+        made = [
+            shardplug.prepare_data_loader(
+                DataLoader(mixture, batch_size=12, drop_last=drop_last),
+                num_processes=processes,
+                process_index=rank,
+                split_batches=split,
+                even_batches=even,
+            )
+            for rank in range(processes)
+        ]
+        for part in made:
+            part.track_padding()
+        return made
+
+    def read(loaders: list[shardplug.PreparedDataLoader], steps: int | None) -> list[int]:
+        """The global positions of the real rows the loaders hand out (all, or ``steps`` each), step by step."""
+        per_process = []
+        for part in loaders:
+            rows = []
+            for batch in part:
+                start = part.epoch * len(mixture)
+                real = part.batch_real_count
+                assert batch.tolist() == [mixture[start + i] for i in part.batch_indices], "the mixture's rows"
+                rows.append([start + i for i in part.batch_indices[:real]])
+                if len(rows) == steps:
+                    break
+            per_process.append(rows)
+        return [
+            p
+            for step in range(max(map(len, per_process)))
+            for rows in per_process
+            if step < len(rows)
+            for p in rows[step]
+        ]
+
+    first = parts(before)
+    done = read(first, 2)
+    resumed = parts(after)
+    for part in resumed:
+        part.load_state_dict(first[0].state_dict())
+    rest = read(resumed, None)
+    read_positions = done + rest
+    assert read_positions == sorted(set(read_positions)), "the global order, each position once"
+    size = len(mixture)
+    for epoch in sorted({p // size for p in read_positions}):
+        mine = [p - epoch * size for p in read_positions if p // size == epoch]
+        assert mine == list(range(len(mine))), "an epoch is read from its start, without a gap"
+        if epoch == 0:  # a layout's drop_last drops less than one of its steps at the epoch's end
+            assert size - len(mine) < 12 * max(before, after) if drop_last else len(mine) == size
