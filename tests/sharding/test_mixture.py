@@ -227,3 +227,13 @@ def test_a_position_resumes_on_another_number_of_processes_with_every_option(
         assert mine == list(range(len(mine))), "an epoch is read from its start, without a gap"
         if epoch == 0:  # a layout's drop_last drops less than one of its steps at the epoch's end
             assert size - len(mine) < 12 * max(before, after) if drop_last else len(mine) == size
+
+
+def test_a_source_removed_at_a_resume_is_named_where_an_earlier_position_reads_it() -> None:
+    old = shardplug.Mixture(SOURCES, WEIGHTS, seed=2)
+    fewer = shardplug.Mixture({k: SOURCES[k] for k in "ab"}, {"a": 1, "b": 1}, seed=2, samples_per_epoch=105)
+    fewer.continue_from(50, old.order.state())
+    reads_c = next(p for p in range(50) if old.locate(p).source == "c")
+    with pytest.raises(KeyError, match=f"position {reads_c} reads source 'c', which this Mixture no longer has"):
+        fewer.__getitems__([reads_c])
+    assert {fewer.locate(p).source for p in range(50, 105)} == {"a", "b"}

@@ -174,7 +174,17 @@ class Mixture(Dataset[Any]):
 
     def __getitem__(self, position: int) -> Any:
         draw = self.order.locate(int(position))
-        return self.sources[draw.source][draw.sample]
+        return self._source(draw.source, position)[draw.sample]
+
+    def _source(self, name: str, position: int) -> Any:
+        source = self.sources.get(name)
+        if source is None:
+            raise KeyError(
+                f"position {position} reads source {name!r}, which this Mixture no longer has (it was removed where "
+                "the run resumed, and the epoch's padding reads the epoch's first positions again); give the source "
+                "weight 0 instead of removing it, until the epoch ends"
+            )
+        return source
 
     def __getitems__(self, positions: list[int]) -> list[Any]:
         """A batch's samples, each source read once per batch (with its ``__getitems__`` where it has one)."""
@@ -184,7 +194,7 @@ class Mixture(Dataset[Any]):
             by_source.setdefault(draw.source, []).append(k)
         out: list[Any] = [None] * len(draws)
         for name, where in by_source.items():
-            source, samples = self.sources[name], [draws[k].sample for k in where]
+            source, samples = self._source(name, positions[where[0]]), [draws[k].sample for k in where]
             many = getattr(source, "__getitems__", None)
             items = many(samples) if many is not None else [source[s] for s in samples]
             for k, item in zip(where, items):
