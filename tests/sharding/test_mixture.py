@@ -16,12 +16,18 @@ WEIGHTS = {"a": 0.5, "b": 0.3, "c": 0.2}
 
 
 def _loader(mixture: shardplug.Mixture, **kwargs: Any) -> shardplug.PreparedDataLoader:
-    options = {k: kwargs.pop(k) for k in ("num_processes", "process_index", "data_seed") if k in kwargs}
+    names = ("num_processes", "process_index", "data_seed", "dispatch_batches")
+    options = {k: kwargs.pop(k) for k in names if k in kwargs}
     return shardplug.prepare_data_loader(
         DataLoader(mixture, batch_size=kwargs.pop("batch_size", 4), **kwargs),
         num_processes=options.get("num_processes", 1),
         process_index=options.get("process_index", 0),
         data_seed=options.get("data_seed"),
+        **(
+            {"dispatch_batches": True, "put_on_device": True, "device": "cpu"}
+            if options.get("dispatch_batches")
+            else {}
+        ),
     )
 
 
@@ -119,12 +125,14 @@ def test_new_weights_loaded_at_an_epochs_end_go_on_from_its_draws() -> None:
         ]
 
 
-def test_persistent_workers_read_the_order_loaded_after_they_started() -> None:
+@pytest.mark.parametrize("dispatch", [False, True], ids=["own-shard", "dispatch"])
+def test_persistent_workers_read_the_order_loaded_after_they_started(dispatch: bool) -> None:
     mixture = shardplug.Mixture(SOURCES, WEIGHTS, seed=6)
     workers = {
         "num_workers": 2,
         "persistent_workers": True,
         "multiprocessing_context": worker_context(2, ["shardplug"]),
+        "dispatch_batches": dispatch,  # process 0's reader (the one process here) starts its workers anew too
     }
     saved_loader = _loader(shardplug.Mixture(SOURCES, WEIGHTS, seed=6))
     batches = iter(saved_loader)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -146,6 +147,12 @@ class DispatchPlan(PlanDefaults):
     def saved_state(self, consumed: int) -> Any:
         """Process 0's source's own part of a position (a mixture's order), where it has one."""
         return self.source.saved_state(consumed) if self.source is not None else None
+
+    def start_in_workers(self, num_workers: int) -> contextlib.AbstractContextManager[bool]:
+        """Process 0's source's (a mixture's workers start anew after its order changed); else nothing waits."""
+        if self.source is not None:
+            return self.source.start_in_workers(num_workers)
+        return contextlib.nullcontext(False)
 
     def check_saved_state(self, state: Any) -> None:
         """The source's refusals of a saved state of its own (a mixture's)."""
