@@ -44,8 +44,9 @@ before it]``: one batch as a front end's training step saw it."""
 @dataclass(frozen=True)
 class Setup:
     """The options of a run: ``n`` samples ``0 .. n-1``, ``batch`` per process, ``shuffle`` "seeded"
-    (``use_seedable_sampler`` + ``data_seed``) or "agreed" (a ``shuffle=True`` DataLoader, its seed agreed from
-    process 0), ``validation``: an epoch-end validation loop (Lightning)."""
+    (``use_seedable_sampler`` + ``data_seed``), "agreed" (a ``shuffle=True`` DataLoader, its seed agreed from
+    process 0) or "mixture" (a ``shardplug.Mixture`` of the samples' two halves weighted alike, ``n`` even: each
+    epoch reads each half's cycle once), ``validation``: an epoch-end validation loop (Lightning)."""
 
     n: int = 37
     batch: int = 2
@@ -169,7 +170,7 @@ def check_resumed(
                     assert len(row[2]) == setup.batch and not row[3], f"{where}: a short or padded batch {row}"
                 elif row[0] == epoch:
                     assert not (row[3] and setup.drop_last), f"{where}: padding with drop_last {row}"
-        if fresh is not None and setup.shuffle == "seeded" and (epoch > epochs[0] or not done):
+        if fresh is not None and setup.shuffle in ("seeded", "mixture") and (epoch > epochs[0] or not done):
             mine = [[row[:4] for row in rank if row[0] == epoch] for rank in after]
             theirs = [[row[:4] for row in rank if row[0] == epoch] for rank in fresh]
             assert mine == theirs, f"{where}: epoch {epoch} differs from an uninterrupted run's"

@@ -66,11 +66,17 @@ PLAIN: dict[str, tuple[Setup, Layouts]] = {
     ),
 }
 
-FABRIC = IGNITE = {
+FABRIC = {
     # fewer layouts (each process imports Lightning, or Ignite, for seconds): 2 -> 1, 2 -> 3, 1 -> 2, 3 -> 2
     "seeded": (PLAIN["seeded"][0], ((1, (2,)), (3, (2,)))),
     "agreed-accumulate3-droplast-workers2": (PLAIN["agreed-accumulate3-droplast-workers2"][0], ((2, (1, 3)),)),
 }
+MIXTURE: dict[str, tuple[Setup, Layouts]] = {
+    # a shardplug.Mixture, resized from 3 to 2 processes (its first run on 3 is one more run of the front end)
+    "mixture": (Setup(n=38, shuffle="mixture"), ((2, (3,)),)),
+}
+LIGHTNING = {**LIGHTNING, **MIXTURE}
+IGNITE = {**FABRIC, **MIXTURE}
 
 
 Relay = tuple[int, str, int, tuple[int, ...]]

@@ -13,6 +13,7 @@ from shardplug.core.padding.metrics import drop_padding, gather_for_metrics
 from shardplug.core.planner import prepare_data_loader, skip_first_batches
 from shardplug.core.resume.position import Position
 from shardplug.core.sharding.map_style import BatchSamplerShard
+from shardplug.core.sharding.mixture import Mixture
 from shardplug.core.sharding.read_all import IterableDatasetShard
 from shardplug.core.shuffle.rng import synchronize_rng_states
 from shardplug.core.shuffle.seedable import BijectiveRandomSampler, SeedableRandomSampler
@@ -34,6 +35,7 @@ __all__ = [
     "GradientState",
     "IterableDatasetShard",
     "LengthMismatchWarning",
+    "Mixture",
     "Position",
     "PreparedDataLoader",
     "PreparedOptimizer",

@@ -33,8 +33,8 @@ from shardplug.core.graphs.prepared_graphs import MixtureLoaderShard, prepare_gr
 from shardplug.core.graphs.reading import GraphLike, is_graph
 from shardplug.core.loader.prepared import DataLoaderShard, LoaderOptions, PreparedDataLoader, combined_class
 from shardplug.core.resume.stateful import stateful_dataloader_class
-from shardplug.core.sharding import local, map_style, native, presplit, read_all
-from shardplug.core.sharding.kinds import DISPATCH, LOCAL, MAP_STYLE, NATIVE, PRESPLIT, Shard, ShardingKind
+from shardplug.core.sharding import local, map_style, mixture, native, presplit, read_all
+from shardplug.core.sharding.kinds import DISPATCH, LOCAL, MAP_STYLE, MIXTURE, NATIVE, PRESPLIT, Shard, ShardingKind
 from shardplug.core.sharding.layout import ShardLayout
 from shardplug.core.sharding.stream_traits import stream_kind
 from shardplug.core.shuffle.rng import check_rng_types
@@ -326,7 +326,8 @@ def kind_of(dataloader: DataLoader[Any], options: _DataOptions, layout: ShardLay
             readers,
         )
     else:
-        kind = ShardingKind(DISPATCH, reads=MAP_STYLE) if options.dispatch_batches else ShardingKind(MAP_STYLE)
+        reads = MIXTURE if isinstance(dataloader.dataset, mixture.Mixture) else MAP_STYLE
+        kind = ShardingKind(DISPATCH, reads=reads) if options.dispatch_batches else ShardingKind(reads)
     if kind.name == DISPATCH and not options.put_on_device:
         raise ValueError(
             "dispatch_batches=True sends each process its rows, which needs put_on_device=True; "
@@ -344,6 +345,8 @@ def _shard(
     name = kind.reads if kind.name == DISPATCH else kind.name
     if name == MAP_STYLE:
         return map_style.shard(dataloader, layout, options)  # the data options whole: the shuffle's are read there
+    if name == MIXTURE:
+        return mixture.shard(dataloader, layout, options)
     if name == LOCAL:  # one reader: a dispatcher's process 0 compares nothing
         return local.shard(dataset, layout, batch_size, drop_last, readers if kind.name == LOCAL else Readers())
     if kind.name == PRESPLIT:

@@ -27,6 +27,7 @@ from shardplug.core.dispatch.dispatch_plan import DispatchPlan
 from shardplug.core.dispatch.sender import StepReader
 from shardplug.core.dispatch.wire import Wire
 from shardplug.core.sharding.map_style import BatchSamplerPlan
+from shardplug.core.sharding.mixture import MixturePlan
 from shardplug.core.sharding.shard_plan import PassRecord
 
 __all__ = [
@@ -38,6 +39,7 @@ __all__ = [
     "dispatched_batches",
     "dispatched_length",
     "Batches",
+    "source_labels",
 ]
 
 Batches = list[tuple[list[int], int]]
@@ -55,8 +57,16 @@ class LoaderSpec:
     drop_last: bool = False
     shuffle: bool = False
     seed: int | None = None
+    mixture: tuple[tuple[str, int, float], ...] = ()
+    """``(name, length, weight)`` of each source of a ``shardplug.Mixture`` (seeded by ``seed``, ``samples``
+    positions an epoch) instead of ``range(samples)``; empty for none."""
 
     def dataloader(self) -> DataLoader[Any]:
+        if self.mixture:
+            sources = {name: range(length) for name, length, _ in self.mixture}
+            weights = {name: weight for name, _, weight in self.mixture}
+            mixture = shardplug.Mixture(sources, weights, seed=self.seed or 0, samples_per_epoch=self.samples)
+            return DataLoader(mixture, batch_size=self.batch_size, drop_last=self.drop_last)
         data = cast("Dataset[int]", range(self.samples))  # a range is a map-style dataset of its integers
         return DataLoader(data, batch_size=self.batch_size, shuffle=self.shuffle, drop_last=self.drop_last)
 
@@ -70,7 +80,7 @@ def prepared(spec: LoaderSpec, num_processes: int, process_index: int, epoch: in
         process_index=process_index,
         split_batches=spec.split_batches,
         even_batches=spec.even_batches,
-        data_seed=spec.seed if spec.shuffle else None,
+        data_seed=spec.seed if spec.shuffle and not spec.mixture else None,
         put_on_device=False,
     )
     loader.set_epoch(epoch)
@@ -86,8 +96,19 @@ def _map_plan(loader: shardplug.PreparedDataLoader) -> BatchSamplerPlan:
 
 def shard_batches(loader: shardplug.PreparedDataLoader, consumed: int) -> Batches:
     """The batches ``loader`` yields after ``consumed`` global batches of its epoch, with their
-    real counts: its plan's answer (indices only, nothing is loaded)."""
-    return [(list(batch), int(real)) for batch, real in _map_plan(loader).batches(consumed)]
+    real counts: its plan's answer (indices only, nothing is loaded; a mixture's as positions in the epoch)."""
+    plan = _map_plan(loader)
+    size = len(plan.mixture) if isinstance(plan, MixturePlan) else None
+    return [([i % size for i in batch] if size else list(batch), int(real)) for batch, real in plan.batches(consumed)]
+
+
+def source_labels(loader: shardplug.PreparedDataLoader, epoch: int, indices: list[int]) -> list[str]:
+    """What a mixture's positions ``indices`` of ``epoch`` read, as ``<source><sample>`` (``[]``: not a mixture)."""
+    plan = loader.plan
+    if not isinstance(plan, MixturePlan):
+        return []
+    start = epoch * len(plan.mixture)
+    return [f"{d.source}{d.sample}" for d in plan.mixture.locate_many([start + i for i in indices])]
 
 
 def shard_length(loader: shardplug.PreparedDataLoader, consumed: int) -> int:

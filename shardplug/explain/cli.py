@@ -40,6 +40,21 @@ def _count(minimum: int) -> type[int]:
     return parse  # type: ignore[return-value]
 
 
+def _source(text: str) -> tuple[str, int, float]:
+    """``NAME=LENGTH:WEIGHT`` of ``--mixture``."""
+    name, _, rest = text.partition("=")
+    length, _, weight = rest.partition(":")
+    try:
+        parsed = (name, int(length), float(weight))
+    except ValueError:
+        parsed = ("", 0, -1.0)
+    if not name or not name.isalpha() or parsed[1] < 1 or parsed[2] < 0:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is invalid: write NAME=LENGTH:WEIGHT (letters, an integer >= 1, a number >= 0), e.g. web=10:0.5"
+        )
+    return parsed
+
+
 def parser() -> argparse.ArgumentParser:
     """The command's parser (``shardplug explain --help`` documents every option)."""
     return _parsers()[0]
@@ -78,6 +93,15 @@ def _parsers() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
     sub.add_argument("--shuffle", action="store_true", help="DataLoader(shuffle=True), with data_seed=--seed")
     sub.add_argument(
         "--seed", type=_count(0), metavar="S", help="the shuffle's data_seed= (with --shuffle; default: 0)"
+    )
+    sub.add_argument(
+        "--mixture",
+        nargs="+",
+        type=_source,
+        default=(),
+        metavar="NAME=LENGTH:WEIGHT",
+        help="read a shardplug.Mixture of sources range(LENGTH) weighted WEIGHT (seeded by --seed, --samples "
+        "positions an epoch) instead of range(SAMPLES); each row shows <source><sample>",
     )
     sub.add_argument(
         "--dispatch", action="store_true", help="dispatch_batches=True: process 0 reads, each process receives its rows"
@@ -127,9 +151,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = top.parse_args(argv)
     target = _figure_target(args, sub)
     try:
-        options = ExplainOptions(
-            **{field.name: getattr(args, field.name) for field in dataclasses.fields(ExplainOptions)}
-        )
+        values = {field.name: getattr(args, field.name) for field in dataclasses.fields(ExplainOptions)}
+        options = ExplainOptions(**{**values, "mixture": tuple(values["mixture"])})
         picture = explain(options)
     except ExplainError as exc:
         sub.error(str(exc))

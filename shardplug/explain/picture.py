@@ -46,6 +46,9 @@ class ExplainOptions:
     epochs: int = 1
     resume_at: int | None = None
     processes_after: int | None = None
+    mixture: tuple[tuple[str, int, float], ...] = ()
+    """``(name, length, weight)`` of each source: the job reads a ``shardplug.Mixture`` of ``range(length)``
+    sources (seeded by ``seed``, ``samples`` positions an epoch) instead of ``range(samples)``."""
 
     def __post_init__(self) -> None:
         for name in ("samples", "batch_size", "processes", "epochs", "processes_after"):
@@ -62,14 +65,27 @@ class ExplainOptions:
                 f"--processes-after {self.processes_after} needs --resume-at STEP: the step after which the "
                 "position is saved"
             )
-        if self.seed is not None and not self.shuffle:
-            raise ExplainError(f"--seed {self.seed} needs --shuffle: an unshuffled order has no seed")
+        if self.seed is not None and not self.shuffle and not self.mixture:
+            raise ExplainError(f"--seed {self.seed} needs --shuffle (or --mixture): an unshuffled order has no seed")
+        if self.mixture and self.shuffle:
+            raise ExplainError(
+                "--shuffle with --mixture: a mixture's order is its own (seeded by --seed); drop --shuffle"
+            )
 
     @property
     def spec(self) -> _engine.LoaderSpec:
         seed = (self.seed if self.seed is not None else 0) if self.shuffle else None
+        if self.mixture:
+            seed = self.seed if self.seed is not None else 0
         return _engine.LoaderSpec(
-            self.samples, self.batch_size, self.split_batches, self.even_batches, self.drop_last, self.shuffle, seed
+            self.samples,
+            self.batch_size,
+            self.split_batches,
+            self.even_batches,
+            self.drop_last,
+            self.shuffle,
+            seed,
+            self.mixture,
         )
 
     @property
@@ -93,6 +109,8 @@ class BatchView:
 
     indices: tuple[int, ...]
     real: int
+    labels: tuple[str, ...] = ()
+    """A mixture's rows as ``<source><sample>`` (empty for other data)."""
 
     @property
     def padding(self) -> tuple[int, ...]:
@@ -195,7 +213,14 @@ def _epoch(options: ExplainOptions, spec: _engine.LoaderSpec, processes: int, ep
         per_process = [_engine.shard_batches(loader, consumed) for loader in loaders]
         lengths = [_engine.shard_length(loader, consumed) for loader in loaders]
     shares = tuple(
-        Share(i, tuple(BatchView(tuple(rows), real) for rows, real in batches), int(length))
+        Share(
+            i,
+            tuple(
+                BatchView(tuple(rows), real, tuple(_engine.source_labels(loaders[0], epoch, rows)))
+                for rows, real in batches
+            ),
+            int(length),
+        )
         for i, (batches, length) in enumerate(zip(per_process, lengths))
     )
     return EpochView(epoch, shares, ())

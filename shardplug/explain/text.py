@@ -21,8 +21,34 @@ __all__ = ["render_text"]
 
 
 def _batch(batch: BatchView) -> str:
-    cells = [str(i) for i in batch.indices[: batch.real]] + [f"{i}*" for i in batch.padding]
+    names = batch.labels or tuple(str(i) for i in batch.indices)
+    cells = list(names[: batch.real]) + [f"{name}*" for name in names[batch.real :]]
     return "[" + " ".join(cells) + "]"
+
+
+def _split(view: EpochView) -> list[str]:
+    """A mixture's split of the epoch's real rows: each source's count and share, each process's counts."""
+    rows = [
+        (share.process, label)
+        for share in view.shares
+        for batch in share.batches
+        for label in batch.labels[: batch.real]
+    ]
+    if not rows:
+        return []
+    names = sorted({label.rstrip("0123456789") for _, label in rows})
+    total = len(rows)
+    counts = {name: sum(1 for _, label in rows if label.rstrip("0123456789") == name) for name in names}
+    line = ", ".join(f"{name} {counts[name]} ({counts[name] / total:.0%})" for name in names)
+    per = "; ".join(
+        f"process {share.process}: "
+        + " ".join(
+            f"{name} {sum(1 for p, label in rows if p == share.process and label.rstrip('0123456789') == name)}"
+            for name in names
+        )
+        for share in view.shares
+    )
+    return [f"  sources: {line}", f"  per process: {per}"]
 
 
 def _samples(count: int) -> str:
@@ -53,7 +79,7 @@ def _pass(view: EpochView) -> list[str]:
     padding = view.padding
     dropped = " ".join(str(i) for i in view.dropped) if view.dropped else "none"
     lines.append(f"  padding: {_samples(padding) if padding else 'none'}  dropped: {dropped}")
-    return lines
+    return lines + _split(view)
 
 
 def render_text(picture: Picture) -> str:
@@ -64,6 +90,13 @@ def render_text(picture: Picture) -> str:
         f"{picture.process_batch_size} samples per process and step, {picture.step_batch_size} per step",
         f"split_batches={o.split_batches}, even_batches={o.even_batches}, drop_last={o.drop_last}"
         + (f", shuffle with data_seed={o.spec.seed}" if o.shuffle else "")
+        + (
+            ", a Mixture of "
+            + ", ".join(f"{name} ({length} samples, weight {weight:g})" for name, length, weight in o.mixture)
+            + f" with seed={o.spec.seed}; positions of the epoch read <source><sample>"
+            if o.mixture
+            else ""
+        )
         + (", dispatch_batches=True" if o.dispatch else "")
         + " (* marks padding)",
     ]

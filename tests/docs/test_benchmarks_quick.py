@@ -26,3 +26,9 @@ def test_benchmarks_quick_prints_every_figure():
 def test_gpu_benchmark_runs_or_says_it_needs_a_gpu():
     done = _quick("gpu.py")
     assert "no CUDA device here" in done.stdout or "step 2 x Linear(256)" in done.stdout, done.stdout
+
+
+def test_mixture_benchmark_prints_every_figure():
+    done = _quick("mixture.py")
+    for figure in ("M1", "M2"):
+        assert f"{figure} " in done.stdout, f"{figure} missing from:\n{done.stdout}"

@@ -144,6 +144,10 @@ def test_the_command_prints_the_picture(capsys):
         (["--resume-at", "5"], "--resume-at 5 is past the end of the epoch"),
         (["--processes-after", "3"], "--processes-after 3 needs --resume-at"),
         (["--seed", "3"], "--seed 3 needs --shuffle"),
+        (["--mixture", "web=10"], "'web=10' is invalid: write NAME=LENGTH:WEIGHT"),
+        (["--mixture", "web=10:-1"], "'web=10:-1' is invalid"),
+        (["--mixture", "web=10:0"], "weights={'web': 0.0} are all zero"),
+        (["--mixture", "web=10:1", "--shuffle"], "--shuffle with --mixture"),
         (["--format", "svg"], "svg needs one PATH"),
         (["--format", "pdf", "x.pdf"], "'pdf' is invalid"),
         (["--split-batches", "--batch-size", "4", "--resume-at", "1", "--processes-after", "3"], "num_processes=3"),
@@ -163,7 +167,7 @@ def test_help_documents_every_option():
     )
     for option in (
         "--samples", "--batch-size", "--processes", "--split-batches", "--no-even-batches", "--drop-last",
-        "--shuffle", "--seed", "--dispatch", "--epochs", "--resume-at", "--processes-after", "--format",
+        "--shuffle", "--seed", "--dispatch", "--epochs", "--resume-at", "--processes-after", "--format", "--mixture",
     ):  # fmt: skip
         assert option in result.stdout
 
@@ -196,7 +200,7 @@ def test_the_docs_show_figures_made_by_the_command(page):
 
 def test_the_output_shown_in_the_docs_is_the_commands(capsys):
     shown = re.findall(
-        r"```bash\npython -m shardplug explain (.*)\n```\n\n```text\n(.*?)```", (ROOT / PAGES[0]).read_text(), re.S
+        r"```bash\npython -m shardplug explain ([^\n]*)\n```\n\n```text\n(.*?)```", (ROOT / PAGES[0]).read_text(), re.S
     )
     assert shown
     for command, output in shown:
@@ -223,3 +227,41 @@ def test_png_figures_are_written_too(tmp_path, capsys):
         main(["explain", "--samples", "7", "--batch-size", "3", "--processes", "2", "--format", "png", str(path)]) == 0
     )
     assert path.read_bytes().startswith(b"\x89PNG") and f"figure: {path}" in capsys.readouterr().out
+
+
+MIXTURE = (("web", 10, 0.5), ("code", 6, 0.3), ("math", 2, 0.2))
+
+
+@pytest.mark.parametrize("processes, split", [(2, False), (3, True), (4, False)])
+def test_a_mixtures_split_is_what_real_loaders_over_it_yield(processes: int, split: bool) -> None:
+    o = ExplainOptions(20, 6, processes, split_batches=split, epochs=2, seed=1, mixture=MIXTURE)
+    picture = explain(o)
+    mixture = shardplug.Mixture(
+        {name: range(n) for name, n, _ in MIXTURE}, {name: w for name, _, w in MIXTURE}, seed=1, samples_per_epoch=20
+    )
+    for view in picture.epochs:
+        for rank, share in enumerate(view.shares):
+            loader = shardplug.prepare_data_loader(
+                DataLoader(mixture, batch_size=6), num_processes=processes, process_index=rank, split_batches=split
+            )
+            loader.track_padding()
+            loader.set_epoch(view.epoch)
+            shown = [(batch.indices, batch.real, batch.labels) for batch in share.batches]
+            real = []
+            for batch in loader:
+                labels = tuple(f"{s}{i}" for s, i in zip(loader.batch_sources, batch.tolist()))
+                real.append((tuple(loader.batch_indices), loader.batch_real_count, labels))
+            assert shown == real
+    text = render_text(picture)
+    assert "a Mixture of web (10 samples, weight 0.5)" in text
+    assert "  sources: code 6 (30%), math 4 (20%), web 10 (50%)" in text
+
+
+def test_the_command_shows_a_mixture_resumed_on_another_number_of_processes(capsys):
+    argv = ["--samples", "20", "--batch-size", "4", "--processes", "2", "--seed", "1", "--resume-at", "1"]
+    argv += ["--processes-after", "3", "--mixture", "web=10:0.5", "code=6:0.3", "math=2:0.2"]
+    assert main(["explain", *argv]) == 0
+    out = capsys.readouterr().out
+    first = re.search(r"process 0  len\(\)=3  \[[^]]*\] (\[[^]]*\])", out).group(1)
+    resumed = re.search(r"on 3 processes: .*\n  process 0  len\(\)=1  (\[[^]]*\])", out).group(1)
+    assert first == resumed, "the next global batch, whatever the number of processes"

@@ -14,7 +14,7 @@ def training_loader(setup: Setup, dataset: Any, worker_context: Any, persistent_
     """The DataLoader a user hands the front end for ``setup``: ``dataset(setup.n)`` shuffled in batches of
     ``setup.batch`` with its ``drop_last`` and workers (from ``worker_context(setup)``; persistent unless told)."""
     return DataLoader(
-        dataset(setup.n),
+        training_data(setup, dataset),
         batch_size=setup.batch,
         shuffle=True,
         drop_last=setup.drop_last,
@@ -22,6 +22,19 @@ def training_loader(setup: Setup, dataset: Any, worker_context: Any, persistent_
         multiprocessing_context=worker_context(setup),
         persistent_workers=persistent_workers and bool(setup.workers),
     )
+
+
+def training_data(setup: Setup, dataset: Any) -> Any:
+    """``dataset(setup.n)``; for ``setup.shuffle == "mixture"`` a ``shardplug.Mixture`` of its two halves weighted
+    alike (every epoch draws each half exactly once: one cycle of each, in its seeded order, interleaved)."""
+    samples = dataset(setup.n)
+    if setup.shuffle != "mixture":
+        return samples
+    import shardplug
+
+    half = setup.n // 2
+    halves = {"low": [samples[i] for i in range(half)], "high": [samples[i] for i in range(half, setup.n)]}
+    return shardplug.Mixture(halves, {"low": 1, "high": 1}, seed=5)
 
 
 class SavesPointFiles:

@@ -49,7 +49,7 @@ def test_arithmetic_shard_equals_the_walked_one(layout, kind, rank, start, seed)
         n = max(n, 1)  # RandomSampler refuses an empty dataset
     ours_sampler, walked_sampler = _sampler(kind, n, seed), _sampler(kind, n, seed)
     shard = BatchSamplerShard(BatchSampler(ours_sampler, batch_size, drop_last), processes, rank, split, even)
-    assert shard.plan._arithmetic(), "a standard batch sampler takes the arithmetic path"
+    assert shard.plan.arithmetic(), "a standard batch sampler takes the arithmetic path"
     shard_layout = ShardLayout.for_batches(batch_size, processes, rank, split, even, drop_last)
     for epoch in range(2):  # the second epoch shows the generators were left alike
         skip = start if epoch == 0 else 0

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -23,6 +24,7 @@ from shardplug.core.sharding.shard_plan import (
     PlanDefaults,
     ShardPlan,
     check_consumed,
+    check_saved_state,
     global_batch_samples,
 )
 
@@ -139,8 +141,28 @@ class DispatchPlan(PlanDefaults):
 
     def start_after(self, consumed: int, dataset_state: Any = None) -> int:
         if self.source is not None:
-            return self.source.start_after(consumed)
+            return self.source.start_after(consumed, dataset_state)
         return check_consumed(consumed)
+
+    def saved_state(self, consumed: int) -> Any:
+        """Process 0's source's own part of a position (a mixture's order), where it has one."""
+        return self.source.saved_state(consumed) if self.source is not None else None
+
+    def start_in_workers(self, num_workers: int) -> contextlib.AbstractContextManager[bool]:
+        """Process 0's source's (a mixture's workers start anew after its order changed); else nothing waits."""
+        if self.source is not None:
+            return self.source.start_in_workers(num_workers)
+        return contextlib.nullcontext(False)
+
+    def check_saved_state(self, state: Any) -> None:
+        """The source's refusals of a saved state of its own (a mixture's)."""
+        if self.source is not None:
+            check_saved_state(self.source, state)
+
+    @property
+    def state_everywhere(self) -> bool:
+        """Whether the source's saved state holds at every place (a mixture's order)."""
+        return bool(getattr(self.source, "state_everywhere", False))
 
     def batch_record(self, record: PassRecord, batch: int) -> tuple[list[int] | None, int]:
         """The real rows of this process's part of the step being handed out, as the step's message told

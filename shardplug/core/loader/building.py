@@ -67,6 +67,8 @@ def pass_position(plan: ShardPlan, loader: LoaderIdentity, current: PassState, s
         dataset_state = plan.saved_state(consumed)  # the plan's own part (a dataset's own position)
     if generator_state is None and generator is not None:
         generator_state = generator.get_state()
+    if dataset_state is None and plan_traits(plan).state_everywhere:  # an order that holds at an epoch's start too
+        dataset_state = plan.saved_state(consumed)
     return Position(
         epoch=epoch,
         batches_yielded=done,

@@ -15,6 +15,7 @@ from shardplug.core.padding.audit import SampleAudit
 from shardplug.core.padding.tracking import PaddingTracker
 from shardplug.core.sharding.map_style import IndexSamplerShard
 from shardplug.core.sharding.marks import TagCollate
+from shardplug.core.sharding.mixture import Mixture
 from shardplug.core.sharding.shard_plan import ShardPlan, plan_traits, start_tagging
 
 __all__ = ["PaddingRecords"]
@@ -79,6 +80,18 @@ class PaddingRecords:
     def batch_indices(self) -> list[int] | None:
         """Dataset indices of the batch being processed (with :meth:`track_padding`)."""
         return self.cursor.now.batch_indices
+
+    @property
+    def batch_sources(self) -> list[str] | None:
+        """For a loader over a :class:`~shardplug.core.sharding.mixture.Mixture`: the source of each row of the
+        batch being processed (with :meth:`track_padding`; ``None`` before, or for other data), for per-source
+        metrics.  Its :attr:`batch_indices` are positions in the epoch (``epoch * len(mixture) + i`` is the
+        global position ``mixture.locate`` reads)."""
+        indices, dataset = self.cursor.now.batch_indices, getattr(self, "dataset", None)
+        if indices is None or not isinstance(dataset, Mixture):
+            return None
+        start = self.cursor.epoch * len(dataset)
+        return dataset.sources_of([start + i for i in indices])
 
     @property
     def batch_real_count(self) -> int | None:

@@ -37,7 +37,7 @@ from shardplug.core.loader.passes import PassHost, inner_state_resumes
 from shardplug.core.resume.checks import PositionCheck
 from shardplug.core.resume.position import Position
 from shardplug.core.resume.stateful import POSITION_KEY
-from shardplug.core.sharding.shard_plan import ShardPlan
+from shardplug.core.sharding.shard_plan import ShardPlan, plan_traits
 
 __all__ = ["ResumeState", "ResumeHost"]
 
@@ -167,7 +167,7 @@ class ResumeState:
             epoch=position.epoch + 1,
             batches_yielded=0,
             consumed=0,
-            dataset_state=None,
+            dataset_state=self.everywhere_state(position),
             generator_state=generator_state,
             **layout_fields(self.plan.layout),
         )
@@ -182,9 +182,14 @@ class ResumeState:
                 batches_yielded=batches_yielded,
                 consumed=batches_yielded * self.plan.consumed_per_batch,
                 seeds=tuple(here.seeds if seeds is None else seeds),
-                dataset_state=None,
+                dataset_state=self.everywhere_state(here),
             )
         )
+
+    def everywhere_state(self, position: Position) -> Any:
+        """What of ``position``'s ``dataset_state`` holds at another place of it: the plan's state where it
+        describes its order at every place (:class:`~shardplug.core.sharding.shard_plan.PlanTraits`), else none."""
+        return position.dataset_state if plan_traits(self.plan).state_everywhere else None
 
     # -- state dicts ------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:

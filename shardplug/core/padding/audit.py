@@ -31,7 +31,26 @@ from shardplug.core._internal.arguments import is_int
 from shardplug.core._internal.collectives import waiting_for
 from shardplug.core._internal.topology import distributed_is_active
 
-__all__ = ["SampleAudit", "AuditReport"]
+__all__ = ["SampleAudit", "AuditReport", "CycleReport"]
+
+
+@dataclass(frozen=True)
+class CycleReport:
+    """What one epoch read of one cycle of one source of a mixture (:meth:`SampleAudit.by_source`): the source's
+    ``length``, how many of its samples were ``seen`` in that cycle, and how many ``duplicated`` (a sample at two
+    positions of the cycle, or a position seen twice)."""
+
+    source: str
+    cycle: int
+    length: int
+    seen: int
+    duplicated: int
+
+    @property
+    def complete(self) -> bool:
+        """Every sample of the cycle read in this epoch, none twice."""
+        return self.seen == self.length and not self.duplicated
+
 
 _BIT = torch.tensor([1, 2, 4, 8, 16, 32, 64, 128], dtype=torch.uint8)
 
@@ -248,6 +267,36 @@ class SampleAudit:
             missing_count=n - seen,
             duplicated_count=duplicated,
         )
+
+    def by_source(self, mixture: Any, epoch: int) -> list[CycleReport]:
+        """What ``epoch`` read of each cycle of each source of ``mixture`` (a
+        :class:`~shardplug.core.sharding.mixture.Mixture`, whose loader recorded positions of the epoch), by
+        source and cycle: a cycle begun in the previous epoch, or going on into the next, reads only part of it
+        here; one whose samples are all seen, none twice, is :attr:`CycleReport.complete`. Reads every seen
+        position (O(positions seen) Python work: for checks, not for every step)."""
+        record = self.records.get(epoch)
+        if record is None:
+            return []
+        n = self.dataset_length
+        ids = _first_ids(record.seen, n, n, set_bits=True)
+        twice = set(_first_ids(record.twice, n, n, set_bits=True)) if record.twice is not None else set()
+        cycles: dict[tuple[str, int], list[int]] = {}
+        repeated: dict[tuple[str, int], int] = {}
+        for position, draw in zip(ids, mixture.locate_many([epoch * n + i for i in ids])):
+            key = (draw.source, draw.cycle)
+            cycles.setdefault(key, []).append(draw.sample)
+            if position in twice:
+                repeated[key] = repeated.get(key, 0) + 1
+        return [
+            CycleReport(
+                source,
+                cycle,
+                mixture.order.lengths[source],
+                len(set(samples)),
+                len(samples) - len(set(samples)) + repeated.get((source, cycle), 0),
+            )
+            for (source, cycle), samples in sorted(cycles.items())
+        ]
 
 
 def _gather_record(local: _EpochRecord | None, size: int) -> _EpochRecord:

@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from shardplug.core.resume.position import Position
-from shardplug.core.sharding.shard_plan import ShardPlan, plan_traits
+from shardplug.core.sharding.shard_plan import ShardPlan, check_saved_state, plan_traits
 
 __all__ = ["PositionCheck"]
 
@@ -54,6 +54,7 @@ class PositionCheck:
             self.refuse_resize(position, stateful and self.inner_state_resumes)
         self.check_workers(position)
         position.check_resumable(current, self.plan.epoch_size(), epoch_length())
+        check_saved_state(self.plan, position.dataset_state)
 
     def check_workers(self, position: Position) -> None:
         """Refuse a position inside an epoch whose place depends on the number of DataLoader workers

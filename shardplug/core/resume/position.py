@@ -171,9 +171,15 @@ class Position:
                     "number of processes)"
                 )
             if saved != now:
+                fix = _FIX
+                if key == "dataset_length" and self.sampler == current.sampler == "MixtureSampler":
+                    fix = (
+                        f"a Mixture's dataset_length is its samples_per_epoch: pass samples_per_epoch={saved} "
+                        "(adding a source changes the default, the sum of the sources' lengths)"
+                    )
                 raise ValueError(
                     f"the position's {key}={saved!r} differs from this loader's {key}={now!r}: it would resume at "
-                    f"another place; {_FIX}"
+                    f"another place; {fix}"
                 )
         if len(self.seeds) != len(current.seeds):
             raise ValueError(

@@ -176,7 +176,7 @@ class BatchSamplerPlan(PlanDefaults):
         first = dataclasses.replace(self.layout, process_index=0)
         return shard_length(num - consumed, last, self.layout.batch_size, first) == 0
 
-    def _arithmetic(self, sampler: Any = None) -> bool:
+    def arithmetic(self, sampler: Any = None) -> bool:
         """Whether this plan's batches are computed by arithmetic (``sampler``: the batch sampler's, when known)."""
         if sampler is None:
             sampler = self.sampler
@@ -204,7 +204,7 @@ class BatchSamplerPlan(PlanDefaults):
         record.started_at = consumed
         log = record.batches
         sampler = getattr(self.batch_sampler, "sampler", None)
-        if self._arithmetic(sampler):
+        if self.arithmetic(sampler):
             order, generator = epoch_order(sampler)
             if order is not None:
                 if generator is not None:
@@ -230,7 +230,8 @@ class BatchSamplerPlan(PlanDefaults):
 def epoch_order(sampler: Any) -> tuple[EpochOrder | None, torch.Generator | None]:
     """The epoch order of a standard sampler, drawn exactly as iterating it would draw it.
 
-    Returns ``(order, generator_to_advance)`` or ``(None, None)`` for other samplers.
+    A sampler with an ``epoch_order()`` method of its own (a :class:`~shardplug.core.sharding.mixture.MixtureSampler`)
+    says its order itself.  Returns ``(order, generator_to_advance)`` or ``(None, None)`` for other samplers.
     ``RandomSampler`` draws a second permutation when it is exhausted; the returned generator
     (the sampler's own ``generator``) must draw it too, so that later epochs stay identical to the
     plain ``RandomSampler``'s.  Without a ``generator`` there is none to advance (``None``).
@@ -252,6 +253,9 @@ def epoch_order(sampler: Any) -> tuple[EpochOrder | None, torch.Generator | None
             own = torch.Generator().manual_seed(draw_seed())
             return EpochOrder(n, torch.randperm(n, generator=own)), None
         return EpochOrder(n, torch.randperm(n, generator=sampler.generator)), sampler.generator
+    own_order = getattr(sampler, "epoch_order", None)  # a sampler that says its order (a mixture's positions)
+    if own_order is not None:
+        return own_order(), None
     return None, None
 
 
@@ -364,12 +368,16 @@ class BatchSamplerShard(Sampler[list[int]]):
         return self.plan.next_pass()
 
     @classmethod
-    def from_layout(cls, batch_sampler: Iterable[list[int]], layout: ShardLayout) -> BatchSamplerShard:
+    def from_layout(
+        cls, batch_sampler: Iterable[list[int]], layout: ShardLayout, plan: BatchSamplerPlan | None = None
+    ) -> BatchSamplerShard:
         """The shard of ``batch_sampler`` under a layout already built and validated
-        (``prepare_data_loader``'s: its batch size and ``drop_last`` are the batch sampler's)."""
+        (``prepare_data_loader``'s: its batch size and ``drop_last`` are the batch sampler's); ``plan``: a
+        kind's own plan of that batch sampler (default: a :class:`BatchSamplerPlan`)."""
         check_batch_sampler(batch_sampler)
         shard = cls.__new__(cls)
-        shard.batch_sampler, shard.plan, shard.epoch = batch_sampler, BatchSamplerPlan(batch_sampler, layout), 0
+        shard.batch_sampler, shard.epoch = batch_sampler, 0
+        shard.plan = plan if plan is not None else BatchSamplerPlan(batch_sampler, layout)
         return shard
 
 

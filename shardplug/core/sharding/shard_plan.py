@@ -20,6 +20,7 @@ __all__ = [
     "PlanTraits",
     "plan_traits",
     "start_tagging",
+    "check_saved_state",
     "PassRecord",
     "UNITS",
     "sized_length",
@@ -156,6 +157,15 @@ class _NamesSamples(Protocol):
 
 
 @runtime_checkable
+class _StateEverywhere(Protocol):
+    """A plan whose saved state (:meth:`ShardPlan.saved_state`) describes its order at every place, an
+    epoch's start included (a mixture's weights so far, which a resume with other weights goes on from):
+    a position keeps it wherever it stands (``state_everywhere``: whether this plan's does)."""
+
+    state_everywhere: bool
+
+
+@runtime_checkable
 class _AgreesSteps(Protocol):
     """A plan that agrees the step counts of its processes while they read (each reads up to
     ``steps_per_agreement`` batches ahead): the DataLoader's own count is not the pass's, and a position
@@ -195,6 +205,16 @@ class _TagsElements(Protocol):
 
 
 @runtime_checkable
+class _ChecksState(Protocol):
+    """A plan whose saved state (:meth:`ShardPlan.saved_state`) may not fit it (a mixture's, saved with another
+    seed): refused with the rest of a position, before anything changes."""
+
+    def check_saved_state(self, state: Any) -> None:
+        """Raise a ``ValueError`` naming the fix where ``state`` cannot be loaded into this plan."""
+        ...
+
+
+@runtime_checkable
 class _Untracked(Protocol):
     """A plan whose batches cannot be told apart from padding (``untracked_reason`` says why, and what
     to use instead)."""
@@ -214,6 +234,8 @@ class PlanTraits:
     """Batch records name the samples (:class:`_NamesSamples`)."""
     agrees_steps: bool = False
     """Step counts are agreed while reading (:class:`_AgreesSteps`)."""
+    state_everywhere: bool = False
+    """A position keeps the plan's saved state at every place (:class:`_StateEverywhere`)."""
     inner_state_resumes: bool = True
     """A ``StatefulDataLoader``'s own state is where a resumed pass continues (not :class:`_ReadsAhead`)."""
     splits_by_worker: bool = False
@@ -242,11 +264,18 @@ def plan_traits(plan: ShardPlan) -> PlanTraits:
         first_holds_most=isinstance(plan, _LeftoversFirst) and plan.first_holds_most,
         identifies_samples=isinstance(plan, _NamesSamples) and plan.identifies_samples,
         agrees_steps=isinstance(plan, _AgreesSteps),
+        state_everywhere=isinstance(plan, _StateEverywhere) and plan.state_everywhere,
         inner_state_resumes=not isinstance(plan, _ReadsAhead),
         splits_by_worker=isinstance(plan, _WorkerParts) and plan.splits_by_worker,
         untracked_reason=plan.untracked_reason if isinstance(plan, _Untracked) else None,
         batches_unchanged=getattr(type(plan), "pass_batches", None) is PlanDefaults.pass_batches,
     )
+
+
+def check_saved_state(plan: ShardPlan, state: Any) -> None:
+    """Refuse a position's ``dataset_state`` that ``plan`` cannot load (:class:`_ChecksState`); others pass."""
+    if state is not None and isinstance(plan, _ChecksState):
+        plan.check_saved_state(state)
 
 
 def start_tagging(plan: ShardPlan) -> bool:

@@ -218,6 +218,31 @@ class KeyedPermutation:
             low = high  # the halves trade places (and sizes, when bits is odd)
         return values
 
+    def at(self, position: int) -> int:
+        """The index at one ``position`` (in ``[0, n)``), with Python integers: the same network as
+        :meth:`__call__` (every value stays below ``2**63``), without a tensor per call (for a few positions)."""
+        rounds = self._int_rounds
+        if rounds is None:
+            rounds = self._int_rounds = self._rounds_of_ints()
+        n, value = self.n, position
+        while True:  # cycle-walking, as __call__
+            for key, multiplier, low, low_mask, high, high_mask in rounds:
+                right = value & low_mask
+                value = (right << high) | (((((right ^ key) * multiplier) >> 15) & high_mask) ^ (value >> low))
+            if value < n:
+                return value
+
+    _int_rounds: tuple[tuple[int, int, int, int, int, int], ...] | None = None
+
+    def _rounds_of_ints(self) -> tuple[tuple[int, int, int, int, int, int], ...]:
+        """Each round of :meth:`_encrypt` as constants: (key, multiplier, low, low mask, high, high mask)."""
+        rounds, low = [], self.bits // 2
+        for key, multiplier in self.keys:
+            high = self.bits - low
+            rounds.append((key, multiplier, low, (1 << low) - 1, high, (1 << high) - 1))
+            low = high
+        return tuple(rounds)
+
     def __call__(self, positions: torch.Tensor) -> torch.Tensor:
         """The indices at ``positions`` (int64, each in ``[0, n)``) of this epoch's order."""
         out = self._encrypt(positions.to(torch.int64, copy=True))
