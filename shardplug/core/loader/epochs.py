@@ -88,6 +88,17 @@ class EpochFanOut:
             for target in self.epoch_targets():
                 target.set_epoch(self.epoch)
 
+    def follow_sampler_epoch(self, said: int) -> None:
+        """A pass begins over a plan whose order is drawn from its sampler's own epoch (a user's
+        ``DistributedSampler``), which stands at ``said``: the loader stands there too, as if ``set_epoch(said)``
+        had been called on it (the sampler's ``set_epoch``, called by the user or a front end, moves both alike).
+        After a complete pass the next one is that epoch again unless the sampler was set to another, as native
+        DDP reads the sampler: the loader never advances it by itself."""
+        if said != self.cursor.epoch or self.cursor.now.complete:
+            self.cursor.enter_epoch(said)
+            if hasattr(self.dataset, "set_epoch"):
+                self.dataset.set_epoch(said)
+
     epochs_set_by_framework = False
     """A framework sets the epoch of the loader's samplers itself before every pass (Lightning's loops call
     ``set_epoch`` on ``loader.sampler`` and ``loader.batch_sampler.sampler``, once per epoch): after a

@@ -22,10 +22,24 @@ if TYPE_CHECKING:
 
     from shardplug.core.sharding.shard_plan import ShardPlan
 
-__all__ = ["MAP_STYLE", "DISPATCH", "LOCAL", "PRESPLIT", "NATIVE", "READ_ALL", "NodeSplit", "ShardingKind", "Shard"]
+__all__ = [
+    "MAP_STYLE",
+    "DISTRIBUTED_SAMPLER",
+    "DISPATCH",
+    "LOCAL",
+    "PRESPLIT",
+    "NATIVE",
+    "READ_ALL",
+    "NodeSplit",
+    "ShardingKind",
+    "Shard",
+]
 
 MAP_STYLE = "map_style"
 """Map-style data: every process draws one order, and takes its batches (:mod:`~shardplug.core.sharding.map_style`)."""
+DISTRIBUTED_SAMPLER = "distributed_sampler"
+"""Map-style data read through a user's torch ``DistributedSampler``: its order, its batches as under native DDP
+(:mod:`~shardplug.core.sharding.distributed_sampler`)."""
 DISPATCH = "dispatch"
 """Process 0 reads the data for every process and sends each its rows (:mod:`shardplug.core.dispatch`)."""
 LOCAL = "local"

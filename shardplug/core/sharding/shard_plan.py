@@ -202,6 +202,17 @@ class _Untracked(Protocol):
     untracked_reason: str
 
 
+@runtime_checkable
+class _SamplerEpoch(Protocol):
+    """A plan whose order is drawn from its sampler's own epoch, as the user or a front end set it (a user's
+    ``DistributedSampler``: native DDP reads its ``epoch`` and never advances it by itself): the loader's epoch
+    follows the sampler's at each pass, instead of moving on by itself after a complete pass."""
+
+    def sampler_epoch(self) -> int:
+        """The epoch the plan's sampler stands at."""
+        ...
+
+
 @dataclass(frozen=True)
 class PlanTraits:
     """What a plan can do beyond :class:`ShardPlan` (see the capability protocols above)."""
@@ -220,6 +231,8 @@ class PlanTraits:
     """The data splits itself across DataLoader workers (:class:`_WorkerParts`)."""
     untracked_reason: str | None = None
     """Why padding cannot be tracked (:class:`_Untracked`; ``None``: :meth:`ShardPlan.batch_record` works)."""
+    follows_sampler_epoch: bool = False
+    """The loader's epoch is its sampler's own (:class:`_SamplerEpoch`)."""
 
 
 def plan_traits(plan: ShardPlan) -> PlanTraits:
@@ -240,6 +253,7 @@ def plan_traits(plan: ShardPlan) -> PlanTraits:
         inner_state_resumes=not isinstance(plan, _ReadsAhead),
         splits_by_worker=isinstance(plan, _WorkerParts) and plan.splits_by_worker,
         untracked_reason=plan.untracked_reason if isinstance(plan, _Untracked) else None,
+        follows_sampler_epoch=isinstance(plan, _SamplerEpoch),
     )
 
 

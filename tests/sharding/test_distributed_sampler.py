@@ -1,0 +1,120 @@
+"""A user's torch ``DistributedSampler`` adopted, in one process: the epoch rules and the refusals (they happen where
+the loader is prepared and iterated, without collectives). In real process groups of 2 and 3 processes (the batches
+of native DDP, the padding marked, resume and resize): ``tests/sharding/test_multiprocess.py``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from _distributed_sampler import SEED, N, loader
+from torch.utils.data import BatchSampler, DataLoader, DistributedSampler
+
+from shardplug import prepare_data_loader
+
+
+# -- in one process ---------------------------------------------------------------------------------
+def _prepared(shuffle: bool = True, processes: int = 2, index: int = 0, **options: Any):
+    sampler, user = loader(processes, index, shuffle, False, 4)
+    return sampler, prepare_data_loader(user, num_processes=processes, process_index=index, **options)
+
+
+def test_set_epoch_on_the_sampler_or_on_the_loader_moves_both():
+    sampler, loader = _prepared()
+    sampler.set_epoch(4)
+    first = [b.tolist() for b in loader]
+    assert loader.epoch == 4 and loader.state_dict()["epoch"] == 5  # a whole pass: the next epoch's start
+    loader.set_epoch(2)
+    assert sampler.epoch == 2
+    assert [b.tolist() for b in loader] == _reference(2)
+    assert first == _reference(4)
+
+
+def _reference(epoch: int, processes: int = 2, index: int = 0) -> list[list[int]]:
+    sampler = DistributedSampler(range(N), processes, index, shuffle=True, seed=SEED)
+    sampler.set_epoch(epoch)
+    return [b.tolist() for b in DataLoader(range(N), batch_size=4, sampler=sampler)]
+
+
+def test_without_set_epoch_every_pass_is_the_same_epoch_as_under_ddp():
+    _, loader = _prepared()
+    passes = [[b.tolist() for b in loader] for _ in range(2)]
+    assert passes == [_reference(0), _reference(0)] and loader.epoch == 0
+
+
+def test_a_sampler_set_before_preparing_keeps_its_epoch():
+    sampler, user = loader(2, 1, True, False, 4)
+    sampler.set_epoch(3)
+    prepared = prepare_data_loader(user, num_processes=2, process_index=1)
+    assert prepared.epoch == 3 and sampler.epoch == 3
+    assert [b.tolist() for b in prepared] == _reference(3, index=1)
+
+
+def test_a_position_of_another_seed_is_refused():
+    sampler, loader = _prepared()
+    batches = iter(loader)
+    next(batches)
+    position = loader.state_dict()
+    other = DistributedSampler(range(N), 2, 0, seed=SEED + 1)
+    moved = prepare_data_loader(DataLoader(range(N), batch_size=4, sampler=other), num_processes=2, process_index=0)
+    with pytest.raises(ValueError, match="seed=7.*seed=8"):
+        moved.load_state_dict(position)
+
+
+class _OwnOrder(DistributedSampler):
+    def __iter__(self):
+        return iter(range(self.rank, len(self.dataset), self.num_replicas))
+
+
+@pytest.mark.parametrize(
+    "build, options, match",
+    [
+        (
+            lambda s: DataLoader(range(N), batch_size=4, sampler=_OwnOrder(range(N), 2, 0)),
+            {},
+            "_OwnOrder.*__iter__ of its own",
+        ),
+        (
+            lambda s: DataLoader(range(N), batch_size=4, sampler=s),
+            {"split_batches": True},
+            "split_batches=True.*split_batches=False",
+        ),
+        (lambda s: DataLoader(range(N), batch_size=4, sampler=s), {"data_seed": 3}, "data_seed=3.*data_seed=None"),
+        (
+            lambda s: DataLoader(range(N), batch_size=4, sampler=s),
+            {"shuffle_algorithm": "bijective"},
+            "shuffle_algorithm='bijective' would change the order",
+        ),
+        (
+            lambda s: DataLoader(range(N), batch_size=None, sampler=s),
+            {},
+            "batch_size=None.*give the DataLoader a batch_size",
+        ),
+        (
+            lambda s: DataLoader(range(N), batch_sampler=_Batches(BatchSampler(s, 4, False))),
+            {},
+            "through _Batches",
+        ),
+        (
+            lambda s: DataLoader(range(N), batch_size=4, sampler=s),
+            {"dispatch_batches": True, "put_on_device": True},
+            "dispatch_batches=True.*dispatch_batches=False",
+        ),
+    ],
+    ids=["subclass", "split_batches", "data_seed", "bijective", "no_batch_size", "own_batch_sampler", "dispatch"],
+)
+def test_what_would_change_its_order_is_refused_with_the_fix(build, options, match):
+    sampler = DistributedSampler(range(N), 2, 0, seed=SEED)
+    with pytest.raises(ValueError, match=match):
+        prepare_data_loader(build(sampler), num_processes=2, process_index=0, **options)
+
+
+class _Batches:
+    def __init__(self, inner):
+        self.inner, self.sampler, self.batch_size, self.drop_last = inner, inner.sampler, 4, False
+
+    def __iter__(self):
+        return iter(self.inner)
+
+    def __len__(self):
+        return len(self.inner)
