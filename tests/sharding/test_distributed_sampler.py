@@ -4,6 +4,7 @@ of native DDP, the padding marked, resume and resize): ``tests/sharding/test_mul
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 import pytest
@@ -22,6 +23,7 @@ def _prepared(shuffle: bool = True, processes: int = 2, index: int = 0, **option
 def test_set_epoch_on_the_sampler_or_on_the_loader_moves_both():
     sampler, loader = _prepared()
     sampler.set_epoch(4)
+    assert loader.epoch == 4 and loader.state_dict()["epoch"] == 4, "before any pass: the sampler's epoch"
     first = [b.tolist() for b in loader]
     assert loader.epoch == 4 and loader.state_dict()["epoch"] == 5  # a whole pass: the next epoch's start
     loader.set_epoch(2)
@@ -118,3 +120,66 @@ class _Batches:
 
     def __len__(self):
         return len(self.inner)
+
+
+def _batches(loader: Any) -> list[list[int]]:
+    return [batch.tolist() for batch in loader]
+
+
+def test_every_layout_gets_the_batches_of_torchs_sampler():
+    """Any length (also empty, or shorter than the processes), processes, batch size, shuffle and drop_last: each
+    process's batches are torch's own DataLoader's with that DistributedSampler, and len() says how many."""
+    for n, processes, size, shuffle, sampler_drop, loader_drop in itertools.product(
+        (0, 1, 5, 13), (1, 2, 3), (1, 3), (False, True), (False, True), (False, True)
+    ):
+        for index in range(processes):
+            options = {"shuffle": shuffle, "seed": SEED, "drop_last": sampler_drop}
+            sampler = DistributedSampler(range(n), processes, index, **options)
+            adopted = prepare_data_loader(
+                DataLoader(range(n), batch_size=size, sampler=sampler, drop_last=loader_drop),
+                num_processes=processes,
+                process_index=index,
+            )
+            reference = DistributedSampler(range(n), processes, index, **options)
+            native = DataLoader(range(n), batch_size=size, sampler=reference, drop_last=loader_drop)
+            for epoch in (0, 1):
+                sampler.set_epoch(epoch)
+                reference.set_epoch(epoch)
+                assert (len(adopted), _batches(adopted)) == (len(native), _batches(native)), (n, processes, index)
+
+
+def test_a_position_of_any_place_resizes_with_every_remaining_sample_once():
+    """Saved after any number of batches on 1-3 processes, loaded on 1-3: the job consumed a prefix of the epoch's
+    order, and the rest goes out once (the sampler's drop_last: fewer than one sample per process short)."""
+    for n, saved_on, loaded_on, sampler_drop in itertools.product((7, 13), (1, 2, 3), (1, 2, 3), (False, True)):
+        options = {"seed": SEED, "drop_last": sampler_drop}
+        steps = len(prepare_data_loader(DataLoader(range(n), batch_size=2), num_processes=saved_on, process_index=0))
+        for stop in range(steps):
+            consumed, position = [], None
+            for index in range(saved_on):
+                sampler = DistributedSampler(range(n), saved_on, index, **options)
+                saving = prepare_data_loader(
+                    DataLoader(range(n), batch_size=2, sampler=sampler), num_processes=saved_on, process_index=index
+                )
+                saving.track_padding()
+                sampler.set_epoch(1)
+                for batch in itertools.islice(saving, stop):
+                    consumed += batch.tolist()[: saving.batch_real_count]
+                position = saving.state_dict()
+            rest = []
+            for index in range(loaded_on):
+                sampler = DistributedSampler(range(n), loaded_on, index, **options)
+                loading = prepare_data_loader(
+                    DataLoader(range(n), batch_size=2, sampler=sampler), num_processes=loaded_on, process_index=index
+                )
+                loading.track_padding()
+                loading.load_state_dict(position)
+                if loading.epoch == 1:  # else the rest filled no step of the new processes: the next epoch's start
+                    rest += [i for batch in loading for i in batch.tolist()[: loading.batch_real_count]]
+            order = DistributedSampler(range(n), 1, 0, seed=SEED)
+            order.set_epoch(1)
+            assert sorted(consumed) == sorted(list(order)[: stop * 2 * saved_on]), "a prefix of the order"
+            where = (n, saved_on, loaded_on, sampler_drop, stop)
+            assert len(consumed + rest) == len(set(consumed + rest)), where
+            # the sampler's drop_last drops fewer samples than one of the saving or the loading processes' steps
+            assert len(set(range(n)) - set(consumed + rest)) < (max(saved_on, loaded_on) if sampler_drop else 1), where

@@ -81,7 +81,7 @@ class PassHost(Protocol):
 
     def pin_epoch(self) -> None: ...
 
-    def follow_sampler_epoch(self, said: int) -> None: ...
+    def follow_sampler_epoch(self, pass_begins: bool = False) -> None: ...
 
     def lengths(self) -> PassLengths: ...
 
@@ -111,7 +111,7 @@ def begin(loader: PassHost, cursor: Cursor) -> tuple[PassState, int]:
             loader.next_epoch()
         loader.pin_epoch()
     elif loader.traits.follows_sampler_epoch:  # a user's DistributedSampler: its epoch, as the user set it
-        loader.follow_sampler_epoch(loader.plan.sampler_epoch())  # type: ignore[attr-defined]
+        loader.follow_sampler_epoch(pass_begins=True)
     elif cursor.now.complete:
         loader.next_epoch()
     shuffles, options = loader.shuffles, loader.options

@@ -364,7 +364,7 @@ class DataLoaderShard(PreparedDataLoader):
                 object.__setattr__(self, "drop_last", self.batch_sampler.drop_last)
         super()._setup(options)
         if self.traits.follows_sampler_epoch:  # a user's DistributedSampler: the loader stands at its epoch
-            self.epoch = self.plan.sampler_epoch()  # type: ignore[attr-defined]
+            self.follow_sampler_epoch()
         else:
             self.start_epochs_at_zero()
 

@@ -31,16 +31,17 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterator
-from typing import Any, Protocol
+from typing import Any
 
 import torch
 from torch.utils.data import BatchSampler, DataLoader
 from torch.utils.data.distributed import DistributedSampler
 
+from shardplug.core.sharding import counting
 from shardplug.core.sharding.arithmetic import EpochOrder
 from shardplug.core.sharding.kinds import Shard
 from shardplug.core.sharding.layout import ShardLayout
-from shardplug.core.sharding.map_style import BatchSamplerPlan, BatchSamplerShard, index_sampler
+from shardplug.core.sharding.map_style import BatchSamplerPlan, BatchSamplerShard, Shuffling, index_sampler
 from shardplug.core.sharding.shard_plan import PassRecord, check_consumed, sized_length
 
 __all__ = ["DistributedSamplerPlan", "shard", "epoch_order", "process_positions", "is_distributed_sampler"]
@@ -94,11 +95,6 @@ def process_positions(n: int, start: int, num_processes: int, process_index: int
     return range(first, first + each * num_processes, num_processes)
 
 
-def _batch_count(samples: int, batch_size: int, drop_last: bool) -> int:
-    """Batches of ``batch_size`` the DataLoader makes of ``samples`` indices (``drop_last``: full ones only)."""
-    return samples // batch_size if drop_last else -(-samples // batch_size)
-
-
 class DistributedSamplerPlan(BatchSamplerPlan):
     """This process's batches of a ``BatchSampler`` over a user's ``DistributedSampler`` (see the module).
 
@@ -125,7 +121,7 @@ class DistributedSamplerPlan(BatchSamplerPlan):
 
     def num_batches(self, consumed: int = 0) -> int:
         _, positions = self._rows(consumed)
-        return _batch_count(len(positions), self.layout.batch_size, self.layout.drop_last)  # type: ignore[arg-type]
+        return counting.batches(len(positions), self.layout.batch_size, self.layout.drop_last)
 
     def epoch_size(self) -> int | None:
         """Global batches an epoch can hold: every place inside an epoch, saved on any number of processes,
@@ -144,7 +140,7 @@ class DistributedSamplerPlan(BatchSamplerPlan):
         record.head = order = epoch_order(self.distributed)
         n, positions = self._rows(consumed)
         size: int = self.layout.batch_size  # type: ignore[assignment]
-        count = _batch_count(len(positions), size, self.layout.drop_last)
+        count = counting.batches(len(positions), size, self.layout.drop_last)
         taken = torch.arange(positions.start, positions.stop, positions.step, dtype=torch.int64)[: count * size]
         indices = order.lookup(taken).tolist()  # past n: the epoch's start again (the padding)
         real = len(range(positions.start, min(positions.stop, n), positions.step))
@@ -156,17 +152,7 @@ class DistributedSamplerPlan(BatchSamplerPlan):
             yield batch
 
 
-class _Layout(Protocol):
-    """What :func:`shard` reads of the data options (``prepare_data_loader``'s, whole)."""
-
-    @property
-    def shuffle_algorithm(self) -> str: ...
-
-    @property
-    def data_seed(self) -> int | None: ...
-
-
-def shard(dataloader: DataLoader[Any], layout: ShardLayout, options: _Layout) -> Shard:
+def shard(dataloader: DataLoader[Any], layout: ShardLayout, options: Shuffling) -> Shard:
     """This process's shard of a ``dataloader`` whose sampler is a ``DistributedSampler`` (checked by
     :func:`check_adoptable`): the batch sampler shard with its :class:`DistributedSamplerPlan`, over the user's
     own sampler (its ``set_epoch`` is the loader's, and the loader's is its)."""
@@ -187,7 +173,7 @@ def shard(dataloader: DataLoader[Any], layout: ShardLayout, options: _Layout) ->
     return Shard(dataloader.dataset, plan, {"batch_sampler": shard}, None, check)
 
 
-def check_adoptable(sampler: Any, dataloader: DataLoader[Any], layout: ShardLayout, options: _Layout) -> None:
+def check_adoptable(sampler: Any, dataloader: DataLoader[Any], layout: ShardLayout, options: Shuffling) -> None:
     """Refuse a ``DistributedSampler`` whose batches shardplug cannot follow exactly (each error names the
     argument, its value and the fix): one built for another job (``num_replicas``, ``rank``), a subclass with an
     order of its own, batches not made by torch's ``BatchSampler``, options that would change its order."""

@@ -20,6 +20,7 @@ __all__ = [
     "PlanTraits",
     "plan_traits",
     "start_tagging",
+    "sampler_epoch",
     "PassRecord",
     "UNITS",
     "sized_length",
@@ -255,6 +256,12 @@ def plan_traits(plan: ShardPlan) -> PlanTraits:
         untracked_reason=plan.untracked_reason if isinstance(plan, _Untracked) else None,
         follows_sampler_epoch=isinstance(plan, _SamplerEpoch),
     )
+
+
+def sampler_epoch(plan: ShardPlan) -> int | None:
+    """The epoch ``plan``'s sampler stands at, where its order is drawn from that epoch (:class:`_SamplerEpoch`);
+    ``None`` for every other plan."""
+    return plan.sampler_epoch() if isinstance(plan, _SamplerEpoch) else None
 
 
 def start_tagging(plan: ShardPlan) -> bool:
