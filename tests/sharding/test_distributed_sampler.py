@@ -183,3 +183,18 @@ def test_a_position_of_any_place_resizes_with_every_remaining_sample_once():
             assert len(consumed + rest) == len(set(consumed + rest)), where
             # the sampler's drop_last drops fewer samples than one of the saving or the loading processes' steps
             assert len(set(range(n)) - set(consumed + rest)) < (max(saved_on, loaded_on) if sampler_drop else 1), where
+
+
+def test_a_loader_that_keeps_its_own_epoch_resumes_its_position_whatever_the_sampler_is_told():
+    """Fabric's wrapper sets its own count of passes on the samplers (0 in a resumed run): the loader's epoch
+    (the loaded position's) decides, as for every sampler under Fabric."""
+    sampler, loader = _prepared()
+    sampler.set_epoch(2)
+    batches = iter(loader)
+    next(batches)
+    position = loader.state_dict()
+    sampler, resumed = _prepared()
+    resumed.keeps_own_epoch = True  # as shardplug's Fabric strategy sets it
+    resumed.load_state_dict(position)
+    sampler.set_epoch(0)  # Fabric's count of passes, restarted
+    assert [b.tolist() for b in resumed] == _reference(2)[1:]

@@ -98,9 +98,12 @@ class EpochFanOut:
         (the sampler's ``set_epoch``, called by the user or a front end, moves both alike). Read where the loader's
         epoch is read: as a pass begins, as a position is saved, ``loader.epoch``; inside a pass nothing changes.
         As a pass begins after a complete one, it is that epoch again unless the sampler was set to another, as
-        native DDP reads its sampler: the loader never advances it by itself. Other plans: nothing."""
+        native DDP reads its sampler: the loader never advances it by itself. Other plans, and a loader that
+        :attr:`keeps_own_epoch` (Fabric's, whose wrapper sets its own count on the samplers): nothing."""
         traits = getattr(self, "traits", None)
-        if traits is None or not traits.follows_sampler_epoch or (self.cursor.now.open and not pass_begins):
+        if traits is None or not traits.follows_sampler_epoch or self.keeps_own_epoch:
+            return
+        if self.cursor.now.open and not pass_begins:
             return
         said = sampler_epoch(self.plan)
         if said is not None and (said != self.cursor.epoch or (pass_begins and self.cursor.now.complete)):

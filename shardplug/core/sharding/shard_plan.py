@@ -207,7 +207,8 @@ class _Untracked(Protocol):
 class _SamplerEpoch(Protocol):
     """A plan whose order is drawn from its sampler's own epoch, as the user or a front end set it (a user's
     ``DistributedSampler``: native DDP reads its ``epoch`` and never advances it by itself): the loader's epoch
-    follows the sampler's at each pass, instead of moving on by itself after a complete pass."""
+    follows the sampler's (where it is read, and as a pass begins), instead of moving on by itself after a complete
+    pass."""
 
     def sampler_epoch(self) -> int:
         """The epoch the plan's sampler stands at."""
