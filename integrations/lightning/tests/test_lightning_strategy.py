@@ -248,6 +248,12 @@ def test_a_distributed_sampler_of_code_written_for_ddp_gives_native_ddps_batches
         assert adopted["val"] == 2 * [share[k : k + BATCH] for k in range(0, len(share), BATCH)]
 
 
+def test_a_distributed_sampler_resumes_a_checkpoint_saved_inside_an_epoch_exactly(runs: dict[str, Any]) -> None:
+    for record in runs["errors"]:
+        full = record["adopted"]["True"]["train"]
+        assert record["adopted"]["resumed"] == full[3:], "the rest of epoch 0 after 3 steps, then epoch 1"
+
+
 def test_a_distributed_sampler_of_another_rank_is_refused_with_the_fix(runs: dict[str, Any]) -> None:
     for rank, record in enumerate(runs["errors"]):
         message = record["distributed_sampler"]

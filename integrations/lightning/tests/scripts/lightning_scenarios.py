@@ -442,10 +442,13 @@ def main() -> None:
 
     # 7. code written for DDP: a DistributedSampler of the job's is adopted (native DDP's batches, Lightning's
     # set_epoch on it every epoch), also with Trainer(use_distributed_sampler=False); one of another job is refused
+    # and a checkpoint saved inside epoch 0 resumes with exactly the rest of it
     adopted = {}
+    ddp_ckpt = os.path.join(OUT, "ddp_ckpt")
     for injection in (True, False):
         model = WrittenForDDP(rank)
-        t = trainer(max_epochs=2, use_distributed_sampler=injection)
+        saves = [ModelCheckpoint(dirpath=ddp_ckpt, every_n_train_steps=3, save_top_k=-1)] if injection else []
+        t = trainer(max_epochs=2, use_distributed_sampler=injection, enable_checkpointing=injection, callbacks=saves)
         t.fit(model)
         adopted[str(injection)] = {
             "train": model.train_batches,
@@ -453,6 +456,9 @@ def main() -> None:
             "positions": model.positions,
             "type": type(t.train_dataloader).__name__,
         }
+    resumed = WrittenForDDP(rank)
+    trainer(max_epochs=2).fit(resumed, ckpt_path=os.path.join(ddp_ckpt, "epoch=0-step=3.ckpt"))
+    adopted["resumed"] = resumed.train_batches
     error = ""
     try:
         trainer().fit(WrittenForDDP(1 - rank))
