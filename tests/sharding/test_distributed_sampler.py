@@ -198,3 +198,11 @@ def test_a_loader_that_keeps_its_own_epoch_resumes_its_position_whatever_the_sam
     resumed.load_state_dict(position)
     sampler.set_epoch(0)  # Fabric's count of passes, restarted
     assert [b.tolist() for b in resumed] == _reference(2)[1:]
+
+
+def test_a_sampler_whose_dataset_changed_length_is_refused():
+    data = list(range(N))
+    sampler = DistributedSampler(data, 2, 0)
+    data += [N, N + 1]  # torch's own sampler would now fail its length check, or read past its cut
+    with pytest.raises(ValueError, match=f"num_samples=12.*gives each of its 2 processes 13 of a dataset of {N + 2}"):
+        prepare_data_loader(DataLoader(data, batch_size=4, sampler=sampler), num_processes=2, process_index=0)

@@ -189,6 +189,15 @@ def check_adoptable(sampler: Any, dataloader: DataLoader[Any], layout: ShardLayo
                 f"{cls}(dataset, num_replicas={layout.num_processes}, rank={layout.process_index}) (left out, torch "
                 f"reads both from the process group), {_REMOVE}"
             )
+    n = len(sampler.dataset)
+    each = n // sampler.num_replicas if sampler.drop_last else -(-n // sampler.num_replicas)  # torch's num_samples
+    if (sampler.num_samples, sampler.total_size) != (each, each * sampler.num_replicas):
+        raise ValueError(
+            f"the DataLoader's {cls} has num_samples={sampler.num_samples}, but torch's DistributedSampler gives each "
+            f"of its {sampler.num_replicas} processes {each} of a dataset of {n} samples: its dataset changed length "
+            "since it was built, or it was changed, and its batches cannot be known; build the DistributedSampler "
+            f"after the dataset is complete, {_REMOVE}"
+        )
     for method in ("__iter__", "__len__"):
         if getattr(type(sampler), method) is not getattr(DistributedSampler, method):
             raise ValueError(
