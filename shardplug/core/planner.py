@@ -2,8 +2,8 @@
 
 ``prepare_data_loader`` is a planner: it reads its options (from a :class:`ShardplugConfig`, or
 from keywords), builds the :class:`ShardLayout` once, recognises the kind of sharding once
-(:func:`kind_of`) and calls that kind's module once (its ``shard()``: ``map_style``, ``local``,
-``read_all``, ``native`` or ``presplit``), which hands back the dataset, the DataLoader's keywords and
+(:func:`kind_of`) and calls that kind's module once (its ``shard()``: ``map_style``, ``distributed_sampler``,
+``local``, ``read_all``, ``native`` or ``presplit``), which hands back the dataset, the DataLoader's keywords and
 the plan (a :class:`~shardplug.core.sharding.kinds.Shard`); it builds the loader with them.  Dispatch
 is one reader and a scatter: process 0's batches are the data's own kind under the layout's
 :meth:`~ShardLayout.reader` (map-style, or a stream read as it is), which the dispatcher shares out.
@@ -33,8 +33,18 @@ from shardplug.core.graphs.prepared_graphs import MixtureLoaderShard, prepare_gr
 from shardplug.core.graphs.reading import GraphLike, is_graph
 from shardplug.core.loader.prepared import DataLoaderShard, LoaderOptions, PreparedDataLoader, combined_class
 from shardplug.core.resume.stateful import stateful_dataloader_class
-from shardplug.core.sharding import local, map_style, mixture, native, presplit, read_all
-from shardplug.core.sharding.kinds import DISPATCH, LOCAL, MAP_STYLE, MIXTURE, NATIVE, PRESPLIT, Shard, ShardingKind
+from shardplug.core.sharding import distributed_sampler, local, map_style, mixture, native, presplit, read_all
+from shardplug.core.sharding.kinds import (
+    DISPATCH,
+    DISTRIBUTED_SAMPLER,
+    LOCAL,
+    MAP_STYLE,
+    MIXTURE,
+    NATIVE,
+    PRESPLIT,
+    Shard,
+    ShardingKind,
+)
 from shardplug.core.sharding.layout import ShardLayout
 from shardplug.core.sharding.stream_traits import stream_kind
 from shardplug.core.shuffle.rng import check_rng_types
@@ -325,9 +335,18 @@ def kind_of(dataloader: DataLoader[Any], options: _DataOptions, layout: ShardLay
             dataloader.num_workers,
             readers,
         )
+    elif isinstance(dataloader.dataset, mixture.Mixture):  # its own order (a sampler of the user's is refused there)
+        kind = ShardingKind(DISPATCH, reads=MIXTURE) if options.dispatch_batches else ShardingKind(MIXTURE)
+    elif distributed_sampler.is_distributed_sampler(map_style.index_sampler(dataloader)):
+        if options.dispatch_batches:
+            raise ValueError(
+                "dispatch_batches=True has process 0 read every process's rows, but the DataLoader's "
+                "DistributedSampler already gives each process its own; pass dispatch_batches=False (the "
+                "DistributedSampler is then adopted: the batches of native DDP), or remove the DistributedSampler"
+            )
+        kind = ShardingKind(DISTRIBUTED_SAMPLER)  # a user's DistributedSampler: adopted, as native DDP reads it
     else:
-        reads = MIXTURE if isinstance(dataloader.dataset, mixture.Mixture) else MAP_STYLE
-        kind = ShardingKind(DISPATCH, reads=reads) if options.dispatch_batches else ShardingKind(reads)
+        kind = ShardingKind(DISPATCH, reads=MAP_STYLE) if options.dispatch_batches else ShardingKind(MAP_STYLE)
     if kind.name == DISPATCH and not options.put_on_device:
         raise ValueError(
             "dispatch_batches=True sends each process its rows, which needs put_on_device=True; "
@@ -347,6 +366,8 @@ def _shard(
         return map_style.shard(dataloader, layout, options)  # the data options whole: the shuffle's are read there
     if name == MIXTURE:
         return mixture.shard(dataloader, layout, options)
+    if name == DISTRIBUTED_SAMPLER:
+        return distributed_sampler.shard(dataloader, layout, options)
     if name == LOCAL:  # one reader: a dispatcher's process 0 compares nothing
         return local.shard(dataset, layout, batch_size, drop_last, readers if kind.name == LOCAL else Readers())
     if kind.name == PRESPLIT:

@@ -315,11 +315,11 @@ def test_errors_name_argument_value_and_fix():
         prepare_data_loader(dl, dispatch_batches=True)
     with pytest.raises(ValueError, match="'gpu'"):
         prepare_data_loader(dl, rng_types=["torch", "gpu"])
-    with pytest.raises(ValueError, match="DistributedSampler"):
+    with pytest.raises(ValueError, match=r"DistributedSampler has rank=0.*num_replicas=2, rank=1"):
         prepare_data_loader(
             DataLoader(range(10), sampler=DistributedSampler(range(10), num_replicas=2, rank=0)),
             num_processes=2,
-            process_index=0,
+            process_index=1,
         )
 
 

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 from _dist import worker_context
-from torch.utils.data import DataLoader, IterableDataset, SubsetRandomSampler
+from torch.utils.data import DataLoader, DistributedSampler, IterableDataset, SubsetRandomSampler
 
 import shardplug
 
@@ -63,6 +63,8 @@ def test_what_would_reorder_the_mixture_or_be_ignored_is_refused() -> None:
     mixture = shardplug.Mixture(SOURCES, WEIGHTS, seed=4)
     with pytest.raises(ValueError, match="SubsetRandomSampler, which would reorder the mixture's global positions"):
         _loader(mixture, sampler=SubsetRandomSampler(range(10)))
+    with pytest.raises(ValueError, match="DistributedSampler, which would reorder the mixture's global positions"):
+        _loader(mixture, sampler=DistributedSampler(mixture, num_replicas=1, rank=0))  # not adopted as DDP's order
     with pytest.raises(ValueError, match="batch_size=None; pass batch_size"):
         shardplug.prepare_data_loader(DataLoader(mixture, batch_size=None), num_processes=1, process_index=0)
     with pytest.raises(

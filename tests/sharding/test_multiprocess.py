@@ -3,12 +3,13 @@ per number of processes runs every scenario; a dispatching loader resumed: tests
 
 from __future__ import annotations
 
+import _distributed_sampler as ddp
 import pytest
 import torch
 from _datasets import NO_LEN, Pair, Records, Stream, Unsized, rows
 from _dist import run_gloo, worker_context
 from test_samplers import EvenRandomSampler
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
 import shardplug
 from shardplug.core.shuffle.seedable import BijectiveRandomSampler, SeedableRandomSampler
@@ -135,12 +136,23 @@ def _scenarios(rank: int, world: int) -> dict:
     loader = shardplug.prepare_data_loader(DataLoader(Stream(9), batch_size=2), put_on_device=True)
     out["iterable_dispatch"] = [(b.tolist(), loader.end_of_dataloader) for b in loader]
     out["iterable_dispatch_class"] = type(loader).__name__
+
+    try:  # a user's DistributedSampler adopted (its own failure fails its own tests only)
+        out["distributed_sampler"] = ddp.scenarios(rank, world, worker_context)
+    except Exception as exc:
+        out["distributed_sampler"] = f"{type(exc).__name__}: {exc}"
     return out
+
+
+_SAVED: dict[int, dict] = {}  # what each number of processes saved (the DistributedSampler's positions)
 
 
 @pytest.fixture(scope="module", params=[2, 3], ids=["2procs", "3procs"])
 def runs(request):
-    return request.param, run_gloo(_scenarios, world_size=request.param, timeout=180)
+    results = run_gloo(_scenarios, world_size=request.param, timeout=180)
+    if isinstance(results[0]["distributed_sampler"], dict):
+        _SAVED[request.param] = results[0]["distributed_sampler"]["saved"]
+    return request.param, results
 
 
 def _round_robin(per_rank):
@@ -287,3 +299,68 @@ def test_gather_for_metrics_counts_each_sample_once(runs):
     steps = results[0]["gathered"]
     assert all(r["gathered"] == steps for r in results), "every process gets the same gathered rows"
     assert sorted(x for step in steps for x in step) == list(range(11))
+
+
+# -- a user's DistributedSampler adopted --------------------------------------------------------------------
+def _adopted(runs):
+    world, results = runs
+    for result in results:
+        assert isinstance(result["distributed_sampler"], dict), result["distributed_sampler"]
+    return world, [result["distributed_sampler"] for result in results]
+
+
+@pytest.mark.parametrize("case", ddp.MATRIX, ids=str)
+def test_a_distributed_sampler_gives_every_process_the_batches_of_native_ddp(runs, case):
+    """Shuffle on and off, the sampler's and the DataLoader's drop_last, 3 epochs set on the sampler, workers."""
+    world, results = _adopted(runs)
+    key = str(case)
+    for result in results:
+        assert result["adopted"][key] == result["native"][key]
+        assert result["lengths"][key] == [len(epoch) for epoch in result["native"][key]]
+        assert result["loader_epochs"][key] == 2, "the sampler's set_epoch moves the loader's epoch"
+    if case[0]:
+        assert results[0]["native"][key][0] != results[0]["native"][key][1], "the shuffle follows the epoch"
+
+
+def test_a_distributed_samplers_wrapped_around_rows_are_marked_as_padding(runs):
+    world, results = _adopted(runs)
+    real = [i for rank in results[0]["all_real"] for batch in rank for i in batch]
+    assert sorted(real) == list(range(ddp.N)), "each sample once in the real rows of all processes"
+
+
+@pytest.mark.parametrize("case", ddp.RESUME, ids=str)
+@pytest.mark.parametrize("stop", ddp.STOPS)
+def test_a_distributed_samplers_position_resumes_exactly_on_as_many_processes(runs, case, stop):
+    world, results = _adopted(runs)
+    for result in results:
+        rest, uninterrupted = result["resumed"][str((case, stop))]["same"]
+        assert rest == uninterrupted
+
+
+@pytest.mark.parametrize("case", ddp.RESUME, ids=str)
+@pytest.mark.parametrize("stop", ddp.STOPS)
+def test_a_distributed_samplers_resize_continues_its_order_with_every_remaining_sample_once(runs, case, stop):
+    """Saved on 3 processes, resumed on 2 (and 2 -> 3): the consumed part is a prefix of the epoch's order,
+    the rest is dealt over the new processes, every remaining sample exactly once (the sampler's drop_last:
+    fewer than one step short)."""
+    world, results = _adopted(runs)
+    key, other = str((case, stop)), 5 - world
+    consumed, _, position = results[0]["resumed"][key]["other"]
+    if other in _SAVED:  # the position the other number of processes saved in its own launch
+        assert position == _SAVED[other][key][1]
+    shuffle, sampler_drop = case
+    order = DistributedSampler(range(ddp.N), 1, 0, shuffle=shuffle, seed=ddp.SEED)
+    order.set_epoch(1)
+    assert sorted(consumed) == sorted(list(order)[: stop * 2 * other]), "a prefix of the epoch's order"
+    seen = consumed + [i for result in results for i in result["resumed"][key]["other"][1]]
+    assert len(seen) == len(set(seen)), "no sample twice"
+    assert len(set(range(ddp.N)) - set(seen)) < (world if sampler_drop else 1)
+
+
+def test_a_distributed_sampler_of_another_job_is_refused_naming_the_mismatch(runs):
+    world, results = _adopted(runs)
+    for rank, result in enumerate(results):
+        assert f"rank={(rank + 1) % world}" in result["errors"]["rank"]
+        assert f"num_replicas={world + 1}" in result["errors"]["num_replicas"]
+        for message in result["errors"].values():
+            assert f"num_replicas={world}, rank={rank}" in message, "the fix: the job's own"

@@ -29,7 +29,7 @@ from ignite.base.mixins import Serializable
 from ignite.engine import DeterministicEngine, Engine, Events
 from ignite.metrics import Metric
 from torch.optim import Optimizer
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, DistributedSampler
 
 from shardplug.core.config import ShardplugConfig
 from shardplug.core.loader.prepared import PreparedDataLoader
@@ -181,9 +181,14 @@ class ShardplugHandler(Serializable):
         so that every process would read every batch) is sharded as :meth:`prepare_data_loader`
         shards it: each process gets whole batches of it. ``num_workers`` is divided by the
         processes per node, rounded up, as idist does. Sharding, shuffling and padding are shardplug's.
+        A ``sampler=DistributedSampler(...)`` is kept, as idist keeps it, with idist's per-process batch
+        (``batch_size // num_processes``): shardplug adopts it (the batches native DDP gives, with its resume).
         """
         n = self.run.num_processes
-        batch_size = kwargs.get("batch_size", 1) if kwargs.get("batch_sampler") is None else None
+        adopted = isinstance(kwargs.get("sampler"), DistributedSampler)  # code written for DDP, kept as idist keeps it
+        if adopted and kwargs.get("batch_size", 1) >= n:  # idist's per-process batch, rounded down as idist does
+            kwargs["batch_size"] = kwargs.get("batch_size", 1) // n
+        batch_size = kwargs.get("batch_size", 1) if kwargs.get("batch_sampler") is None and not adopted else None
         if batch_size is not None and batch_size % n:
             raise ValueError(
                 f"batch_size={batch_size} is the global batch of auto_dataloader and does not divide by the "

@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from ignite.engine import DeterministicEngine, Engine, Events
 from ignite.handlers import Checkpoint, DiskSaver
 from ignite.metrics import Accuracy, Loss
-from torch.utils.data import BatchSampler, DataLoader, SequentialSampler, TensorDataset
+from torch.utils.data import BatchSampler, DataLoader, DistributedSampler, SequentialSampler, TensorDataset
 
 from shardplug.core.config import ShardplugConfig
 from shardplug_ignite import ShardplugEvents, ShardplugHandler
@@ -144,6 +144,16 @@ def _worker_data(local_rank: int, out_dir: str) -> None:
     loader = handler.auto_dataloader(_dataset(21), batch_sampler=BatchSampler(SequentialSampler(range(21)), 3, False))
     res["auto_batch_sampler"] = {**_record_run(handler, loader, 2), "batch_size": loader.batch_size}
     res["shuffle"] = _record_epochs(ShardplugConfig(), 20, 3, True, 3)
+    # code written for DDP: idist.auto_dataloader's own DistributedSampler, and one given to handler.auto_dataloader
+    handler = ShardplugHandler(ShardplugConfig())
+    res["idist_auto"] = _record_run(
+        handler, handler.prepare_data_loader(idist.auto_dataloader(_dataset(21), batch_size=6, shuffle=True)), 2
+    )
+    handler = ShardplugHandler(ShardplugConfig())
+    data = _dataset(21)
+    res["auto_ddp_sampler"] = _record_run(
+        handler, handler.auto_dataloader(data, batch_size=6, sampler=DistributedSampler(data, seed=3)), 2
+    )
     try:
         _record_epochs(ShardplugConfig(even_batches=False), 21, 3, False, 1)
         res["uneven_error"] = None
@@ -220,6 +230,17 @@ def test_ignite_sharding_length_check_and_evaluation(two_processes: dict[str, An
         every = sorted(i for r in range(WORLD) for b in ranks[r]["shuffle"]["batches"][epoch] for i in b)
         assert set(every) == set(range(20))
     assert orders[0] != orders[1] != orders[2]
+
+    # a DistributedSampler (idist.auto_dataloader's, or the user's): adopted, the batches native DDP gives, the
+    # handler's set_epoch reaching it every epoch
+    for name, seed in (("idist_auto", 0), ("auto_ddp_sampler", 3)):
+        for r in range(WORLD):
+            native = []
+            for epoch in range(2):
+                sampler = DistributedSampler(range(21), num_replicas=WORLD, rank=r, seed=seed)
+                sampler.set_epoch(epoch)
+                native.append([b.tolist() for b in DataLoader(range(21), batch_size=3, sampler=sampler)])
+            assert ranks[r][name]["batches"] == native, (name, r)
 
     for r in range(WORLD):
         message = ranks[r]["uneven_error"]

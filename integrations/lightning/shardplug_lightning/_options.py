@@ -22,7 +22,7 @@ from shardplug.core.loader.prepared import PreparedDataLoader
 
 from . import compat
 
-__all__ = ["ShardplugOptions", "resolve_config", "refuse_distributed_sampler", "refuse_prepared"]
+__all__ = ["ShardplugOptions", "resolve_config", "has_distributed_sampler", "refuse_prepared"]
 
 logger = logging.getLogger(__name__)
 
@@ -113,25 +113,15 @@ class ShardplugOptions:
         return {"config": config, "device": device, "num_processes": num_processes, "process_index": process_index}
 
 
-def _has_distributed_sampler(dataloader: DataLoader[Any]) -> bool:
+def has_distributed_sampler(dataloader: DataLoader[Any]) -> bool:
+    """Whether ``dataloader`` reads a ``DistributedSampler`` (its sampler, its batch sampler's, or the one under
+    Lightning's predict index wrapper): code written for DDP, which ``prepare_data_loader`` adopts."""
     candidates = [getattr(dataloader, "sampler", None)]
     batch_sampler = getattr(dataloader, "batch_sampler", None)
     candidates.append(getattr(batch_sampler, "sampler", None))
     inner = compat.inner_batch_sampler(batch_sampler)  # Lightning's predict index wrapper
     candidates.append(getattr(inner, "sampler", None))
     return any(isinstance(s, DistributedSampler) for s in candidates)
-
-
-def refuse_distributed_sampler(dataloader: DataLoader[Any], hook: str, keep_it: str = "") -> None:
-    """Raise when the loader already shards itself: shardplug would shard it a second time
-    (``keep_it``: how this front end uses such a loader as it is, the error's second fix)."""
-    if _has_distributed_sampler(dataloader):
-        raise ValueError(
-            f"the DataLoader returned by {hook} already uses a DistributedSampler, and the shardplug strategy "
-            "shards every loader itself: each process would see only 1/N of its 1/N share. Remove the "
-            "DistributedSampler from the DataLoader (use shuffle=True, or a plain sampler) and let shardplug "
-            f"shard it; shardplug's shuffle already agrees across processes and changes every epoch.{keep_it}"
-        )
 
 
 def refuse_prepared(dataloader: DataLoader[Any], hook: str) -> None:

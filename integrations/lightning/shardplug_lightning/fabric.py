@@ -35,7 +35,7 @@ from shardplug.core.graphs.reading import is_graph
 from shardplug.core.stepping import amp
 from shardplug.core.stepping.scheduler import PreparedScheduler
 
-from ._options import ShardplugOptions, refuse_distributed_sampler, refuse_prepared
+from ._options import ShardplugOptions, refuse_prepared
 
 __all__ = ["ShardplugFabricDDPStrategy"]
 
@@ -110,8 +110,7 @@ class ShardplugFabricDDPStrategy(ShardplugOptions, DDPStrategy):
         dataloader = super().process_dataloader(dataloader)
         if not isinstance(dataloader, DataLoader):
             return dataloader
-        refuse_prepared(dataloader, "fabric.setup_dataloaders()")
-        refuse_distributed_sampler(dataloader, "fabric.setup_dataloaders()")
+        refuse_prepared(dataloader, "fabric.setup_dataloaders()")  # a DistributedSampler of the job's is adopted
         prepared = prepare_data_loader(dataloader, **self._loader_arguments(self.world_size, self.global_rank))
         # Fabric's wrapper sets its own count of passes as the samplers' epoch at every iter(): a resumed run
         # would read a loaded epoch in another epoch's order. The loader's own epoch decides.
@@ -150,7 +149,6 @@ class ShardplugFabricDDPStrategy(ShardplugOptions, DDPStrategy):
         from training loaders); batches arrive on the device when ``put_on_device=True``.
         """
         refuse_prepared(dataloader, "fabric.strategy.prepare_eval_loader()")
-        refuse_distributed_sampler(dataloader, "fabric.strategy.prepare_eval_loader()")
         arguments = self._loader_arguments(self.world_size, self.global_rank)
         return cast("DataLoader[Any]", prepare_eval_loader(dataloader, drop_padding=drop_padding, **arguments))
 

@@ -35,7 +35,7 @@ from shardplug.core.stepping import amp
 from shardplug.core.stepping.scheduler import PreparedScheduler
 
 from . import compat
-from ._options import ShardplugOptions, refuse_distributed_sampler, refuse_prepared
+from ._options import ShardplugOptions, has_distributed_sampler, refuse_prepared
 
 __all__ = [
     "UnshardedLoaderWarning",
@@ -49,12 +49,8 @@ logger = logging.getLogger(__name__)
 
 _AS_THEY_ARE = (
     "rank %d: Trainer(use_distributed_sampler=False): shardplug does not shard the loaders, they are used as they "
-    "are (each must shard itself, e.g. with a DistributedSampler); padding marks and shardplug's resume positions "
-    "do not apply to them"
-)
-
-_KEEP_IT = (
-    " To shard your loaders yourself, pass Trainer(use_distributed_sampler=False): every loader is then used as it is."
+    "are (each must shard itself); padding marks and shardplug's resume positions do not apply to them, except to "
+    "a loader with a DistributedSampler, which is adopted (native DDP's batches, with shardplug's resume)"
 )
 
 _STAGE_HOOKS = {
@@ -214,18 +210,19 @@ class ShardplugStrategyMixin(ShardplugOptions):
         batches unless ``eval_even_batches=True``: each sample exactly once); predict loaders are
         sharded inside Lightning's index-recording batch sampler so ``batch_indices`` are right.
         With ``Trainer(use_distributed_sampler=False)`` every loader is used as it is, as Lightning
-        does: it shards itself (a ``DistributedSampler`` or a sampler of the user's own).
+        does (it shards itself), except one with a ``DistributedSampler`` (code written for DDP): that one is
+        adopted as under the default, with the batches native DDP gives and shardplug's resume.
         """
         dataloader = super().process_dataloader(dataloader)  # type: ignore[misc]
         trainer = self._get_trainer()
-        if not compat.user_distributed_sampler(trainer):
-            return dataloader
+        if not compat.user_distributed_sampler(trainer):  # used as they are: code written for DDP is adopted
+            if not (isinstance(dataloader, DataLoader) and has_distributed_sampler(dataloader)):
+                return dataloader
         stage = self._stage_name(trainer)
         hook = _STAGE_HOOKS.get(stage, "the *_dataloader() hook")
         if not isinstance(dataloader, DataLoader):
             return self._process_other(dataloader, stage, hook)
-        refuse_prepared(dataloader, hook)
-        refuse_distributed_sampler(dataloader, hook, _KEEP_IT)
+        refuse_prepared(dataloader, hook)  # a DistributedSampler of the job's is adopted (prepare_data_loader)
         if stage == "predict":
             return self._prepare_predict(dataloader)
         if stage == "train":

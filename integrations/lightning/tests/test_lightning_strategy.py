@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, DistributedSampler
 
 import shardplug_lightning
 import shardplug_lightning._options
@@ -161,13 +161,14 @@ def test_a_random_sampler_subclass_is_sharded_as_it_is_and_gets_set_epoch(runs: 
 
 
 def test_use_distributed_sampler_false_uses_the_loaders_as_they_are(runs: dict[str, Any]) -> None:
-    """Trainer(use_distributed_sampler=False): a loader that shards itself (a rank-aware sampler, a
-    DistributedSampler) is used as it is, as Lightning does, not sharded a second time."""
+    """Trainer(use_distributed_sampler=False): a loader that shards itself with a sampler of its own is used as it
+    is, as Lightning does, not sharded a second time; one with a DistributedSampler is adopted (its batches, its
+    padding marked and, in evaluation, dropped: each sample counts once)."""
     for rank, record in enumerate(runs["own_sharding"]):
         assert record["type"] == "DataLoader"
         own = list(range(rank, N_TRAIN, WORLD))
         assert [b for _, b in record["train"]] == [own[k : k + BATCH] for k in range(0, len(own), BATCH)]
-        share = [*range(N_VAL), 0][rank::WORLD]  # DistributedSampler(shuffle=False) pads with the first index
+        share = list(range(N_VAL))[rank::WORLD]  # DistributedSampler(shuffle=False)'s, without its padding
         assert record["val"] == [share[k : k + BATCH] for k in range(0, len(share), BATCH)]
 
 
@@ -227,11 +228,37 @@ def test_mid_epoch_resume_continues_with_the_same_batches(runs: dict[str, Any]) 
 
 
 # -- errors and registration -------------------------------------------------------------------------
-def test_distributed_sampler_is_refused_with_the_fix(runs: dict[str, Any]) -> None:
+@pytest.mark.parametrize("injection", [True, False], ids=["default", "use_distributed_sampler=False"])
+def test_a_distributed_sampler_of_code_written_for_ddp_gives_native_ddps_batches(
+    runs: dict[str, Any], injection: bool
+) -> None:
+    """A module written for ``ddp`` builds its own DistributedSampler: under shardplug_ddp (with and without
+    Trainer(use_distributed_sampler=False)) every rank trains on the batches native DDP gives (Lightning's
+    set_epoch on the sampler reaches the loader's epoch), and validates each sample once (the padding dropped)."""
+    for rank, record in enumerate(runs["errors"]):
+        adopted = record["adopted"][str(injection)]
+        assert adopted["type"] != "DataLoader", "prepared by shardplug"
+        for epoch in range(2):
+            sampler = DistributedSampler(range(N_TRAIN), num_replicas=WORLD, rank=rank, seed=3)
+            sampler.set_epoch(epoch)
+            native = [b.tolist() for b in DataLoader(range(N_TRAIN), batch_size=BATCH, sampler=sampler)]
+            assert [b for e, b in adopted["train"] if e == epoch] == native
+        assert all(epoch == loader_epoch for epoch, loader_epoch, done in adopted["positions"] if done)
+        share = list(range(N_VAL))[rank::WORLD]
+        assert adopted["val"] == 2 * [share[k : k + BATCH] for k in range(0, len(share), BATCH)]
+
+
+def test_a_distributed_sampler_resumes_a_checkpoint_saved_inside_an_epoch_exactly(runs: dict[str, Any]) -> None:
     for record in runs["errors"]:
+        full = record["adopted"]["True"]["train"]
+        assert record["adopted"]["resumed"] == full[3:], "the rest of epoch 0 after 3 steps, then epoch 1"
+
+
+def test_a_distributed_sampler_of_another_rank_is_refused_with_the_fix(runs: dict[str, Any]) -> None:
+    for rank, record in enumerate(runs["errors"]):
         message = record["distributed_sampler"]
-        assert "DistributedSampler" in message and "Remove the DistributedSampler" in message
-        assert "pass Trainer(use_distributed_sampler=False)" in message  # the other fix, which keeps it
+        assert f"DistributedSampler has rank={1 - rank}" in message
+        assert f"DistributedSampler(dataset, num_replicas={WORLD}, rank={rank})" in message  # the fix
 
 
 def test_even_batches_false_is_refused_for_training() -> None:
@@ -314,7 +341,11 @@ def test_fabric_setup_dataloaders_uses_the_engine(runs: dict[str, Any]) -> None:
         expected = _reference(rank, 2, use_seedable_sampler=True, data_seed=record["seeds"][0])
         assert record["epochs"] == expected  # Fabric's per-iteration set_epoch reaches the sampler
         assert record["step_was_skipped"] is False
-        assert "Remove the DistributedSampler" in record["error"]
+        assert f"DistributedSampler has rank={1 - rank}" in record["error"]
+        for epoch, batches in enumerate(record["ddp_epochs"]):  # a DistributedSampler adopted: native DDP's
+            sampler = DistributedSampler(range(42), num_replicas=WORLD, rank=rank, seed=3)
+            sampler.set_epoch(epoch)
+            assert batches == [b.tolist() for b in DataLoader(range(42), batch_size=4, sampler=sampler)]
     assert records[0]["epochs"][0] != records[0]["epochs"][1]
 
 

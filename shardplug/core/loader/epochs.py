@@ -9,6 +9,7 @@ from typing import Any
 
 from shardplug.core._internal.arguments import is_int
 from shardplug.core.loader.cursor import Cursor
+from shardplug.core.sharding.shard_plan import ShardPlan, sampler_epoch
 
 __all__ = ["EpochFanOut", "stands_at_another_epoch"]
 
@@ -56,10 +57,13 @@ class EpochFanOut:
     cursor: Cursor
     batch_sampler: Any
     dataset: Any
+    plan: ShardPlan
 
     @property
     def epoch(self) -> int:
-        """The epoch this loader stands in (its cursor's; :meth:`set_epoch` sets it with its samplers')."""
+        """The epoch this loader stands in (its cursor's; :meth:`set_epoch` sets it with its samplers'; over a user's
+        ``DistributedSampler``, the sampler's: :meth:`follow_sampler_epoch`)."""
+        self.follow_sampler_epoch()
         return self.cursor.epoch
 
     @epoch.setter
@@ -87,6 +91,25 @@ class EpochFanOut:
         if self.keeps_own_epoch:
             for target in self.epoch_targets():
                 target.set_epoch(self.epoch)
+
+    def follow_sampler_epoch(self, pass_begins: bool = False) -> None:
+        """Over a plan whose order is drawn from its sampler's own epoch (a user's ``DistributedSampler``): the
+        loader stands at the epoch the sampler stands at, as if ``set_epoch`` of it had been called on the loader
+        (the sampler's ``set_epoch``, called by the user or a front end, moves both alike). Read where the loader's
+        epoch is read: as a pass begins, as a position is saved, ``loader.epoch``; inside a pass nothing changes.
+        As a pass begins after a complete one, it is that epoch again unless the sampler was set to another, as
+        native DDP reads its sampler: the loader never advances it by itself. Other plans, and a loader that
+        :attr:`keeps_own_epoch` (Fabric's, whose wrapper sets its own count on the samplers): nothing."""
+        traits = getattr(self, "traits", None)
+        if traits is None or not traits.follows_sampler_epoch or self.keeps_own_epoch:
+            return
+        if self.cursor.now.open and not pass_begins:
+            return
+        said = sampler_epoch(self.plan)
+        if said is not None and (said != self.cursor.epoch or (pass_begins and self.cursor.now.complete)):
+            self.cursor.enter_epoch(said)
+            if hasattr(self.dataset, "set_epoch"):
+                self.dataset.set_epoch(said)
 
     epochs_set_by_framework = False
     """A framework sets the epoch of the loader's samplers itself before every pass (Lightning's loops call

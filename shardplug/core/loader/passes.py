@@ -81,6 +81,8 @@ class PassHost(Protocol):
 
     def pin_epoch(self) -> None: ...
 
+    def follow_sampler_epoch(self, pass_begins: bool = False) -> None: ...
+
     def lengths(self) -> PassLengths: ...
 
     def inner_loader(self) -> Any: ...
@@ -104,10 +106,14 @@ def begin(loader: PassHost, cursor: Cursor) -> tuple[PassState, int]:
     """Start a pass of ``loader``: its :class:`PassState` (the cursor's pass from now on) and how many batches
     to read and drop before the first one."""
     cursor.inner.snapshot = None  # what a pass left early kept describes no place once a new one begins
-    if cursor.now.complete:
-        loader.next_epoch()
     if loader.keeps_own_epoch:
+        if cursor.now.complete:
+            loader.next_epoch()
         loader.pin_epoch()
+    elif loader.traits.follows_sampler_epoch:  # a user's DistributedSampler: its epoch, as the user set it
+        loader.follow_sampler_epoch(pass_begins=True)
+    elif cursor.now.complete:
+        loader.next_epoch()
     shuffles, options = loader.shuffles, loader.options
     synchronize(shuffles.seedable, options.rng_types, options.synchronized_generator)
     plan = loader.plan

@@ -363,7 +363,10 @@ class DataLoaderShard(PreparedDataLoader):
                 object.__setattr__(self, "batch_size", self.batch_sampler.per_process_batch_size)
                 object.__setattr__(self, "drop_last", self.batch_sampler.drop_last)
         super()._setup(options)
-        self.start_epochs_at_zero()
+        if self.traits.follows_sampler_epoch:  # a user's DistributedSampler: the loader stands at its epoch
+            self.follow_sampler_epoch()
+        else:
+            self.start_epochs_at_zero()
 
     def inner_batches(self, discard: int) -> Iterator[Any]:
         with self.plan.start_in_workers(self.num_workers) as pending:

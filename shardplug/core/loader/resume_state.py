@@ -90,6 +90,7 @@ class ResumeState:
         where its last pass stands.  ``consumed`` counts what the whole job consumed of the epoch (in the
         plan's unit: global batches, stream elements or batches), so a position saved with N processes
         can be loaded with M."""
+        self.loader.follow_sampler_epoch()  # a user's DistributedSampler set to another epoch: the loader is there
         if self.cursor.position is not None:  # loaded but not iterated yet: still that position
             return self.cursor.position
         return self.pass_position()

@@ -6,6 +6,8 @@ kind's module, which holds its whole path (its wrapper, its plan, its length, wh
 
 * :mod:`~shardplug.core.sharding.map_style`: map-style data; a batch sampler's global batches shared out by
   index arithmetic (:mod:`~shardplug.core.sharding.arithmetic`) or by walking them.
+* :mod:`~shardplug.core.sharding.distributed_sampler`: map-style data read through a user's ``DistributedSampler``:
+  the batches native DDP gives, its rest dealt over any number of processes on a resume.
 * :mod:`~shardplug.core.sharding.read_all`: a stream every process reads whole, keeping its part of each
   global batch (checked alike by :mod:`~shardplug.core.sharding.fingerprint`).
 * :mod:`~shardplug.core.sharding.native`: a stream that shards itself (``n_shards``, ``shard()``).

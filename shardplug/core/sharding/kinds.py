@@ -25,6 +25,7 @@ if TYPE_CHECKING:
 __all__ = [
     "MAP_STYLE",
     "MIXTURE",
+    "DISTRIBUTED_SAMPLER",
     "DISPATCH",
     "LOCAL",
     "PRESPLIT",
@@ -40,6 +41,9 @@ MAP_STYLE = "map_style"
 MIXTURE = "mixture"
 """A :class:`~shardplug.core.sharding.mixture.Mixture`: map-style data whose order is its own, a pure function
 of the global position (:mod:`~shardplug.core.sharding.mixture`)."""
+DISTRIBUTED_SAMPLER = "distributed_sampler"
+"""Map-style data read through a user's torch ``DistributedSampler``: its order, its batches as under native DDP
+(:mod:`~shardplug.core.sharding.distributed_sampler`)."""
 DISPATCH = "dispatch"
 """Process 0 reads the data for every process and sends each its rows (:mod:`shardplug.core.dispatch`)."""
 LOCAL = "local"

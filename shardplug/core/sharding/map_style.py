@@ -373,7 +373,8 @@ class BatchSamplerShard(Sampler[list[int]]):
     ) -> BatchSamplerShard:
         """The shard of ``batch_sampler`` under a layout already built and validated
         (``prepare_data_loader``'s: its batch size and ``drop_last`` are the batch sampler's); ``plan``: a
-        kind's own plan of that batch sampler (default: a :class:`BatchSamplerPlan`)."""
+        kind's own plan of that batch sampler (default: a :class:`BatchSamplerPlan`; a mixture's, a user's
+        ``DistributedSampler``'s)."""
         check_batch_sampler(batch_sampler)
         shard = cls.__new__(cls)
         shard.batch_sampler, shard.epoch = batch_sampler, 0
@@ -575,10 +576,11 @@ def agreed_sampler(
     ``set_epoch`` and, without a generator, gets one (seeded with ``data_seed``), synchronised from
     process 0 at each pass.  The user's sampler is never modified.
     """
-    if isinstance(sampler, DistributedSampler):
+    if isinstance(sampler, DistributedSampler):  # prepare_data_loader adopts it as a kind of its own
         raise ValueError(
-            "the DataLoader already uses a DistributedSampler, and prepare_data_loader shards it again; "
-            "remove the DistributedSampler (pass shuffle=True or a plain sampler) and let shardplug shard the data"
+            "the sampler is a DistributedSampler, which already gives each process its part: sharding it again "
+            "would give each process 1/N of its 1/N; prepare the DataLoader with prepare_data_loader (it adopts the "
+            "DistributedSampler: the batches of native DDP), or pass shuffle=True or a plain sampler"
         )
     if isinstance(sampler, SeedableRandomSampler):
         return sampler, None

@@ -21,6 +21,7 @@ __all__ = [
     "plan_traits",
     "start_tagging",
     "check_saved_state",
+    "sampler_epoch",
     "PassRecord",
     "UNITS",
     "sized_length",
@@ -222,6 +223,18 @@ class _Untracked(Protocol):
     untracked_reason: str
 
 
+@runtime_checkable
+class _SamplerEpoch(Protocol):
+    """A plan whose order is drawn from its sampler's own epoch, as the user or a front end set it (a user's
+    ``DistributedSampler``: native DDP reads its ``epoch`` and never advances it by itself): the loader's epoch
+    follows the sampler's (where it is read, and as a pass begins), instead of moving on by itself after a complete
+    pass."""
+
+    def sampler_epoch(self) -> int:
+        """The epoch the plan's sampler stands at."""
+        ...
+
+
 @dataclass(frozen=True)
 class PlanTraits:
     """What a plan can do beyond :class:`ShardPlan` (see the capability protocols above)."""
@@ -245,6 +258,8 @@ class PlanTraits:
     batches_unchanged: bool = False
     """The loader's batches are handed out as they come (:meth:`ShardPlan.pass_batches` is
     :class:`PlanDefaults`'s): a pass need not call it."""
+    follows_sampler_epoch: bool = False
+    """The loader's epoch is its sampler's own (:class:`_SamplerEpoch`)."""
 
 
 def plan_traits(plan: ShardPlan) -> PlanTraits:
@@ -269,6 +284,7 @@ def plan_traits(plan: ShardPlan) -> PlanTraits:
         splits_by_worker=isinstance(plan, _WorkerParts) and plan.splits_by_worker,
         untracked_reason=plan.untracked_reason if isinstance(plan, _Untracked) else None,
         batches_unchanged=getattr(type(plan), "pass_batches", None) is PlanDefaults.pass_batches,
+        follows_sampler_epoch=isinstance(plan, _SamplerEpoch),
     )
 
 
@@ -276,6 +292,12 @@ def check_saved_state(plan: ShardPlan, state: Any) -> None:
     """Refuse a position's ``dataset_state`` that ``plan`` cannot load (:class:`_ChecksState`); others pass."""
     if state is not None and isinstance(plan, _ChecksState):
         plan.check_saved_state(state)
+
+
+def sampler_epoch(plan: ShardPlan) -> int | None:
+    """The epoch ``plan``'s sampler stands at, where its order is drawn from that epoch (:class:`_SamplerEpoch`);
+    ``None`` for every other plan."""
+    return plan.sampler_epoch() if isinstance(plan, _SamplerEpoch) else None
 
 
 def start_tagging(plan: ShardPlan) -> bool:

@@ -15,6 +15,7 @@ from typing import Any, cast
 
 import torch
 from torch.utils.data import RandomSampler
+from torch.utils.data.distributed import DistributedSampler
 
 from shardplug.core._internal.arguments import is_int
 
@@ -296,6 +297,8 @@ def sampler_kind(sampler: Any) -> str:
         return "bijective_random"
     if isinstance(sampler, SeedableRandomSampler):
         return "seedable_random"
+    if isinstance(sampler, DistributedSampler):  # its order is its options': a position names them
+        return f"DistributedSampler(shuffle={sampler.shuffle}, seed={sampler.seed}, drop_last={sampler.drop_last})"
     return type(sampler).__name__
 
 

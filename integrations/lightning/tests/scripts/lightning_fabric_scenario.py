@@ -35,10 +35,13 @@ def main() -> None:
             optimizer.zero_grad()
             seen.append(batch.tolist())
         epochs.append(seen)
+    data = list(range(42))  # code written for DDP: its DistributedSampler adopted, Fabric sets its epoch
+    ddp = fabric.setup_dataloaders(DataLoader(data, batch_size=4, sampler=DistributedSampler(data, seed=3)))
+    ddp_epochs = [[batch.tolist() for batch in ddp] for _ in range(2)]
     error = ""
-    try:
-        data = list(range(8))
-        fabric.setup_dataloaders(DataLoader(data, sampler=DistributedSampler(data, num_replicas=2, rank=0)))
+    try:  # a DistributedSampler of another process
+        other = DistributedSampler(data, num_replicas=2, rank=1 - fabric.global_rank)
+        fabric.setup_dataloaders(DataLoader(data, sampler=other))
     except ValueError as exc:
         error = str(exc)
     record = {
@@ -48,6 +51,7 @@ def main() -> None:
         "len": len(loader),
         "step_was_skipped": fabric.strategy.step_was_skipped,
         "error": error,
+        "ddp_epochs": ddp_epochs,
     }
     with open(os.path.join(sys.argv[1], f"fabric_rank{fabric.global_rank}.json"), "w") as f:
         json.dump(record, f)

@@ -274,6 +274,24 @@ class OwnSharding(Recorder):
         pass  # a plain DataLoader: no position to record
 
 
+class WrittenForDDP(Recorder):
+    """A module written for Lightning's ``ddp`` with ``use_distributed_sampler=False``: its loaders build their own
+    ``DistributedSampler`` (training: shuffled with seed 3, for process ``sampler_rank``; validation: in order)."""
+
+    def __init__(self, sampler_rank: int) -> None:
+        super().__init__()
+        self.sampler_rank = sampler_rank
+
+    def train_dataloader(self) -> DataLoader:
+        data = Indices(N_TRAIN)
+        sampler = DistributedSampler(data, num_replicas=2, rank=self.sampler_rank, seed=3)
+        return DataLoader(data, batch_size=BATCH, sampler=sampler)
+
+    def val_dataloader(self) -> DataLoader:
+        data = Indices(N_VAL)
+        return DataLoader(data, batch_size=BATCH, sampler=DistributedSampler(data, shuffle=False))
+
+
 RESUME_N, RESUME_EPOCHS, RESUME_VAL_EVERY = 32, 4, 8  # 4 batches per rank and epoch: validate every 2 epochs
 
 
@@ -422,18 +440,31 @@ def main() -> None:
     t.fit(model)
     dump("limited", rank, {"train": model.train_batches, "positions": model.positions, "seeds": seeds_of(t)})
 
-    # 7. a loader that already has a DistributedSampler is refused (on every rank, before any batch)
-    class Sharded(Recorder):
-        def train_dataloader(self) -> DataLoader:
-            data = Indices(N_TRAIN)
-            return DataLoader(data, batch_size=BATCH, sampler=DistributedSampler(data, num_replicas=2, rank=rank))
-
+    # 7. code written for DDP: a DistributedSampler of the job's is adopted (native DDP's batches, Lightning's
+    # set_epoch on it every epoch), also with Trainer(use_distributed_sampler=False); one of another job is refused
+    # and a checkpoint saved inside epoch 0 resumes with exactly the rest of it
+    adopted = {}
+    ddp_ckpt = os.path.join(OUT, "ddp_ckpt")
+    for injection in (True, False):
+        model = WrittenForDDP(rank)
+        saves = [ModelCheckpoint(dirpath=ddp_ckpt, every_n_train_steps=3, save_top_k=-1)] if injection else []
+        t = trainer(max_epochs=2, use_distributed_sampler=injection, enable_checkpointing=injection, callbacks=saves)
+        t.fit(model)
+        adopted[str(injection)] = {
+            "train": model.train_batches,
+            "val": model.val_batches,
+            "positions": model.positions,
+            "type": type(t.train_dataloader).__name__,
+        }
+    resumed = WrittenForDDP(rank)
+    trainer(max_epochs=2).fit(resumed, ckpt_path=os.path.join(ddp_ckpt, "epoch=0-step=3.ckpt"))
+    adopted["resumed"] = resumed.train_batches
     error = ""
     try:
-        trainer().fit(Sharded())
+        trainer().fit(WrittenForDDP(1 - rank))
     except ValueError as exc:
         error = str(exc)
-    dump("errors", rank, {"distributed_sampler": error, "registered": STRATEGY_NAMES})
+    dump("errors", rank, {"distributed_sampler": error, "adopted": adopted, "registered": STRATEGY_NAMES})
 
     # 8. a Hugging Face stream (parquet shards written by the test), 2 workers: sharded natively
     model = Streamed()
