@@ -25,6 +25,8 @@ from shardplug.core import (
     SampleAudit,
     SeedableRandomSampler,
     ShardplugConfig,
+    StepTotals,
+    TokenBudgetBatchSampler,
     TrainingRun,
     drop_padding,
     gather_for_metrics,
@@ -32,6 +34,7 @@ from shardplug.core import (
     resolve_data_topology,
     send_to_device,
     skip_first_batches,
+    step_totals,
     synchronize_rng_states,
 )
 
@@ -58,10 +61,13 @@ __all__ = [
     "ProcessTopology",
     "SeedableRandomSampler",
     "ShardplugConfig",
+    "StepTotals",
+    "TokenBudgetBatchSampler",
     "TrainingRun",
     "prepare_data_loader",
     "resolve_data_topology",
     "send_to_device",
     "skip_first_batches",
+    "step_totals",
     "synchronize_rng_states",
 ]

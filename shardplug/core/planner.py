@@ -33,8 +33,17 @@ from shardplug.core.graphs.prepared_graphs import MixtureLoaderShard, prepare_gr
 from shardplug.core.graphs.reading import GraphLike, is_graph
 from shardplug.core.loader.prepared import DataLoaderShard, LoaderOptions, PreparedDataLoader, combined_class
 from shardplug.core.resume.stateful import stateful_dataloader_class
-from shardplug.core.sharding import local, map_style, native, presplit, read_all
-from shardplug.core.sharding.kinds import DISPATCH, LOCAL, MAP_STYLE, NATIVE, PRESPLIT, Shard, ShardingKind
+from shardplug.core.sharding import local, map_style, native, presplit, read_all, token_budget
+from shardplug.core.sharding.kinds import (
+    DISPATCH,
+    LOCAL,
+    MAP_STYLE,
+    NATIVE,
+    PRESPLIT,
+    TOKEN_BUDGET,
+    Shard,
+    ShardingKind,
+)
 from shardplug.core.sharding.layout import ShardLayout
 from shardplug.core.sharding.stream_traits import stream_kind
 from shardplug.core.shuffle.rng import check_rng_types
@@ -325,6 +334,14 @@ def kind_of(dataloader: DataLoader[Any], options: _DataOptions, layout: ShardLay
             dataloader.num_workers,
             readers,
         )
+    elif isinstance(dataloader.batch_sampler, token_budget.TokenBudgetBatchSampler):
+        if options.dispatch_batches:
+            raise ValueError(
+                "dispatch_batches=True reads global batches on process 0 and cuts them into rows, but a "
+                "TokenBudgetBatchSampler plans each process's own micro-batches; pass dispatch_batches=False (every "
+                "process reads its own micro-batches, planned alike on every process)"
+            )
+        kind = ShardingKind(TOKEN_BUDGET)
     else:
         kind = ShardingKind(DISPATCH, reads=MAP_STYLE) if options.dispatch_batches else ShardingKind(MAP_STYLE)
     if kind.name == DISPATCH and not options.put_on_device:
@@ -344,6 +361,8 @@ def _shard(
     name = kind.reads if kind.name == DISPATCH else kind.name
     if name == MAP_STYLE:
         return map_style.shard(dataloader, layout, options)  # the data options whole: the shuffle's are read there
+    if name == TOKEN_BUDGET:
+        return token_budget.shard(dataloader, layout)
     if name == LOCAL:  # one reader: a dispatcher's process 0 compares nothing
         return local.shard(dataset, layout, batch_size, drop_last, readers if kind.name == LOCAL else Readers())
     if kind.name == PRESPLIT:

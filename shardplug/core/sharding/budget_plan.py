@@ -240,10 +240,10 @@ def plan_window(
         bins = int(where[-1]) + 1 if count else 0
         bins += (-bins) % n_proc
         heads = np.zeros(bins, dtype=np.int64)
-        rows = np.bincount(where, minlength=bins)
+        rows: np.ndarray = np.bincount(where, minlength=bins)
         firsts = np.flatnonzero(np.r_[True, where[1:] != where[:-1]]) if count else np.empty(0, dtype=np.int64)
         heads[where[firsts]] = window_lengths[firsts]
-        bin_cost = (rows * heads).astype(np.float64)
+        bin_cost: np.ndarray = (rows * heads).astype(np.float64)
     else:
         costs = sample_costs(window_lengths, spec.cost).astype(np.float64)
         total = int(window_lengths.sum())

@@ -22,10 +22,24 @@ if TYPE_CHECKING:
 
     from shardplug.core.sharding.shard_plan import ShardPlan
 
-__all__ = ["MAP_STYLE", "DISPATCH", "LOCAL", "PRESPLIT", "NATIVE", "READ_ALL", "NodeSplit", "ShardingKind", "Shard"]
+__all__ = [
+    "MAP_STYLE",
+    "TOKEN_BUDGET",
+    "DISPATCH",
+    "LOCAL",
+    "PRESPLIT",
+    "NATIVE",
+    "READ_ALL",
+    "NodeSplit",
+    "ShardingKind",
+    "Shard",
+]
 
 MAP_STYLE = "map_style"
 """Map-style data: every process draws one order, and takes its batches (:mod:`~shardplug.core.sharding.map_style`)."""
+TOKEN_BUDGET = "token_budget"
+"""Map-style data in micro-batches by a token budget, planned for all processes at once
+(:mod:`~shardplug.core.sharding.token_budget`)."""
 DISPATCH = "dispatch"
 """Process 0 reads the data for every process and sends each its rows (:mod:`shardplug.core.dispatch`)."""
 LOCAL = "local"
