@@ -13,6 +13,7 @@ from shardplug.core.padding.metrics import drop_padding, gather_for_metrics
 from shardplug.core.planner import prepare_data_loader, skip_first_batches
 from shardplug.core.resume.position import Position
 from shardplug.core.sharding.map_style import BatchSamplerShard
+from shardplug.core.sharding.packing import PackingCollate
 from shardplug.core.sharding.read_all import IterableDatasetShard
 from shardplug.core.sharding.token_budget import StepTotals, TokenBudgetBatchSampler, step_totals
 from shardplug.core.shuffle.rng import synchronize_rng_states
@@ -35,6 +36,7 @@ __all__ = [
     "GradientState",
     "IterableDatasetShard",
     "LengthMismatchWarning",
+    "PackingCollate",
     "Position",
     "PreparedDataLoader",
     "PreparedOptimizer",
