@@ -255,7 +255,9 @@ class TokenBudgetShard(BatchSamplerShard):
 
     @property
     def sampler(self) -> Any:
-        return None
+        """The budget's sampler itself: the epoch of its order is set where a framework sets a batch sampler's
+        sampler's (Lightning's loops)."""
+        return self.batch_sampler
 
     def skip_next(self, num_batches: int) -> None:
         if num_batches < 0:
