@@ -26,3 +26,8 @@ def test_benchmarks_quick_prints_every_figure():
 def test_gpu_benchmark_runs_or_says_it_needs_a_gpu():
     done = _quick("gpu.py")
     assert "no CUDA device here" in done.stdout or "step 2 x Linear(256)" in done.stdout, done.stdout
+
+
+def test_token_budget_benchmark_prints_balance_and_planning_time():
+    done = _quick("token_budget.py")
+    assert "T1 balance" in done.stdout and "\nT2 " in done.stdout, done.stdout

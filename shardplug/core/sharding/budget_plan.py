@@ -209,9 +209,26 @@ def _runs(lengths: np.ndarray, max_tokens: int) -> np.ndarray:
 
 def _padded_bins(lengths: np.ndarray, num_processes: int, max_tokens: int) -> np.ndarray:
     """The bin of each sample (sorted longest first) for ``"padded"``: runs of nearly one length, a multiple of
-    ``num_processes`` of them (the runs with the most rows are halved where needed)."""
+    ``num_processes`` of them: the runs are cut under a budget a little below ``max_tokens`` where that gives a
+    multiple (every run then about as full), else the runs with the most rows are halved."""
     cuts = _runs(lengths, max_tokens)
-    extra = (-(cuts.size - 1)) % num_processes
+    count = cuts.size - 1
+    target = -(-count // num_processes) * num_processes
+    if count != target:
+        low, high = max(1, int(max_tokens * count / target * 0.9)), max_tokens  # count(low) >= target > count(high)
+        for _ in range(10):
+            if high - low <= 1:
+                break
+            middle = (low + high) // 2
+            trial = _runs(lengths, middle)
+            if trial.size - 1 == target:
+                cuts, count = trial, target
+                break
+            if trial.size - 1 > target:
+                low = middle
+            else:
+                high = middle
+    extra = (-count) % num_processes
     if extra:
         rows = np.diff(cuts)
         halves = np.argsort(-rows, kind="stable")[:extra]
