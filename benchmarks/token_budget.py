@@ -134,9 +134,8 @@ def main() -> None:
     if not args.quick:
         sets += [("lognormal", 200_000, 131_072, 262_144), ("zipf", 200_000, 131_072, 262_144)]
     print("T1 balance of a step (max / mean of its N micro-batches' costs: median / p95 / max) and padding")
-    print(
-        f"{'lengths':<28} {'N':>2} {'cost':<10} {'shardplug plan':<30} {'random, round-robin':<30} by length, round-robin"
-    )
+    header = f"{'lengths':<28} {'N':>2} {'cost':<10} {'shardplug plan':<30} {'random, round-robin':<30}"
+    print(f"{header} by length, round-robin")
     for kind, n_samples, high, budget in sets:
         lengths = lengths_of(kind, n_samples, high)
         random_order = epoch_order(lengths.size, True, 1, 0)
