@@ -126,10 +126,58 @@ def baseline_rows(
     return ratios(costs), padding(batches, lengths)
 
 
+def figure(path: str) -> None:
+    """An SVG of one step's micro-batches per process (each sample a bar as long as its tokens), the plan's
+    (``cost="attention"``) beside a user's batches dealt round-robin, for the issue's probe lengths."""
+    lengths = lengths_of("lognormal", 6_000, 4_096)
+    budget, n, step = 16_384, 4, 3
+    plan = plan_epoch(BudgetSpec(budget, cost="attention", seed=1), lengths, n)
+    ours = [plan.samples[plan.bounds[k] : plan.bounds[k + 1]] for k in range(step * n, step * n + n)]
+    theirs = [
+        part[step] for part in dealt(greedy_batches(epoch_order(lengths.size, True, 1, 0), lengths, budget, False), n)
+    ]
+    scale, bar, gap, left = 560 / budget, 22, 8, 150
+    rows = []
+    y = 30
+    for title, batches in (
+        ("TokenBudgetBatchSampler (attention)", ours),
+        ("a user's sampler, dealt round-robin", theirs),
+    ):
+        costs = [cost_of(b, lengths, "attention") for b in batches]
+        rows.append(
+            f'<text x="10" y="{y - 8}" font-size="13" font-weight="bold">{title}: max / mean of the step\'s '
+            f"attention {max(costs) / (sum(costs) / n):.2f}</text>"
+        )
+        for p, batch in enumerate(batches):
+            x = left
+            rows.append(f'<text x="10" y="{y + 16}" font-size="12">process {p}: {int(costs[p] / 1e6)}M</text>')
+            for k, i in enumerate(np.asarray(batch).tolist()):
+                width = max(int(lengths[i]) * scale, 1)
+                fill = "#4a78b0" if k % 2 == 0 else "#9cbbe0"
+                rows.append(f'<rect x="{x:.1f}" y="{y}" width="{width:.1f}" height="{bar}" fill="{fill}"/>')
+                x += width
+            y += bar + gap
+        y += 30
+    end = left + budget * scale
+    rows.append(f'<line x1="{end}" y1="10" x2="{end}" y2="{y - 30}" stroke="#c33" stroke-dasharray="4"/>')
+    rows.append(f'<text x="{end - 80}" y="{y - 12}" font-size="12" fill="#c33">max_tokens</text>')
+    svg = (
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{int(end) + 20}" height="{y}" font-family="sans-serif">'
+        + "".join(rows)
+        + "</svg>\n"
+    )
+    with open(path, "w") as f:
+        f.write(svg)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="tiny sizes (checks that the benchmark runs)")
+    parser.add_argument("--figure", metavar="SVG", help="write the figure of one step (docs) and stop")
     args = parser.parse_args()
+    if args.figure:
+        figure(args.figure)
+        return
     sets = [("lognormal", 6_000, 4_096, 16_384)]  # the issue's probe: 2 to 4,096 tokens, a budget of 16,384
     if not args.quick:
         sets += [("lognormal", 200_000, 131_072, 262_144), ("zipf", 200_000, 131_072, 262_144)]

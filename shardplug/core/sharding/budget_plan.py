@@ -9,12 +9,13 @@ How an epoch is planned:
 1. the epoch's order: a permutation of ``[0, n)`` drawn from ``(seed, epoch)`` (or ``[0, n)`` unshuffled);
 2. the order is cut into fixed windows of :data:`WINDOW` samples (the last one takes the remainder): their
    bounds do not depend on ``N``, so a place at a window's start is the same on every number of processes;
-3. each window's samples are dealt, longest first, into ``N * S`` micro-batches: each goes to the least costly
-   micro-batch with room for it under ``max_tokens`` (``"padded"``: the sorted samples are cut into runs of
-   rows times the longest within the budget, so a micro-batch holds samples of nearly one length); ``S``, the
-   window's steps, is the fewest that fit;
-4. the micro-batches are sorted by cost and taken ``N`` at a time: each step's ``N`` micro-batches cost about
-   the same; the window's steps are shuffled; step ``s`` gives process ``p`` its micro-batch ``s * N + p``.
+3. each window's samples are dealt, longest first, into ``S`` steps of ``N`` micro-batches, by rounds: a step takes
+   ``N`` consecutive samples of the sorted order (so of about one length), the longest ones to the step with the
+   fewest tokens, and inside the step the longest to its least costly micro-batch, always under ``max_tokens``;
+   ``S`` is the fewest steps that fit.  For ``"padded"`` the sorted samples are cut into runs of rows times the
+   longest within the budget instead (a micro-batch holds samples of nearly one length), and the runs, sorted
+   by cost, are taken ``N`` at a time;
+4. the window's steps are shuffled; step ``s`` gives process ``p`` its micro-batch ``s * N + p``.
 
 Every process therefore has the same number of micro-batches.  A step whose ``N`` micro-batches cannot all hold
 a sample (a window with fewer samples than its micro-batches: long samples, or the epoch's last few) is padded
@@ -159,37 +160,47 @@ class WindowPlan:
     sequence: np.ndarray
 
 
-def _deal(lengths: np.ndarray, costs: np.ndarray, bins: int, max_tokens: int) -> np.ndarray | None:
-    """The bin of each sample (given longest first) among ``bins``, each sample to the least costly bin with room
-    for it; ``None`` when some sample finds no room.  Vectorised by rounds: a round deals up to ``bins`` samples,
-    the most costly to the least costly bins (and what did not fit to the bins with the most room)."""
-    count = lengths.size
+def _deal_steps(lengths: np.ndarray, costs: np.ndarray, steps: int, n_proc: int, max_tokens: int) -> np.ndarray | None:
+    """The bin (``step * n_proc + process``) of each sample (given longest first), or ``None`` when some sample
+    finds no room.  By rounds of ``steps * n_proc`` samples: each step takes ``n_proc`` consecutive samples (so of
+    about one length), the longest to the step with the fewest tokens, and inside the step the longest to the least
+    costly micro-batch; what does not fit goes to the micro-batches with the most room."""
+    count, bins = lengths.size, steps * n_proc
     cost = np.zeros(bins, dtype=np.float64)
     tokens = np.zeros(bins, dtype=np.int64)
+    step_tokens = np.zeros(steps, dtype=np.int64)
     where = np.full(count, -1, dtype=np.int64)
     pending = np.empty(0, dtype=np.int64)
     taken = 0
+
+    def place(items: np.ndarray, targets: np.ndarray) -> np.ndarray:
+        fits = tokens[targets] + lengths[items] <= max_tokens
+        chosen, into = items[fits], targets[fits]
+        where[chosen] = into
+        np.add.at(cost, into, costs[chosen])
+        np.add.at(tokens, into, lengths[chosen])
+        np.add.at(step_tokens, into // n_proc, lengths[chosen])
+        missed: np.ndarray = items[~fits]
+        return missed
+
     while taken < count or pending.size:
-        new = min(bins - pending.size, count - taken)
-        items = np.concatenate([pending, np.arange(taken, taken + new, dtype=np.int64)])
+        if pending.size:  # to the micro-batches with the most room, one each
+            before = pending.size
+            pending = place(pending, np.argsort(tokens, kind="stable")[: pending.size])
+            if pending.size == before and taken >= count:
+                return None
+        new = min(bins, count - taken)
+        if not new:
+            continue
+        items = np.arange(taken, taken + new, dtype=np.int64)
         taken += new
-        placed = 0
-        for order in (np.argsort(cost, kind="stable"), None):
-            if order is None:  # what did not fit: to the bins with the most room
-                order = np.argsort(tokens, kind="stable")
-            targets = order[: items.size]
-            fits = tokens[targets] + lengths[items] <= max_tokens
-            fit_items, fit_bins = items[fits], targets[fits]
-            where[fit_items] = fit_bins
-            np.add.at(cost, fit_bins, costs[fit_items])
-            np.add.at(tokens, fit_bins, lengths[fit_items])
-            placed += fit_items.size
-            items = items[~fits]
-            if not items.size:
-                break
-        pending = items
-        if not placed:
-            return None
+        whole = new // n_proc * n_proc
+        blocks = items[:whole].reshape(-1, n_proc)
+        chosen = np.argsort(step_tokens, kind="stable")[: blocks.shape[0]]
+        inside = np.argsort(cost.reshape(steps, n_proc)[chosen], axis=1, kind="stable")
+        targets = chosen[:, None] * n_proc + inside
+        missed = place(blocks.ravel(), targets.ravel())
+        pending = np.concatenate([pending, missed, items[whole:]])
     return where
 
 
@@ -267,7 +278,7 @@ def plan_window(
         halves = int(np.count_nonzero(window_lengths * 2 > spec.max_tokens))  # each needs a bin of its own
         steps = max(1, math.ceil(total / (n_proc * spec.max_tokens * FILL)), math.ceil(halves / n_proc))
         while True:
-            found = _deal(window_lengths, costs, steps * n_proc, spec.max_tokens)
+            found = _deal_steps(window_lengths, costs, steps, n_proc, spec.max_tokens)
             if found is not None:
                 where = found
                 break
@@ -276,7 +287,10 @@ def plan_window(
         bin_cost = np.bincount(where, weights=costs, minlength=bins)
         rows = np.bincount(where, minlength=bins)
     # the bins by cost, N at a time: a step's micro-batches cost about the same (empty bins last)
-    ranked = np.lexsort((np.arange(bins), -bin_cost, rows == 0))
+    if spec.cost == "padded":  # the runs by cost, N at a time
+        ranked = np.lexsort((np.arange(bins), -bin_cost, rows == 0))
+    else:  # the steps as dealt
+        ranked = np.arange(bins)
     num_steps = bins // n_proc
     step_of_rank = np.arange(bins) // n_proc
     full = np.ones(num_steps, dtype=bool)
