@@ -131,10 +131,10 @@ def sample_costs(lengths: np.ndarray, cost: str) -> np.ndarray:
 
 def epoch_order(n: int, shuffle: bool, seed: int, epoch: int) -> np.ndarray:
     """The epoch's order of ``[0, n)``: the same on every process, rerun and number of processes."""
-    if not shuffle:
-        return np.arange(n, dtype=np.int64)
-    generator = np.random.Generator(np.random.PCG64(np.random.SeedSequence([seed, epoch, 0x7B])))
-    return generator.permutation(n).astype(np.int64, copy=False)
+    order = np.arange(n, dtype=np.int32 if n < 2**31 else np.int64)  # 4 bytes a sample where they suffice
+    if shuffle:
+        np.random.Generator(np.random.PCG64(np.random.SeedSequence([seed, epoch, 0x7B]))).shuffle(order)
+    return order
 
 
 def _window_bounds(n: int, window: int) -> np.ndarray:
@@ -149,13 +149,15 @@ def _window_bounds(n: int, window: int) -> np.ndarray:
 class WindowPlan:
     """One window's steps for ``num_processes``: ``samples`` (the micro-batches' samples, padding included),
     ``bounds`` (micro-batch ``k`` is ``samples[bounds[k]:bounds[k + 1]]``; step ``s``, process ``p`` is
-    ``k = s * N + p``), ``real`` (real samples of each micro-batch, its padding after them), ``consumed`` (the
+    ``k = s * N + p``), ``real`` (real samples of each micro-batch, its padding after them), ``tokens`` (its real
+    tokens), ``consumed`` (the
     window's samples consumed after each step; the last one counts the samples ``drop_last`` dropped) and
     ``sequence`` (the window's samples in the order the steps consume them, those dropped last)."""
 
     samples: np.ndarray
     bounds: np.ndarray
     real: np.ndarray
+    tokens: np.ndarray
     consumed: np.ndarray
     sequence: np.ndarray
 
@@ -206,16 +208,22 @@ def _deal_steps(lengths: np.ndarray, costs: np.ndarray, steps: int, n_proc: int,
 
 def _runs(lengths: np.ndarray, max_tokens: int) -> np.ndarray:
     """Cuts of samples sorted longest first into runs whose rows times the longest fit ``max_tokens`` (each run
-    as many rows as fit): the runs' starts, and the count at the end."""
+    as many rows as fit): the runs' starts, and the count at the end.  A run's rows only grow along the sorted
+    samples, so the runs of one number of rows are cut at once (a loop over those numbers, not over runs)."""
     count = lengths.size
-    starts = [0]
+    safe = np.maximum(lengths.astype(np.int64, copy=False), 1)
+    rows = np.where(lengths > 0, np.maximum(max_tokens // safe, 1), max_tokens + count)  # non-decreasing
+    starts = [np.zeros(1, dtype=np.int64)]
     at = 0
     while at < count:
-        longest = int(lengths[at])
-        rows = max_tokens // longest if longest else count
-        at = min(at + max(rows, 1), count)
-        starts.append(at)
-    return np.asarray(starts, dtype=np.int64)
+        step = int(rows[at])
+        end = int(rows.searchsorted(step, side="right"))  # where runs of more rows begin
+        runs = -(-(end - at) // step)
+        starts.append(at + step * np.arange(1, runs + 1, dtype=np.int64))
+        at += step * runs
+    cuts = np.concatenate(starts)
+    cuts[-1] = min(int(cuts[-1]), count)
+    return cuts
 
 
 def _padded_bins(lengths: np.ndarray, num_processes: int, max_tokens: int) -> np.ndarray:
@@ -225,20 +233,18 @@ def _padded_bins(lengths: np.ndarray, num_processes: int, max_tokens: int) -> np
     cuts = _runs(lengths, max_tokens)
     count = cuts.size - 1
     target = -(-count // num_processes) * num_processes
-    if count != target:
-        low, high = max(1, int(max_tokens * count / target * 0.9)), max_tokens  # count(low) >= target > count(high)
-        for _ in range(10):
-            if high - low <= 1:
-                break
-            middle = (low + high) // 2
-            trial = _runs(lengths, middle)
-            if trial.size - 1 == target:
-                cuts, count = trial, target
-                break
-            if trial.size - 1 > target:
-                low = middle
-            else:
-                high = middle
+    high, low = max_tokens, None  # budgets giving at most and more than the target's runs
+    for _ in range(6):  # a lower budget giving exactly the multiple: by the ratio of the counts, then halving
+        if count == target:
+            break
+        guess = min(high - 1, int(high * count / target)) if low is None else (low + high) // 2
+        if guess <= (low or 0) or guess < max(int(lengths[0]), 1):
+            break
+        trial = _runs(lengths, guess)
+        if trial.size - 1 <= target:
+            high, cuts, count = guess, trial, trial.size - 1
+        else:
+            low = guess
     extra = (-count) % num_processes
     if extra:
         rows = np.diff(cuts)
@@ -315,24 +321,22 @@ def plan_window(
     sizes = np.where(pads, 1, real)
     bounds = np.zeros(kept_bins + 1, dtype=np.int64)
     np.cumsum(sizes, out=bounds[1:])
-    samples = np.empty(int(bounds[-1]), dtype=np.int64)
     chosen = np.flatnonzero(live)
     placing = chosen[np.argsort(sample_slot[chosen], kind="stable")]  # longest first within a micro-batch
-    real_bounds = np.zeros(kept_bins + 1, dtype=np.int64)
-    np.cumsum(real, out=real_bounds[1:])
-    offsets = np.repeat(bounds[:-1], real) + (np.arange(placing.size) - np.repeat(real_bounds[:-1], real))
-    samples[offsets] = ids[placing]
+    sequence = samples = ids[placing]
     if pads.any():  # padding: the window's shortest sample, marked (0 real samples)
-        samples[bounds[:-1][pads]] = ids[-1]
+        real_bounds = np.zeros(kept_bins + 1, dtype=np.int64)
+        np.cumsum(real, out=real_bounds[1:])
+        samples = np.insert(sequence, real_bounds[:-1][pads], ids[-1])
+    tokens = np.bincount(sample_slot[chosen], weights=window_lengths[chosen], minlength=kept_bins).astype(np.int64)
     step_real = real.reshape(-1, n_proc).sum(axis=1) if kept_bins else np.empty(0, dtype=np.int64)
     consumed = np.cumsum(step_real)
-    sequence = ids[placing]
     if dropped.size:
         lost = np.flatnonzero(~live)
         sequence = np.concatenate([sequence, ids[lost]])
         if consumed.size:
             consumed[-1] = count
-    return WindowPlan(samples, bounds, real, consumed, sequence)
+    return WindowPlan(samples, bounds, real, tokens, consumed, sequence)
 
 
 @dataclass
@@ -422,7 +426,7 @@ def plan_epoch(
             begin = int(starts[window])
             ids = order[begin : int(starts[window + 1])]
             parts.append((plan_window(ids, lengths, spec, num_processes, (epoch, window, 0)), begin))
-    return _join(parts, num_processes, start, lengths, starts, first_replans)
+    return _join(parts, num_processes, start, starts, first_replans)
 
 
 def _replay(
@@ -460,26 +464,24 @@ def _from(wp: WindowPlan, local: int, begin: int) -> tuple[WindowPlan, int]:
     bounds = wp.bounds[cut:] - wp.bounds[cut]
     samples = wp.samples[wp.bounds[cut] :]
     consumed = wp.consumed[steps:] - local
-    return WindowPlan(samples, bounds, wp.real[cut:], consumed, wp.sequence[local:]), begin + local
+    rest = WindowPlan(samples, bounds, wp.real[cut:], wp.tokens[cut:], consumed, wp.sequence[local:])
+    return rest, begin + local
 
 
 def _join(
     parts: list[tuple[WindowPlan, int]],
     num_processes: int,
     start: int,
-    lengths: np.ndarray,
     starts: np.ndarray,
     first_replans: Replans,
 ) -> EpochPlan:
     """The windows' plans one after another, as one epoch's."""
-    samples = np.concatenate([wp.samples for wp, _ in parts]) if parts else np.empty(0, dtype=np.int64)
-    reals = np.concatenate([wp.real for wp, _ in parts]) if parts else np.empty(0, dtype=np.int64)
-    consumed = np.concatenate([wp.consumed + begin for wp, begin in parts]) if parts else np.empty(0, dtype=np.int64)
-    sizes = np.concatenate([np.diff(wp.bounds) for wp, _ in parts]) if parts else np.empty(0, dtype=np.int64)
+    empty = np.empty(0, dtype=np.int64)
+    samples = np.concatenate([wp.samples for wp, _ in parts]) if parts else empty
+    reals = np.concatenate([wp.real for wp, _ in parts]) if parts else empty
+    tokens = np.concatenate([wp.tokens for wp, _ in parts]) if parts else empty
+    consumed = np.concatenate([wp.consumed + begin for wp, begin in parts]) if parts else empty
+    sizes = np.concatenate([np.diff(wp.bounds) for wp, _ in parts]) if parts else empty
     bounds = np.zeros(sizes.size + 1, dtype=np.int64)
     np.cumsum(sizes, out=bounds[1:])
-    real_tokens = np.where(
-        np.arange(samples.size) - np.repeat(bounds[:-1], sizes) < np.repeat(reals, sizes), lengths[samples], 0
-    )
-    tokens = np.add.reduceat(real_tokens, bounds[:-1]) if sizes.size else np.empty(0, dtype=np.int64)
     return EpochPlan(num_processes, start, samples, bounds, reals, tokens, consumed, starts, first_replans)
