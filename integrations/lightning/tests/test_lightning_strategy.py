@@ -132,7 +132,8 @@ def test_token_budget_micro_batches_with_exact_len_and_estimated_stepping_batche
         assert _by_epoch(record["train"], 2) == expected  # the plan's micro-batches, epoch by epoch
         length = len(expected[0])
         assert record["loader"]["len"] == record["loader"]["num_training_batches"] == length
-        assert record["estimated"] == record["steps"] == math.ceil(length / 2) * 2
+        assert record["estimated"] == record["steps"] == record["resumed_steps"] == math.ceil(length / 2) * 2
+        assert record["resumed"] == record["train"][4:]  # resumed after 2 optimizer steps of 2 micro-batches
     samples = [i for record in records for epoch, batch in record["train"] if epoch == 0 for i in batch]
     assert sorted(samples) == list(range(N_TRAIN))
 

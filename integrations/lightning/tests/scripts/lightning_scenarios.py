@@ -502,10 +502,16 @@ def main() -> None:
         runs[depth] = {"train": model.train_batches, "hooks": model.hooks, "positions": model.positions}
     dump("prefetch", rank, {"off": runs[0], "on": runs[2]})
 
-    # 12b. micro-batches by a token budget, accumulation k=2: len() and estimated_stepping_batches exact
+    # 12b. micro-batches by a token budget, accumulation k=2: len() and estimated_stepping_batches exact; a
+    # checkpoint after optimizer step 2 (4 micro-batches of epoch 0) resumed
+    budget_dir = os.path.join(OUT, "token_budget_ckpt")
     model = TokenBudgets()
-    t = trainer(max_epochs=2, accumulate_grad_batches=2)
+    checkpoint = ModelCheckpoint(dirpath=budget_dir, every_n_train_steps=2, save_top_k=-1, save_last=False)
+    t = trainer(max_epochs=2, accumulate_grad_batches=2, enable_checkpointing=True, callbacks=[checkpoint])
     t.fit(model)
+    resumed = TokenBudgets()
+    t_resumed = trainer(max_epochs=2, accumulate_grad_batches=2)
+    t_resumed.fit(resumed, ckpt_path=os.path.join(budget_dir, "epoch=0-step=2.ckpt"))
     dump(
         "token_budget",
         rank,
@@ -514,6 +520,8 @@ def main() -> None:
             "loader": model.loader_info,
             "estimated": model.estimated,
             "steps": t.global_step,
+            "resumed": resumed.train_batches,
+            "resumed_steps": t_resumed.global_step,
         },
     )
 
