@@ -156,3 +156,38 @@ def test_a_memmap_of_lengths_is_read_as_it_is(tmp_path) -> None:
     sampler = TokenBudgetBatchSampler(lengths, BUDGET)
     assert isinstance(sampler.lengths, np.memmap)
     assert sorted(i for batch in sampler for i in batch) == list(range(50))
+
+
+MANY = np.random.default_rng(8).integers(1, 100, size=400)
+
+
+def test_step_totals_after_a_resume_are_the_uninterrupted_runs() -> None:
+    whole = _loaders(2, MANY, seed=6)
+    expected = []
+    for a, b in zip(*whole):
+        expected.append([tuple(step_totals(loader, accumulation_steps=k)) for loader in whole for k in (1, 2)])
+    first = _loaders(2, MANY, seed=6)
+    iterators = [iter(loader) for loader in first]
+    for _ in range(3):
+        for it in iterators:
+            next(it)
+    resumed = _loaders(2, MANY, seed=6)
+    for loader in resumed:
+        loader.load_state_dict(first[0].state_dict())
+        assert loader.epoch_length == len(whole[0])  # the whole epoch's plan is made too
+    got = []
+    for a, b in zip(*resumed):
+        got.append([tuple(step_totals(loader, accumulation_steps=k)) for loader in resumed for k in (1, 2)])
+    assert len(got) > 10
+    assert [row[0::2] for row in got] == [row[0::2] for row in expected[3:]]  # k = 1
+    assert got[1:] == expected[4:]  # k = 2 from the first whole cycle after the resume (batch 4)
+
+
+def test_step_totals_after_skip_first_batches_are_the_uninterrupted_runs() -> None:
+    whole = _loaders(2, MANY, seed=6)
+    expected = [[tuple(step_totals(loader, 2)) for loader in whole] for _ in zip(*whole)]
+    assert len(expected) > 10
+    skipped = [skip_first_batches(loader, 3) for loader in _loaders(2, MANY, seed=6)]
+    assert [loader.epoch_length for loader in skipped] == [len(whole[0])] * 2  # the whole epoch's plan is made too
+    got = [[tuple(step_totals(loader, 2)) for loader in skipped] for _ in zip(*skipped)]
+    assert got[1:] == expected[4:]

@@ -116,6 +116,8 @@ class TokenBudgetPlan(BatchSamplerPlan):
         self.current: EpochPlan | None = None
         """The plan of the pass in progress or the last one (it begins where the pass began)."""
         self.current_epoch = -1
+        self.current_start = 0
+        """Where the pass in progress or the last one began (its plan may begin earlier: one made before)."""
         self.plans: list[tuple[tuple[int, int, Replans | None], EpochPlan]] = []
         """The last few plans made, with their (epoch, start, replans): a plan passes many places."""
 
@@ -193,13 +195,13 @@ class TokenBudgetPlan(BatchSamplerPlan):
     def next_pass(self) -> Iterator[list[int]]:
         first, record, self.pending_start, self.parked_record = self.pending_start, self.parked_record, 0, None
         replans, self.pending_replans = self.pending_replans, None
-        self.current, self.current_epoch = self._plan(first, replans), self.budget.epoch
+        self.current, self.current_epoch, self.current_start = self._plan(first, replans), self.budget.epoch, first
         yield from self._index_batches(first, record if record is not None else PassRecord())
 
     def _index_batches(self, consumed: int, record: PassRecord) -> Iterator[list[int]]:
         record.started_at = consumed
         plan = self._plan(consumed)
-        self.current, self.current_epoch = plan, self.budget.epoch
+        self.current, self.current_epoch, self.current_start = plan, self.budget.epoch, consumed
         log = record.batches
         process = self.layout.process_index
         for step in range(plan.steps_before(consumed), plan.num_steps):
@@ -209,12 +211,13 @@ class TokenBudgetPlan(BatchSamplerPlan):
             yield indices
 
     def step_totals(self, first: int, count: int) -> StepTotals:
-        """The real tokens and samples over all processes of ``count`` steps of the current pass's plan from its
-        step ``first`` (clipped to the plan)."""
+        """The real tokens and samples over all processes of ``count`` steps from the pass's step ``first`` (0: the
+        pass's first; negative: before the pass began, counted where its plan has them)."""
         plan = self.current
         if plan is None:
             raise ValueError("no pass of this loader has begun: iterate it first")
         n = plan.num_processes
+        first += plan.steps_before(self.current_start)
         begin, end = max(first, 0) * n, min(first + count, plan.num_steps) * n
         if end <= begin:
             return StepTotals(0, 0)
@@ -291,7 +294,8 @@ def step_totals(loader: Any, accumulation_steps: int = 1) -> StepTotals:
     averages over the N processes: multiply by N).
 
     ``loader``: a prepared loader whose batch sampler is a :class:`TokenBudgetBatchSampler`.  After a resume
-    inside an optimizer step, the micro-batches of that step handed out before the resume are not counted.
+    inside an optimizer step, the micro-batches of that step handed out before the resume are counted where the
+    pass's plan has them (a plan of the whole epoch, made for ``len()``), else not.
 
     Example::
 
@@ -316,5 +320,4 @@ def step_totals(loader: Any, accumulation_steps: int = 1) -> StepTotals:
     if now.yielded <= now.resumed:
         raise ValueError("the loader has handed out no batch in this pass yet: call step_totals after next(loader)")
     index = now.yielded - 1
-    first = index - index % accumulation_steps - now.resumed
-    return plan.step_totals(first, accumulation_steps + min(first, 0) if first < 0 else accumulation_steps)
+    return plan.step_totals(index - index % accumulation_steps - now.resumed, accumulation_steps)
