@@ -163,9 +163,9 @@ MANY = np.random.default_rng(8).integers(1, 100, size=400)
 
 def test_step_totals_after_a_resume_are_the_uninterrupted_runs() -> None:
     whole = _loaders(2, MANY, seed=6)
-    expected = []
-    for a, b in zip(*whole):
-        expected.append([tuple(step_totals(loader, accumulation_steps=k)) for loader in whole for k in (1, 2)])
+    expected = [
+        [tuple(step_totals(loader, accumulation_steps=k)) for loader in whole for k in (1, 2)] for _ in zip(*whole)
+    ]
     first = _loaders(2, MANY, seed=6)
     iterators = [iter(loader) for loader in first]
     for _ in range(3):
@@ -175,9 +175,9 @@ def test_step_totals_after_a_resume_are_the_uninterrupted_runs() -> None:
     for loader in resumed:
         loader.load_state_dict(first[0].state_dict())
         assert loader.epoch_length == len(whole[0])  # the whole epoch's plan is made too
-    got = []
-    for a, b in zip(*resumed):
-        got.append([tuple(step_totals(loader, accumulation_steps=k)) for loader in resumed for k in (1, 2)])
+    got = [
+        [tuple(step_totals(loader, accumulation_steps=k)) for loader in resumed for k in (1, 2)] for _ in zip(*resumed)
+    ]
     assert len(got) > 10
     assert [row[0::2] for row in got] == [row[0::2] for row in expected[3:]]  # k = 1
     assert got[1:] == expected[4:]  # k = 2 from the first whole cycle after the resume (batch 4)
