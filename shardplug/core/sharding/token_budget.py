@@ -83,11 +83,20 @@ class TokenBudgetBatchSampler(Sampler[list[int]]):
         """This epoch's plan for ``num_processes`` (see :func:`~shardplug.core.sharding.budget_plan.plan_epoch`)."""
         return plan_epoch(self.spec, self.lengths, num_processes, self.epoch, start, replans)
 
+    def _alone(self) -> EpochPlan:
+        """This epoch's plan for one process, made once per epoch (``len()`` and iteration ask it)."""
+        kept = self.__dict__.get("_alone_plan")
+        if kept is None or kept[0] != self.epoch:
+            kept = (self.epoch, self.plan())
+            self.__dict__["_alone_plan"] = kept
+        plan: EpochPlan = kept[1]
+        return plan
+
     def __len__(self) -> int:
-        return self.plan().num_steps
+        return self._alone().num_steps
 
     def __iter__(self) -> Iterator[list[int]]:
-        plan = self.plan()
+        plan = self._alone()
         for step in range(plan.num_steps):
             yield plan.micro_batch(step, 0)[0]
 
@@ -274,6 +283,7 @@ def shard(dataloader: DataLoader[Any], layout: ShardLayout) -> Shard:
     is agreed but the dataset's length, compared when the loader is prepared."""
     budget = copy.copy(dataloader.batch_sampler)
     assert isinstance(budget, TokenBudgetBatchSampler)
+    budget.__dict__.pop("_alone_plan", None)  # the prepared plans are the shard's
     length = sized_length(dataloader.dataset)
     if length is not None and length != budget.lengths.size:
         raise ValueError(
