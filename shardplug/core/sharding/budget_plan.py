@@ -405,7 +405,7 @@ def plan_epoch(
     order = epoch_order(n, spec.shuffle, spec.seed, epoch)
     starts = _window_bounds(n, spec.window)
     first = min(int(np.searchsorted(starts, start, side="right")) - 1, starts.size - 2)
-    parts: list[tuple[WindowPlan, int]] = []
+    parts = _Joined(n - start, order.dtype)
     first_replans: Replans = ((num_processes, 0),)
     if n and start < n:
         begin = int(starts[first])
@@ -426,7 +426,7 @@ def plan_epoch(
             begin = int(starts[window])
             ids = order[begin : int(starts[window + 1])]
             parts.append((plan_window(ids, lengths, spec, num_processes, (epoch, window, 0)), begin))
-    return _join(parts, num_processes, start, starts, first_replans)
+    return parts.plan(num_processes, start, starts, first_replans)
 
 
 def _replay(
@@ -468,20 +468,43 @@ def _from(wp: WindowPlan, local: int, begin: int) -> tuple[WindowPlan, int]:
     return rest, begin + local
 
 
-def _join(
-    parts: list[tuple[WindowPlan, int]],
-    num_processes: int,
-    start: int,
-    starts: np.ndarray,
-    first_replans: Replans,
-) -> EpochPlan:
-    """The windows' plans one after another, as one epoch's."""
-    empty = np.empty(0, dtype=np.int64)
-    samples = np.concatenate([wp.samples for wp, _ in parts]) if parts else empty
-    reals = np.concatenate([wp.real for wp, _ in parts]) if parts else empty
-    tokens = np.concatenate([wp.tokens for wp, _ in parts]) if parts else empty
-    consumed = np.concatenate([wp.consumed + begin for wp, begin in parts]) if parts else empty
-    sizes = np.concatenate([np.diff(wp.bounds) for wp, _ in parts]) if parts else empty
-    bounds = np.zeros(sizes.size + 1, dtype=np.int64)
-    np.cumsum(sizes, out=bounds[1:])
-    return EpochPlan(num_processes, start, samples, bounds, reals, tokens, consumed, starts, first_replans)
+class _Joined:
+    """The windows' plans one after another, as one epoch's: the samples copied into one buffer as each window is
+    planned (the window's own arrays are then dropped), so a plan is held once."""
+
+    def __init__(self, samples: int, dtype: Any) -> None:
+        self.samples = np.empty(samples + 64, dtype=dtype)  # padding may add a few
+        self.size = 0
+        self.sizes: list[np.ndarray] = []
+        self.reals: list[np.ndarray] = []
+        self.tokens: list[np.ndarray] = []
+        self.consumed: list[np.ndarray] = []
+
+    def append(self, part: tuple[WindowPlan, int]) -> None:
+        wp, begin = part
+        count = wp.samples.size
+        if self.size + count > self.samples.size:
+            grown = np.empty(max(2 * self.samples.size, self.size + count), dtype=self.samples.dtype)
+            grown[: self.size] = self.samples[: self.size]
+            self.samples = grown
+        self.samples[self.size : self.size + count] = wp.samples
+        self.size += count
+        self.sizes.append(np.diff(wp.bounds))
+        self.reals.append(wp.real)
+        self.tokens.append(wp.tokens)
+        self.consumed.append(wp.consumed + begin)
+
+    def plan(self, num_processes: int, start: int, starts: np.ndarray, first_replans: Replans) -> EpochPlan:
+        def joined(arrays: list[np.ndarray]) -> np.ndarray:
+            return np.concatenate(arrays) if arrays else np.empty(0, dtype=np.int64)
+
+        sizes = joined(self.sizes)
+        bounds = np.zeros(sizes.size + 1, dtype=np.int64)
+        np.cumsum(sizes, out=bounds[1:])
+        samples = self.samples[: self.size]
+        if self.samples.size > self.size + 1024:  # grown past what it holds: keep what it holds only
+            samples = samples.copy()
+        tokens, consumed = joined(self.tokens), joined(self.consumed)
+        return EpochPlan(
+            num_processes, start, samples, bounds, joined(self.reals), tokens, consumed, starts, first_replans
+        )
