@@ -6,6 +6,9 @@ kind's module, which holds its whole path (its wrapper, its plan, its length, wh
 
 * :mod:`~shardplug.core.sharding.map_style`: map-style data; a batch sampler's global batches shared out by
   index arithmetic (:mod:`~shardplug.core.sharding.arithmetic`) or by walking them.
+* :mod:`~shardplug.core.sharding.token_budget`: map-style data in micro-batches by a token budget, planned for
+  all processes at once (the plan: :mod:`~shardplug.core.sharding.budget_plan`; the packing collate:
+  :mod:`~shardplug.core.sharding.packing`).
 * :mod:`~shardplug.core.sharding.read_all`: a stream every process reads whole, keeping its part of each
   global batch (checked alike by :mod:`~shardplug.core.sharding.fingerprint`).
 * :mod:`~shardplug.core.sharding.native`: a stream that shards itself (``n_shards``, ``shard()``).
