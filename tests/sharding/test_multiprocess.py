@@ -173,6 +173,12 @@ def _token_budget(rank: int, world: int) -> dict:
     resumed.load_state_dict(saved[0].state_dict())
     out["resumed_len"] = len(resumed)
     out["resumed"] = [batch.tolist() for batch in resumed]
+    sampler = shardplug.TokenBudgetBatchSampler(BUDGET_LENGTHS, 400, seed=3 + (rank == world - 1))
+    try:  # the last process seeded otherwise: refused on every process, before any step
+        shardplug.prepare_data_loader(DataLoader(range(60), batch_sampler=sampler))
+        out["mismatch"] = None
+    except ValueError as exc:
+        out["mismatch"] = str(exc)
     return out
 
 
@@ -189,6 +195,13 @@ def test_token_budgets_plan_equal_steps_on_every_process_with_their_global_total
     assert all(sum(BUDGET_LENGTHS[i] for i in batch) <= 400 for part in parts for batch in part["batches"])
     for part in parts:  # each step's global counts, known without a collective, equal the all-reduced ones
         assert part["totals"] == part["reduced"]
+
+
+def test_token_budgets_that_differ_between_processes_are_refused_on_every_process(runs):
+    world, results = runs
+    messages = [r["token_budget"]["mismatch"] for r in results]
+    assert all(m is not None and m == messages[0] for m in messages)
+    assert f"process {world - 1}: 60 lengths" in messages[0] and "seed=4" in messages[0]
 
 
 def test_token_budgets_resume_a_position_of_another_number_of_processes(runs):

@@ -30,13 +30,22 @@ from typing import Any, NamedTuple
 import numpy as np
 from torch.utils.data import DataLoader, Sampler
 
+from shardplug.core._internal.collectives import all_gather_objects, world_size
 from shardplug.core.sharding.budget_plan import BudgetSpec, EpochPlan, Replans, as_lengths, plan_epoch
 from shardplug.core.sharding.kinds import Shard
 from shardplug.core.sharding.layout import ShardLayout
 from shardplug.core.sharding.map_style import BatchSamplerPlan, BatchSamplerShard
 from shardplug.core.sharding.shard_plan import PassRecord, check_consumed, sized_length
 
-__all__ = ["TokenBudgetBatchSampler", "TokenBudgetPlan", "TokenBudgetShard", "StepTotals", "shard", "step_totals"]
+__all__ = [
+    "TokenBudgetBatchSampler",
+    "TokenBudgetPlan",
+    "TokenBudgetShard",
+    "StepTotals",
+    "agree",
+    "shard",
+    "step_totals",
+]
 
 
 class TokenBudgetBatchSampler(Sampler[list[int]]):
@@ -277,6 +286,33 @@ class TokenBudgetShard(BatchSamplerShard):
         self.plan.start_after(self.plan.consumed_after(0, num_batches))
 
 
+def agree(budget: TokenBudgetBatchSampler, layout: ShardLayout) -> None:
+    """Refuse processes whose samplers would plan different epochs (another number or sum of lengths, another
+    ``max_tokens``, cost, shuffle, seed or ``drop_last``): their micro-batch counts would differ, and a step's
+    collective would wait for a process that has none.  One all-gather, where the job's processes are the
+    layout's (a process group of ``num_processes``); a mismatch is a ``ValueError`` on every process."""
+    if layout.num_processes == 1 or world_size() != layout.num_processes:
+        return
+    mine = (int(budget.lengths.size), int(budget.lengths.sum(dtype=np.int64)), budget.spec)
+    everyone = all_gather_objects(mine, what="every process's TokenBudgetBatchSampler (its lengths and options)")
+    other = next((rank for rank, theirs in enumerate(everyone) if theirs != everyone[0]), None)
+    if other is None:
+        return
+
+    def described(rank: int) -> str:
+        count, total, spec = everyone[rank]
+        return (
+            f"process {rank}: {count} lengths summing to {total}, max_tokens={spec.max_tokens}, cost={spec.cost!r}, "
+            f"shuffle={spec.shuffle}, seed={spec.seed}, drop_last={spec.drop_last}"
+        )
+
+    raise ValueError(
+        f"the processes' TokenBudgetBatchSamplers differ ({described(0)}; {described(other)}): they would plan "
+        "different micro-batches and numbers of steps, and a step's collective would wait for a process that has "
+        "none; give every process the same lengths, max_tokens, cost, shuffle, seed and drop_last"
+    )
+
+
 def shard(dataloader: DataLoader[Any], layout: ShardLayout) -> Shard:
     """This process's part of a loader whose batch sampler is a :class:`TokenBudgetBatchSampler` (a copy: the
     user's is never changed), under ``layout``: every process plans the same epochs from the seed, so nothing
@@ -290,6 +326,7 @@ def shard(dataloader: DataLoader[Any], layout: ShardLayout) -> Shard:
             f"the TokenBudgetBatchSampler has {budget.lengths.size} lengths and the dataset {length} samples; pass "
             "one length per sample of the dataset"
         )
+    agree(budget, layout)
     part = TokenBudgetShard(budget, layout)
     check = (length, None) if layout.num_processes > 1 else None
     return Shard(dataloader.dataset, part.plan, {"batch_sampler": part}, None, check)
