@@ -265,6 +265,9 @@ def plan_window(
     """The steps of one window's samples ``ids`` (``lengths``: all samples' lengths) for ``num_processes``;
     ``key`` seeds the shuffle of its steps (with ``spec.seed``)."""
     n_proc = num_processes
+    if not ids.size:
+        empty = np.empty(0, dtype=np.int64)
+        return WindowPlan(ids, np.zeros(1, dtype=np.int64), empty, empty, empty, ids)
     window_lengths = lengths[ids].astype(np.int64, copy=False)
     by_length = np.argsort(-window_lengths, kind="stable")
     ids, window_lengths = ids[by_length], window_lengths[by_length]
