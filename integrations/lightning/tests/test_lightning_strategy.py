@@ -354,6 +354,8 @@ def test_fabric_setup_dataloaders_uses_the_engine(runs: dict[str, Any]) -> None:
         assert record["epochs"] == expected  # Fabric's per-iteration set_epoch reaches the sampler
         assert record["step_was_skipped"] is False
         assert "Remove the DistributedSampler" in record["error"]
+        budget = _token_budget_reference(rank, epochs=2)  # Fabric's set_epoch reaches the budget's plan too
+        assert record["token_budget"] == {"epochs": budget, "len": len(budget[0])}
     assert records[0]["epochs"][0] != records[0]["epochs"][1]
 
 

@@ -15,6 +15,7 @@ from lightning.fabric import Fabric
 from torch.utils.data import DataLoader
 from torch.utils.data.distributed import DistributedSampler
 
+import shardplug
 import shardplug_lightning  # noqa: F401  (registers "shardplug_ddp" for Fabric)
 
 
@@ -35,6 +36,9 @@ def main() -> None:
             optimizer.zero_grad()
             seen.append(batch.tolist())
         epochs.append(seen)
+    budget = shardplug.TokenBudgetBatchSampler([(7 * i) % 23 + 1 for i in range(42)], 40, cost="attention", seed=5)
+    budget_loader = fabric.setup_dataloaders(DataLoader(list(range(42)), batch_sampler=budget))
+    budget_epochs = [[batch.tolist() for batch in budget_loader] for _ in range(2)]
     error = ""
     try:
         data = list(range(8))
@@ -48,6 +52,7 @@ def main() -> None:
         "len": len(loader),
         "step_was_skipped": fabric.strategy.step_was_skipped,
         "error": error,
+        "token_budget": {"epochs": budget_epochs, "len": len(budget_loader)},
     }
     with open(os.path.join(sys.argv[1], f"fabric_rank{fabric.global_rank}.json"), "w") as f:
         json.dump(record, f)
