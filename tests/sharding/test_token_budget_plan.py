@@ -161,3 +161,26 @@ def test_heavy_tailed_steps_are_balanced(kind: str, cost: str, n: int) -> None:
     if cost == "padded":
         padded = (np.diff(plan.bounds) * np.maximum.reduceat(lengths[plan.samples], plan.bounds[:-1])).sum()
         assert padded / lengths.sum() - 1 <= (0.02 if kind == "lognormal" else 0.03)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    lengths=st.lists(st.integers(1, 60), min_size=1, max_size=80),
+    n=st.integers(1, 4),
+    cost=st.sampled_from(["tokens", "padded", "attention"]),
+)
+def test_oversized_alone_gives_each_long_sample_a_micro_batch_of_its_own(lengths: list[int], n: int, cost: str) -> None:
+    budget = 30
+    plan = plan_epoch(BudgetSpec(budget, cost=cost, seed=2, oversized="alone"), lengths, n)
+    assert sorted(_real(plan).tolist()) == list(range(len(lengths)))
+    for k in range(plan.bounds.size - 1):
+        batch = plan.samples[plan.bounds[k] : plan.bounds[k + 1]]
+        tokens = sum(lengths[i] for i in batch.tolist())
+        assert tokens <= budget or batch.size == 1  # above the budget only alone
+
+
+def test_oversized_is_refused_by_default_with_the_option_named() -> None:
+    with pytest.raises(ValueError, match="oversized='alone'"):
+        plan_epoch(BudgetSpec(10), [3, 11], 1)
+    with pytest.raises(ValueError, match=r"oversized='sometimes' is invalid"):
+        BudgetSpec(10, oversized="sometimes")

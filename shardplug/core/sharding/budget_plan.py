@@ -47,6 +47,7 @@ import numpy as np
 
 __all__ = [
     "COSTS",
+    "OVERSIZED",
     "WINDOW",
     "BudgetSpec",
     "EpochPlan",
@@ -59,6 +60,7 @@ __all__ = [
 ]
 
 COSTS = ("tokens", "padded", "attention")
+OVERSIZED = ("error", "alone")
 WINDOW = 1 << 16
 """Samples planned together (a window of the epoch's order): the more, the closer the costs of a step's
 micro-batches and, for ``"padded"``, the lengths within one."""
@@ -80,6 +82,9 @@ class BudgetSpec:
     seed: int = 0
     drop_last: bool = False
     window: int = WINDOW
+    oversized: str = "error"
+    """A sample longer than ``max_tokens``: ``"error"`` (a ``ValueError`` naming it), or ``"alone"`` (a
+    micro-batch of its own, the only one above the budget)."""
 
     def __post_init__(self) -> None:
         if not _is_int(self.max_tokens) or self.max_tokens < 1:
@@ -88,6 +93,8 @@ class BudgetSpec:
             raise ValueError(f"cost={self.cost!r} is invalid: pass one of {list(COSTS)}")
         if not _is_int(self.seed) or self.seed < 0:
             raise ValueError(f"seed={self.seed!r} must be an integer >= 0 (the same on every process)")
+        if self.oversized not in OVERSIZED:
+            raise ValueError(f"oversized={self.oversized!r} is invalid: pass one of {list(OVERSIZED)}")
         if not _is_int(self.window) or self.window < 1:
             raise ValueError(f"window={self.window!r} must be an integer >= 1")
 
@@ -96,9 +103,10 @@ def _is_int(value: Any) -> bool:
     return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
 
 
-def as_lengths(lengths: Any, max_tokens: int) -> np.ndarray:
+def as_lengths(lengths: Any, max_tokens: int, oversized: str = "error") -> np.ndarray:
     """``lengths`` (a sequence, a numpy array or a ``numpy.memmap``) as a 1-d integer array, checked: every length
-    an integer >= 0 and none above ``max_tokens``.  A memmap of integers is used as it is (not copied)."""
+    an integer >= 0 and, unless ``oversized="alone"``, none above ``max_tokens``.  A memmap of integers is used
+    as it is (not copied)."""
     array = lengths if isinstance(lengths, np.ndarray) else np.asarray(lengths)
     if array.ndim != 1:
         raise ValueError(f"lengths must be one length per sample (1-d), got an array of shape {array.shape}")
@@ -112,13 +120,13 @@ def as_lengths(lengths: Any, max_tokens: int) -> np.ndarray:
             index = int(np.argmin(array))
             raise ValueError(f"lengths[{index}]={low} is negative: pass each sample's number of tokens (>= 0)")
         high = int(array.max())
-        if high > max_tokens:
+        if high > max_tokens and oversized != "alone":
             index = int(np.argmax(array))
             longer = int(np.count_nonzero(array > max_tokens))
             raise ValueError(
                 f"sample {index} has {high} tokens, more than max_tokens={max_tokens} ({longer} sample(s) do): no "
-                f"micro-batch can hold it; raise max_tokens to at least {high}, or truncate or remove the samples "
-                "longer than max_tokens"
+                f"micro-batch can hold it; raise max_tokens to at least {high}, truncate or remove the samples "
+                "longer than max_tokens, or pass oversized='alone' to give each of them a micro-batch of its own"
             )
     return array
 
@@ -176,7 +184,7 @@ def _deal_steps(lengths: np.ndarray, costs: np.ndarray, steps: int, n_proc: int,
     taken = 0
 
     def place(items: np.ndarray, targets: np.ndarray) -> np.ndarray:
-        fits = tokens[targets] + lengths[items] <= max_tokens
+        fits = (tokens[targets] + lengths[items] <= max_tokens) | (tokens[targets] == 0)  # oversized: alone
         chosen, into = items[fits], targets[fits]
         where[chosen] = into
         np.add.at(cost, into, costs[chosen])
@@ -401,7 +409,7 @@ def plan_epoch(
     """The epoch's plan for ``num_processes`` from the place ``start`` (samples consumed) on; ``replans``: how
     ``start``'s window was planned before (``None``: from the window's start on ``num_processes``, or it is a
     window's start)."""
-    lengths = as_lengths(lengths, spec.max_tokens)
+    lengths = as_lengths(lengths, spec.max_tokens, spec.oversized)
     n = int(lengths.size)
     if not 0 <= start <= n:
         raise ValueError(f"start={start} is outside the epoch of {n} samples; load the position this loader saved")

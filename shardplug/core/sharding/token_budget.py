@@ -61,7 +61,8 @@ class TokenBudgetBatchSampler(Sampler[list[int]]):
     Alone it yields one process's micro-batches; prepared (``prepare_data_loader``) for N processes, each
     epoch is planned for all of them at once: every process the same number of micro-batches, each within
     ``max_tokens``, the N micro-batches of each step of about the same cost, every sample once per epoch.
-    A sample longer than ``max_tokens`` is a ``ValueError`` naming it.
+    A sample longer than ``max_tokens`` is a ``ValueError`` naming it, or with ``oversized="alone"`` a micro-batch
+    of its own (the only ones above the budget).
     """
 
     def __init__(
@@ -73,9 +74,12 @@ class TokenBudgetBatchSampler(Sampler[list[int]]):
         shuffle: bool = True,
         seed: int = 0,
         drop_last: bool = False,
+        oversized: str = "error",
     ) -> None:
-        self.spec = BudgetSpec(max_tokens, cost=cost, shuffle=bool(shuffle), seed=seed, drop_last=bool(drop_last))
-        self.lengths = as_lengths(lengths, max_tokens)
+        self.spec = BudgetSpec(
+            max_tokens, cost=cost, shuffle=bool(shuffle), seed=seed, drop_last=bool(drop_last), oversized=oversized
+        )
+        self.lengths = as_lengths(lengths, max_tokens, oversized)
         self.epoch = 0
 
     max_tokens = property(lambda self: self.spec.max_tokens)
@@ -83,6 +87,7 @@ class TokenBudgetBatchSampler(Sampler[list[int]]):
     shuffle = property(lambda self: self.spec.shuffle)
     seed = property(lambda self: self.spec.seed)
     drop_last = property(lambda self: self.spec.drop_last)
+    oversized = property(lambda self: self.spec.oversized)
 
     def set_epoch(self, epoch: int) -> None:
         """The epoch whose order the next pass plans (with the seed)."""
