@@ -14,7 +14,9 @@ from shardplug.core.planner import prepare_data_loader, skip_first_batches
 from shardplug.core.resume.position import Position
 from shardplug.core.sharding.map_style import BatchSamplerShard
 from shardplug.core.sharding.mixture import Mixture
+from shardplug.core.sharding.packing import PackingCollate
 from shardplug.core.sharding.read_all import IterableDatasetShard
+from shardplug.core.sharding.token_budget import StepTotals, TokenBudgetBatchSampler, step_totals
 from shardplug.core.shuffle.rng import synchronize_rng_states
 from shardplug.core.shuffle.seedable import BijectiveRandomSampler, SeedableRandomSampler
 from shardplug.core.stepping.accumulation import GradientState
@@ -36,6 +38,7 @@ __all__ = [
     "IterableDatasetShard",
     "LengthMismatchWarning",
     "Mixture",
+    "PackingCollate",
     "Position",
     "PreparedDataLoader",
     "PreparedOptimizer",
@@ -44,10 +47,13 @@ __all__ = [
     "ProcessTopology",
     "SeedableRandomSampler",
     "ShardplugConfig",
+    "StepTotals",
+    "TokenBudgetBatchSampler",
     "TrainingRun",
     "prepare_data_loader",
     "resolve_data_topology",
     "send_to_device",
     "skip_first_batches",
+    "step_totals",
     "synchronize_rng_states",
 ]

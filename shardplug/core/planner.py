@@ -33,7 +33,16 @@ from shardplug.core.graphs.prepared_graphs import MixtureLoaderShard, prepare_gr
 from shardplug.core.graphs.reading import GraphLike, is_graph
 from shardplug.core.loader.prepared import DataLoaderShard, LoaderOptions, PreparedDataLoader, combined_class
 from shardplug.core.resume.stateful import stateful_dataloader_class
-from shardplug.core.sharding import distributed_sampler, local, map_style, mixture, native, presplit, read_all
+from shardplug.core.sharding import (
+    distributed_sampler,
+    local,
+    map_style,
+    mixture,
+    native,
+    presplit,
+    read_all,
+    token_budget,
+)
 from shardplug.core.sharding.kinds import (
     DISPATCH,
     DISTRIBUTED_SAMPLER,
@@ -42,6 +51,7 @@ from shardplug.core.sharding.kinds import (
     MIXTURE,
     NATIVE,
     PRESPLIT,
+    TOKEN_BUDGET,
     Shard,
     ShardingKind,
 )
@@ -337,6 +347,14 @@ def kind_of(dataloader: DataLoader[Any], options: _DataOptions, layout: ShardLay
         )
     elif isinstance(dataloader.dataset, mixture.Mixture):  # its own order (a sampler of the user's is refused there)
         kind = ShardingKind(DISPATCH, reads=MIXTURE) if options.dispatch_batches else ShardingKind(MIXTURE)
+    elif isinstance(dataloader.batch_sampler, token_budget.TokenBudgetBatchSampler):
+        if options.dispatch_batches:
+            raise ValueError(
+                "dispatch_batches=True reads global batches on process 0 and cuts them into rows, but a "
+                "TokenBudgetBatchSampler plans each process's own micro-batches; pass dispatch_batches=False (every "
+                "process reads its own micro-batches, planned alike on every process)"
+            )
+        kind = ShardingKind(TOKEN_BUDGET)
     elif distributed_sampler.is_distributed_sampler(map_style.index_sampler(dataloader)):
         if options.dispatch_batches:
             raise ValueError(
@@ -368,6 +386,8 @@ def _shard(
         return mixture.shard(dataloader, layout, options)
     if name == DISTRIBUTED_SAMPLER:
         return distributed_sampler.shard(dataloader, layout, options)
+    if name == TOKEN_BUDGET:
+        return token_budget.shard(dataloader, layout)
     if name == LOCAL:  # one reader: a dispatcher's process 0 compares nothing
         return local.shard(dataset, layout, batch_size, drop_last, readers if kind.name == LOCAL else Readers())
     if kind.name == PRESPLIT:

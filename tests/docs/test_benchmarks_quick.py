@@ -32,3 +32,8 @@ def test_mixture_benchmark_prints_every_figure():
     done = _quick("mixture.py")
     for figure in ("M1", "M2"):
         assert f"{figure} " in done.stdout, f"{figure} missing from:\n{done.stdout}"
+
+
+def test_token_budget_benchmark_prints_balance_and_planning_time():
+    done = _quick("token_budget.py")
+    assert "T1 balance" in done.stdout and "\nT2 " in done.stdout, done.stdout

@@ -141,6 +141,50 @@ def _scenarios(rank: int, world: int) -> dict:
         out["distributed_sampler"] = ddp.scenarios(rank, world, worker_context)
     except Exception as exc:
         out["distributed_sampler"] = f"{type(exc).__name__}: {exc}"
+    out["token_budget"] = _token_budget(rank, world)
+    return out
+
+
+BUDGET_LENGTHS = [int(v) for v in torch.randint(1, 100, (60,), generator=torch.Generator().manual_seed(5))]
+
+
+def _budget_loader(**where):
+    sampler = shardplug.TokenBudgetBatchSampler(BUDGET_LENGTHS, 400, cost="attention", seed=3)
+    return shardplug.prepare_data_loader(DataLoader(range(60), batch_sampler=sampler), **where)
+
+
+def _token_budget(rank: int, world: int) -> dict:
+    """Token budgets on a real group: an epoch with each step's totals beside their all-reduced sums (accumulation
+    2), and the rest of an epoch whose position another number of processes saved (built without a group)."""
+    import torch.distributed as dist
+
+    out: dict = {}
+    loader = _budget_loader()
+    out["len"], out["batches"], out["totals"], out["reduced"] = len(loader), [], [], []
+    group: list[torch.Tensor] = []
+    for batch in loader:
+        out["batches"].append(batch.tolist())
+        out["totals"].append(tuple(shardplug.step_totals(loader, accumulation_steps=2)))
+        counts = torch.tensor([sum(BUDGET_LENGTHS[i] for i in batch.tolist()), len(batch)])
+        dist.all_reduce(counts)
+        group.append(counts)
+        if len(group) == 2 or len(out["batches"]) == out["len"]:
+            out["reduced"] += [tuple(int(v) for v in sum(group).tolist())] * len(group)
+            group = []
+    other = 3 if world == 2 else 2
+    saved = [_budget_loader(num_processes=other, process_index=i) for i in range(other)]
+    iterators = [iter(part) for part in saved]
+    out["seen"] = [i for _ in range(2) for it in iterators for i in next(it).tolist()]
+    resumed = _budget_loader()
+    resumed.load_state_dict(saved[0].state_dict())
+    out["resumed_len"] = len(resumed)
+    out["resumed"] = [batch.tolist() for batch in resumed]
+    sampler = shardplug.TokenBudgetBatchSampler(BUDGET_LENGTHS, 400, seed=3 + (rank == world - 1))
+    try:  # the last process seeded otherwise: refused on every process, before any step
+        shardplug.prepare_data_loader(DataLoader(range(60), batch_sampler=sampler))
+        out["mismatch"] = None
+    except ValueError as exc:
+        out["mismatch"] = str(exc)
     return out
 
 
@@ -153,6 +197,32 @@ def runs(request):
     if isinstance(results[0]["distributed_sampler"], dict):
         _SAVED[request.param] = results[0]["distributed_sampler"]["saved"]
     return request.param, results
+
+
+def test_token_budgets_plan_equal_steps_on_every_process_with_their_global_totals(runs):
+    world, results = runs
+    parts = [r["token_budget"] for r in results]
+    assert len({part["len"] for part in parts}) == 1 and all(len(p["batches"]) == p["len"] for p in parts)
+    assert sorted(i for part in parts for batch in part["batches"] for i in batch) == list(range(60))
+    assert all(sum(BUDGET_LENGTHS[i] for i in batch) <= 400 for part in parts for batch in part["batches"])
+    for part in parts:  # each step's global counts, known without a collective, equal the all-reduced ones
+        assert part["totals"] == part["reduced"]
+
+
+def test_token_budgets_that_differ_between_processes_are_refused_on_every_process(runs):
+    world, results = runs
+    messages = [r["token_budget"]["mismatch"] for r in results]
+    assert all(m is not None and m == messages[0] for m in messages)
+    assert f"process {world - 1}: 60 lengths" in messages[0] and "seed=4" in messages[0]
+
+
+def test_token_budgets_resume_a_position_of_another_number_of_processes(runs):
+    world, results = runs
+    parts = [r["token_budget"] for r in results]
+    assert len({part["resumed_len"] for part in parts}) == 1
+    assert all(len(part["resumed"]) == part["resumed_len"] for part in parts)
+    rest = [i for part in parts for batch in part["resumed"] for i in batch]
+    assert sorted(parts[0]["seen"] + rest) == list(range(60))
 
 
 def _round_robin(per_rank):

@@ -10,6 +10,7 @@ import torch.nn.functional as F
 from ignite.engine import Engine, Events
 from torch.utils.data import BatchSampler, DataLoader, SequentialSampler, TensorDataset
 
+from shardplug import TokenBudgetBatchSampler
 from shardplug_ignite import ShardplugConfig, ShardplugEvents, ShardplugHandler, compat
 
 
@@ -188,13 +189,20 @@ def test_ignite_mid_epoch_resume_without_the_handler_state_is_refused() -> None:
         )
 
 
-def _resumable_run(stop_at: int | None, state: dict[str, Any] | None = None) -> tuple[list[int], dict[str, Any], float]:
+def _resumable_run(
+    stop_at: int | None, state: dict[str, Any] | None = None, token_budget: bool = False
+) -> tuple[list[int], dict[str, Any], float]:
     """(rows seen, the handler's and the trainer's states when it stopped, the learning rate) of a
-    2-epoch run that stops after iteration ``stop_at`` (``None``: never), resumed from ``state``."""
+    2-epoch run that stops after iteration ``stop_at`` (``None``: never), resumed from ``state``
+    (``token_budget``: micro-batches by a token budget instead of batches of 2)."""
     torch.manual_seed(0)
     model = torch.nn.Linear(1, 1)
     handler = ShardplugHandler(ShardplugConfig(use_seedable_sampler=True, data_seed=4, gradient_accumulation_steps=2))
-    loader = handler.prepare_data_loader(DataLoader(_data(12), batch_size=2, shuffle=True))
+    if token_budget:
+        budget = TokenBudgetBatchSampler([(5 * i) % 7 + 1 for i in range(12)], 9, cost="attention", seed=2)
+        loader = handler.prepare_data_loader(DataLoader(_data(12), batch_sampler=budget))
+    else:
+        loader = handler.prepare_data_loader(DataLoader(_data(12), batch_size=2, shuffle=True))
     trainer = handler.create_trainer(
         model, torch.optim.SGD(model.parameters(), lr=1.0), lambda p, y: F.mse_loss(p.squeeze(1), y)
     )
@@ -229,6 +237,16 @@ def test_ignite_handler_state_is_its_pieces_states_and_resumes_each(tmp_path) ->
     assert first + rest == whole and resumed_lr == lr
     with pytest.raises(ValueError, match="'schedulers' is absent"):
         ShardplugHandler().load_state_dict({key: value for key, value in handler_state.items() if key != "schedulers"})
+
+
+def test_ignite_resumes_token_budget_micro_batches_exactly(tmp_path) -> None:
+    whole, _, lr = _resumable_run(None, token_budget=True)
+    first, saved, _ = _resumable_run(3, token_budget=True)  # inside epoch 1
+    assert saved["shardplug"]["loader"]["unit"] == "samples" and saved["shardplug"]["loader"]["epoch"] == 0
+    torch.save(saved, tmp_path / "ckpt.pt")
+    rest, _, resumed_lr = _resumable_run(None, torch.load(tmp_path / "ckpt.pt", weights_only=True), token_budget=True)
+    assert first + rest == whole and resumed_lr == lr
+    assert sorted(whole) == sorted(list(range(12)) * 2)  # every sample once per epoch
 
 
 def test_real_count_and_drop_padding_if_tracked():

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import inspect
 import json
+import math
 import os
 import subprocess
 import sys
@@ -19,6 +20,7 @@ from typing import Any
 import pytest
 from torch.utils.data import DataLoader, DistributedSampler
 
+import shardplug
 import shardplug_lightning
 import shardplug_lightning._options
 from shardplug import prepare_data_loader
@@ -62,7 +64,16 @@ def runs(tmp_path_factory: pytest.TempPathFactory, parquet_shards: Any) -> dict[
     _run_script("lightning_scenarios.py", out)
     data: dict[str, Any] = {}
     names = ("default", "split", "predict", "amp", "resume", "limited", "errors", "stream")
-    for name in (*names, "user_samplers", "own_sharding", "validation_resume", "prefetch", "fabric", "model_parallel"):
+    others = (
+        "user_samplers",
+        "own_sharding",
+        "validation_resume",
+        "prefetch",
+        "fabric",
+        "model_parallel",
+        "token_budget",
+    )
+    for name in (*names, *others):
         data[name] = [json.loads((out / f"{name}_rank{r}.json").read_text()) for r in range(WORLD)]
     if presplit:
         data["presplit"] = [json.loads((out / f"presplit_rank{r}.json").read_text()) for r in range(WORLD)]
@@ -97,6 +108,34 @@ def test_default_train_batches_equal_prepare_data_loader(runs: dict[str, Any]) -
         assert _by_epoch(record["train"], 2) == expected
         # equal, exact length on every rank (42 samples, 4 per batch, 2 ranks: 6 padded batches)
         assert record["loader"] == {"type": "DataLoaderShard", "len": 6, "num_training_batches": 6}
+
+
+def _token_budget_reference(rank: int, epochs: int) -> list[list[list[int]]]:
+    """What ``prepare_data_loader`` gives rank ``rank`` of the token-budget scenario (its lengths: the script's
+    ``TOKEN_LENGTHS``)."""
+    lengths = [(7 * i) % 23 + 1 for i in range(N_TRAIN)]
+    sampler = shardplug.TokenBudgetBatchSampler(lengths, 40, cost="attention", seed=5)
+    prepared = prepare_data_loader(
+        DataLoader(list(range(N_TRAIN)), batch_sampler=sampler), num_processes=WORLD, process_index=rank
+    )
+    result = []
+    for epoch in range(epochs):
+        prepared.set_epoch(epoch)
+        result.append([batch.tolist() for batch in prepared])
+    return result
+
+
+def test_token_budget_micro_batches_with_exact_len_and_estimated_stepping_batches(runs: dict[str, Any]) -> None:
+    records = runs["token_budget"]
+    for rank, record in enumerate(records):
+        expected = _token_budget_reference(rank, epochs=2)
+        assert _by_epoch(record["train"], 2) == expected  # the plan's micro-batches, epoch by epoch
+        length = len(expected[0])
+        assert record["loader"]["len"] == record["loader"]["num_training_batches"] == length
+        assert record["estimated"] == record["steps"] == record["resumed_steps"] == math.ceil(length / 2) * 2
+        assert record["resumed"] == record["train"][4:]  # resumed after 2 optimizer steps of 2 micro-batches
+    samples = [i for record in records for epoch, batch in record["train"] if epoch == 0 for i in batch]
+    assert sorted(samples) == list(range(N_TRAIN))
 
 
 def test_a_prefetching_loader_keeps_batches_hooks_and_positions(runs: dict[str, Any]) -> None:
@@ -346,6 +385,8 @@ def test_fabric_setup_dataloaders_uses_the_engine(runs: dict[str, Any]) -> None:
             sampler = DistributedSampler(range(42), num_replicas=WORLD, rank=rank, seed=3)
             sampler.set_epoch(epoch)
             assert batches == [b.tolist() for b in DataLoader(range(42), batch_size=4, sampler=sampler)]
+        budget = _token_budget_reference(rank, epochs=2)  # Fabric's set_epoch reaches the budget's plan too
+        assert record["token_budget"] == {"epochs": budget, "len": len(budget[0])}
     assert records[0]["epochs"][0] != records[0]["epochs"][1]
 
 

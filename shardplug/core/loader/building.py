@@ -14,7 +14,7 @@ from typing import Any, NamedTuple
 from shardplug.core.loader.cursor import PassState
 from shardplug.core.resume.position import Position
 from shardplug.core.sharding.layout import ShardLayout
-from shardplug.core.sharding.shard_plan import ShardPlan, plan_traits
+from shardplug.core.sharding.shard_plan import ShardPlan, consumed_after, plan_traits
 from shardplug.core.shuffle.agreement import Shuffles
 
 __all__ = ["layout_fields", "pass_position", "LoaderIdentity"]
@@ -46,7 +46,7 @@ def pass_position(plan: ShardPlan, loader: LoaderIdentity, current: PassState, s
     layout = plan.layout
     generator = shuffles.generator
     epoch, done, dataset_state = loader.epoch, current.yielded, None
-    consumed = current.record.started_at + (done - current.resumed) * plan.consumed_per_batch
+    consumed = consumed_after(plan, current.record.started_at, done - current.resumed)
     generator_state = current.generator_state
     # A pass is over for every process once none has a batch left. A process with fewer batches
     # (even_batches=False) reports the same place as the others until its loop has ended by itself,

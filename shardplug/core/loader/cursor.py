@@ -17,8 +17,10 @@ another loader's fields.
 
 Example::
 
+    >>> from shardplug.core.sharding.layout import ShardLayout
+    >>> from shardplug.core.sharding.local import LocalPlan
     >>> cursor = Cursor(skip=2)
-    >>> cursor.next_start(consumed_per_batch=1), cursor.now.yielded
+    >>> cursor.next_start(LocalPlan(ShardLayout(batch_size=2))), cursor.now.yielded
     (2, 0)
     >>> cursor.take_start().skip, cursor.skip
     (2, 0)
@@ -34,7 +36,7 @@ from torch.utils.data import IterableDataset
 
 from shardplug.core.resume.position import Position
 from shardplug.core.resume.stateful import InnerState
-from shardplug.core.sharding.shard_plan import PassRecord, ShardPlan, plan_traits
+from shardplug.core.sharding.shard_plan import PassRecord, ShardPlan, consumed_after, plan_traits
 
 __all__ = ["Cursor", "PassState", "ParkedStart", "SkipView", "PassStart", "place", "batches_before", "PassLengths"]
 
@@ -134,11 +136,12 @@ class Cursor:
         self.position, self.ended, self.skip, self.repositions = None, False, 0, False
         return taken
 
-    def next_start(self, consumed_per_batch: int) -> int:
-        """Where (in the plan's unit) the pass in progress started, or where the next one starts."""
+    def next_start(self, plan: ShardPlan) -> int:
+        """Where (in ``plan``'s unit) the pass in progress started, or where the next one starts."""
         if self.now.open:
             return self.now.record.started_at
-        return (self.position.consumed if self.position is not None else 0) + self.skip * consumed_per_batch
+        start = self.position.consumed if self.position is not None else 0
+        return consumed_after(plan, start, self.skip) if self.skip else start
 
     def enter_epoch(self, epoch: int) -> None:
         """The loader is set to ``epoch`` (``set_epoch``, as a user's loop does before each pass): what becomes
@@ -277,7 +280,7 @@ def place(plan: ShardPlan, parked: ParkedStart, reads_through: bool, workers_spl
     if position is not None:
         start = _start_after(plan, position, parked.repositions, workers_split_stream)
     if skip:  # skip_first_batches: this pass starts that many batches later still
-        consumed = start.consumed_at_start + skip * plan.consumed_per_batch
+        consumed = consumed_after(plan, start.consumed_at_start, skip)
         start = start._replace(consumed_at_start=consumed, resumed=start.resumed + skip)
         if reads_through:  # read through the StatefulDataLoader: its state counts them
             start = start._replace(discard=start.discard + skip, fast_forwarded=start.fast_forwarded + skip)
@@ -307,9 +310,10 @@ def batches_before(plan: ShardPlan, consumed: int) -> int:
     """
     layout = plan.layout
     full, rest = plan.num_batches(0), plan.num_batches(consumed)
-    if full is None or rest is None or not (layout.pads or layout.drop_last or layout.num_processes == 1):
+    equal = layout.pads or layout.drop_last or layout.num_processes == 1 or plan_traits(plan).plans_steps
+    if full is None or rest is None or not equal:
         return consumed // plan.consumed_per_batch
-    return full - rest
+    return max(full - rest, 0)
 
 
 def _start_after(plan: ShardPlan, position: Position, repositions: bool, workers_split_stream: bool) -> PassStart:

@@ -244,7 +244,7 @@ class PreparedDataLoader(Rebuilt, EpochFanOut, PaddingRecords, DataLoader[Any]):
             return -1
         if self.plan.layout.drop_last:
             return 0  # a short last step is dropped: the last one is full
-        before = self.plan.samples_before(self.cursor.next_start(self.plan.consumed_per_batch))
+        before = self.plan.samples_before(self.cursor.next_start(self.plan))
         return max(length - (before or 0), 0) % total
 
     @property

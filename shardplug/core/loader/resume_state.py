@@ -37,7 +37,7 @@ from shardplug.core.loader.passes import PassHost, inner_state_resumes
 from shardplug.core.resume.checks import PositionCheck
 from shardplug.core.resume.position import Position
 from shardplug.core.resume.stateful import POSITION_KEY
-from shardplug.core.sharding.shard_plan import ShardPlan, plan_traits
+from shardplug.core.sharding.shard_plan import ShardPlan, consumed_after, note_place, plan_traits
 
 __all__ = ["ResumeState", "ResumeHost"]
 
@@ -82,7 +82,7 @@ class ResumeState:
         saved inside it was loaded, or with a skip. ``False`` for a pass from the epoch's beginning,
         also after a position saved at the end of the previous epoch (which loads as the next
         epoch's start); :attr:`resumed_batches` may be 0 either way (a few samples of another layout)."""
-        return self.cursor.next_start(self.plan.consumed_per_batch) > 0
+        return self.cursor.next_start(self.plan) > 0
 
     # -- positions --------------------------------------------------------------------------
     def position(self) -> Position:
@@ -107,6 +107,7 @@ class ResumeState:
 
     def check_loadable(self, position: Position, stateful: bool) -> None:
         """Everything that refuses ``position`` for this loader, before anything changes."""
+        note_place(self.plan, position.consumed, position.dataset_state)  # its steps may depend on it
         current = self.pass_position()
         self.check().check_loadable(position, current, stateful, self.loader.lengths().epoch_length)
 
@@ -181,7 +182,7 @@ class ResumeState:
             here.replace(
                 epoch=epoch,
                 batches_yielded=batches_yielded,
-                consumed=batches_yielded * self.plan.consumed_per_batch,
+                consumed=consumed_after(self.plan, 0, batches_yielded),
                 seeds=tuple(here.seeds if seeds is None else seeds),
                 dataset_state=self.everywhere_state(here),
             )

@@ -8,6 +8,9 @@ kind's module, which holds its whole path (its wrapper, its plan, its length, wh
   index arithmetic (:mod:`~shardplug.core.sharding.arithmetic`) or by walking them.
 * :mod:`~shardplug.core.sharding.distributed_sampler`: map-style data read through a user's ``DistributedSampler``:
   the batches native DDP gives, its rest dealt over any number of processes on a resume.
+* :mod:`~shardplug.core.sharding.token_budget`: map-style data in micro-batches by a token budget, planned for
+  all processes at once (the plan: :mod:`~shardplug.core.sharding.budget_plan`; the packing collate:
+  :mod:`~shardplug.core.sharding.packing`).
 * :mod:`~shardplug.core.sharding.read_all`: a stream every process reads whole, keeping its part of each
   global batch (checked alike by :mod:`~shardplug.core.sharding.fingerprint`).
 * :mod:`~shardplug.core.sharding.native`: a stream that shards itself (``n_shards``, ``shard()``).

@@ -26,6 +26,7 @@ __all__ = [
     "MAP_STYLE",
     "MIXTURE",
     "DISTRIBUTED_SAMPLER",
+    "TOKEN_BUDGET",
     "DISPATCH",
     "LOCAL",
     "PRESPLIT",
@@ -44,6 +45,9 @@ of the global position (:mod:`~shardplug.core.sharding.mixture`)."""
 DISTRIBUTED_SAMPLER = "distributed_sampler"
 """Map-style data read through a user's torch ``DistributedSampler``: its order, its batches as under native DDP
 (:mod:`~shardplug.core.sharding.distributed_sampler`)."""
+TOKEN_BUDGET = "token_budget"
+"""Map-style data in micro-batches by a token budget, planned for all processes at once
+(:mod:`~shardplug.core.sharding.token_budget`)."""
 DISPATCH = "dispatch"
 """Process 0 reads the data for every process and sends each its rows (:mod:`shardplug.core.dispatch`)."""
 LOCAL = "local"

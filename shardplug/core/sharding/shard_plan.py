@@ -25,9 +25,11 @@ __all__ = [
     "PassRecord",
     "UNITS",
     "sized_length",
+    "consumed_after",
+    "note_place",
 ]
 
-UNITS = ("global_batches", "elements", "batches")
+UNITS = ("global_batches", "elements", "batches", "samples")
 
 
 def sized_length(obj: Any) -> int | None:
@@ -216,6 +218,40 @@ class _ChecksState(Protocol):
 
 
 @runtime_checkable
+class _PlansSteps(Protocol):
+    """A plan whose steps consume different amounts of the epoch (a token budget's): the place after some of
+    this process's batches is the plan's to say, not a multiple of ``consumed_per_batch``."""
+
+    def consumed_after(self, start: int, batches: int) -> int: ...
+
+    def note_place(self, consumed: int, dataset_state: Any) -> None:
+        """A position's place and its own part (what :meth:`ShardPlan.saved_state` gave there), read before the
+        position is loaded: the steps after a place may depend on it (raise a ``ValueError`` where it is not
+        one of the plan's places)."""
+
+
+def note_place(plan: ShardPlan, consumed: int, dataset_state: Any) -> None:
+    """Tell ``plan`` a position's place and its own part before anything is asked about it (see
+    :class:`_PlansSteps`); nothing for the plans whose places are their counters alone."""
+    if isinstance(plan, _PlansSteps):
+        plan.note_place(consumed, dataset_state)
+
+
+def consumed_after(plan: ShardPlan, start: int, batches: int) -> int:
+    """The place in the epoch (in ``plan``'s unit) after this process's next ``batches`` batches from ``start``.
+
+    Example::
+
+        >>> from shardplug.core.sharding.local import LocalPlan
+        >>> consumed_after(LocalPlan(ShardLayout(batch_size=2)), 3, 2)
+        5
+    """
+    if isinstance(plan, _PlansSteps):
+        return plan.consumed_after(start, batches)
+    return start + batches * plan.consumed_per_batch
+
+
+@runtime_checkable
 class _Untracked(Protocol):
     """A plan whose batches cannot be told apart from padding (``untracked_reason`` says why, and what
     to use instead)."""
@@ -260,6 +296,8 @@ class PlanTraits:
     :class:`PlanDefaults`'s): a pass need not call it."""
     follows_sampler_epoch: bool = False
     """The loader's epoch is its sampler's own (:class:`_SamplerEpoch`)."""
+    plans_steps: bool = False
+    """Every process yields as many batches, each step consuming what the plan says (:class:`_PlansSteps`)."""
 
 
 def plan_traits(plan: ShardPlan) -> PlanTraits:
@@ -285,6 +323,7 @@ def plan_traits(plan: ShardPlan) -> PlanTraits:
         untracked_reason=plan.untracked_reason if isinstance(plan, _Untracked) else None,
         batches_unchanged=getattr(type(plan), "pass_batches", None) is PlanDefaults.pass_batches,
         follows_sampler_epoch=isinstance(plan, _SamplerEpoch),
+        plans_steps=isinstance(plan, _PlansSteps),
     )
 
 

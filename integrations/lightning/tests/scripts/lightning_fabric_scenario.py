@@ -15,6 +15,7 @@ from lightning.fabric import Fabric
 from torch.utils.data import DataLoader
 from torch.utils.data.distributed import DistributedSampler
 
+import shardplug
 import shardplug_lightning  # noqa: F401  (registers "shardplug_ddp" for Fabric)
 
 
@@ -38,6 +39,9 @@ def main() -> None:
     data = list(range(42))  # code written for DDP: its DistributedSampler adopted, Fabric sets its epoch
     ddp = fabric.setup_dataloaders(DataLoader(data, batch_size=4, sampler=DistributedSampler(data, seed=3)))
     ddp_epochs = [[batch.tolist() for batch in ddp] for _ in range(2)]
+    budget = shardplug.TokenBudgetBatchSampler([(7 * i) % 23 + 1 for i in range(42)], 40, cost="attention", seed=5)
+    budget_loader = fabric.setup_dataloaders(DataLoader(list(range(42)), batch_sampler=budget))
+    budget_epochs = [[batch.tolist() for batch in budget_loader] for _ in range(2)]
     error = ""
     try:  # a DistributedSampler of another process
         other = DistributedSampler(data, num_replicas=2, rank=1 - fabric.global_rank)
@@ -52,6 +56,7 @@ def main() -> None:
         "step_was_skipped": fabric.strategy.step_was_skipped,
         "error": error,
         "ddp_epochs": ddp_epochs,
+        "token_budget": {"epochs": budget_epochs, "len": len(budget_loader)},
     }
     with open(os.path.join(sys.argv[1], f"fabric_rank{fabric.global_rank}.json"), "w") as f:
         json.dump(record, f)

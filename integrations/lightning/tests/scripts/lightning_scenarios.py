@@ -24,6 +24,7 @@ from lightning.pytorch.plugins import MixedPrecision
 from torch.utils.data import DataLoader, Dataset, RandomSampler, Sampler
 from torch.utils.data.distributed import DistributedSampler
 
+import shardplug
 from shardplug_lightning import ShardplugDDPStrategy
 from shardplug_lightning._registry import STRATEGY_NAMES
 
@@ -118,6 +119,21 @@ class Recorder(pl.LightningModule):
         else:
             scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=0.9)
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+
+TOKEN_LENGTHS = [(7 * i) % 23 + 1 for i in range(N_TRAIN)]
+"""Tokens of each training sample of the token-budget scenario (at most 23; a budget of 40 per micro-batch)."""
+
+
+class TokenBudgets(Recorder):
+    """Training micro-batches by a token budget."""
+
+    def train_dataloader(self) -> DataLoader:
+        sampler = shardplug.TokenBudgetBatchSampler(TOKEN_LENGTHS, 40, cost="attention", seed=5)
+        return DataLoader(Indices(N_TRAIN), batch_sampler=sampler)
+
+    def on_train_start(self) -> None:
+        self.estimated = int(self.trainer.estimated_stepping_batches)
 
 
 class PredictionRecorder(BasePredictionWriter):
@@ -516,6 +532,29 @@ def main() -> None:
         t.fit(model)
         runs[depth] = {"train": model.train_batches, "hooks": model.hooks, "positions": model.positions}
     dump("prefetch", rank, {"off": runs[0], "on": runs[2]})
+
+    # 12b. micro-batches by a token budget, accumulation k=2: len() and estimated_stepping_batches exact; a
+    # checkpoint after optimizer step 2 (4 micro-batches of epoch 0) resumed
+    budget_dir = os.path.join(OUT, "token_budget_ckpt")
+    model = TokenBudgets()
+    checkpoint = ModelCheckpoint(dirpath=budget_dir, every_n_train_steps=2, save_top_k=-1, save_last=False)
+    t = trainer(max_epochs=2, accumulate_grad_batches=2, enable_checkpointing=True, callbacks=[checkpoint])
+    t.fit(model)
+    resumed = TokenBudgets()
+    t_resumed = trainer(max_epochs=2, accumulate_grad_batches=2)
+    t_resumed.fit(resumed, ckpt_path=os.path.join(budget_dir, "epoch=0-step=2.ckpt"))
+    dump(
+        "token_budget",
+        rank,
+        {
+            "train": model.train_batches,
+            "loader": model.loader_info,
+            "estimated": model.estimated,
+            "steps": t.global_step,
+            "resumed": resumed.train_batches,
+            "resumed_steps": t_resumed.global_step,
+        },
+    )
 
     # 13-15. Fabric's setup_dataloaders, model parallelism, litdata and streaming (when the test wrote them)
     import lightning_fabric_scenario

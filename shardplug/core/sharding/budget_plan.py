@@ -1,0 +1,521 @@
+"""Token-budget plans: one epoch's micro-batches for all processes at once, as pure functions.
+
+A plan is a function of the samples' lengths, the budget (``max_tokens``), the cost balanced (``"tokens"``: the
+sum of lengths, for packed rows; ``"padded"``: rows times the longest, for padded batches; ``"attention"``: the
+sum of squared lengths), the seed, the epoch and the number of processes ``N``; every process computes it alike.
+
+How an epoch is planned:
+
+1. the epoch's order: a permutation of ``[0, n)`` drawn from ``(seed, epoch)`` (or ``[0, n)`` unshuffled);
+2. the order is cut into fixed windows of :data:`WINDOW` samples (the last one takes the remainder): their
+   bounds do not depend on ``N``, so a place at a window's start is the same on every number of processes;
+3. each window's samples are dealt, longest first, into ``S`` steps of ``N`` micro-batches, by rounds: a step takes
+   ``N`` consecutive samples of the sorted order (so of about one length), the longest ones to the step with the
+   fewest tokens, and inside the step the longest to its least costly micro-batch, always under ``max_tokens``;
+   ``S`` is the fewest steps that fit.  For ``"padded"`` the sorted samples are cut into runs of rows times the
+   longest within the budget instead (a micro-batch holds samples of nearly one length), and the runs, sorted
+   by cost, are taken ``N`` at a time;
+4. the window's steps are shuffled; step ``s`` gives process ``p`` its micro-batch ``s * N + p``.
+
+Every process therefore has the same number of micro-batches.  A step whose ``N`` micro-batches cannot all hold
+a sample (a window with fewer samples than its micro-batches: long samples, or the epoch's last few) is padded
+with the window's shortest sample, marked as padding (a micro-batch of ``0`` real samples), or dropped with
+``drop_last`` (its samples then count as consumed).
+
+A place in an epoch is the number of samples the steps before it consumed (:attr:`EpochPlan.consumed`), with,
+inside a window, the numbers of processes the window was planned for (:data:`Replans`): on another number of
+processes the rest of the window is planned again for it, then the next windows as usual, so every remaining
+sample comes once, in equal steps.
+
+Example::
+
+    >>> plan = plan_epoch(BudgetSpec(max_tokens=10, shuffle=False), [4, 3, 6, 2, 5, 1], num_processes=2)
+    >>> [plan.micro_batch(step, p)[0] for step in range(plan.num_steps) for p in range(2)]
+    [[2], [4], [0, 5], [1, 3]]
+    >>> plan.consumed.tolist(), plan.tokens.tolist()
+    ([2, 6], [6, 5, 5, 5])
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+__all__ = [
+    "COSTS",
+    "OVERSIZED",
+    "WINDOW",
+    "BudgetSpec",
+    "EpochPlan",
+    "Replans",
+    "as_lengths",
+    "epoch_order",
+    "plan_epoch",
+    "plan_window",
+    "sample_costs",
+]
+
+COSTS = ("tokens", "padded", "attention")
+OVERSIZED = ("error", "alone")
+WINDOW = 1 << 16
+"""Samples planned together (a window of the epoch's order): the more, the closer the costs of a step's
+micro-batches and, for ``"padded"``, the lengths within one."""
+FILL = 0.95
+"""The share of ``N * max_tokens`` a step's tokens aim at: the rest is room to balance under the budget."""
+
+Replans = tuple[tuple[int, int], ...]
+"""How a window was planned: ``((N0, 0), (N1, c1), ...)``, the window planned for ``N0`` processes, its rest
+after ``c1`` of its samples planned again for ``N1``, and so on."""
+
+
+@dataclass(frozen=True)
+class BudgetSpec:
+    """What a plan is a function of besides the lengths, the epoch and the number of processes."""
+
+    max_tokens: int
+    cost: str = "tokens"
+    shuffle: bool = True
+    seed: int = 0
+    drop_last: bool = False
+    window: int = WINDOW
+    oversized: str = "error"
+    """A sample longer than ``max_tokens``: ``"error"`` (a ``ValueError`` naming it), or ``"alone"`` (a
+    micro-batch of its own, the only one above the budget)."""
+
+    def __post_init__(self) -> None:
+        if not _is_int(self.max_tokens) or self.max_tokens < 1:
+            raise ValueError(f"max_tokens={self.max_tokens!r} must be an integer >= 1 (the tokens a micro-batch holds)")
+        if self.cost not in COSTS:
+            raise ValueError(f"cost={self.cost!r} is invalid: pass one of {list(COSTS)}")
+        if not _is_int(self.seed) or self.seed < 0:
+            raise ValueError(f"seed={self.seed!r} must be an integer >= 0 (the same on every process)")
+        if self.oversized not in OVERSIZED:
+            raise ValueError(f"oversized={self.oversized!r} is invalid: pass one of {list(OVERSIZED)}")
+        if not _is_int(self.window) or self.window < 1:
+            raise ValueError(f"window={self.window!r} must be an integer >= 1")
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
+
+
+def as_lengths(lengths: Any, max_tokens: int, oversized: str = "error") -> np.ndarray:
+    """``lengths`` (a sequence, a numpy array or a ``numpy.memmap``) as a 1-d integer array, checked: every length
+    an integer >= 0 and, unless ``oversized="alone"``, none above ``max_tokens``.  A memmap of integers is used
+    as it is (not copied)."""
+    array = lengths if isinstance(lengths, np.ndarray) else np.asarray(lengths)
+    if array.ndim != 1:
+        raise ValueError(f"lengths must be one length per sample (1-d), got an array of shape {array.shape}")
+    if array.size and not np.issubdtype(array.dtype, np.integer):
+        if not np.issubdtype(array.dtype, np.floating) or not np.all(array == np.floor(array)):
+            raise ValueError(f"lengths must be integers (tokens per sample), got dtype {array.dtype}")
+        array = array.astype(np.int64)
+    if array.size:
+        low = int(array.min())
+        if low < 0:
+            index = int(np.argmin(array))
+            raise ValueError(f"lengths[{index}]={low} is negative: pass each sample's number of tokens (>= 0)")
+        high = int(array.max())
+        if high > max_tokens and oversized != "alone":
+            index = int(np.argmax(array))
+            longer = int(np.count_nonzero(array > max_tokens))
+            raise ValueError(
+                f"sample {index} has {high} tokens, more than max_tokens={max_tokens} ({longer} sample(s) do): no "
+                f"micro-batch can hold it; raise max_tokens to at least {high}, truncate or remove the samples "
+                "longer than max_tokens, or pass oversized='alone' to give each of them a micro-batch of its own"
+            )
+    return array
+
+
+def sample_costs(lengths: np.ndarray, cost: str) -> np.ndarray:
+    """Each sample's cost (``"padded"``: its length; a micro-batch's padded cost is rows times the longest)."""
+    lengths = lengths.astype(np.int64, copy=False)
+    return lengths * lengths if cost == "attention" else lengths
+
+
+def epoch_order(n: int, shuffle: bool, seed: int, epoch: int) -> np.ndarray:
+    """The epoch's order of ``[0, n)``: the same on every process, rerun and number of processes."""
+    order = np.arange(n, dtype=np.int32 if n < 2**31 else np.int64)  # 4 bytes a sample where they suffice
+    if shuffle:
+        np.random.Generator(np.random.PCG64(np.random.SeedSequence([seed, epoch, 0x7B]))).shuffle(order)
+    return order
+
+
+def _window_bounds(n: int, window: int) -> np.ndarray:
+    """The windows' starts (and ``n``): fixed chunks of ``window`` samples, the last one taking the rest."""
+    count = max(1, n // window)
+    starts = np.arange(count + 1, dtype=np.int64) * window
+    starts[-1] = n
+    return starts
+
+
+@dataclass
+class WindowPlan:
+    """One window's steps for ``num_processes``: ``samples`` (the micro-batches' samples, padding included),
+    ``bounds`` (micro-batch ``k`` is ``samples[bounds[k]:bounds[k + 1]]``; step ``s``, process ``p`` is
+    ``k = s * N + p``), ``real`` (real samples of each micro-batch, its padding after them), ``tokens`` (its real
+    tokens), ``consumed`` (the
+    window's samples consumed after each step; the last one counts the samples ``drop_last`` dropped) and
+    ``sequence`` (the window's samples in the order the steps consume them, those dropped last)."""
+
+    samples: np.ndarray
+    bounds: np.ndarray
+    real: np.ndarray
+    tokens: np.ndarray
+    consumed: np.ndarray
+    sequence: np.ndarray
+
+
+def _deal_steps(lengths: np.ndarray, costs: np.ndarray, steps: int, n_proc: int, max_tokens: int) -> np.ndarray | None:
+    """The bin (``step * n_proc + process``) of each sample (given longest first), or ``None`` when some sample
+    finds no room.  By rounds of ``steps * n_proc`` samples: each step takes ``n_proc`` consecutive samples (so of
+    about one length), the longest to the step with the fewest tokens, and inside the step the longest to the least
+    costly micro-batch; what does not fit goes to the micro-batches with the most room."""
+    count, bins = lengths.size, steps * n_proc
+    cost = np.zeros(bins, dtype=np.float64)
+    tokens = np.zeros(bins, dtype=np.int64)
+    step_tokens = np.zeros(steps, dtype=np.int64)
+    where = np.full(count, -1, dtype=np.int64)
+    pending = np.empty(0, dtype=np.int64)
+    taken = 0
+
+    def place(items: np.ndarray, targets: np.ndarray) -> np.ndarray:
+        fits = (tokens[targets] + lengths[items] <= max_tokens) | (tokens[targets] == 0)  # oversized: alone
+        chosen, into = items[fits], targets[fits]
+        where[chosen] = into
+        np.add.at(cost, into, costs[chosen])
+        np.add.at(tokens, into, lengths[chosen])
+        np.add.at(step_tokens, into // n_proc, lengths[chosen])
+        missed: np.ndarray = items[~fits]
+        return missed
+
+    while taken < count or pending.size:
+        if pending.size:  # to the micro-batches with the most room, one each
+            before = pending.size
+            pending = place(pending, np.argsort(tokens, kind="stable")[: pending.size])
+            if pending.size == before and taken >= count:
+                return None
+        new = min(bins, count - taken)
+        if not new:
+            continue
+        items = np.arange(taken, taken + new, dtype=np.int64)
+        taken += new
+        whole = new // n_proc * n_proc
+        blocks = items[:whole].reshape(-1, n_proc)
+        chosen = np.argsort(step_tokens, kind="stable")[: blocks.shape[0]]
+        inside = np.argsort(cost.reshape(steps, n_proc)[chosen], axis=1, kind="stable")
+        targets = chosen[:, None] * n_proc + inside
+        missed = place(blocks.ravel(), targets.ravel())
+        pending = np.concatenate([pending, missed, items[whole:]])
+    return where
+
+
+def _runs(lengths: np.ndarray, max_tokens: int) -> np.ndarray:
+    """Cuts of samples sorted longest first into runs whose rows times the longest fit ``max_tokens`` (each run
+    as many rows as fit): the runs' starts, and the count at the end.  A run's rows only grow along the sorted
+    samples, so the runs of one number of rows are cut at once (a loop over those numbers, not over runs)."""
+    count = lengths.size
+    safe = np.maximum(lengths.astype(np.int64, copy=False), 1)
+    rows = np.where(lengths > 0, np.maximum(max_tokens // safe, 1), max_tokens + count)  # non-decreasing
+    starts = [np.zeros(1, dtype=np.int64)]
+    at = 0
+    while at < count:
+        step = int(rows[at])
+        end = int(rows.searchsorted(step, side="right"))  # where runs of more rows begin
+        runs = -(-(end - at) // step)
+        starts.append(at + step * np.arange(1, runs + 1, dtype=np.int64))
+        at += step * runs
+    cuts = np.concatenate(starts)
+    cuts[-1] = min(int(cuts[-1]), count)
+    return cuts
+
+
+def _padded_bins(lengths: np.ndarray, num_processes: int, max_tokens: int) -> np.ndarray:
+    """The bin of each sample (sorted longest first) for ``"padded"``: runs of nearly one length, a multiple of
+    ``num_processes`` of them: the runs are cut under a budget a little below ``max_tokens`` where that gives a
+    multiple (every run then about as full), else the runs with the most rows are halved."""
+    cuts = _runs(lengths, max_tokens)
+    count = cuts.size - 1
+    target = -(-count // num_processes) * num_processes
+    high, low = max_tokens, None  # budgets giving at most and more than the target's runs
+    for _ in range(6):  # a lower budget giving exactly the multiple: by the ratio of the counts, then halving
+        if count == target:
+            break
+        guess = min(high - 1, int(high * count / target)) if low is None else (low + high) // 2
+        if guess <= (low or 0) or guess < max(int(lengths[0]), 1):
+            break
+        trial = _runs(lengths, guess)
+        if trial.size - 1 <= target:
+            high, cuts, count = guess, trial, trial.size - 1
+        else:
+            low = guess
+    extra = (-count) % num_processes
+    if extra:
+        rows = np.diff(cuts)
+        halves = np.argsort(-rows, kind="stable")[:extra]
+        halves = halves[rows[halves] >= 2]
+        middles = cuts[halves] + rows[halves] // 2
+        cuts = np.sort(np.concatenate([cuts, middles]))
+    bins = np.zeros(lengths.size, dtype=np.int64)
+    if lengths.size:
+        bins[cuts[1:-1]] = 1
+        bins = np.cumsum(bins)
+    return bins
+
+
+def plan_window(
+    ids: np.ndarray, lengths: np.ndarray, spec: BudgetSpec, num_processes: int, key: Sequence[int]
+) -> WindowPlan:
+    """The steps of one window's samples ``ids`` (``lengths``: all samples' lengths) for ``num_processes``;
+    ``key`` seeds the shuffle of its steps (with ``spec.seed``)."""
+    n_proc = num_processes
+    if not ids.size:
+        empty = np.empty(0, dtype=np.int64)
+        return WindowPlan(ids, np.zeros(1, dtype=np.int64), empty, empty, empty, ids)
+    window_lengths = lengths[ids].astype(np.int64, copy=False)
+    by_length = np.argsort(-window_lengths, kind="stable")
+    ids, window_lengths = ids[by_length], window_lengths[by_length]
+    count = ids.size
+    if spec.cost == "padded":
+        where = _padded_bins(window_lengths, n_proc, spec.max_tokens)
+        bins = int(where[-1]) + 1 if count else 0
+        bins += (-bins) % n_proc
+        heads = np.zeros(bins, dtype=np.int64)
+        rows: np.ndarray = np.bincount(where, minlength=bins)
+        firsts = np.flatnonzero(np.r_[True, where[1:] != where[:-1]]) if count else np.empty(0, dtype=np.int64)
+        heads[where[firsts]] = window_lengths[firsts]
+        bin_cost: np.ndarray = (rows * heads).astype(np.float64)
+    else:
+        costs = sample_costs(window_lengths, spec.cost).astype(np.float64)
+        total = int(window_lengths.sum())
+        halves = int(np.count_nonzero(window_lengths * 2 > spec.max_tokens))  # each needs a bin of its own
+        steps = max(1, math.ceil(total / (n_proc * spec.max_tokens * FILL)), math.ceil(halves / n_proc))
+        while True:
+            found = _deal_steps(window_lengths, costs, steps, n_proc, spec.max_tokens)
+            if found is not None:
+                where = found
+                break
+            steps += max(1, steps // 16)
+        bins = steps * n_proc
+        bin_cost = np.bincount(where, weights=costs, minlength=bins)
+        rows = np.bincount(where, minlength=bins)
+    # the bins by cost, N at a time: a step's micro-batches cost about the same (empty bins last)
+    if spec.cost == "padded":  # the runs by cost, N at a time
+        ranked = np.lexsort((np.arange(bins), -bin_cost, rows == 0))
+    else:  # the steps as dealt
+        ranked = np.arange(bins)
+    num_steps = bins // n_proc
+    step_of_rank = np.arange(bins) // n_proc
+    full = np.ones(num_steps, dtype=bool)
+    np.logical_and.at(full, step_of_rank, rows[ranked] > 0)
+    order = np.arange(num_steps)
+    if spec.shuffle and num_steps > 1:
+        generator = np.random.Generator(np.random.PCG64(np.random.SeedSequence([spec.seed, *key, 0x57])))
+        order = generator.permutation(num_steps)
+    kept = order[full[order]]
+    dropped = order[~full[order]] if spec.drop_last else np.empty(0, dtype=np.int64)
+    if not spec.drop_last:
+        kept = order
+    slot = np.full(bins, -1, dtype=np.int64)  # each bin's micro-batch in the window's plan
+    layout = (kept[:, None] * n_proc + np.arange(n_proc)).ravel()
+    slot[ranked[layout]] = np.arange(layout.size)
+    kept_bins = layout.size
+    real = np.zeros(kept_bins, dtype=np.int64)
+    live = slot[where] >= 0
+    sample_slot = slot[where]
+    np.add.at(real, sample_slot[live], 1)
+    pads = real == 0
+    sizes = np.where(pads, 1, real)
+    bounds = np.zeros(kept_bins + 1, dtype=np.int64)
+    np.cumsum(sizes, out=bounds[1:])
+    chosen = np.flatnonzero(live)
+    placing = chosen[np.argsort(sample_slot[chosen], kind="stable")]  # longest first within a micro-batch
+    sequence = samples = ids[placing]
+    if pads.any():  # padding: the window's shortest sample, marked (0 real samples)
+        real_bounds = np.zeros(kept_bins + 1, dtype=np.int64)
+        np.cumsum(real, out=real_bounds[1:])
+        samples = np.insert(sequence, real_bounds[:-1][pads], ids[-1])
+    tokens = np.bincount(sample_slot[chosen], weights=window_lengths[chosen], minlength=kept_bins).astype(np.int64)
+    step_real = real.reshape(-1, n_proc).sum(axis=1) if kept_bins else np.empty(0, dtype=np.int64)
+    consumed = np.cumsum(step_real)
+    if dropped.size:
+        lost = np.flatnonzero(~live)
+        sequence = np.concatenate([sequence, ids[lost]])
+        if consumed.size:
+            consumed[-1] = count
+    return WindowPlan(samples, bounds, real, tokens, consumed, sequence)
+
+
+@dataclass
+class EpochPlan:
+    """One epoch's micro-batches for ``num_processes`` from a place (``start``) on, as arrays: step ``s`` gives
+    process ``p`` micro-batch ``k = s * N + p``, ``samples[bounds[k]:bounds[k + 1]]``, of which the first
+    ``real[k]`` are real (the rest padding); ``tokens[k]`` its real tokens; ``consumed[s]`` the epoch's samples
+    consumed after step ``s``; ``replans`` how the window of each place inside it was planned."""
+
+    num_processes: int
+    start: int
+    samples: np.ndarray
+    bounds: np.ndarray
+    real: np.ndarray
+    tokens: np.ndarray
+    consumed: np.ndarray
+    window_starts: np.ndarray
+    first_replans: Replans
+
+    @property
+    def num_steps(self) -> int:
+        return int(self.consumed.size)
+
+    def micro_batch(self, step: int, process: int) -> tuple[list[int], int]:
+        """(sample indices, real count) of ``process``'s micro-batch at ``step``."""
+        k = step * self.num_processes + process
+        return self.samples[self.bounds[k] : self.bounds[k + 1]].tolist(), int(self.real[k])
+
+    def steps_before(self, consumed: int) -> int:
+        """The steps of this plan before the place ``consumed`` (a place it passes: a ``ValueError`` otherwise)."""
+        if consumed == self.start:
+            return 0
+        step = int(np.searchsorted(self.consumed, consumed))
+        if step >= self.consumed.size or int(self.consumed[step]) != consumed:
+            raise ValueError(
+                f"consumed={consumed} is not a place between steps of this epoch's plan (from {self.start}, on "
+                f"{self.num_processes} processes); load the position this loader saved"
+            )
+        return step + 1
+
+    def replans_at(self, consumed: int) -> Replans | None:
+        """How the window of the place ``consumed`` was planned (``None`` at a window's start: nothing to say)."""
+        starts = self.window_starts
+        if consumed in starts:
+            return None
+        window = int(np.searchsorted(starts, consumed, side="right")) - 1
+        first = int(np.searchsorted(starts, self.start, side="right")) - 1
+        return self.first_replans if window == first else ((self.num_processes, 0),)
+
+
+def plan_epoch(
+    spec: BudgetSpec,
+    lengths: Any,
+    num_processes: int,
+    epoch: int = 0,
+    start: int = 0,
+    replans: Replans | None = None,
+) -> EpochPlan:
+    """The epoch's plan for ``num_processes`` from the place ``start`` (samples consumed) on; ``replans``: how
+    ``start``'s window was planned before (``None``: from the window's start on ``num_processes``, or it is a
+    window's start)."""
+    lengths = as_lengths(lengths, spec.max_tokens, spec.oversized)
+    n = int(lengths.size)
+    if not 0 <= start <= n:
+        raise ValueError(f"start={start} is outside the epoch of {n} samples; load the position this loader saved")
+    order = epoch_order(n, spec.shuffle, spec.seed, epoch)
+    starts = _window_bounds(n, spec.window)
+    first = min(int(np.searchsorted(starts, start, side="right")) - 1, starts.size - 2)
+    parts = _Joined(n - start, order.dtype)
+    first_replans: Replans = ((num_processes, 0),)
+    if n and start < n:
+        begin = int(starts[first])
+        local = start - begin
+        ids = order[begin : int(starts[first + 1])]
+        history = tuple(replans) if replans else ((num_processes, 0),)
+        if local == 0:
+            history = ((num_processes, 0),)
+        wp, base = _replay(ids, lengths, spec, epoch, first, history, local)
+        if history[-1][0] != num_processes:
+            rest = wp.sequence[local - base :]
+            history = (*history, (num_processes, local))
+            wp = plan_window(rest, lengths, spec, num_processes, (epoch, first, len(history) - 1))
+            base = local
+        first_replans = history
+        parts.append(_from(wp, local - base, begin + base))
+        for window in range(first + 1, starts.size - 1):
+            begin = int(starts[window])
+            ids = order[begin : int(starts[window + 1])]
+            parts.append((plan_window(ids, lengths, spec, num_processes, (epoch, window, 0)), begin))
+    return parts.plan(num_processes, start, starts, first_replans)
+
+
+def _replay(
+    ids: np.ndarray, lengths: np.ndarray, spec: BudgetSpec, epoch: int, window: int, history: Replans, local: int
+) -> tuple[WindowPlan, int]:
+    """The plan of a window as ``history`` planned it up to its last replan: (that plan, where it began)."""
+    rest, base = ids, 0
+    wp: WindowPlan | None = None
+    for i, (processes, at) in enumerate(history):
+        if not _is_int(processes) or processes < 1 or not _is_int(at) or not base <= at <= local:
+            raise ValueError(
+                f"the position's plan of its window {list(history)} does not describe a place at {local} samples "
+                "into it; load the position this loader saved"
+            )
+        if wp is not None:
+            rest = wp.sequence[at - base :]
+            base = at
+        wp = plan_window(rest, lengths, spec, int(processes), (epoch, window, i))
+    assert wp is not None
+    return wp, base
+
+
+def _from(wp: WindowPlan, local: int, begin: int) -> tuple[WindowPlan, int]:
+    """``wp`` from its place ``local`` (samples consumed in it) on, placed at ``begin`` in the epoch."""
+    if local == 0:
+        return wp, begin
+    steps = int(np.searchsorted(wp.consumed, local)) + 1
+    if steps > wp.consumed.size or int(wp.consumed[steps - 1]) != local:
+        raise ValueError(
+            f"the position's place ({local} samples into its window) is not between two steps of the window's "
+            "plan; load the position this loader saved"
+        )
+    n_proc = (wp.bounds.size - 1) // max(wp.consumed.size, 1)
+    cut = steps * n_proc
+    bounds = wp.bounds[cut:] - wp.bounds[cut]
+    samples = wp.samples[wp.bounds[cut] :]
+    consumed = wp.consumed[steps:] - local
+    rest = WindowPlan(samples, bounds, wp.real[cut:], wp.tokens[cut:], consumed, wp.sequence[local:])
+    return rest, begin + local
+
+
+class _Joined:
+    """The windows' plans one after another, as one epoch's: the samples copied into one buffer as each window is
+    planned (the window's own arrays are then dropped), so a plan is held once."""
+
+    def __init__(self, samples: int, dtype: Any) -> None:
+        self.samples = np.empty(samples + 64, dtype=dtype)  # padding may add a few
+        self.size = 0
+        self.sizes: list[np.ndarray] = []
+        self.reals: list[np.ndarray] = []
+        self.tokens: list[np.ndarray] = []
+        self.consumed: list[np.ndarray] = []
+
+    def append(self, part: tuple[WindowPlan, int]) -> None:
+        wp, begin = part
+        count = wp.samples.size
+        if self.size + count > self.samples.size:
+            grown = np.empty(max(2 * self.samples.size, self.size + count), dtype=self.samples.dtype)
+            grown[: self.size] = self.samples[: self.size]
+            self.samples = grown
+        self.samples[self.size : self.size + count] = wp.samples
+        self.size += count
+        self.sizes.append(np.diff(wp.bounds))
+        self.reals.append(wp.real)
+        self.tokens.append(wp.tokens)
+        self.consumed.append(wp.consumed + begin)
+
+    def plan(self, num_processes: int, start: int, starts: np.ndarray, first_replans: Replans) -> EpochPlan:
+        def joined(arrays: list[np.ndarray]) -> np.ndarray:
+            return np.concatenate(arrays) if arrays else np.empty(0, dtype=np.int64)
+
+        sizes = joined(self.sizes)
+        bounds = np.zeros(sizes.size + 1, dtype=np.int64)
+        np.cumsum(sizes, out=bounds[1:])
+        samples = self.samples[: self.size]
+        if self.samples.size > self.size + 1024:  # grown past what it holds: keep what it holds only
+            samples = samples.copy()
+        tokens, consumed = joined(self.tokens), joined(self.consumed)
+        return EpochPlan(
+            num_processes, start, samples, bounds, joined(self.reals), tokens, consumed, starts, first_replans
+        )

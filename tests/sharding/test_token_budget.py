@@ -1,0 +1,193 @@
+"""A TokenBudgetBatchSampler prepared by prepare_data_loader, each process's loader built in one process (the
+plan needs no process group: every process computes it alike; real groups: tests/sharding/test_multiprocess.py).
+
+Every process yields ``len()`` micro-batches, as many as the others, each within the budget, every sample once
+per epoch; a position saved inside an epoch resumes exactly on the same number of processes, and on another the
+rest of the epoch comes once, in equal steps; the step's global token and sample counts match the batches.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from torch.utils.data import DataLoader
+
+import shardplug
+from shardplug import TokenBudgetBatchSampler, prepare_data_loader, skip_first_batches, step_totals
+
+LENGTHS = np.random.default_rng(3).integers(1, 100, size=50)
+BUDGET = 400
+
+
+def _loaders(n: int, lengths=LENGTHS, **sampler_options) -> list[shardplug.PreparedDataLoader]:
+    return [
+        prepare_data_loader(
+            DataLoader(range(len(lengths)), batch_sampler=TokenBudgetBatchSampler(lengths, BUDGET, **sampler_options)),
+            num_processes=n,
+            process_index=i,
+        )
+        for i in range(n)
+    ]
+
+
+def _epoch(loaders) -> list[list[list[int]]]:
+    return [[batch.tolist() for batch in loader] for loader in loaders]
+
+
+@pytest.mark.parametrize("n", [1, 2, 3])
+def test_every_process_the_same_number_of_micro_batches_within_budget_every_sample_once(n: int) -> None:
+    loaders = _loaders(n, seed=4)
+    lengths = [len(loader) for loader in loaders]
+    for epoch in range(2):
+        for loader in loaders:
+            loader.set_epoch(epoch)
+        parts = _epoch(loaders)
+        assert [len(part) for part in parts] == lengths == [lengths[0]] * n
+        assert all(LENGTHS[batch].sum() <= BUDGET for part in parts for batch in part)
+        assert sorted(i for part in parts for batch in part for i in batch) == list(range(50))
+    assert _epoch(_loaders(n, seed=4)) != parts  # the epoch changes the order
+
+
+def test_padding_for_equal_steps_is_marked() -> None:
+    lengths = np.array([390, 390, 390])  # 3 micro-batches on 2 processes: the last step is padded
+    loaders = _loaders(2, lengths=lengths, shuffle=False)
+    for loader in loaders:
+        loader.track_padding()
+    real, padding = [], []
+    for loader in loaders:
+        for batch in loader:
+            count = loader.batch_real_count
+            real += batch.tolist()[:count]
+            padding += batch.tolist()[count:]
+    assert sorted(real) == [0, 1, 2] and len(padding) == 1
+    assert len(loaders[0]) == len(loaders[1])
+
+
+def test_drop_last_drops_a_step_some_process_has_no_sample_for() -> None:
+    lengths = np.array([390] * 5)  # 5 micro-batches on 2 processes
+    parts = _epoch(_loaders(2, lengths=lengths, shuffle=False, drop_last=True))
+    assert [len(part) for part in parts] == [2, 2]
+    assert len({i for part in parts for batch in part for i in batch}) == 4
+
+
+def _resumed(saved_on: int, resumed_on: int, after: int) -> tuple[list[int], list[list[list[int]]], dict]:
+    """The samples of ``after`` steps on ``saved_on`` processes, then the rest of the epoch on ``resumed_on``."""
+    first = _loaders(saved_on, seed=9)
+    iterators = [iter(loader) for loader in first]
+    seen = [i for _ in range(after) for it in iterators for i in next(it).tolist()]
+    state = first[0].state_dict()
+    assert all(loader.state_dict() == state for loader in first)
+    rest = _loaders(resumed_on, seed=9)
+    for loader in rest:
+        loader.load_state_dict(state)
+    lengths = [len(loader) for loader in rest]
+    parts = _epoch(rest)
+    assert [len(part) for part in parts] == lengths == [lengths[0]] * resumed_on  # exact len(), equal steps
+    return seen, parts, state
+
+
+def test_a_position_resumes_exactly_on_the_same_number_of_processes() -> None:
+    whole = _epoch(_loaders(2, seed=9))
+    _, parts, state = _resumed(2, 2, after=2)
+    assert state["unit"] == "samples" and state["consumed"] > 0
+    assert parts == [part[2:] for part in whole]
+
+
+@pytest.mark.parametrize(("saved_on", "resumed_on"), [(3, 2), (2, 3), (1, 3)])
+def test_a_resize_plans_the_rest_of_the_epoch_again_every_remaining_sample_once(saved_on: int, resumed_on: int) -> None:
+    seen, parts, _ = _resumed(saved_on, resumed_on, after=2)
+    rest = [i for part in parts for batch in part for i in batch]
+    assert sorted(seen + rest) == list(range(50))
+
+
+def test_a_resize_and_back_resumes_the_resized_plan() -> None:
+    first = _loaders(2, seed=9)
+    iterators = [iter(loader) for loader in first]
+    seen = [i for it in iterators for i in next(it).tolist()]
+    middle = _loaders(3, seed=9)
+    for loader in middle:
+        loader.load_state_dict(first[0].state_dict())
+    iterators = [iter(loader) for loader in middle]
+    seen += [i for it in iterators for i in next(it).tolist()]
+    last = _loaders(2, seed=9)
+    for loader in last:
+        loader.load_state_dict(middle[0].state_dict())
+    seen += [i for part in _epoch(last) for batch in part for i in batch]
+    assert sorted(seen) == list(range(50))
+
+
+def test_skip_first_batches_starts_after_them() -> None:
+    whole = _epoch(_loaders(2, seed=1))
+    skipped = [skip_first_batches(loader, 2) for loader in _loaders(2, seed=1)]
+    assert [len(loader) for loader in skipped] == [len(part) - 2 for part in whole]
+    assert _epoch(skipped) == [part[2:] for part in whole]
+
+
+def test_step_totals_are_the_steps_real_tokens_and_samples_over_all_processes() -> None:
+    loaders = _loaders(3, seed=2)
+    parts = _epoch(loaders)
+    iterators = [iter(loader) for loader in loaders]
+    for step in range(len(parts[0])):
+        for it in iterators:
+            next(it)
+        group = step - step % 2
+        batches = [part[s] for part in parts for s in range(group, min(group + 2, len(parts[0])))]
+        expected = (int(sum(LENGTHS[b].sum() for b in batches)), sum(len(b) for b in batches))
+        assert all(tuple(step_totals(loader, accumulation_steps=2)) == expected for loader in loaders)
+
+
+def test_a_sample_longer_than_the_budget_is_refused_with_the_fix() -> None:
+    with pytest.raises(ValueError, match=r"sample 1 has 500 tokens, more than max_tokens=400.*raise max_tokens"):
+        TokenBudgetBatchSampler([3, 500, 2], BUDGET)
+
+
+def test_lengths_must_match_the_dataset_and_dispatch_is_refused() -> None:
+    with pytest.raises(ValueError, match="3 lengths and the dataset 4 samples"):
+        prepare_data_loader(DataLoader(range(4), batch_sampler=TokenBudgetBatchSampler([1, 2, 3], BUDGET)))
+    loader = DataLoader(range(3), batch_sampler=TokenBudgetBatchSampler([1, 2, 3], BUDGET))
+    with pytest.raises(ValueError, match="dispatch_batches=False"):
+        prepare_data_loader(loader, dispatch_batches=True, put_on_device=True, num_processes=2, process_index=0)
+
+
+def test_a_memmap_of_lengths_is_read_as_it_is(tmp_path) -> None:
+    path = tmp_path / "lengths.npy"
+    np.save(path, LENGTHS.astype(np.int32))
+    lengths = np.load(path, mmap_mode="r")
+    sampler = TokenBudgetBatchSampler(lengths, BUDGET)
+    assert isinstance(sampler.lengths, np.memmap)
+    assert sorted(i for batch in sampler for i in batch) == list(range(50))
+
+
+MANY = np.random.default_rng(8).integers(1, 100, size=400)
+
+
+def test_step_totals_after_a_resume_are_the_uninterrupted_runs() -> None:
+    whole = _loaders(2, MANY, seed=6)
+    expected = [
+        [tuple(step_totals(loader, accumulation_steps=k)) for loader in whole for k in (1, 2)] for _ in zip(*whole)
+    ]
+    first = _loaders(2, MANY, seed=6)
+    iterators = [iter(loader) for loader in first]
+    for _ in range(3):
+        for it in iterators:
+            next(it)
+    resumed = _loaders(2, MANY, seed=6)
+    for loader in resumed:
+        loader.load_state_dict(first[0].state_dict())
+        assert loader.epoch_length == len(whole[0])  # the whole epoch's plan is made too
+    got = [
+        [tuple(step_totals(loader, accumulation_steps=k)) for loader in resumed for k in (1, 2)] for _ in zip(*resumed)
+    ]
+    assert len(got) > 10
+    assert [row[0::2] for row in got] == [row[0::2] for row in expected[3:]]  # k = 1
+    assert got[1:] == expected[4:]  # k = 2 from the first whole cycle after the resume (batch 4)
+
+
+def test_step_totals_after_skip_first_batches_are_the_uninterrupted_runs() -> None:
+    whole = _loaders(2, MANY, seed=6)
+    expected = [[tuple(step_totals(loader, 2)) for loader in whole] for _ in zip(*whole)]
+    assert len(expected) > 10
+    skipped = [skip_first_batches(loader, 3) for loader in _loaders(2, MANY, seed=6)]
+    assert [loader.epoch_length for loader in skipped] == [len(whole[0])] * 2  # the whole epoch's plan is made too
+    got = [[tuple(step_totals(loader, 2)) for loader in skipped] for _ in zip(*skipped)]
+    assert got[1:] == expected[4:]

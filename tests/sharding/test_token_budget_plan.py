@@ -1,0 +1,186 @@
+"""Token-budget plans as pure functions (one process, no process group).
+
+For any lengths, budget, cost and number of processes: every process has the same number of micro-batches,
+each within the budget, every sample comes once per epoch (padding marked, or dropped with ``drop_last``), and
+a place between steps planned again for another number of processes gives every remaining sample once. On
+seeded heavy-tailed lengths (log-normal and Zipf, 2 to 128k tokens) the costs of a step's micro-batches are
+balanced (max / mean, from the plan) and ``"padded"`` pads little.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from shardplug.core.sharding.budget_plan import BudgetSpec, EpochPlan, plan_epoch
+
+
+def _real(plan: EpochPlan) -> np.ndarray:
+    """The real samples of every micro-batch of ``plan``, in order."""
+    sizes = np.diff(plan.bounds)
+    inside = np.arange(plan.samples.size) - np.repeat(plan.bounds[:-1], sizes)
+    return plan.samples[inside < np.repeat(plan.real, sizes)]
+
+
+def _step_costs(plan: EpochPlan, lengths: np.ndarray, cost: str) -> np.ndarray:
+    """Each micro-batch's cost (padding rows counted: they are computed), one row per step."""
+    values = lengths[plan.samples].astype(np.float64)
+    starts = plan.bounds[:-1]
+    if cost == "tokens":
+        costs = np.add.reduceat(values, starts)
+    elif cost == "attention":
+        costs = np.add.reduceat(values**2, starts)
+    else:
+        costs = np.diff(plan.bounds) * np.maximum.reduceat(values, starts)
+    return costs.reshape(-1, plan.num_processes)
+
+
+_lengths = st.lists(st.integers(0, 40), min_size=0, max_size=120)
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    lengths=_lengths,
+    extra=st.integers(0, 30),
+    n=st.integers(1, 5),
+    cost=st.sampled_from(["tokens", "padded", "attention"]),
+    shuffle=st.booleans(),
+    drop_last=st.booleans(),
+    window=st.integers(1, 50),
+)
+def test_equal_counts_within_budget_every_sample_once(
+    lengths: list[int], extra: int, n: int, cost: str, shuffle: bool, drop_last: bool, window: int
+) -> None:
+    budget = max(lengths, default=0) + extra + 1
+    spec = BudgetSpec(budget, cost=cost, shuffle=shuffle, seed=3, drop_last=drop_last, window=window)
+    plan = plan_epoch(spec, lengths, n, epoch=1)
+    assert plan.bounds.size - 1 == plan.num_steps * n  # every process: num_steps micro-batches
+    sizes = np.diff(plan.bounds)
+    assert (sizes >= 1).all()
+    tokens = np.add.reduceat(np.asarray(lengths, dtype=np.int64)[plan.samples], plan.bounds[:-1]) if sizes.size else []
+    assert all(t <= budget for t in tokens)
+    real = _real(plan)
+    assert np.unique(real).size == real.size  # never twice
+    if not drop_last:
+        assert sorted(real.tolist()) == list(range(len(lengths)))
+        assert plan.consumed[-1:].tolist() == ([len(lengths)] if lengths else [])
+    else:
+        assert (plan.real >= 1).all()  # no padding
+        assert plan.consumed[-1:].tolist() == ([len(lengths)] if plan.num_steps else [])
+    assert (np.diff(plan.consumed) >= 0).all()
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    lengths=st.lists(st.integers(1, 30), min_size=1, max_size=100),
+    sizes=st.lists(st.integers(1, 4), min_size=2, max_size=4),
+    cuts=st.lists(st.floats(0, 1), min_size=3, max_size=3),
+    cost=st.sampled_from(["tokens", "padded", "attention"]),
+    window=st.integers(5, 60),
+)
+def test_a_place_planned_again_on_other_numbers_of_processes_gives_the_rest_once(
+    lengths: list[int], sizes: list[int], cuts: list[float], cost: str, window: int
+) -> None:
+    spec = BudgetSpec(40, cost=cost, seed=5, window=window)
+    seen: list[int] = []
+    start, replans = 0, None
+    for n, cut in zip(sizes, cuts):
+        plan = plan_epoch(spec, lengths, n, epoch=2, start=start, replans=replans)
+        taken = int(cut * plan.num_steps)
+        if taken:
+            seen += [i for s in range(taken) for p in range(n) for i in _real_of(plan, s, p)]
+            start = int(plan.consumed[taken - 1])
+        assert plan.steps_before(start) == taken
+        replans = plan.replans_at(start)
+    last = plan_epoch(spec, lengths, sizes[-1], epoch=2, start=start, replans=replans)
+    seen += _real(last).tolist()
+    assert sorted(seen) == list(range(len(lengths)))
+    # the same place on the same number of processes continues the same plan
+    again = plan_epoch(spec, lengths, sizes[-1], epoch=2, start=start, replans=replans)
+    assert again.samples.tolist() == last.samples.tolist()
+
+
+def _real_of(plan: EpochPlan, step: int, process: int) -> list[int]:
+    indices, real = plan.micro_batch(step, process)
+    return indices[:real]
+
+
+def test_a_place_inside_a_window_resumes_the_uninterrupted_plan() -> None:
+    lengths = np.random.default_rng(1).integers(1, 50, size=500)
+    spec = BudgetSpec(200, window=128)
+    whole = plan_epoch(spec, lengths, 3)
+    step = whole.num_steps // 2
+    place = int(whole.consumed[step - 1])
+    rest = plan_epoch(spec, lengths, 3, start=place, replans=whole.replans_at(place))
+    k = step * 3
+    assert rest.samples.tolist() == whole.samples[whole.bounds[k] :].tolist()
+    assert rest.consumed.tolist() == whole.consumed[step:].tolist()
+
+
+def test_the_order_is_agreed_by_seed_and_epoch() -> None:
+    lengths = np.arange(1, 300) % 37 + 1
+    spec = BudgetSpec(100, seed=11)
+    assert (
+        plan_epoch(spec, lengths, 2, epoch=4).samples.tolist() == plan_epoch(spec, lengths, 2, epoch=4).samples.tolist()
+    )
+    assert (
+        plan_epoch(spec, lengths, 2, epoch=4).samples.tolist() != plan_epoch(spec, lengths, 2, epoch=5).samples.tolist()
+    )
+
+
+def test_a_sample_longer_than_the_budget_is_named_with_the_fix() -> None:
+    with pytest.raises(
+        ValueError, match=r"sample 2 has 90 tokens, more than max_tokens=64.*raise max_tokens to at least 90"
+    ):
+        plan_epoch(BudgetSpec(64), [3, 5, 90, 4], 2)
+
+
+def _heavy_tailed(kind: str, n: int) -> np.ndarray:
+    rng = np.random.default_rng(7)
+    if kind == "lognormal":
+        values = rng.lognormal(7.0, 1.5, size=n)
+    else:
+        values = rng.zipf(1.5, size=n) * 2.0
+    return np.clip(values, 2, 131072).astype(np.int64)
+
+
+@pytest.mark.parametrize("kind", ["lognormal", "zipf"])
+@pytest.mark.parametrize("cost", ["tokens", "attention", "padded"])
+@pytest.mark.parametrize("n", [2, 3, 8])
+def test_heavy_tailed_steps_are_balanced(kind: str, cost: str, n: int) -> None:
+    lengths = _heavy_tailed(kind, 200_000)
+    plan = plan_epoch(BudgetSpec(262_144, cost=cost, seed=1), lengths, n)
+    costs = _step_costs(plan, lengths, cost)
+    ratio = costs.max(axis=1) / costs.mean(axis=1)
+    assert np.median(ratio) <= 1.01
+    assert np.percentile(ratio, 95) <= (1.05 if cost != "padded" or kind == "lognormal" else 1.1)
+    if cost != "padded":
+        assert ratio.max() <= 1.15  # every step (the padded cost's longest rows cannot be matched in every window)
+    if cost == "padded":
+        padded = (np.diff(plan.bounds) * np.maximum.reduceat(lengths[plan.samples], plan.bounds[:-1])).sum()
+        assert padded / lengths.sum() - 1 <= (0.02 if kind == "lognormal" else 0.03)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    lengths=st.lists(st.integers(1, 60), min_size=1, max_size=80),
+    n=st.integers(1, 4),
+    cost=st.sampled_from(["tokens", "padded", "attention"]),
+)
+def test_oversized_alone_gives_each_long_sample_a_micro_batch_of_its_own(lengths: list[int], n: int, cost: str) -> None:
+    budget = 30
+    plan = plan_epoch(BudgetSpec(budget, cost=cost, seed=2, oversized="alone"), lengths, n)
+    assert sorted(_real(plan).tolist()) == list(range(len(lengths)))
+    for k in range(plan.bounds.size - 1):
+        batch = plan.samples[plan.bounds[k] : plan.bounds[k + 1]]
+        tokens = sum(lengths[i] for i in batch.tolist())
+        assert tokens <= budget or batch.size == 1  # above the budget only alone
+
+
+def test_oversized_is_refused_by_default_with_the_option_named() -> None:
+    with pytest.raises(ValueError, match="oversized='alone'"):
+        plan_epoch(BudgetSpec(10), [3, 11], 1)
+    with pytest.raises(ValueError, match=r"oversized='sometimes' is invalid"):
+        BudgetSpec(10, oversized="sometimes")
