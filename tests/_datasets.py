@@ -124,3 +124,27 @@ class PlainShards(Files):
 def rows(loader):
     """Every batch of one pass, as lists."""
     return [b.tolist() for b in loader]
+
+
+# a mixture's sources whose rows name both the source and the sample (disjoint values), one 10 times smaller
+MIXTURE_SOURCES = {"web": range(0, 30), "code": range(100, 120), "math": range(200, 203)}
+MIXTURE_WEIGHTS = {"web": 0.5, "code": 0.3, "math": 0.2}
+
+
+def mixture_sources() -> dict[str, list[int]]:
+    return {name: list(rows) for name, rows in MIXTURE_SOURCES.items()}
+
+
+def check_mixture_read(read: list[int], mixture) -> None:
+    """``read`` (the rows a job read from position 0 on, in global order, across its resumes) is ``mixture``'s
+    uninterrupted global sequence (a ``shardplug.Mixture`` of :data:`MIXTURE_SOURCES`), and holds every sample
+    once per cycle of its source (the ``k``-th draw of a source belongs to its cycle ``k // len(source)``)."""
+    expected = [MIXTURE_SOURCES[d.source][d.sample] for d in mixture.locate_many(range(len(read)))]
+    assert read == expected, "the global sequence of an uninterrupted run"
+    for name, rows in MIXTURE_SOURCES.items():
+        drawn = [i for i in read if i in rows]
+        cycles = [drawn[c : c + len(rows)] for c in range(0, len(drawn), len(rows))]
+        assert all(len(set(cycle)) == len(cycle) for cycle in cycles), f"{name}: a sample twice in a cycle"
+        assert all(sorted(cycle) == list(rows) for cycle in cycles[:-1]), f"{name}: a whole cycle each"
+        if name == "math":
+            assert len(cycles) > 5, "math (3 samples, a fifth of the positions) cycles several times"

@@ -284,6 +284,7 @@ def prepare_data_loader(
         shuffle_algorithm=shuffle_algorithm,
         prefetch_depth=check_prefetch_depth(prefetch_depth),
     )
+    dataloader = _unwrapped(dataloader, options)
     rng = _check_arguments(dataloader, options)
     num_processes, process_index = resolve_data_topology(num_processes, process_index, torch_device_mesh)
     layout = _layout(dataloader, num_processes, process_index, options)
@@ -404,6 +405,32 @@ def _report_like_torch(loader: DataLoader[Any]) -> None:
     Example: ``prepare_data_loader(DataLoader(data, batch_sampler=bs)).batch_size is None``."""
     object.__setattr__(loader, "batch_size", None)  # DataLoader forbids setting them after __init__
     object.__setattr__(loader, "drop_last", False)
+
+
+def _unwrapped(dataloader: DataLoader[Any], options: _DataOptions) -> DataLoader[Any]:
+    """The ``DataLoader`` to prepare: ``dataloader`` itself, or the one it wraps where it is its own iterator (its
+    class defines ``__next__``; its ``__iter__`` returns itself, so shardplug's pass could not read through it):
+    Ray Train's ``prepare_data_loader`` returns such a wrapper (``_dataloader``: the ``DataLoader`` with the
+    job's ``DistributedSampler``, which is adopted; the wrapper only moves batches to ``device``). One that moves
+    them off the CPU needs ``put_on_device=True`` in its place; one that wraps no ``DataLoader`` is refused."""
+    cls = type(dataloader).__name__
+    if not hasattr(type(dataloader), "__next__"):
+        return dataloader
+    inner = getattr(dataloader, "_dataloader", None)
+    if not isinstance(inner, DataLoader) or hasattr(type(inner), "__next__"):
+        raise TypeError(
+            f"dataloader is a {cls}, a DataLoader that is its own iterator (its class defines __next__), whose "
+            "batches shardplug cannot read through it; pass the DataLoader it reads from to prepare_data_loader"
+        )
+    device = getattr(dataloader, "device", None)
+    if isinstance(device, torch.device) and device.type != "cpu" and not options.put_on_device:
+        raise ValueError(
+            f"dataloader is a {cls} that moves each batch to {device} around a DataLoader, which is prepared in its "
+            "place (it is its own iterator); pass put_on_device=True so that shardplug moves the batches to this "
+            "process's device, or build it with move_to_device=False"
+        )
+    logger.debug("prepared the %s that the %s wraps (it is its own iterator)", type(inner).__name__, cls)
+    return inner
 
 
 def _check_arguments(dataloader: DataLoader[Any], options: _DataOptions) -> tuple[str, ...]:

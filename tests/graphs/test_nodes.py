@@ -30,6 +30,10 @@ def _row_b(key: int) -> dict[str, int]:
     return {"x": (key + 1000) * 10}
 
 
+def _same(key: int) -> int:
+    return key
+
+
 def _keys(batch: list[dict[str, int]]) -> list[int]:
     return [row["x"] // 10 for row in batch]
 
@@ -197,3 +201,44 @@ def test_a_pass_left_early_restarts_its_epoch_even_when_read_to_its_end_ahead():
     assert loader.state_dict()["batches_yielded"] == 1 and loader.epoch == 0
     assert [_keys(b) for b in loader] == [[0, 1], [2, 3], [4, 5]] and loader.epoch == 0
     assert loader.state_dict()["epoch"] == 1, "a complete pass: the position is the next epoch's start"
+
+
+def test_a_graph_over_a_distributed_sampler_reads_the_epochs_torchdata_reads():
+    """``SamplerWrapper(DistributedSampler(...))``: the sampler is adopted (torch's batches, its padding marked) and,
+    as torchdata's SamplerWrapper sets the next epoch on the sampler at every new pass, each pass reads the next
+    epoch's order (it read epoch 0's every time: the same order each epoch, unlike the user's graph); a position
+    inside epoch 1 resumes on another number of processes with every remaining sample once; one of another process
+    is refused."""
+    from torch.utils.data import DistributedSampler
+
+    n = 11
+
+    def graph(processes: int, index: int, initial_epoch: int = 0) -> tn.Loader:
+        sampler = DistributedSampler(range(n), processes, index, shuffle=True, seed=3)
+        rows = tn.Mapper(tn.SamplerWrapper(sampler, initial_epoch=initial_epoch), _same)
+        return tn.Loader(tn.Batcher(rows, batch_size=2, drop_last=False))
+
+    for initial_epoch in (0, 2):
+        for index in range(2):
+            native = graph(2, index, initial_epoch)
+            expected = [[list(batch) for batch in native] for _ in range(3)]
+            prepared = prepare_data_loader(graph(2, index, initial_epoch), num_processes=2, process_index=index)
+            assert [[list(batch) for batch in prepared] for _ in range(3)] == expected, (initial_epoch, index)
+    saving = [prepare_data_loader(graph(2, index), num_processes=2, process_index=index) for index in range(2)]
+    seen = []
+    for loader in saving:
+        loader.track_padding()
+        for _ in loader:  # epoch 0
+            pass
+        batches = iter(loader)
+        seen += next(batches)[: loader.batch_real_count]  # the first step of epoch 1
+    position = saving[0].state_dict()
+    for index in range(3):
+        resumed = prepare_data_loader(graph(3, index), num_processes=3, process_index=index)
+        resumed.load_state_dict(position)
+        resumed.track_padding()
+        seen += [key for batch in resumed for key in batch[: resumed.batch_real_count]]
+        assert resumed.epoch == 1
+    assert sorted(seen) == list(range(n)), "epoch 1 across the resize: every sample once"
+    with pytest.raises(ValueError, match="DistributedSampler has rank=1, but this process is process 0 of 2"):
+        prepare_data_loader(graph(2, 1), num_processes=2, process_index=0)

@@ -475,3 +475,33 @@ def test_a_dropped_prepared_loader_is_freed_without_the_garbage_collector():
     finally:
         if enabled:
             gc.enable()
+
+
+class _OwnIterator(DataLoader):
+    """A DataLoader that is its own iterator (as Ray Train's ``prepare_data_loader`` wraps a loader: ``_dataloader``
+    the DataLoader it reads, ``device`` where it moves each batch)."""
+
+    def __init__(self, inner: DataLoader | None, device: str = "cpu") -> None:
+        self.__dict__.update(getattr(inner, "__dict__", {}))
+        self._dataloader, self.device, self.reading = inner, torch.device(device), None
+
+    def __iter__(self):
+        self.reading = iter(self._dataloader)
+        return self
+
+    def __next__(self):
+        return next(self.reading)
+
+
+def test_a_loader_that_is_its_own_iterator_is_prepared_by_the_loader_it_wraps_or_refused():
+    """Its ``__iter__`` returns itself, so shardplug's pass cannot read through it (it recursed until Python's
+    limit): the DataLoader it wraps is prepared (a DistributedSampler of the job's adopted: torch's batches);
+    one that moves batches off the CPU needs put_on_device=True, one that wraps no DataLoader is refused."""
+    sampler = DistributedSampler(range(10), 2, 1, shuffle=True, seed=3)
+    wrapped = _OwnIterator(DataLoader(range(10), batch_size=2, sampler=sampler))
+    prepared = prepare_data_loader(wrapped, num_processes=2, process_index=1)
+    assert [b.tolist() for b in prepared] == [b.tolist() for b in wrapped] and len(prepared) == 3
+    with pytest.raises(ValueError, match="moves each batch to cuda.*pass put_on_device=True"):
+        prepare_data_loader(_OwnIterator(DataLoader(range(4)), "cuda"), num_processes=1, process_index=0)
+    with pytest.raises(TypeError, match="_OwnIterator, a DataLoader that is its own iterator"):
+        prepare_data_loader(_OwnIterator(None), num_processes=1, process_index=0)

@@ -206,3 +206,47 @@ def test_a_sampler_whose_dataset_changed_length_is_refused():
     data += [N, N + 1]  # torch's own sampler would now fail its length check, or read past its cut
     with pytest.raises(ValueError, match=f"num_samples=12.*gives each of its 2 processes 13 of a dataset of {N + 2}"):
         prepare_data_loader(DataLoader(data, batch_size=4, sampler=sampler), num_processes=2, process_index=0)
+
+
+def test_remainder_counts_the_real_samples_of_the_last_global_batch():
+    """``loader.remainder`` (the last global batch's real samples, 0 when it is full) where the sampler's padding
+    or its drop_last's cut lies inside the last step: counted from torch's batching of the sampler (its ``k``-th
+    index, position ``index + k * processes`` of the epoch, is padding past the dataset's length), and after a
+    resume on another number of processes from the marked rows."""
+    for n, processes, size, sampler_drop, loader_drop in itertools.product(
+        (5, 10, 11, 13), (2, 3, 4), (2, 3), (False, True), (False, True)
+    ):
+        real, adopted = 0, []
+        for index in range(processes):
+            sampler = DistributedSampler(range(n), processes, index, shuffle=False, drop_last=sampler_drop)
+            native = list(BatchSampler(range(len(sampler)), size, loader_drop))  # the k-th of the sampler's indices
+            real += sum(1 for k in (native[-1] if native else []) if index + k * processes < n)
+            user = DataLoader(range(n), batch_size=size, sampler=sampler, drop_last=loader_drop)
+            adopted.append(prepare_data_loader(user, num_processes=processes, process_index=index))
+        expected = 0 if real == size * processes else real
+        assert [prepared.remainder for prepared in adopted] == [expected] * processes, (n, processes, size)
+        if len(adopted[0]) < 2:
+            continue  # no step to resume after the first
+        position = _saved_after_one_step(adopted)
+        for loaded_on in (2, 3):
+            resumed = []
+            for index in range(loaded_on):
+                sampler = DistributedSampler(range(n), loaded_on, index, shuffle=False, drop_last=sampler_drop)
+                user = DataLoader(range(n), batch_size=size, sampler=sampler, drop_last=loader_drop)
+                resumed.append(prepare_data_loader(user, num_processes=loaded_on, process_index=index))
+                resumed[-1].load_state_dict(position)
+                resumed[-1].track_padding()
+            remainders = {prepared.remainder for prepared in resumed}
+            last = [0] * loaded_on
+            for index, prepared in enumerate(resumed):
+                for _ in prepared:
+                    last[index] = prepared.batch_real_count
+            full = sum(last) == size * loaded_on
+            assert remainders == {0 if full else sum(last)}, (n, processes, size, sampler_drop, loader_drop, loaded_on)
+
+
+def _saved_after_one_step(loaders: list[Any]) -> dict[str, Any]:
+    """The position after the first step of ``loaders`` (one per process)."""
+    for prepared in loaders:
+        next(iter(prepared))
+    return loaders[0].state_dict()

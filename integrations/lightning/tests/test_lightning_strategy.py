@@ -33,9 +33,14 @@ N_TRAIN, N_VAL, BATCH, WORLD = 42, 21, 4, 2
 PRESPLIT_N = 63  # samples in the litdata and streaming datasets
 
 
+def _core_tests_on_path() -> None:
+    """The core's test helpers (``tests/``) importable."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "tests"))
+
+
 def _stream_helpers() -> Any:
     """The core's test helpers for litdata and streaming (tests/_stream_libraries.py)."""
-    sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "tests"))
+    _core_tests_on_path()
     import _stream_libraries
 
     return _stream_libraries
@@ -388,6 +393,23 @@ def test_fabric_setup_dataloaders_uses_the_engine(runs: dict[str, Any]) -> None:
         budget = _token_budget_reference(rank, epochs=2)  # Fabric's set_epoch reaches the budget's plan too
         assert record["token_budget"] == {"epochs": budget, "len": len(budget[0])}
     assert records[0]["epochs"][0] != records[0]["epochs"][1]
+
+
+def test_fabric_loads_a_mixture_saved_on_3_processes_in_its_global_order(runs: dict[str, Any]) -> None:
+    """A ``shardplug.Mixture`` position saved on 3 processes (``fabric.save``), loaded by ``setup_dataloaders``'
+    loader on Fabric's 2 (``fabric.load``) and read to the end of the next epoch: the global sequence of an
+    uninterrupted run, every sample once per source cycle."""
+    _core_tests_on_path()
+    from _datasets import MIXTURE_WEIGHTS, check_mixture_read, mixture_sources
+
+    records = [record["mixture"] for record in runs["fabric"]]
+    assert records[0]["before"] == records[1]["before"] and len(records[0]["before"]) == 6  # 2 steps of 3
+    assert len(records[0]["after"]) == len(records[1]["after"]), "equal steps on both ranks"
+    after = [row for step in zip(*(r["after"] for r in records)) for rows in step for row in rows]
+    read = [row for rows in records[0]["before"] for row in rows] + after
+    mixture = shardplug.Mixture(mixture_sources(), MIXTURE_WEIGHTS, seed=5)
+    assert len(read) == 2 * len(mixture), "the rest of epoch 0, then epoch 1"
+    check_mixture_read(read, mixture)
 
 
 def test_a_hugging_face_stream_trains_exactly_once_per_epoch_with_equal_steps(runs):

@@ -143,6 +143,9 @@ def prepare_graph(
     read = read_graph(graph)
     if isinstance(read, MapGraph):
         loader = prepare(read.plan_loader(), **_plan_arguments(arguments))
+        # the graph's SamplerWrapper owns the epoch (torchdata sets the next one on the sampler at every new pass):
+        # over a DistributedSampler too, whose epoch a DataLoader's pass would otherwise read as DDP does (unmoved)
+        loader.keeps_own_epoch = True
         if read.initial_epoch:
             loader.set_epoch(read.initial_epoch)
         logger.debug("prepared a torchdata.nodes graph: %d stage(s) on this process's part", len(read.stages))

@@ -38,6 +38,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from shardplug.core._internal import compat
 from shardplug.core.graphs.row_tags import OnRow
+from shardplug.core.sharding.distributed_sampler import is_distributed_sampler
 
 __all__ = ["GraphLike", "is_graph", "read_graph", "MapGraph", "MixtureGraph", "GraphKeysLoader"]
 
@@ -224,8 +225,10 @@ class GraphKeysLoader(DataLoader[Any]):
     """
 
     def __init__(self, graph: MapGraph) -> None:
+        sampler = graph.sampler  # a user's DistributedSampler yields keys of its whole dataset, its part of them
+        keys = len(sampler.dataset) if is_distributed_sampler(sampler) else len(sampler)
         super().__init__(
-            _Keys(len(graph.sampler)),
+            _Keys(keys),
             sampler=graph.sampler,
             batch_size=graph.batch_size,
             drop_last=graph.drop_last,

@@ -48,7 +48,7 @@ from shardplug.core.sharding.layout import ShardLayout
 from shardplug.core.sharding.local import LocalPlan
 from shardplug.core.sharding.map_style import BatchSamplerShard, IndexSamplerShard
 from shardplug.core.sharding.read_all import IterableDatasetShard
-from shardplug.core.sharding.shard_plan import ShardPlan, plan_traits, sized_length
+from shardplug.core.sharding.shard_plan import ShardPlan, last_step_real, plan_traits, sized_length
 from shardplug.core.shuffle.agreement import Shuffles, agree_at_prepare
 from shardplug.core.shuffle.rng import check_rng_types
 
@@ -242,9 +242,13 @@ class PreparedDataLoader(Rebuilt, EpochFanOut, PaddingRecords, DataLoader[Any]):
         length, total = self.total_dataset_length, self.total_batch_size
         if length is None or not total:
             return -1
+        consumed = self.cursor.next_start(self.plan)
+        counted = last_step_real(self.plan, consumed)
+        if counted is not None:
+            return counted  # the plan's own count (padding, or a cut, inside the last step)
         if self.plan.layout.drop_last:
             return 0  # a short last step is dropped: the last one is full
-        before = self.plan.samples_before(self.cursor.next_start(self.plan))
+        before = self.plan.samples_before(consumed)
         return max(length - (before or 0), 0) % total
 
     @property

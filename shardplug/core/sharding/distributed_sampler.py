@@ -133,6 +133,23 @@ class DistributedSamplerPlan(BatchSamplerPlan):
     def finished(self, consumed: int) -> bool | None:
         return self.num_batches(consumed) == 0  # every process yields as many batches
 
+    def last_step_real(self, consumed: int) -> int:
+        """Real samples in the last global batch of a pass after ``consumed`` (0 when it is full): every process's
+        last batch, less the positions past the epoch's length (the padding, each the last of its process's
+        positions). With the sampler's ``drop_last`` the last step holds what the cut left, with the loader's the
+        last full batches (the padding may be among them)."""
+        layout = self.layout
+        n = len(self.distributed.dataset)  # type: ignore[arg-type]
+        size: int = layout.batch_size  # type: ignore[assignment]
+        start = check_consumed(consumed) * size
+        real = 0
+        for index in range(layout.num_processes):
+            positions = process_positions(n, start, layout.num_processes, index, self.distributed.drop_last)
+            count = counting.batches(len(positions), size, layout.drop_last)
+            last = positions[(count - 1) * size : count * size] if count else range(0)
+            real += len(range(last.start, min(last.stop, n), last.step)) if last else 0
+        return 0 if real == size * layout.num_processes else real
+
     def _index_batches(self, consumed: int, record: PassRecord) -> Iterator[list[int]]:
         """This process's batches after ``consumed`` (checked), of the sampler's epoch order; each is logged
         with its real count (the positions before the epoch's length: the padding comes last)."""

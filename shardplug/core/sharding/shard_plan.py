@@ -27,6 +27,7 @@ __all__ = [
     "sized_length",
     "consumed_after",
     "note_place",
+    "last_step_real",
 ]
 
 UNITS = ("global_batches", "elements", "batches", "samples")
@@ -249,6 +250,20 @@ def consumed_after(plan: ShardPlan, start: int, batches: int) -> int:
     if isinstance(plan, _PlansSteps):
         return plan.consumed_after(start, batches)
     return start + batches * plan.consumed_per_batch
+
+
+@runtime_checkable
+class _CountsLastStep(Protocol):
+    """A plan whose last step's real samples are not the epoch's rest modulo a step (a user's
+    ``DistributedSampler``: its wrap-around padding and its ``drop_last`` cut lie inside the processes' strides)."""
+
+    def last_step_real(self, consumed: int) -> int: ...
+
+
+def last_step_real(plan: ShardPlan, consumed: int) -> int | None:
+    """Real samples in the last global batch of a pass that starts after ``consumed`` where ``plan`` counts them
+    itself (:class:`_CountsLastStep`; 0 when that batch is full); ``None``: the epoch's rest modulo a step tells."""
+    return plan.last_step_real(consumed) if isinstance(plan, _CountsLastStep) else None
 
 
 @runtime_checkable

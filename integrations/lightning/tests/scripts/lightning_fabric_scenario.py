@@ -2,6 +2,11 @@
 
 A scenario of ``lightning_scenarios.py OUT_DIR`` (its process group already up: ``fabric.launch()``
 joins it); every rank writes ``OUT_DIR/fabric_rank<r>.json``.
+
+Also a ``shardplug.Mixture`` resized from 3 processes to Fabric's 2: 3 processes, played by explicit
+``num_processes`` / ``process_index`` loaders in each rank (a mixture's order needs no process group), read
+``MIXTURE_STOP`` steps and ``fabric.save`` the position; the loader of ``setup_dataloaders`` loads it
+(``fabric.load``) and reads the rest of that epoch and the next.
 """
 
 from __future__ import annotations
@@ -9,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+from pathlib import Path
 
 import torch
 from lightning.fabric import Fabric
@@ -17,6 +23,11 @@ from torch.utils.data.distributed import DistributedSampler
 
 import shardplug
 import shardplug_lightning  # noqa: F401  (registers "shardplug_ddp" for Fabric)
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[4] / "tests"))  # the core's test helpers
+from _datasets import MIXTURE_WEIGHTS, mixture_sources  # noqa: E402
+
+MIXTURE_STOP, MIXTURE_SAVED_ON = 2, 3  # steps of batches of 4 before the save, on 3 processes: 24 of 53 positions
 
 
 def main() -> None:
@@ -57,6 +68,29 @@ def main() -> None:
         "error": error,
         "ddp_epochs": ddp_epochs,
         "token_budget": {"epochs": budget_epochs, "len": len(budget_loader)},
+        "mixture": _mixture_resized(fabric),
     }
     with open(os.path.join(sys.argv[1], f"fabric_rank{fabric.global_rank}.json"), "w") as f:
         json.dump(record, f)
+
+
+def _mixture_resized(fabric: Fabric) -> dict[str, list[list[int]]]:
+    """The mixture's global rows before the save (3 processes, in global order), and this rank's real rows of each
+    batch after ``fabric.load`` (the rest of epoch 0, then epoch 1)."""
+    mixture = shardplug.Mixture(mixture_sources(), MIXTURE_WEIGHTS, seed=5)
+    saved_on = MIXTURE_SAVED_ON
+    saving = [
+        shardplug.prepare_data_loader(DataLoader(mixture, batch_size=4), num_processes=saved_on, process_index=r)
+        for r in range(saved_on)
+    ]
+    reads = [iter(loader) for loader in saving]
+    before = [next(read).tolist() for _ in range(MIXTURE_STOP) for read in reads]
+    path = os.path.join(sys.argv[1], "mixture.ckpt")
+    fabric.save(path, {"loader": saving[0]})  # the same position on every process
+    loader = fabric.setup_dataloaders(DataLoader(mixture, batch_size=4))
+    fabric.load(path, {"loader": loader})
+    loader._dataloader.track_padding()
+    after = []
+    for _ in range(2):
+        after += [batch.tolist()[: loader._dataloader.batch_real_count] for batch in loader]
+    return {"before": before, "after": after}
