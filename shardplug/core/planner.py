@@ -410,13 +410,13 @@ def _report_like_torch(loader: DataLoader[Any]) -> None:
 def _unwrapped(dataloader: DataLoader[Any], options: _DataOptions) -> DataLoader[Any]:
     """The ``DataLoader`` to prepare: ``dataloader`` itself, or the one it wraps where it is its own iterator (its
     class defines ``__next__``; its ``__iter__`` returns itself, so shardplug's pass could not read through it):
-    Ray Train's ``prepare_data_loader`` returns such a wrapper (``_dataloader``: the ``DataLoader`` with the
-    job's ``DistributedSampler``, which is adopted; the wrapper only moves batches to ``device``). One that moves
-    them off the CPU needs ``put_on_device=True`` in its place; one that wraps no ``DataLoader`` is refused."""
+    Ray Train's ``prepare_data_loader`` returns such a wrapper (``compat.wrapped_dataloader``: the ``DataLoader``
+    with the job's ``DistributedSampler``, which is adopted; the wrapper only moves batches to ``device``). One that
+    moves them off the CPU needs ``put_on_device=True`` in its place; one that wraps no ``DataLoader`` is refused."""
     cls = type(dataloader).__name__
     if not hasattr(type(dataloader), "__next__"):
         return dataloader
-    inner = getattr(dataloader, "_dataloader", None)
+    inner = compat.wrapped_dataloader(dataloader)
     if not isinstance(inner, DataLoader) or hasattr(type(inner), "__next__"):
         raise TypeError(
             f"dataloader is a {cls}, a DataLoader that is its own iterator (its class defines __next__), whose "

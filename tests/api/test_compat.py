@@ -184,6 +184,14 @@ def _check_streaming_rank_world() -> None:
         del dataset
 
 
+def _check_ray_wrapped_loader() -> None:
+    from ray.train.torch.train_loop_utils import _WrappedDataLoader
+
+    inner = DataLoader(range(4), batch_size=2)
+    wrapper = _WrappedDataLoader(inner, device=torch.device("cpu"), auto_transfer=False)
+    assert compat.wrapped_dataloader(wrapper) is inner and compat.wrapped_dataloader(inner) is None
+
+
 def _check_pin_memory_device() -> None:
     from torchdata.nodes import PinMemory, SamplerWrapper
 
@@ -245,6 +253,7 @@ CHECKS: dict[str, Callable[[], None]] = {
     "datasets.IterableDataset._distributed": _check_hf_distributed,
     "datasets.IterableDataset._shuffling": _check_hf_shuffling,
     "streaming.StreamingDataset._parallel_rank_world": _check_streaming_rank_world,
+    "ray.train.torch.train_loop_utils._WrappedDataLoader._dataloader": _check_ray_wrapped_loader,
 }
 
 

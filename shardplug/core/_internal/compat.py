@@ -57,6 +57,7 @@ __all__ = [
     "hf_node_split",
     "hf_legacy_shuffling",
     "streaming_rank_world",
+    "wrapped_dataloader",
     "group_timeout",
     "pin_memory_device",
 ]
@@ -66,6 +67,7 @@ CHECKED_AGAINST: dict[str, str] = {
     "torchdata": "0.11.0",
     "datasets": "5.2.0",
     "mosaicml-streaming": "0.13.0",
+    "ray": "2.60.0",
 }
 """The versions of the libraries whose private names :data:`PRIVATES` lists, as last checked."""
 
@@ -133,6 +135,9 @@ PRIVATES: dict[str, str] = {
     # -- MosaicML streaming ---------------------------------------------------------------------
     "streaming.StreamingDataset._parallel_rank_world": "the ranks the stream splits itself over (its rank and "
     "num_ranks, replication applied): a stream split by rank is this process's part",
+    # -- Ray Train (duck typed: never imported by shardplug) ------------------------------------
+    "ray.train.torch.train_loop_utils._WrappedDataLoader._dataloader": "the DataLoader that Ray Train's "
+    "prepare_data_loader wraps in a loader that is its own iterator: shardplug prepares the DataLoader in its place",
 }
 """Every private name above, with its use (``tests/api/test_compat.py`` fails when a library drops one)."""
 
@@ -334,6 +339,12 @@ def streaming_rank_world(dataset: Any) -> Any:
     ``num_ranks``), or ``None`` for any other object."""
     world = getattr(dataset, "_parallel_rank_world", None)
     return world if hasattr(world, "num_ranks") and hasattr(world, "rank") else None
+
+
+def wrapped_dataloader(loader: Any) -> Any:
+    """The loader a ``DataLoader`` that is its own iterator wraps (Ray Train's ``prepare_data_loader``'s), or
+    ``None`` for any other loader."""
+    return getattr(loader, "_dataloader", None)
 
 
 # -- torch.distributed --------------------------------------------------------------------------
