@@ -26,6 +26,7 @@ from ignite.handlers import Checkpoint, DiskSaver
 from ignite.metrics import Accuracy, Loss
 from torch.utils.data import BatchSampler, DataLoader, DistributedSampler, SequentialSampler, TensorDataset
 
+from shardplug import TokenBudgetBatchSampler
 from shardplug.core.config import ShardplugConfig
 from shardplug_ignite import ShardplugEvents, ShardplugHandler
 
@@ -442,14 +443,50 @@ def _elastic_run(out_dir: str, stop_at: int | None, resume: bool) -> dict[str, A
     return rec
 
 
+BUDGET_LENGTHS = [(5 * i) % 7 + 1 for i in range(36)]  # tokens per sample of the token-budget elastic run
+
+
+def _budget_elastic_run(out_dir: str, stop_at: int | None, resume: bool) -> dict[str, Any]:
+    """An epoch of micro-batches by a token budget (36 samples, budget 9, accumulation 2), checkpointed by
+    Ignite's ``Checkpoint`` after iteration ``stop_at`` (and stopped), or resumed from that checkpoint."""
+    handler = ShardplugHandler(ShardplugConfig(gradient_accumulation_steps=2))
+    budget = TokenBudgetBatchSampler(BUDGET_LENGTHS, 9, cost="attention", seed=2)
+    loader = handler.prepare_data_loader(DataLoader(_dataset(len(BUDGET_LENGTHS)), batch_sampler=budget))
+    loader.track_padding()
+    model = idist.auto_model(_regression_model())
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    trainer = handler.create_trainer(
+        model, optimizer, lambda p, y: F.mse_loss(p, _regression_target(y)), model_fn=_features
+    )
+    rec: dict[str, Any] = {"rows": []}
+
+    def seen(engine: Engine) -> None:
+        real = loader.batch_real_count
+        indices = _indices(engine.state.batch)
+        rec["rows"].append([engine.state.iteration, indices[:real], indices[real:]])
+
+    trainer.add_event_handler(Events.ITERATION_COMPLETED, seen)
+    to_save = {"trainer": trainer, "model": model, "optimizer": handler.optimizers[0], "shardplug": handler}
+    save_at = Events.ITERATION_COMPLETED(once=stop_at) if stop_at is not None else None
+    _checkpointing(trainer, to_save, Path(out_dir, "budget_elastic"), save_at, stop_at, resume)
+    trainer.run(loader, max_epochs=1)
+    rec["epoch_length"] = trainer.state.epoch_length
+    rec["optimizer_step"] = handler.state_dict()["optimizer_step"]
+    return rec
+
+
 def _worker_elastic_first(local_rank: int, out_dir: str) -> None:
-    res = {"first": _elastic_run(out_dir, ELASTIC_STOP, False)}
+    res = {"first": _elastic_run(out_dir, ELASTIC_STOP, False), "budget": _budget_elastic_run(out_dir, 4, False)}
     idist.barrier()
     Path(out_dir, f"rank{idist.get_rank()}.json").write_text(json.dumps(res))
 
 
 def _worker_elastic_resumed(local_rank: int, out_dir: str) -> None:
-    res = {"resumed": _elastic_run(out_dir, None, True), "fresh": _elastic_run(out_dir, None, False)}
+    res = {
+        "resumed": _elastic_run(out_dir, None, True),
+        "fresh": _elastic_run(out_dir, None, False),
+        "budget": _budget_elastic_run(out_dir, None, True),
+    }
     idist.barrier()
     Path(out_dir, f"rank{idist.get_rank()}.json").write_text(json.dumps(res))
 
@@ -480,10 +517,20 @@ def two_processes(tmp_path_factory: pytest.TempPathFactory, parquet_shards: Any)
     }
 
 
-def test_ignite_resumes_with_another_number_of_processes_exactly(two_processes: dict[str, Any], tmp_path: Path) -> None:
+@pytest.fixture(scope="module")
+def three_processes(two_processes: dict[str, Any], tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
+    """One launch on 3 processes resuming the 2 processes' checkpoints: what each rank wrote."""
+    out = tmp_path_factory.mktemp("ignite_three_processes")
+    for name in ("elastic", "budget_elastic"):  # the 2 processes' checkpoints
+        shutil.copytree(two_processes["elastic_dir"] / name, out / name)
+    return _launch(_worker_elastic_resumed, out, world=3)
+
+
+def test_ignite_resumes_with_another_number_of_processes_exactly(
+    two_processes: dict[str, Any], three_processes: list[dict[str, Any]]
+) -> None:
     first = [r["first"] for r in two_processes["elastic"]]
-    shutil.copytree(two_processes["elastic_dir"] / "elastic", tmp_path / "elastic")  # the 2 processes' checkpoint
-    runs = _launch(_worker_elastic_resumed, tmp_path, world=3)
+    runs = three_processes
     resumed, fresh = [r["resumed"] for r in runs], [r["fresh"] for r in runs]
     # epoch 1: what the 2 processes read before the checkpoint, and the 3 processes after it
     before = [i for rec in first for epoch, _, real, _ in rec["rows"] if epoch == 1 for i in real]
@@ -503,3 +550,23 @@ def test_ignite_resumes_with_another_number_of_processes_exactly(two_processes: 
         assert resumed[r]["lr_first"] == pytest.approx(0.1 * 0.9**ELASTIC_STOP)
         steps_after = len(resumed[r]["rows"])
         assert resumed[r]["lr_last"] == pytest.approx(0.1 * 0.9 ** (ELASTIC_STOP + steps_after))
+
+
+def test_ignite_resumes_a_token_budget_checkpoint_of_2_processes_on_3_exactly(
+    two_processes: dict[str, Any], three_processes: list[dict[str, Any]]
+) -> None:
+    first = [r["budget"] for r in two_processes["elastic"]]
+    resumed = [r["budget"] for r in three_processes]
+    assert [len(rec["rows"]) for rec in first] == [4, 4]
+    before = [i for rec in first for _, real, _ in rec["rows"] for i in real]
+    after = [i for rec in resumed for _, real, _ in rec["rows"] for i in real]
+    assert sorted(before + after) == list(range(len(BUDGET_LENGTHS)))  # every sample once: none lost or repeated
+    assert all(sum(BUDGET_LENGTHS[i] for i in real) <= 9 for rec in resumed for _, real, _ in rec["rows"])
+    counts = {len(rec["rows"]) for rec in resumed}
+    assert len(counts) == 1 and counts != {0}  # equal steps on every process
+    fresh = len(list(TokenBudgetBatchSampler(BUDGET_LENGTHS, 9, cost="attention", seed=2).plan(3).consumed))
+    for rec in resumed:
+        assert rec["epoch_length"] == fresh  # the engine counts the epoch on the new layout
+        iterations = [it for it, _, _ in rec["rows"]]
+        assert iterations == list(range(iterations[0], fresh + 1)) and iterations[0] > 1
+    assert len({rec["optimizer_step"] for rec in resumed}) == 1
