@@ -410,11 +410,20 @@ def test_ignite_stepping_and_resume(two_processes: dict[str, Any]) -> None:
 ELASTIC_N, ELASTIC_STOP = 24, 4  # 24 samples, batch 2 per rank; the 2-process run stops after iteration 4
 
 
-def _elastic_run(out_dir: str, stop_at: int | None, resume: bool) -> dict[str, Any]:
-    """2 epochs over 24 shuffled samples (seed 11), batch 2 per rank, a StepLR the handler saves."""
-    handler = ShardplugHandler(ShardplugConfig(use_seedable_sampler=True, data_seed=11))
-    loader = handler.prepare_data_loader(DataLoader(_dataset(ELASTIC_N), batch_size=2, shuffle=True))
-    loader.track_padding()  # which rows are wrap-around padding (the end of an epoch is padded)
+BUDGET_LENGTHS = [(5 * i) % 7 + 1 for i in range(36)]  # tokens per sample of the token-budget elastic run
+
+
+def _elastic_run(out_dir: str, stop_at: int | None, resume: bool, budget: bool = False) -> dict[str, Any]:
+    """2 epochs over 24 shuffled samples (seed 11), batch 2 per rank, a StepLR the handler saves; with
+    ``budget``, one epoch of micro-batches by a token budget (36 samples, budget 9, accumulation 2) instead."""
+    if budget:
+        handler = ShardplugHandler(ShardplugConfig(gradient_accumulation_steps=2))
+        sampler = TokenBudgetBatchSampler(BUDGET_LENGTHS, 9, cost="attention", seed=2)
+        loader = handler.prepare_data_loader(DataLoader(_dataset(len(BUDGET_LENGTHS)), batch_sampler=sampler))
+    else:
+        handler = ShardplugHandler(ShardplugConfig(use_seedable_sampler=True, data_seed=11))
+        loader = handler.prepare_data_loader(DataLoader(_dataset(ELASTIC_N), batch_size=2, shuffle=True))
+    loader.track_padding()  # which rows are padding (the end of an epoch is padded)
     model = idist.auto_model(_regression_model())
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     trainer = handler.create_trainer(
@@ -436,47 +445,16 @@ def _elastic_run(out_dir: str, stop_at: int | None, resume: bool) -> dict[str, A
     trainer.add_event_handler(Events.ITERATION_COMPLETED, seen)
     to_save = {"trainer": trainer, "model": model, "optimizer": handler.optimizers[0], "shardplug": handler}
     save_at = Events.ITERATION_COMPLETED(once=stop_at) if stop_at is not None else None
-    _checkpointing(trainer, to_save, Path(out_dir, "elastic"), save_at, stop_at, resume)
-    trainer.run(loader, max_epochs=2)
+    _checkpointing(trainer, to_save, Path(out_dir, "budget_elastic" if budget else "elastic"), save_at, stop_at, resume)
+    trainer.run(loader, max_epochs=1 if budget else 2)
     rec["epoch_length"] = trainer.state.epoch_length
     rec["lr_last"] = handler.optimizers[0].param_groups[0]["lr"]
-    return rec
-
-
-BUDGET_LENGTHS = [(5 * i) % 7 + 1 for i in range(36)]  # tokens per sample of the token-budget elastic run
-
-
-def _budget_elastic_run(out_dir: str, stop_at: int | None, resume: bool) -> dict[str, Any]:
-    """An epoch of micro-batches by a token budget (36 samples, budget 9, accumulation 2), checkpointed by
-    Ignite's ``Checkpoint`` after iteration ``stop_at`` (and stopped), or resumed from that checkpoint."""
-    handler = ShardplugHandler(ShardplugConfig(gradient_accumulation_steps=2))
-    budget = TokenBudgetBatchSampler(BUDGET_LENGTHS, 9, cost="attention", seed=2)
-    loader = handler.prepare_data_loader(DataLoader(_dataset(len(BUDGET_LENGTHS)), batch_sampler=budget))
-    loader.track_padding()
-    model = idist.auto_model(_regression_model())
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    trainer = handler.create_trainer(
-        model, optimizer, lambda p, y: F.mse_loss(p, _regression_target(y)), model_fn=_features
-    )
-    rec: dict[str, Any] = {"rows": []}
-
-    def seen(engine: Engine) -> None:
-        real = loader.batch_real_count
-        indices = _indices(engine.state.batch)
-        rec["rows"].append([engine.state.iteration, indices[:real], indices[real:]])
-
-    trainer.add_event_handler(Events.ITERATION_COMPLETED, seen)
-    to_save = {"trainer": trainer, "model": model, "optimizer": handler.optimizers[0], "shardplug": handler}
-    save_at = Events.ITERATION_COMPLETED(once=stop_at) if stop_at is not None else None
-    _checkpointing(trainer, to_save, Path(out_dir, "budget_elastic"), save_at, stop_at, resume)
-    trainer.run(loader, max_epochs=1)
-    rec["epoch_length"] = trainer.state.epoch_length
     rec["optimizer_step"] = handler.state_dict()["optimizer_step"]
     return rec
 
 
 def _worker_elastic_first(local_rank: int, out_dir: str) -> None:
-    res = {"first": _elastic_run(out_dir, ELASTIC_STOP, False), "budget": _budget_elastic_run(out_dir, 4, False)}
+    res = {"first": _elastic_run(out_dir, ELASTIC_STOP, False), "budget": _elastic_run(out_dir, 4, False, budget=True)}
     idist.barrier()
     Path(out_dir, f"rank{idist.get_rank()}.json").write_text(json.dumps(res))
 
@@ -485,7 +463,7 @@ def _worker_elastic_resumed(local_rank: int, out_dir: str) -> None:
     res = {
         "resumed": _elastic_run(out_dir, None, True),
         "fresh": _elastic_run(out_dir, None, False),
-        "budget": _budget_elastic_run(out_dir, None, True),
+        "budget": _elastic_run(out_dir, None, True, budget=True),
     }
     idist.barrier()
     Path(out_dir, f"rank{idist.get_rank()}.json").write_text(json.dumps(res))
@@ -558,15 +536,15 @@ def test_ignite_resumes_a_token_budget_checkpoint_of_2_processes_on_3_exactly(
     first = [r["budget"] for r in two_processes["elastic"]]
     resumed = [r["budget"] for r in three_processes]
     assert [len(rec["rows"]) for rec in first] == [4, 4]
-    before = [i for rec in first for _, real, _ in rec["rows"] for i in real]
-    after = [i for rec in resumed for _, real, _ in rec["rows"] for i in real]
+    before = [i for rec in first for _, _, real, _ in rec["rows"] for i in real]
+    after = [i for rec in resumed for _, _, real, _ in rec["rows"] for i in real]
     assert sorted(before + after) == list(range(len(BUDGET_LENGTHS)))  # every sample once: none lost or repeated
-    assert all(sum(BUDGET_LENGTHS[i] for i in real) <= 9 for rec in resumed for _, real, _ in rec["rows"])
+    assert all(sum(BUDGET_LENGTHS[i] for i in real) <= 9 for rec in resumed for _, _, real, _ in rec["rows"])
     counts = {len(rec["rows"]) for rec in resumed}
     assert len(counts) == 1 and counts != {0}  # equal steps on every process
     fresh = len(list(TokenBudgetBatchSampler(BUDGET_LENGTHS, 9, cost="attention", seed=2).plan(3).consumed))
     for rec in resumed:
         assert rec["epoch_length"] == fresh  # the engine counts the epoch on the new layout
-        iterations = [it for it, _, _ in rec["rows"]]
+        iterations = [it for _, it, _, _ in rec["rows"]]
         assert iterations == list(range(iterations[0], fresh + 1)) and iterations[0] > 1
-    assert len({rec["optimizer_step"] for rec in resumed}) == 1
+    assert len({rec["optimizer_step"] for rec in resumed}) == 1 and len({rec["lr_last"] for rec in resumed}) == 1
