@@ -24,7 +24,7 @@ Example::
 from __future__ import annotations
 
 import copy
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -203,12 +203,22 @@ class TokenBudgetPlan(BatchSamplerPlan):
         self.pending_start, self.pending_replans = check_consumed(consumed), _replans(dataset_state)
         return 0
 
-    def note_place(self, consumed: int, dataset_state: Any) -> None:
-        replans = _replans(dataset_state)
-        if replans is not None:
-            self.places[check_consumed(consumed)] = replans
-        if consumed:
-            self._plan(consumed, replans)  # a ValueError where the place is none of the plan's
+    def note_place(self, consumed: int, dataset_state: Any) -> Callable[[], None]:
+        places, plans = dict(self.places), list(self.plans)
+
+        def forget() -> None:  # the place and the plans made for it, where the position is refused
+            self.places, self.plans = places, plans
+
+        try:
+            replans = _replans(dataset_state)
+            if replans is not None:
+                self.places[check_consumed(consumed)] = replans
+            if consumed:
+                self._plan(consumed, replans)  # a ValueError where the place is none of the plan's
+        except Exception:
+            forget()
+            raise
+        return forget
 
     def saved_state(self, consumed: int) -> Any:
         """How the window of the place ``consumed`` was planned (``None`` at a window's start)."""
