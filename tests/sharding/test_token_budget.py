@@ -213,3 +213,24 @@ def test_a_refused_position_leaves_the_plan_as_it_was() -> None:
         places.append((loader.state_dict(), [batch.tolist() for batch in batches]))
     assert places[0][0]["consumed"] == state["consumed"]  # the refused position's place
     assert places[0] == places[1]
+
+
+def test_a_resume_plans_the_epoch_once_from_its_place(monkeypatch) -> None:
+    """Loading a position and reading the first batch plan the rest of the epoch once, from the position's place
+    (no plan of the whole epoch: it would about double the time to the first batch after a resume)."""
+    saved = _loaders(2, seed=4)[0]
+    batches = iter(saved)
+    next(batches), next(batches)
+    state = saved.state_dict()
+    resumed = _loaders(2, seed=4)[0]
+    plan, starts = TokenBudgetBatchSampler.plan, []
+
+    def recorded(self, num_processes=1, start=0, replans=None):
+        starts.append(start)
+        return plan(self, num_processes, start, replans)
+
+    monkeypatch.setattr(TokenBudgetBatchSampler, "plan", recorded)
+    resumed.load_state_dict(state)
+    first = next(iter(resumed)).tolist()
+    assert starts == [state["consumed"]]
+    assert first == next(batches).tolist()

@@ -197,6 +197,8 @@ class TokenBudgetPlan(BatchSamplerPlan):
         return consumed
 
     def finished(self, consumed: int) -> bool:
+        if consumed == 0 and not self.budget.drop_last:  # every window of samples makes a step: nothing to plan
+            return self.epoch_size() == 0
         return consumed >= self.epoch_size() or self.num_batches(consumed) == 0
 
     def start_after(self, consumed: int, dataset_state: Any = None) -> int:
@@ -222,6 +224,8 @@ class TokenBudgetPlan(BatchSamplerPlan):
 
     def saved_state(self, consumed: int) -> Any:
         """How the window of the place ``consumed`` was planned (``None`` at a window's start)."""
+        if consumed == 0:  # the epoch's start: nothing to plan (a loader not yet iterated asks it)
+            return None
         replans = self._plan(consumed).replans_at(consumed)
         return None if replans is None else {"replans": [list(pair) for pair in replans]}
 
