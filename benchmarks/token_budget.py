@@ -24,11 +24,13 @@ import argparse
 import os
 import sys
 import time
+import tracemalloc
 
 import numpy as np
+from torch.utils.data import DataLoader
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-from shardplug import BatchSamplerShard  # noqa: E402
+from shardplug import BatchSamplerShard, TokenBudgetBatchSampler, prepare_data_loader  # noqa: E402
 from shardplug.core.sharding.budget_plan import BudgetSpec, epoch_order, plan_epoch  # noqa: E402
 
 try:  # optional: Hugging Face's length-grouped order, for the "by length" baseline
@@ -210,6 +212,43 @@ def main() -> None:
                 plan_epoch(BudgetSpec(16_384, cost=cost, seed=1), lengths, 8)
                 best = min(best, time.perf_counter() - start)
             print(f"T2 {size:>10,} lengths, N = 8, cost={cost:<9} {best:6.2f} s ({best / size * 1e6:.2f} s per 10^6)")
+
+    print("\nT3 a resume (N = 8, cost=attention): load_state_dict and the first batch; peak memory of a plan")
+    for size in sizes:
+        lengths = lengths_of("lognormal", size, 4_096).astype(np.int32)
+        for share in (0.1, 0.5, 0.9):
+            seconds = resume_seconds(lengths, share)
+            print(f"T3 {size:>10,} lengths, position at {share:.0%} of the epoch: {seconds:6.2f} s to the first batch")
+        tracemalloc.start()
+        plan = plan_epoch(BudgetSpec(16_384, cost="attention", seed=1), lengths, 8)
+        held, peak = tracemalloc.get_traced_memory()
+        tracemalloc.stop()
+        del plan
+        print(
+            f"T3 {size:>10,} lengths: the plan holds {held / lengths.nbytes:.2f}x the int32 lengths array, "
+            f"{peak / lengths.nbytes:.2f}x while it is made"
+        )
+
+
+def resume_seconds(lengths: np.ndarray, share: float) -> float:
+    """Seconds from ``load_state_dict`` of a position at ``share`` of the epoch to the first batch (process 0 of 8)."""
+
+    def loader() -> object:
+        sampler = TokenBudgetBatchSampler(lengths, 16_384, cost="attention", seed=1)
+        data = DataLoader(range(lengths.size), batch_sampler=sampler, collate_fn=lambda batch: batch)
+        return prepare_data_loader(data, num_processes=8, process_index=0)
+
+    saved = loader()
+    batches = iter(saved)
+    for _ in range(int(len(saved) * share)):
+        next(batches)
+    state = saved.state_dict()
+    del saved, batches
+    resumed = loader()
+    start = time.perf_counter()
+    resumed.load_state_dict(state)
+    next(iter(resumed))
+    return time.perf_counter() - start
 
 
 if __name__ == "__main__":

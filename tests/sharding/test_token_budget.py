@@ -19,10 +19,10 @@ LENGTHS = np.random.default_rng(3).integers(1, 100, size=50)
 BUDGET = 400
 
 
-def _loaders(n: int, lengths=LENGTHS, **sampler_options) -> list[shardplug.PreparedDataLoader]:
+def _loaders(n: int, lengths=LENGTHS, budget=BUDGET, **sampler_options) -> list[shardplug.PreparedDataLoader]:
     return [
         prepare_data_loader(
-            DataLoader(range(len(lengths)), batch_sampler=TokenBudgetBatchSampler(lengths, BUDGET, **sampler_options)),
+            DataLoader(range(len(lengths)), batch_sampler=TokenBudgetBatchSampler(lengths, budget, **sampler_options)),
             num_processes=n,
             process_index=i,
         )
@@ -191,3 +191,46 @@ def test_step_totals_after_skip_first_batches_are_the_uninterrupted_runs() -> No
     assert [loader.epoch_length for loader in skipped] == [len(whole[0])] * 2  # the whole epoch's plan is made too
     got = [[tuple(step_totals(loader, 2)) for loader in skipped] for _ in zip(*skipped)]
     assert got[1:] == expected[4:]
+
+
+def test_a_refused_position_leaves_the_plan_as_it_was() -> None:
+    """A position refused by a later check (another dataset length) leaves nothing in the plan: a run reaching
+    its place (one of this layout's too) then plans and saves there as an uninterrupted run."""
+    options = {"seed": 0}
+    saved = _loaders(3, budget=150, **options)[0]
+    batches = iter(saved)
+    next(batches), next(batches)
+    state = saved.state_dict()
+    assert state["dataset_state"] is not None  # inside its window: the window's plan for 3 processes
+    refusing, uninterrupted = _loaders(2, budget=150, **options)[0], _loaders(2, budget=150, **options)[0]
+    with pytest.raises(ValueError, match="dataset"):
+        refusing.load_state_dict({**state, "dataset_length": 51})
+    places = []
+    for loader in (refusing, uninterrupted):
+        batches = iter(loader)
+        while loader.state_dict()["consumed"] < state["consumed"]:
+            next(batches)
+        places.append((loader.state_dict(), [batch.tolist() for batch in batches]))
+    assert places[0][0]["consumed"] == state["consumed"]  # the refused position's place
+    assert places[0] == places[1]
+
+
+def test_a_resume_plans_the_epoch_once_from_its_place(monkeypatch) -> None:
+    """Loading a position and reading the first batch plan the rest of the epoch once, from the position's place
+    (no plan of the whole epoch: it would about double the time to the first batch after a resume)."""
+    saved = _loaders(2, seed=4)[0]
+    batches = iter(saved)
+    next(batches), next(batches)
+    state = saved.state_dict()
+    resumed = _loaders(2, seed=4)[0]
+    plan, starts = TokenBudgetBatchSampler.plan, []
+
+    def recorded(self, num_processes=1, start=0, replans=None):
+        starts.append(start)
+        return plan(self, num_processes, start, replans)
+
+    monkeypatch.setattr(TokenBudgetBatchSampler, "plan", recorded)
+    resumed.load_state_dict(state)
+    first = next(iter(resumed)).tolist()
+    assert starts == [state["consumed"]]
+    assert first == next(batches).tolist()

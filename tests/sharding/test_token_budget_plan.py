@@ -14,7 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shardplug.core.sharding.budget_plan import BudgetSpec, EpochPlan, plan_epoch
+from shardplug.core.sharding.budget_plan import BudgetSpec, EpochPlan, epoch_order, plan_epoch, plan_window
 
 
 def _real(plan: EpochPlan) -> np.ndarray:
@@ -184,3 +184,32 @@ def test_oversized_is_refused_by_default_with_the_option_named() -> None:
         plan_epoch(BudgetSpec(10), [3, 11], 1)
     with pytest.raises(ValueError, match=r"oversized='sometimes' is invalid"):
         BudgetSpec(10, oversized="sometimes")
+
+
+@pytest.mark.parametrize("padding", [False, True], ids=["few-pads", "many-pads"])
+def test_a_plan_is_made_within_twice_the_lengths_memory(padding: bool) -> None:
+    """The epoch's order and the plan share one buffer (the plan's samples written over the order as it is read):
+    at most twice the memory of an int32 lengths array while it is made, also where padding outgrows the room
+    after the order; the same plan as the windows planned alone."""
+    import tracemalloc
+
+    lengths = np.random.default_rng(2).integers(1, 400, size=2_000 if padding else 500_000).astype(np.int32)
+    # padding: windows of 7 samples on 8 processes, padded each; else micro-batches of about 100 samples
+    spec = BudgetSpec(2_000 if padding else 20_000, cost="attention", seed=1, window=7 if padding else 8_192)
+    tracemalloc.start()
+    try:
+        plan = plan_epoch(spec, lengths, 8)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    if not padding:
+        assert peak <= 2 * lengths.nbytes
+    n = lengths.size
+    order = epoch_order(n, spec.shuffle, spec.seed, 0)
+    bounds = [w * spec.window for w in range(max(1, n // spec.window))] + [n]  # the last window takes the rest
+    windows = [
+        plan_window(order[begin:end], lengths, spec, 8, (0, w, 0)).samples
+        for w, (begin, end) in enumerate(zip(bounds, bounds[1:]))
+    ]
+    assert np.array_equal(plan.samples, np.concatenate(windows))
+    assert plan.samples.size > n if padding else plan.samples.size >= n

@@ -26,6 +26,7 @@ from ignite.handlers import Checkpoint, DiskSaver
 from ignite.metrics import Accuracy, Loss
 from torch.utils.data import BatchSampler, DataLoader, DistributedSampler, SequentialSampler, TensorDataset
 
+from shardplug import TokenBudgetBatchSampler
 from shardplug.core.config import ShardplugConfig
 from shardplug_ignite import ShardplugEvents, ShardplugHandler
 
@@ -409,11 +410,20 @@ def test_ignite_stepping_and_resume(two_processes: dict[str, Any]) -> None:
 ELASTIC_N, ELASTIC_STOP = 24, 4  # 24 samples, batch 2 per rank; the 2-process run stops after iteration 4
 
 
-def _elastic_run(out_dir: str, stop_at: int | None, resume: bool) -> dict[str, Any]:
-    """2 epochs over 24 shuffled samples (seed 11), batch 2 per rank, a StepLR the handler saves."""
-    handler = ShardplugHandler(ShardplugConfig(use_seedable_sampler=True, data_seed=11))
-    loader = handler.prepare_data_loader(DataLoader(_dataset(ELASTIC_N), batch_size=2, shuffle=True))
-    loader.track_padding()  # which rows are wrap-around padding (the end of an epoch is padded)
+BUDGET_LENGTHS = [(5 * i) % 7 + 1 for i in range(36)]  # tokens per sample of the token-budget elastic run
+
+
+def _elastic_run(out_dir: str, stop_at: int | None, resume: bool, budget: bool = False) -> dict[str, Any]:
+    """2 epochs over 24 shuffled samples (seed 11), batch 2 per rank, a StepLR the handler saves; with
+    ``budget``, one epoch of micro-batches by a token budget (36 samples, budget 9, accumulation 2) instead."""
+    if budget:
+        handler = ShardplugHandler(ShardplugConfig(gradient_accumulation_steps=2))
+        sampler = TokenBudgetBatchSampler(BUDGET_LENGTHS, 9, cost="attention", seed=2)
+        loader = handler.prepare_data_loader(DataLoader(_dataset(len(BUDGET_LENGTHS)), batch_sampler=sampler))
+    else:
+        handler = ShardplugHandler(ShardplugConfig(use_seedable_sampler=True, data_seed=11))
+        loader = handler.prepare_data_loader(DataLoader(_dataset(ELASTIC_N), batch_size=2, shuffle=True))
+    loader.track_padding()  # which rows are padding (the end of an epoch is padded)
     model = idist.auto_model(_regression_model())
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     trainer = handler.create_trainer(
@@ -435,21 +445,26 @@ def _elastic_run(out_dir: str, stop_at: int | None, resume: bool) -> dict[str, A
     trainer.add_event_handler(Events.ITERATION_COMPLETED, seen)
     to_save = {"trainer": trainer, "model": model, "optimizer": handler.optimizers[0], "shardplug": handler}
     save_at = Events.ITERATION_COMPLETED(once=stop_at) if stop_at is not None else None
-    _checkpointing(trainer, to_save, Path(out_dir, "elastic"), save_at, stop_at, resume)
-    trainer.run(loader, max_epochs=2)
+    _checkpointing(trainer, to_save, Path(out_dir, "budget_elastic" if budget else "elastic"), save_at, stop_at, resume)
+    trainer.run(loader, max_epochs=1 if budget else 2)
     rec["epoch_length"] = trainer.state.epoch_length
     rec["lr_last"] = handler.optimizers[0].param_groups[0]["lr"]
+    rec["optimizer_step"] = handler.state_dict()["optimizer_step"]
     return rec
 
 
 def _worker_elastic_first(local_rank: int, out_dir: str) -> None:
-    res = {"first": _elastic_run(out_dir, ELASTIC_STOP, False)}
+    res = {"first": _elastic_run(out_dir, ELASTIC_STOP, False), "budget": _elastic_run(out_dir, 4, False, budget=True)}
     idist.barrier()
     Path(out_dir, f"rank{idist.get_rank()}.json").write_text(json.dumps(res))
 
 
 def _worker_elastic_resumed(local_rank: int, out_dir: str) -> None:
-    res = {"resumed": _elastic_run(out_dir, None, True), "fresh": _elastic_run(out_dir, None, False)}
+    res = {
+        "resumed": _elastic_run(out_dir, None, True),
+        "fresh": _elastic_run(out_dir, None, False),
+        "budget": _elastic_run(out_dir, None, True, budget=True),
+    }
     idist.barrier()
     Path(out_dir, f"rank{idist.get_rank()}.json").write_text(json.dumps(res))
 
@@ -480,10 +495,20 @@ def two_processes(tmp_path_factory: pytest.TempPathFactory, parquet_shards: Any)
     }
 
 
-def test_ignite_resumes_with_another_number_of_processes_exactly(two_processes: dict[str, Any], tmp_path: Path) -> None:
+@pytest.fixture(scope="module")
+def three_processes(two_processes: dict[str, Any], tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
+    """One launch on 3 processes resuming the 2 processes' checkpoints: what each rank wrote."""
+    out = tmp_path_factory.mktemp("ignite_three_processes")
+    for name in ("elastic", "budget_elastic"):  # the 2 processes' checkpoints
+        shutil.copytree(two_processes["elastic_dir"] / name, out / name)
+    return _launch(_worker_elastic_resumed, out, world=3)
+
+
+def test_ignite_resumes_with_another_number_of_processes_exactly(
+    two_processes: dict[str, Any], three_processes: list[dict[str, Any]]
+) -> None:
     first = [r["first"] for r in two_processes["elastic"]]
-    shutil.copytree(two_processes["elastic_dir"] / "elastic", tmp_path / "elastic")  # the 2 processes' checkpoint
-    runs = _launch(_worker_elastic_resumed, tmp_path, world=3)
+    runs = three_processes
     resumed, fresh = [r["resumed"] for r in runs], [r["fresh"] for r in runs]
     # epoch 1: what the 2 processes read before the checkpoint, and the 3 processes after it
     before = [i for rec in first for epoch, _, real, _ in rec["rows"] if epoch == 1 for i in real]
@@ -503,3 +528,23 @@ def test_ignite_resumes_with_another_number_of_processes_exactly(two_processes: 
         assert resumed[r]["lr_first"] == pytest.approx(0.1 * 0.9**ELASTIC_STOP)
         steps_after = len(resumed[r]["rows"])
         assert resumed[r]["lr_last"] == pytest.approx(0.1 * 0.9 ** (ELASTIC_STOP + steps_after))
+
+
+def test_ignite_resumes_a_token_budget_checkpoint_of_2_processes_on_3_exactly(
+    two_processes: dict[str, Any], three_processes: list[dict[str, Any]]
+) -> None:
+    first = [r["budget"] for r in two_processes["elastic"]]
+    resumed = [r["budget"] for r in three_processes]
+    assert [len(rec["rows"]) for rec in first] == [4, 4]
+    before = [i for rec in first for _, _, real, _ in rec["rows"] for i in real]
+    after = [i for rec in resumed for _, _, real, _ in rec["rows"] for i in real]
+    assert sorted(before + after) == list(range(len(BUDGET_LENGTHS)))  # every sample once: none lost or repeated
+    assert all(sum(BUDGET_LENGTHS[i] for i in real) <= 9 for rec in resumed for _, _, real, _ in rec["rows"])
+    counts = {len(rec["rows"]) for rec in resumed}
+    assert len(counts) == 1 and counts != {0}  # equal steps on every process
+    fresh = len(list(TokenBudgetBatchSampler(BUDGET_LENGTHS, 9, cost="attention", seed=2).plan(3).consumed))
+    for rec in resumed:
+        assert rec["epoch_length"] == fresh  # the engine counts the epoch on the new layout
+        iterations = [it for _, it, _, _ in rec["rows"]]
+        assert iterations == list(range(iterations[0], fresh + 1)) and iterations[0] > 1
+    assert len({rec["optimizer_step"] for rec in resumed}) == 1 and len({rec["lr_last"] for rec in resumed}) == 1

@@ -77,6 +77,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory, parquet_shards: Any) -> dict[
         "fabric",
         "model_parallel",
         "token_budget",
+        "token_budget_resize",
     )
     for name in (*names, *others):
         data[name] = [json.loads((out / f"{name}_rank{r}.json").read_text()) for r in range(WORLD)]
@@ -141,6 +142,21 @@ def test_token_budget_micro_batches_with_exact_len_and_estimated_stepping_batche
         assert record["resumed"] == record["train"][4:]  # resumed after 2 optimizer steps of 2 micro-batches
     samples = [i for record in records for epoch, batch in record["train"] if epoch == 0 for i in batch]
     assert sorted(samples) == list(range(N_TRAIN))
+
+
+def test_token_budget_checkpoint_of_3_processes_resumes_on_2_with_every_remaining_sample_once(
+    runs: dict[str, Any],
+) -> None:
+    records = runs["token_budget_resize"]
+    seen = records[0]["seen"]  # the 3 processes' first 4 micro-batches each
+    rest = [[batch for epoch, batch in record["resumed"] if epoch == 0] for record in records]
+    assert len(rest[0]) == len(rest[1]) > 0  # equal steps on both processes
+    assert sorted(seen + [i for part in rest for batch in part for i in batch]) == list(range(N_TRAIN))
+    for rank, record in enumerate(records):  # the next epoch as a 2-process run plans it
+        assert _by_epoch(record["resumed"], 2)[1] == _token_budget_reference(rank, epochs=2)[1]
+        assert record["loader"]["num_training_batches"] == len(_by_epoch(record["resumed"], 2)[1])
+        # the optimizer steps of an uninterrupted 2-process run: Lightning steps at this layout's cycles
+        assert record["steps"] == runs["token_budget"][rank]["steps"]
 
 
 def test_a_prefetching_loader_keeps_batches_hooks_and_positions(runs: dict[str, Any]) -> None:
@@ -410,6 +426,15 @@ def test_fabric_loads_a_mixture_saved_on_3_processes_in_its_global_order(runs: d
     mixture = shardplug.Mixture(mixture_sources(), MIXTURE_WEIGHTS, seed=5)
     assert len(read) == 2 * len(mixture), "the rest of epoch 0, then epoch 1"
     check_mixture_read(read, mixture)
+
+
+def test_fabric_loads_a_token_budget_position_of_3_processes_on_2_with_every_remaining_sample_once(
+    runs: dict[str, Any],
+) -> None:
+    parts = [record["token_budget_resize"] for record in runs["fabric"]]
+    assert len(parts[0]["rest"]) == len(parts[1]["rest"]) > 0  # equal steps on both processes
+    rest = [i for part in parts for batch in part["rest"] for i in batch]
+    assert sorted(parts[0]["seen"] + rest) == list(range(N_TRAIN))
 
 
 def test_a_hugging_face_stream_trains_exactly_once_per_epoch_with_equal_steps(runs):

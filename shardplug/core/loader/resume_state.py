@@ -107,9 +107,13 @@ class ResumeState:
 
     def check_loadable(self, position: Position, stateful: bool) -> None:
         """Everything that refuses ``position`` for this loader, before anything changes."""
-        note_place(self.plan, position.consumed, position.dataset_state)  # its steps may depend on it
-        current = self.pass_position()
-        self.check().check_loadable(position, current, stateful, self.loader.lengths().epoch_length)
+        forget = note_place(self.plan, position.consumed, position.dataset_state)  # its steps may depend on it
+        try:
+            current = self.pass_position()
+            self.check().check_loadable(position, current, stateful, self.loader.lengths().epoch_length)
+        except Exception:
+            forget()  # refused: the plan as it was
+            raise
 
     def load(self, position: Position | dict[str, Any]) -> None:
         """Continue from ``position`` at the next pass; it is validated first, and nothing changes when

@@ -137,9 +137,13 @@ def sample_costs(lengths: np.ndarray, cost: str) -> np.ndarray:
     return lengths * lengths if cost == "attention" else lengths
 
 
-def epoch_order(n: int, shuffle: bool, seed: int, epoch: int) -> np.ndarray:
-    """The epoch's order of ``[0, n)``: the same on every process, rerun and number of processes."""
-    order = np.arange(n, dtype=np.int32 if n < 2**31 else np.int64)  # 4 bytes a sample where they suffice
+def epoch_order(n: int, shuffle: bool, seed: int, epoch: int, room: int = 0) -> np.ndarray:
+    """The epoch's order of ``[0, n)``: the same on every process, rerun and number of processes (``room``: a
+    buffer of ``n + room`` entries holds it, for :func:`plan_epoch` to write the plan's samples into)."""
+    buffer = np.empty(n + room, dtype=np.int32 if n < 2**31 else np.int64)  # 4 bytes a sample where they suffice
+    order = buffer[:n]
+    for at in range(0, n, 1 << 16):  # in chunks: no second array of n
+        order[at : at + (1 << 16)] = np.arange(at, min(at + (1 << 16), n), dtype=buffer.dtype)
     if shuffle:
         np.random.Generator(np.random.PCG64(np.random.SeedSequence([seed, epoch, 0x7B]))).shuffle(order)
     return order
@@ -413,15 +417,15 @@ def plan_epoch(
     n = int(lengths.size)
     if not 0 <= start <= n:
         raise ValueError(f"start={start} is outside the epoch of {n} samples; load the position this loader saved")
-    order = epoch_order(n, spec.shuffle, spec.seed, epoch)
+    order = epoch_order(n, spec.shuffle, spec.seed, epoch, room=_ROOM)
     starts = _window_bounds(n, spec.window)
     first = min(int(np.searchsorted(starts, start, side="right")) - 1, starts.size - 2)
-    parts = _Joined(n - start, order.dtype)
+    parts = _Joined(order)
     first_replans: Replans = ((num_processes, 0),)
     if n and start < n:
         begin = int(starts[first])
         local = start - begin
-        ids = order[begin : int(starts[first + 1])]
+        ids = parts.read(begin, int(starts[first + 1]))
         history = tuple(replans) if replans else ((num_processes, 0),)
         if local == 0:
             history = ((num_processes, 0),)
@@ -435,7 +439,7 @@ def plan_epoch(
         parts.append(_from(wp, local - base, begin + base))
         for window in range(first + 1, starts.size - 1):
             begin = int(starts[window])
-            ids = order[begin : int(starts[window + 1])]
+            ids = parts.read(begin, int(starts[window + 1]))
             parts.append((plan_window(ids, lengths, spec, num_processes, (epoch, window, 0)), begin))
     return parts.plan(num_processes, start, starts, first_replans)
 
@@ -479,27 +483,50 @@ def _from(wp: WindowPlan, local: int, begin: int) -> tuple[WindowPlan, int]:
     return rest, begin + local
 
 
-class _Joined:
-    """The windows' plans one after another, as one epoch's: the samples copied into one buffer as each window is
-    planned (the window's own arrays are then dropped), so a plan is held once."""
+_ROOM = 64
+"""Entries after the epoch's order for the padding of the plan written into it (more: a buffer of its own)."""
 
-    def __init__(self, samples: int, dtype: Any) -> None:
-        self.samples = np.empty(samples + 64, dtype=dtype)  # padding may add a few
+
+class _Joined:
+    """The windows' plans one after another, as one epoch's: the samples written, as each window is planned, into
+    the buffer of the epoch's order itself (``order``; the window's own arrays are then dropped), so the order and
+    the plan are held once together.  The plan's samples reach the order's entries not yet read only by the
+    padding it adds: those entries are kept aside first (:meth:`read` gives them back)."""
+
+    def __init__(self, order: np.ndarray) -> None:
+        self.order = order
+        self.samples = order.base if order.base is not None and order.base.size >= order.size else order
         self.size = 0
+        self.kept = np.empty(0, dtype=order.dtype)
+        """The order's entries from ``self.unread`` on that the plan's samples were written over."""
+        self.unread = 0
         self.sizes: list[np.ndarray] = []
         self.reals: list[np.ndarray] = []
         self.tokens: list[np.ndarray] = []
         self.consumed: list[np.ndarray] = []
 
+    def read(self, begin: int, end: int) -> np.ndarray:
+        """A copy of the order's entries ``[begin, end)`` (read in order, each once)."""
+        kept, self.kept = self.kept[: end - begin], self.kept[end - begin :]
+        ids = np.concatenate([kept, self.order[begin + kept.size : end]])
+        self.unread = end
+        return ids
+
     def append(self, part: tuple[WindowPlan, int]) -> None:
         wp, begin = part
         count = wp.samples.size
-        if self.size + count > self.samples.size:
-            grown = np.empty(max(2 * self.samples.size, self.size + count), dtype=self.samples.dtype)
+        end = self.size + count
+        if end > self.samples.size:  # padding past the room: a buffer of its own (the order's rest is intact)
+            grown = np.empty(max(self.size + count + _ROOM, self.order.size + _ROOM), dtype=self.samples.dtype)
             grown[: self.size] = self.samples[: self.size]
             self.samples = grown
-        self.samples[self.size : self.size + count] = wp.samples
-        self.size += count
+        elif self.samples is self.order.base or self.samples is self.order:
+            over = min(end, self.order.size) - (self.unread + self.kept.size)
+            if over > 0:  # order entries not read yet: kept aside before they are written over
+                after = self.unread + self.kept.size
+                self.kept = np.concatenate([self.kept, self.order[after : after + over]])
+        self.samples[self.size : end] = wp.samples
+        self.size = end
         self.sizes.append(np.diff(wp.bounds))
         self.reals.append(wp.real)
         self.tokens.append(wp.tokens)
@@ -513,7 +540,7 @@ class _Joined:
         bounds = np.zeros(sizes.size + 1, dtype=np.int64)
         np.cumsum(sizes, out=bounds[1:])
         samples = self.samples[: self.size]
-        if self.samples.size > self.size + 1024:  # grown past what it holds: keep what it holds only
+        if self.samples.size > self.size + 1024:  # more than it holds (a resume's rest): keep what it holds only
             samples = samples.copy()
         tokens, consumed = joined(self.tokens), joined(self.consumed)
         return EpochPlan(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
@@ -225,17 +225,24 @@ class _PlansSteps(Protocol):
 
     def consumed_after(self, start: int, batches: int) -> int: ...
 
-    def note_place(self, consumed: int, dataset_state: Any) -> None:
+    def note_place(self, consumed: int, dataset_state: Any) -> Callable[[], None]:
         """A position's place and its own part (what :meth:`ShardPlan.saved_state` gave there), read before the
-        position is loaded: the steps after a place may depend on it (raise a ``ValueError`` where it is not
-        one of the plan's places)."""
+        position is loaded: the steps after a place may depend on it (raise a ``ValueError``, the plan as it
+        was, where it is not one of the plan's places).  Returns what forgets it, for a position then refused:
+        the plan as it was before."""
 
 
-def note_place(plan: ShardPlan, consumed: int, dataset_state: Any) -> None:
+def note_place(plan: ShardPlan, consumed: int, dataset_state: Any) -> Callable[[], None]:
     """Tell ``plan`` a position's place and its own part before anything is asked about it (see
-    :class:`_PlansSteps`); nothing for the plans whose places are their counters alone."""
+    :class:`_PlansSteps`); nothing for the plans whose places are their counters alone.  Returns what forgets
+    it (call it where the position is refused: the plan is then as it was)."""
     if isinstance(plan, _PlansSteps):
-        plan.note_place(consumed, dataset_state)
+        return plan.note_place(consumed, dataset_state)
+    return _nothing
+
+
+def _nothing() -> None:
+    """Nothing to forget."""
 
 
 def consumed_after(plan: ShardPlan, start: int, batches: int) -> int:

@@ -24,7 +24,7 @@ Example::
 from __future__ import annotations
 
 import copy
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -197,21 +197,35 @@ class TokenBudgetPlan(BatchSamplerPlan):
         return consumed
 
     def finished(self, consumed: int) -> bool:
+        if consumed == 0 and not self.budget.drop_last:  # every window of samples makes a step: nothing to plan
+            return self.epoch_size() == 0
         return consumed >= self.epoch_size() or self.num_batches(consumed) == 0
 
     def start_after(self, consumed: int, dataset_state: Any = None) -> int:
         self.pending_start, self.pending_replans = check_consumed(consumed), _replans(dataset_state)
         return 0
 
-    def note_place(self, consumed: int, dataset_state: Any) -> None:
-        replans = _replans(dataset_state)
-        if replans is not None:
-            self.places[check_consumed(consumed)] = replans
-        if consumed:
-            self._plan(consumed, replans)  # a ValueError where the place is none of the plan's
+    def note_place(self, consumed: int, dataset_state: Any) -> Callable[[], None]:
+        places, plans = dict(self.places), list(self.plans)
+
+        def forget() -> None:  # the place and the plans made for it, where the position is refused
+            self.places, self.plans = places, plans
+
+        try:
+            replans = _replans(dataset_state)
+            if replans is not None:
+                self.places[check_consumed(consumed)] = replans
+            if consumed:
+                self._plan(consumed, replans)  # a ValueError where the place is none of the plan's
+        except Exception:
+            forget()
+            raise
+        return forget
 
     def saved_state(self, consumed: int) -> Any:
         """How the window of the place ``consumed`` was planned (``None`` at a window's start)."""
+        if consumed == 0:  # the epoch's start: nothing to plan (a loader not yet iterated asks it)
+            return None
         replans = self._plan(consumed).replans_at(consumed)
         return None if replans is None else {"replans": [list(pair) for pair in replans]}
 

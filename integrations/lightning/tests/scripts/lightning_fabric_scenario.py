@@ -15,6 +15,7 @@ import json
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
 import torch
 from lightning.fabric import Fabric
@@ -28,6 +29,25 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[4] / "tests"))  # the co
 from _datasets import MIXTURE_WEIGHTS, mixture_sources  # noqa: E402
 
 MIXTURE_STOP, MIXTURE_SAVED_ON = 2, 3  # steps of batches of 4 before the save, on 3 processes: 24 of 53 positions
+
+
+def _budget_loader() -> DataLoader:
+    budget = shardplug.TokenBudgetBatchSampler([(7 * i) % 23 + 1 for i in range(42)], 40, cost="attention", seed=5)
+    return DataLoader(list(range(42)), batch_sampler=budget)
+
+
+def _budget_resize(fabric: Fabric) -> dict[str, Any]:
+    """A token budget's position saved by rank 0 of 3 processes after 3 micro-batches (``fabric.save``; the 3
+    loaders built for 3 processes inside this group), loaded by ``fabric.load`` on these 2: the rest of the epoch
+    (what the 3 read before it: ``seen``)."""
+    saved = [shardplug.prepare_data_loader(_budget_loader(), num_processes=3, process_index=i) for i in range(3)]
+    batches = [iter(loader) for loader in saved]
+    seen = [i for it in batches for _ in range(3) for i in next(it).tolist()]
+    path = os.path.join(sys.argv[1], "fabric_token_budget_resize.ckpt")
+    fabric.save(path, {"loader": saved[0]})
+    loader = fabric.setup_dataloaders(_budget_loader())
+    fabric.load(path, {"loader": loader})
+    return {"seen": seen, "rest": [batch.tolist() for batch in loader], "len": len(loader)}
 
 
 def main() -> None:
@@ -50,9 +70,9 @@ def main() -> None:
     data = list(range(42))  # code written for DDP: its DistributedSampler adopted, Fabric sets its epoch
     ddp = fabric.setup_dataloaders(DataLoader(data, batch_size=4, sampler=DistributedSampler(data, seed=3)))
     ddp_epochs = [[batch.tolist() for batch in ddp] for _ in range(2)]
-    budget = shardplug.TokenBudgetBatchSampler([(7 * i) % 23 + 1 for i in range(42)], 40, cost="attention", seed=5)
-    budget_loader = fabric.setup_dataloaders(DataLoader(list(range(42)), batch_sampler=budget))
+    budget_loader = fabric.setup_dataloaders(_budget_loader())
     budget_epochs = [[batch.tolist() for batch in budget_loader] for _ in range(2)]
+    budget_resize = _budget_resize(fabric)
     error = ""
     try:  # a DistributedSampler of another process
         other = DistributedSampler(data, num_replicas=2, rank=1 - fabric.global_rank)
@@ -69,6 +89,7 @@ def main() -> None:
         "ddp_epochs": ddp_epochs,
         "token_budget": {"epochs": budget_epochs, "len": len(budget_loader)},
         "mixture": _mixture_resized(fabric),
+        "token_budget_resize": budget_resize,
     }
     with open(os.path.join(sys.argv[1], f"fabric_rank{fabric.global_rank}.json"), "w") as f:
         json.dump(record, f)

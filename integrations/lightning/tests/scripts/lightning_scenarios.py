@@ -556,6 +556,11 @@ def main() -> None:
         },
     )
 
+    # 12c. a token budget's checkpoint of 3 processes resumed on these 2: the checkpoint above (4 micro-batches
+    # done) holding instead the position rank 0 of 3 processes saves after 4 micro-batches (loaders built for
+    # 3 processes inside this group, as a 3-process job's rank 0 builds it)
+    dump("token_budget_resize", rank, budget_resize(rank, os.path.join(budget_dir, "epoch=0-step=2.ckpt")))
+
     # 13-15. Fabric's setup_dataloaders, model parallelism, litdata and streaming (when the test wrote them)
     import lightning_fabric_scenario
     import lightning_model_parallel
@@ -572,6 +577,27 @@ def main() -> None:
     import lightning_fabric_epochs
 
     lightning_fabric_epochs.main()
+
+
+def budget_resize(rank: int, checkpoint: str) -> dict[str, Any]:
+    """The token-budget scenario resumed from ``checkpoint`` with the position of rank 0 of 3 processes after 4
+    micro-batches (what the 3 processes read before it: ``seen``)."""
+    saved = [
+        shardplug.prepare_data_loader(TokenBudgets().train_dataloader(), num_processes=3, process_index=i)
+        for i in range(3)
+    ]
+    batches = [iter(loader) for loader in saved]
+    seen = [i for it in batches for _ in range(4) for i in next(it).tolist()]
+    path = os.path.join(OUT, "token_budget_resize.ckpt")
+    if rank == 0:
+        state = torch.load(checkpoint, weights_only=False)
+        state["loops"]["fit_loop"]["state_dict"]["combined_loader"] = [saved[0].state_dict()]
+        torch.save(state, path)
+    dist.barrier()
+    resumed = TokenBudgets()
+    t = trainer(max_epochs=2, accumulate_grad_batches=2)
+    t.fit(resumed, ckpt_path=path)
+    return {"seen": seen, "resumed": resumed.train_batches, "steps": t.global_step, "loader": resumed.loader_info}
 
 
 # what the launcher (and streaming's environment) set for the 2 processes: a fresh launch sets its own
