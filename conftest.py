@@ -42,23 +42,3 @@ def _fast_tier_starts_no_process() -> Iterator[None]:
         patch.setattr(torch_mp, "start_processes", _skip)  # torch.multiprocessing.spawn, ignite's Parallel
         patch.setattr(torch_mp, "spawn", _skip)
         yield
-
-
-LONG_FIRST = (
-    "tests/resume/test_boundaries.py",
-    "integrations/lightning/tests/test_lightning_strategy.py",
-    "tests/docs/test_docs_examples.py",
-    "tests/front_ends/test_ray_train.py",
-    "tests/docs/test_benchmarks_quick.py",
-    "tests/streams/test_presplit_streams.py",
-    "integrations/lightning/tests/test_lightning_cli.py",
-)
-"""The modules whose shared runs take longest (a minute or more of ``make test``'s 2 workers), longest first."""
-
-
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The longest modules start first: pytest-xdist hands whole modules (``--dist loadscope``) to its workers in
-    collection order, so a long one collected last (``integrations/`` comes after ``tests/``) would keep one worker
-    busy while the other has nothing left. The order within a module is kept."""
-    first = {path: rank for rank, path in enumerate(LONG_FIRST)}
-    items.sort(key=lambda item: first.get(item.nodeid.split("::")[0], len(LONG_FIRST)))
