@@ -619,9 +619,15 @@ def _largest_randperm() -> int:
     return int(min(10**9, free // 3 // 16))
 
 
+P7_IN_PROCESS = [False]
+"""``--quick``: P7's measures run in this process (their figures mean nothing at quick sizes; no child's start)."""
+
+
 def _p7_measure(what: str, n: int, world: int = 1) -> dict:
     import json
 
+    if P7_IN_PROCESS[0]:
+        return _p7_child(what, n, world)
     done = subprocess.run(
         [sys.executable, os.path.abspath(__file__), "--p7-child", what, str(n), str(world)],
         capture_output=True,
@@ -784,6 +790,7 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(_p7_child(what, int(n), int(world))))
         return 0
     quick = args.quick
+    P7_IN_PROCESS[0] = quick
     repeats = 1 if quick else 5
     rows: list[Row] = []
     progress("P1 per-batch overhead")

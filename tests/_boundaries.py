@@ -56,6 +56,8 @@ class Setup:
     shuffle: str = "seeded"
     validation: bool = False
     epochs: int = 2
+    points: tuple[str, ...] = ()
+    """The points saved at, where not every one that meets the setup (a setup for a kind of data, not options)."""
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))
@@ -80,7 +82,9 @@ class Setup:
         return tuple(
             p
             for p in POINTS
-            if (p != "in_accumulation" or self.accumulation > 1) and (p != "after_validation" or self.validation)
+            if (p != "in_accumulation" or self.accumulation > 1)
+            and (p != "after_validation" or self.validation)
+            and (not self.points or p in self.points)
         )
 
     def save_batch(self, point: str, processes: int) -> int | None:

@@ -72,8 +72,9 @@ FABRIC = {
     "agreed-accumulate3-droplast-workers2": (PLAIN["agreed-accumulate3-droplast-workers2"][0], ((2, (1, 3)),)),
 }
 MIXTURE: dict[str, tuple[Setup, Layouts]] = {
-    # a shardplug.Mixture, resized from 3 to 2 processes (its first run on 3 is one more run of the front end)
-    "mixture": (Setup(n=38, shuffle="mixture"), ((2, (3,)),)),
+    # a shardplug.Mixture, resized from 3 to 2 processes (its first run on 3 is one more run of the front end), at
+    # a step inside the epoch and at its end (the seeded setup meets every point)
+    "mixture": (Setup(n=38, shuffle="mixture", points=("middle_step", "epoch_end")), ((2, (3,)),)),
 }
 LIGHTNING = {**LIGHTNING, **MIXTURE}
 IGNITE = {**FABRIC, **MIXTURE}
