@@ -19,12 +19,21 @@ LENGTHS = np.random.default_rng(3).integers(1, 100, size=50)
 BUDGET = 400
 
 
-def _loaders(n: int, lengths=LENGTHS, budget=BUDGET, **sampler_options) -> list[shardplug.PreparedDataLoader]:
+def _loaders(
+    n: int, lengths=LENGTHS, budget=BUDGET, loader_options=None, **sampler_options
+) -> list[shardplug.PreparedDataLoader]:
+    loader_options = dict(loader_options or {})
+    stateful = loader_options.pop("use_stateful_dataloader", False)
     return [
         prepare_data_loader(
-            DataLoader(range(len(lengths)), batch_sampler=TokenBudgetBatchSampler(lengths, budget, **sampler_options)),
+            DataLoader(
+                range(len(lengths)),
+                batch_sampler=TokenBudgetBatchSampler(lengths, budget, **sampler_options),
+                **loader_options,
+            ),
             num_processes=n,
             process_index=i,
+            use_stateful_dataloader=stateful,
         )
         for i in range(n)
     ]
@@ -98,6 +107,25 @@ def test_a_resize_plans_the_rest_of_the_epoch_again_every_remaining_sample_once(
     seen, parts, _ = _resumed(saved_on, resumed_on, after=2)
     rest = [i for part in parts for batch in part for i in batch]
     assert sorted(seen + rest) == list(range(50))
+
+
+@pytest.mark.parametrize("stateful", [False, True], ids=["dataloader", "stateful"])
+def test_workers_read_the_same_micro_batches_and_a_position_of_theirs_resumes_exactly(stateful: bool) -> None:
+    """Two DataLoader workers (and the StatefulDataLoader) hand out the plan's micro-batches of the loader without
+    workers; a position saved after two of them resumes on another number of processes with every sample once."""
+    whole = _epoch(_loaders(2, seed=9))
+    options = {"num_workers": 2, "use_stateful_dataloader": stateful}
+    assert _epoch(_loaders(2, seed=9, loader_options=options)) == whole
+    saved = _loaders(2, seed=9, loader_options=options)
+    iterators = [iter(loader) for loader in saved]
+    seen = [i for it in iterators for _ in range(2) for i in next(it).tolist()]
+    state = saved[0].state_dict()
+    resumed = _loaders(3, seed=9, loader_options=options)
+    for loader in resumed:
+        loader.load_state_dict(state)
+    parts = _epoch(resumed)
+    assert len({len(part) for part in parts}) == 1, "equal steps on every process"
+    assert sorted(seen + [i for part in parts for batch in part for i in batch]) == list(range(50))
 
 
 def test_a_resize_and_back_resumes_the_resized_plan() -> None:
