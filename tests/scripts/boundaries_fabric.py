@@ -3,7 +3,8 @@
 Trains with ``ShardplugFabricDDPStrategy``, accumulating with ``fabric.no_backward_sync`` by the documented
 rule (a step after every ``accumulation``-th batch of the epoch and after its last); saves ``fabric.save(path,
 state)`` with the loader in the state (``<point>.ckpt``, a relay's ``relay_b<batch>.ckpt``), resumed with
-``fabric.load``. Fabric's launcher starts the ranks (one ``Fabric`` per run; the first launches).
+``fabric.load``. The ranks are forked before the first ``Fabric`` (``_ranks.start_ranks``: its launcher takes them as
+started for it; one ``Fabric`` per run).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import Any
 import torch
 from _adapters import SavesPointFiles, training_loader
 from _boundaries import Setup
+from _ranks import start_ranks
 from lightning.fabric import Fabric
 
 from shardplug_lightning import ShardplugFabricDDPStrategy
@@ -29,7 +31,8 @@ class Adapter(SavesPointFiles):
     suffix = ".ckpt"
 
     def __init__(self, processes: int, dataset: Any, worker_context: Any) -> None:
-        self.devices, self.dataset, self.worker_context, self.out, self.rank = processes, dataset, worker_context, "", 0
+        self.devices, self.dataset, self.worker_context, self.out = processes, dataset, worker_context, ""
+        self.rank = start_ranks(processes)
 
     def processes(self) -> int:
         return self.devices

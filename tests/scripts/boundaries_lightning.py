@@ -4,7 +4,8 @@ A first run saves with a real ``ModelCheckpoint`` at every boundary of epoch 0 (
 micro-batch inside an accumulation cycle; ``save_on_train_epoch_end``; after the epoch-end validation), a relay
 after every batch of its first epoch (``relay_b<batch_idx>.ckpt``); positions resume with
 ``Trainer.fit(ckpt_path=...)``, a relay's saved after a resume from an epoch's last step also as an older
-shardplug left its epoch progress (``<point>-old``). Lightning's launcher starts the ranks.
+shardplug left its epoch progress (``<point>-old``). The ranks are forked before the first ``Trainer``
+(``_ranks.start_ranks``: Lightning takes them as started for it).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import lightning.pytorch as pl
 import torch
 from _adapters import training_loader
 from _boundaries import Setup, relay_epoch
+from _ranks import start_ranks
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from torch.utils.data import DataLoader
 
@@ -107,7 +109,8 @@ def with_old_epoch_progress(path: str) -> str:
 
 class Adapter:
     def __init__(self, processes: int, dataset: Any, worker_context: Any) -> None:
-        self.devices, self.dataset, self.worker_context, self.out, self.rank = processes, dataset, worker_context, "", 0
+        self.devices, self.dataset, self.worker_context, self.out = processes, dataset, worker_context, ""
+        self.rank = start_ranks(processes)
 
     def trainer(self, setup: Setup, **kwargs: Any) -> pl.Trainer:
         seeded = setup.shuffle == "seeded"
