@@ -169,12 +169,42 @@ def test_a_sample_longer_than_the_budget_is_refused_with_the_fix() -> None:
         TokenBudgetBatchSampler([3, 500, 2], BUDGET)
 
 
-def test_lengths_must_match_the_dataset_and_dispatch_is_refused() -> None:
+def test_lengths_must_match_the_dataset() -> None:
     with pytest.raises(ValueError, match="3 lengths and the dataset 4 samples"):
         prepare_data_loader(DataLoader(range(4), batch_sampler=TokenBudgetBatchSampler([1, 2, 3], BUDGET)))
+
+
+DISPATCH = {"dispatch_batches": True, "put_on_device": True, "device": "cpu"}
+
+
+def test_dispatched_on_one_process_the_loader_hands_out_the_plans_micro_batches_whole() -> None:
+    """Dispatch reads the plan's micro-batches and hands each out whole, with the plan's marks and len() (several
+    processes on real groups: tests/sharding/test_multiprocess.py)."""
+    loaders = []
+    for options in ({}, DISPATCH):
+        loader = prepare_data_loader(
+            DataLoader(range(50), batch_sampler=TokenBudgetBatchSampler(LENGTHS, BUDGET)), **options
+        )
+        loader.track_padding()
+        loaders.append(loader)
+    assert type(loaders[1]).__name__ == "DataLoaderDispatcher" and len(loaders[1]) == len(loaders[0])
+    epochs = [
+        [(batch.tolist(), loader.batch_indices, loader.batch_real_count) for batch in loader] for loader in loaders
+    ]
+    assert epochs[1] == epochs[0]
+
+
+@pytest.mark.parametrize("dispatch", [False, True], ids=["own", "dispatched"])
+def test_options_without_meaning_for_a_token_budget_are_refused_with_the_fix(dispatch: bool) -> None:
+    """split_batches=True (no batch to cut: each process's micro-batch is planned) with either loader;
+    slice_fn_for_dispatch (each process receives its micro-batch whole) where batches are dispatched."""
+    options = {**DISPATCH, "num_processes": 2, "process_index": 0} if dispatch else {"num_processes": 2}
     loader = DataLoader(range(3), batch_sampler=TokenBudgetBatchSampler([1, 2, 3], BUDGET))
-    with pytest.raises(ValueError, match="dispatch_batches=False"):
-        prepare_data_loader(loader, dispatch_batches=True, put_on_device=True, num_processes=2, process_index=0)
+    with pytest.raises(ValueError, match=r"split_batches=True .*TokenBudgetBatchSampler.*pass split_batches=False"):
+        prepare_data_loader(loader, split_batches=True, **options)
+    if dispatch:
+        with pytest.raises(ValueError, match=r"slice_fn_for_dispatch=<function.*whole.*slice_fn_for_dispatch=None"):
+            prepare_data_loader(loader, slice_fn_for_dispatch=lambda *args: args[0], **options)
 
 
 def test_a_memmap_of_lengths_is_read_as_it_is(tmp_path) -> None:

@@ -24,6 +24,7 @@ from shardplug.core._internal.collectives import (
 from shardplug.core._internal.rows import slice_rows
 from shardplug.core._internal.topology import resolve_data_topology
 from shardplug.core.config import ShardplugConfig
+from shardplug.core.dispatch.budget_steps import BudgetDispatchPlan
 from shardplug.core.dispatch.dispatch_plan import DispatchPlan
 from shardplug.core.dispatch.receiver import StepReceiver
 from shardplug.core.dispatch.sender import SliceFn, StepReader, StepSender, local_steps
@@ -34,6 +35,7 @@ from shardplug.core.loader.prepared import DataLoaderShard, LoaderOptions, Prepa
 from shardplug.core.resume.stateful import stateful_dataloader_class
 from shardplug.core.sharding.layout import ShardLayout
 from shardplug.core.sharding.shard_plan import ShardPlan
+from shardplug.core.sharding.token_budget import TokenBudgetPlan
 
 __all__ = ["DataLoaderDispatcher", "DispatchOptions", "check_slice_fn"]
 
@@ -187,20 +189,21 @@ class DataLoaderDispatcher(DataLoaderShard):
                 drop_last=bool(self.drop_last),
             )
         self.num_processes, self.process_index = num_processes, process_index
-        try:
-            length = source.num_batches(0)
-        except TypeError:  # a batch sampler without __len__
-            length = None
         # All dispatch traffic goes through a process group of its own: a message a process has not
         # read yet (the close of a pass it left early) can never meet the user's own collectives.
         device_type = communication_device().type
         self._wire = Wire(dispatch_group(device_type) if world_size() > 1 else None, device_type)
+        self._wire.rings.targets = self._same_host_processes()
+        if isinstance(source, TokenBudgetPlan):  # every process holds the plan of every process's micro-batches
+            return BudgetDispatchPlan(layout, source)
+        try:
+            length = source.num_batches(0)
+        except TypeError:  # a batch sampler without __len__
+            length = None
         if self._wire.group is not None:  # process 0 reads the data: its length is everybody's
             mine = length if global_rank() == 0 else None
             length = broadcast_object(mine, group=self._wire.group, what="the number of batches (dispatch)")
-        plan = DispatchPlan(layout, length, source if source.unit == "global_batches" else None)
-        self._wire.rings.targets = self._same_host_processes()
-        return plan
+        return DispatchPlan(layout, length, source if source.unit == "global_batches" else None)
 
     def _collate_into_rings(self) -> CollateIntoRing | None:
         """Process 0: a ``default_collate`` that stacks the other processes' batches straight into
