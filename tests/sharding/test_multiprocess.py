@@ -227,7 +227,8 @@ def _token_budget_dispatch(world: int, other_position: dict) -> dict:
     """A token budget dispatched (process 0 reads, with 2 DataLoader workers in the first epoch; each process
     receives its own micro-batch, packed) beside the same loader read by every process itself: an epoch with
     padding, marks, totals and the audit; a position saved after 2 steps, resumed on as many processes and on the
-    other number (3 -> 2, 2 -> 3, that side built without a group), and the other number's position resumed here."""
+    other number (3 -> 2, 2 -> 3, that side built without a group), and the other number's position resumed here;
+    a StatefulDataLoader's position resumed on as many processes."""
     out: dict = {}
 
     def budget(lengths: list[int], dispatch: bool, workers: int = 0, **options):
@@ -251,6 +252,11 @@ def _token_budget_dispatch(world: int, other_position: dict) -> dict:
     resumed = budget(BUDGET_LENGTHS, True)
     resumed.load_state_dict(out["position"])
     out["resumed_len"], out["resumed"] = len(resumed), _handed_out(resumed)
+    saving = budget(BUDGET_LENGTHS, True, use_stateful_dataloader=True)  # its own position format
+    _handed_out(saving, stop=2)
+    resumed = budget(BUDGET_LENGTHS, True, use_stateful_dataloader=True)
+    resumed.load_state_dict(saving.state_dict())
+    out["stateful_resumed"] = _handed_out(resumed)
     other = 5 - world  # the position dispatched here, resumed on the other number of processes
     rest = [budget(BUDGET_LENGTHS, False, num_processes=other, process_index=i) for i in range(other)]
     for loader in rest:
@@ -336,6 +342,7 @@ def test_token_budgets_dispatched_resume_on_as_many_and_on_another_number_of_pro
     for part in parts:
         assert part["position"] == part["plain_position"] and part["position"]["unit"] == "samples"
         assert part["resumed"] == part["budget"]["plain"][2:] and part["resumed_len"] == len(part["resumed"])
+        assert part["stateful_resumed"] == part["budget"]["plain"][2:]
     seen = [i for part in parts for record in part["first"] for i in record["indices"]]
     resized = parts[0]["resized"]
     assert len({len(rest) for rest in resized}) == 1 and [len(rest) for rest in resized] == parts[0]["resized_lens"]

@@ -292,3 +292,32 @@ def test_a_resume_plans_the_epoch_once_from_its_place(monkeypatch) -> None:
     first = next(iter(resumed)).tolist()
     assert starts == [state["consumed"]]
     assert first == next(batches).tolist()
+
+
+def test_a_dispatched_step_that_is_not_the_plans_is_an_error_not_wrong_marks() -> None:
+    """A process receiving a step whose real samples (as process 0's message tells them) are not its own plan's
+    fails with a DispatchError naming the fix: process 0 planned another epoch (set_epoch on some processes only)."""
+    from shardplug.core.dispatch.budget_steps import BudgetDispatchPlan
+    from shardplug.core.dispatch.dispatch_plan import DispatchError
+    from shardplug.core.sharding.layout import ShardLayout
+    from shardplug.core.sharding.shard_plan import PassRecord
+    from shardplug.core.sharding.token_budget import TokenBudgetPlan
+
+    layout = ShardLayout(2, 1)
+    plan = BudgetDispatchPlan(layout, TokenBudgetPlan(TokenBudgetBatchSampler(LENGTHS, BUDGET, seed=1), layout))
+    reading = TokenBudgetBatchSampler(LENGTHS, BUDGET, seed=1)
+
+    def received(epoch: int, record: PassRecord):
+        reading.set_epoch(epoch)  # the steps process 0 read, as its messages tell them
+        told = TokenBudgetPlan(reading, layout)
+        told.begin_reading()
+        for step in range(told.num_batches()):
+            real, record.step_samples = told.pass_step(step)
+            record.step_real = (real, 0)
+            yield step, False
+
+    record = PassRecord()
+    assert len(list(plan.pass_batches(received(0, record), record))) == plan.num_batches()
+    plan.source.start_after(0)
+    with pytest.raises(DispatchError, match="plan has .* set_epoch, load_state_dict and skip_first_batches alike"):
+        list(plan.pass_batches(received(1, record), record))

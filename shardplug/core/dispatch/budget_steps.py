@@ -10,10 +10,11 @@ padding of its own (the plan's padding micro-batches are its own, at whichever p
 Everything else is the token budget's plan, on every process: ``len()``, the places of a position (samples,
 ``unit="samples"``), resume and resize, each batch's samples and real count (``track_padding``, the audit) and
 :func:`~shardplug.core.sharding.token_budget.step_totals`.  The step's message carries its real samples over all
-processes, which every process compares with its own plan's (a plan that differs from process 0's, e.g. an epoch
-set on some processes only, is a :class:`~shardplug.core.dispatch.dispatch_plan.DispatchError`, not wrong marks).
+processes and a fingerprint of its samples, which every process compares with its own plan's (a plan that differs
+from process 0's, e.g. an epoch set on some processes only, is a
+:class:`~shardplug.core.dispatch.dispatch_plan.DispatchError`, not wrong marks).
 
-Example (one process: the plan's micro-batches, whole)::
+Example (2 processes: process 0 reads both micro-batches of each step, in process order)::
 
     >>> from shardplug.core.sharding.layout import ShardLayout
     >>> from shardplug.core.sharding.token_budget import TokenBudgetBatchSampler, TokenBudgetPlan
@@ -78,19 +79,20 @@ class BudgetDispatchPlan(DispatchPlan):
 
     def pass_batches(self, batches: Iterator[Any], record: PassRecord) -> Iterator[Any]:
         """The pass's steps as received, each checked against this process's plan: the pass's plan is taken where
-        the batch sampler is not iterated (every process but 0), and each step's real samples, as the message
-        told them, must be the plan's."""
+        the batch sampler is not iterated (every process but 0), and each step's real samples and the fingerprint
+        of its samples, as the message told them, must be the plan's."""
         if self.layout.process_index != 0:
             self.source.begin_reading()
         self.read_steps = 0
         for step, item in enumerate(batches):
-            told = record.step_real[0] if record.step_real is not None else None
-            planned = self.source.pass_step_real(step)
+            told = (record.step_real[0] if record.step_real is not None else None, record.step_samples)
+            planned = self.source.pass_step(step)
             if told != planned:
                 raise DispatchError(
-                    f"process 0 sent a step of {told} real samples where this process's token-budget plan has "
-                    f"{planned} (step {step} of the pass): the processes plan different epochs; call set_epoch, "
-                    "load_state_dict and skip_first_batches alike on every process"
+                    f"process 0 sent step {step} of the pass with {told[0]} real samples (fingerprint {told[1]}) "
+                    f"where this process's token-budget plan has {planned[0]} (fingerprint {planned[1]}): the "
+                    "processes plan different epochs or places; call set_epoch, load_state_dict and "
+                    "skip_first_batches alike on every process"
                 )
             yield item
 
@@ -134,9 +136,9 @@ class BudgetDispatchPlan(DispatchPlan):
         return CutStep(group)
 
     def padding_of(self, step: Any, rows: list[int]) -> StepPadding:
-        """The step's real samples over all processes (the plan's, counted as process 0 reads the steps); the
-        dispatcher's cut adds no padding (``part`` is the number of processes): each process's real samples
-        are its plan's."""
-        real = self.source.pass_step_real(self.read_steps)
+        """The step's real samples over all processes and the fingerprint of its samples (the plan's, counted as
+        process 0 reads the steps); the dispatcher's cut adds no padding (``part`` is the number of processes):
+        each process's real samples are its plan's."""
+        real, samples = self.source.pass_step(self.read_steps)
         self.read_steps += 1
-        return StepPadding(real, self.layout.num_processes, 0)
+        return StepPadding(real, self.layout.num_processes, 0, samples)

@@ -96,7 +96,9 @@ class DataLoaderDispatcher(DataLoaderShard):
     """Process 0 reads every batch; each process receives only its own rows (scatter).
 
     Per step process 0 takes one batch (``split_batches=True``) or ``N`` consecutive batches
-    concatenated along dim 0, and process ``i`` receives rows ``[i*k, (i+1)*k)``.  A final
+    concatenated along dim 0, and process ``i`` receives rows ``[i*k, (i+1)*k)`` (a
+    ``TokenBudgetBatchSampler``'s step: process ``i`` receives micro-batch ``i`` of the plan whole, see
+    :mod:`~shardplug.core.dispatch.budget_steps`).  A final
     step whose rows do not divide by ``N`` is completed with rows of the first step.  Shapes may
     change from step to step, and between the batches of one step (each process then receives its
     own batch whole: a collate that pads each batch to its own longest row).
@@ -104,9 +106,10 @@ class DataLoaderDispatcher(DataLoaderShard):
     kept).  A batch that cannot be dispatched is a :class:`DispatchError` raised on every process,
     never a hang.
 
-    Per step process 0 broadcasts a five-integer message on the loader's own process group
+    Per step process 0 broadcasts a message of a few integers on the loader's own process group
     (same shapes as before / new row count / new structure / no step / error / pass closed early,
-    with its pass number, whether the step is the pass's last and its ring slot); the pickled
+    with its pass number, whether the step is the pass's last, its ring slot, where its padding
+    begins and, for a token budget's step, a fingerprint of its samples); the pickled
     structure is sent only when it changes (once per pass for constant shapes): the wire protocol
     is :mod:`shardplug.core.dispatch.wire_protocol`.  Process 0 reads one step ahead, so the end of a
     pass is its own on every process; a pass it leaves early (``break``, an exception, garbage

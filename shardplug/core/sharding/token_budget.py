@@ -275,11 +275,18 @@ class TokenBudgetPlan(BatchSamplerPlan):
         plan, step = self._pass_step(batch)
         return plan.micro_batch(step, self.layout.process_index)
 
-    def pass_step_real(self, batch: int) -> int:
-        """The real samples, over all processes, of the pass's ``batch``-th step."""
+    def pass_step(self, batch: int) -> tuple[int, int]:
+        """(real samples over all processes, fingerprint of its micro-batches) of the pass's ``batch``-th step: the
+        fingerprint changes with any sample, its place or its micro-batch (a dispatched step is checked by it)."""
         plan, step = self._pass_step(batch)
         n = plan.num_processes
-        return int(plan.real[step * n : (step + 1) * n].sum())
+        bounds = plan.bounds[step * n : (step + 1) * n + 1]
+        ids = plan.samples[bounds[0] : bounds[-1]].astype(np.uint64) + np.uint64(1)
+        places = np.arange(1, ids.size + 1, dtype=np.uint64) * np.uint64(0x9E3779B97F4A7C15)
+        sizes = np.diff(bounds).astype(np.uint64) * np.arange(1, n + 1, dtype=np.uint64)
+        with np.errstate(over="ignore"):  # arithmetic modulo 2**64, alike on every process
+            mixed = int((ids * places).sum(dtype=np.uint64) ^ sizes.sum(dtype=np.uint64))
+        return int(plan.real[step * n : (step + 1) * n].sum()), mixed >> 2  # within an int64 message
 
     def step_totals(self, first: int, count: int) -> StepTotals:
         """The real tokens and samples over all processes of ``count`` steps from the pass's step ``first`` (0: the
