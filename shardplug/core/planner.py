@@ -291,7 +291,7 @@ def prepare_data_loader(
     readers = Readers.of(num_processes, torch_device_mesh)
     kind = kind_of(dataloader, options, layout, readers)  # the kind of sharding: decided here, once
     dispatch = kind.name == DISPATCH
-    shard = _shard(dataloader, kind, layout.reader() if dispatch else layout, options, readers)
+    shard = _shard(dataloader, kind, _reading_layout(kind, layout), options, readers)
     kwargs = _loader_settings(dataloader)
     kwargs.update(shard.loader_kwargs)
     generator = shard.synchronized_generator
@@ -349,13 +349,14 @@ def kind_of(dataloader: DataLoader[Any], options: _DataOptions, layout: ShardLay
     elif isinstance(dataloader.dataset, mixture.Mixture):  # its own order (a sampler of the user's is refused there)
         kind = ShardingKind(DISPATCH, reads=MIXTURE) if options.dispatch_batches else ShardingKind(MIXTURE)
     elif isinstance(dataloader.batch_sampler, token_budget.TokenBudgetBatchSampler):
-        if options.dispatch_batches:
+        if options.dispatch_batches and options.slice_fn_for_dispatch is not None:
             raise ValueError(
-                "dispatch_batches=True reads global batches on process 0 and cuts them into rows, but a "
-                "TokenBudgetBatchSampler plans each process's own micro-batches; pass dispatch_batches=False (every "
-                "process reads its own micro-batches, planned alike on every process)"
+                f"slice_fn_for_dispatch={options.slice_fn_for_dispatch!r} cuts a step's joined rows into every "
+                "process's part, but with a TokenBudgetBatchSampler each process receives its own micro-batch of "
+                "the plan whole, never a cut; pass slice_fn_for_dispatch=None, or dispatch_batches=False"
             )
-        kind = ShardingKind(TOKEN_BUDGET)
+        # dispatched: process 0 reads every process's micro-batches of the plan, each process receives its own
+        kind = ShardingKind(DISPATCH, reads=TOKEN_BUDGET) if options.dispatch_batches else ShardingKind(TOKEN_BUDGET)
     elif distributed_sampler.is_distributed_sampler(map_style.index_sampler(dataloader)):
         if options.dispatch_batches:
             raise ValueError(
@@ -374,6 +375,13 @@ def kind_of(dataloader: DataLoader[Any], options: _DataOptions, layout: ShardLay
     return kind
 
 
+def _reading_layout(kind: ShardingKind, layout: ShardLayout) -> ShardLayout:
+    """The layout the kind's module plans under: the loader's, or for dispatch process 0 reading every global batch
+    (:meth:`~ShardLayout.reader`); a token budget's plan is every process's either way (dispatched, process 0 reads
+    every process's micro-batches of it)."""
+    return layout.reader() if kind.name == DISPATCH and kind.reads != TOKEN_BUDGET else layout
+
+
 def _shard(
     dataloader: DataLoader[Any], kind: ShardingKind, layout: ShardLayout, options: _DataOptions, readers: Readers
 ) -> Shard:
@@ -387,8 +395,8 @@ def _shard(
         return mixture.shard(dataloader, layout, options)
     if name == DISTRIBUTED_SAMPLER:
         return distributed_sampler.shard(dataloader, layout, options)
-    if name == TOKEN_BUDGET:
-        return token_budget.shard(dataloader, layout)
+    if name == TOKEN_BUDGET:  # dispatched: the plan of every process, process 0 reading every micro-batch of it
+        return token_budget.shard(dataloader, layout, reads_all=kind.name == DISPATCH)
     if name == LOCAL:  # one reader: a dispatcher's process 0 compares nothing
         return local.shard(dataset, layout, batch_size, drop_last, readers if kind.name == LOCAL else Readers())
     if kind.name == PRESPLIT:
@@ -454,6 +462,11 @@ def _check_arguments(dataloader: DataLoader[Any], options: _DataOptions) -> tupl
 def _layout(dataloader: DataLoader[Any], num_processes: int, process_index: int, options: _DataOptions) -> ShardLayout:
     """The one layout of this loader: its global batch size and ``drop_last`` (the batch sampler's,
     also one passed as ``sampler=``), the topology and the options."""
+    if options.split_batches and isinstance(dataloader.batch_sampler, token_budget.TokenBudgetBatchSampler):
+        raise ValueError(
+            "split_batches=True cuts each global batch into a slice per process, but a TokenBudgetBatchSampler "
+            "plans every process's own micro-batches (each within max_tokens, none to cut); pass split_batches=False"
+        )
     batch_size = dataloader.batch_size
     if batch_size is None and dataloader.batch_sampler is not None:
         batch_size = getattr(dataloader.batch_sampler, "batch_size", None)

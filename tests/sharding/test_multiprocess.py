@@ -185,6 +185,87 @@ def _token_budget(rank: int, world: int) -> dict:
         out["mismatch"] = None
     except ValueError as exc:
         out["mismatch"] = str(exc)
+    try:  # its own failure fails its own tests only (a refusal when the loader is prepared: on every process)
+        out["dispatch"] = _token_budget_dispatch(world, saved[0].state_dict())
+    except Exception as exc:
+        out["dispatch"] = f"{type(exc).__name__}: {exc}"
+    return out
+
+
+DISPATCH = {"dispatch_batches": True, "put_on_device": True, "device": "cpu"}
+PADDED_LENGTHS = [390] * 7  # a micro-batch each: the last step pads all processes but one (2 and 3 processes)
+
+
+class Tokens(Dataset):
+    """Sample i: lengths[i] tokens, each the id i."""
+
+    def __init__(self, lengths: list[int]) -> None:
+        self.lengths = lengths
+
+    def __len__(self) -> int:
+        return len(self.lengths)
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        return torch.full((self.lengths[i],), i)
+
+
+def _handed_out(loader, stop: int | None = None) -> list[dict]:
+    """Each batch (as lists) with what the loader says of it: its real count, samples and step's totals."""
+    seen = []
+    for batch in loader:
+        values = {k: v.tolist() if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
+        totals = tuple(shardplug.step_totals(loader, accumulation_steps=2))
+        seen.append(
+            {"batch": values, "real": loader.batch_real_count, "indices": loader.batch_indices, "totals": totals}
+        )
+        if len(seen) == stop:
+            break
+    return seen
+
+
+def _token_budget_dispatch(world: int, other_position: dict) -> dict:
+    """A token budget dispatched (process 0 reads, with 2 DataLoader workers in the first epoch; each process
+    receives its own micro-batch, packed) beside the same loader read by every process itself: an epoch with
+    padding, marks, totals and the audit; a position saved after 2 steps, resumed on as many processes and on the
+    other number (3 -> 2, 2 -> 3, that side built without a group), and the other number's position resumed here;
+    a StatefulDataLoader's position resumed on as many processes."""
+    out: dict = {}
+
+    def budget(lengths: list[int], dispatch: bool, workers: int = 0, **options):
+        sampler = shardplug.TokenBudgetBatchSampler(lengths, 400, cost="attention", seed=3)
+        reading = {"num_workers": workers, "multiprocessing_context": worker_context(workers)}
+        data = DataLoader(Tokens(lengths), batch_sampler=sampler, collate_fn=shardplug.PackingCollate(400), **reading)
+        loader = shardplug.prepare_data_loader(data, **(DISPATCH if dispatch else {}), **options)
+        loader.track_padding()
+        return loader
+
+    for name, lengths in (("budget", BUDGET_LENGTHS), ("padded", PADDED_LENGTHS)):
+        plain, sent = budget(lengths, False), budget(lengths, True, workers=2 if name == "budget" else 0)
+        audit = sent.enable_audit()
+        out[name] = {"class": type(sent).__name__, "len": (len(plain), len(sent))}
+        out[name]["plain"], out[name]["sent"] = _handed_out(plain), _handed_out(sent)
+        report = audit.gathered().report(0)
+        out[name]["audit"] = (report.exact, report.seen, report.padding)
+    plain, sent = budget(BUDGET_LENGTHS, False), budget(BUDGET_LENGTHS, True)
+    out["first"], _ = _handed_out(sent, stop=2), _handed_out(plain, stop=2)
+    out["position"], out["plain_position"] = sent.state_dict(), plain.state_dict()
+    resumed = budget(BUDGET_LENGTHS, True)
+    resumed.load_state_dict(out["position"])
+    out["resumed_len"], out["resumed"] = len(resumed), _handed_out(resumed)
+    saving = budget(BUDGET_LENGTHS, True, use_stateful_dataloader=True)  # its own position format
+    _handed_out(saving, stop=2)
+    resumed = budget(BUDGET_LENGTHS, True, use_stateful_dataloader=True)
+    resumed.load_state_dict(saving.state_dict())
+    out["stateful_resumed"] = _handed_out(resumed)
+    other = 5 - world  # the position dispatched here, resumed on the other number of processes
+    rest = [budget(BUDGET_LENGTHS, False, num_processes=other, process_index=i) for i in range(other)]
+    for loader in rest:
+        loader.load_state_dict(out["position"])
+    out["resized_lens"] = [len(loader) for loader in rest]
+    out["resized"] = [_handed_out(loader) for loader in rest]
+    resumed = budget(BUDGET_LENGTHS, True)  # the other number's position, resumed dispatched here
+    resumed.load_state_dict(other_position)
+    out["other_len"], out["other"] = len(resumed), _handed_out(resumed)
     return out
 
 
@@ -223,6 +304,54 @@ def test_token_budgets_resume_a_position_of_another_number_of_processes(runs):
     assert all(len(part["resumed"]) == part["resumed_len"] for part in parts)
     rest = [i for part in parts for batch in part["resumed"] for i in batch]
     assert sorted(parts[0]["seen"] + rest) == list(range(60))
+
+
+def _dispatched(runs) -> tuple[int, list[dict]]:
+    world, results = runs
+    parts = [r["token_budget"]["dispatch"] for r in results]
+    for part in parts:
+        assert isinstance(part, dict), part
+    return world, parts
+
+
+@pytest.mark.parametrize("lengths", ["budget", "padded"])
+def test_token_budgets_dispatched_give_each_process_the_micro_batches_it_reads_itself(runs, lengths):
+    """Process 0 reads every process's micro-batches (with 2 DataLoader workers for BUDGET_LENGTHS) and each
+    process receives exactly its own, packed, with the padding marks, samples and step totals of the loader that
+    reads its own; len() alike; the audit over all processes sees every sample once."""
+    world, parts = _dispatched(runs)
+    size = len(BUDGET_LENGTHS if lengths == "budget" else PADDED_LENGTHS)
+    padding = 0
+    for part in parts:
+        case = part[lengths]
+        assert case["class"] == "DataLoaderDispatcher"
+        assert case["len"][0] == case["len"][1] == len(case["sent"]) == len(parts[0][lengths]["sent"])
+        assert case["sent"] == case["plain"]
+        padding += sum(len(record["indices"]) - record["real"] for record in case["sent"])
+        assert case["audit"] == (True, size, parts[0][lengths]["audit"][2])
+    assert parts[0][lengths]["audit"][2] == padding
+    if lengths == "padded":  # a step whose micro-batches are padding but one
+        assert padding == world - 1
+
+
+def test_token_budgets_dispatched_resume_on_as_many_and_on_another_number_of_processes(runs):
+    """A dispatched position saved after 2 steps is the position of the loader that reads its own; it resumes
+    exactly on as many processes, and on the other number (3 -> 2, 2 -> 3) with every remaining sample once in
+    equal steps; the other number's position resumes dispatched here alike."""
+    world, parts = _dispatched(runs)
+    for part in parts:
+        assert part["position"] == part["plain_position"] and part["position"]["unit"] == "samples"
+        assert part["resumed"] == part["budget"]["plain"][2:] and part["resumed_len"] == len(part["resumed"])
+        assert part["stateful_resumed"] == part["budget"]["plain"][2:]
+    seen = [i for part in parts for record in part["first"] for i in record["indices"]]
+    resized = parts[0]["resized"]
+    assert len({len(rest) for rest in resized}) == 1 and [len(rest) for rest in resized] == parts[0]["resized_lens"]
+    rest = [i for records in resized for record in records for i in record["indices"][: record["real"]]]
+    assert sorted(seen + rest) == list(range(60))
+    assert len({(part["other_len"], len(part["other"])) for part in parts}) == 1
+    assert parts[0]["other_len"] == len(parts[0]["other"])
+    rest = [i for part in parts for record in part["other"] for i in record["indices"][: record["real"]]]
+    assert sorted(runs[1][0]["token_budget"]["seen"] + rest) == list(range(60))
 
 
 def _round_robin(per_rank):

@@ -169,12 +169,42 @@ def test_a_sample_longer_than_the_budget_is_refused_with_the_fix() -> None:
         TokenBudgetBatchSampler([3, 500, 2], BUDGET)
 
 
-def test_lengths_must_match_the_dataset_and_dispatch_is_refused() -> None:
+def test_lengths_must_match_the_dataset() -> None:
     with pytest.raises(ValueError, match="3 lengths and the dataset 4 samples"):
         prepare_data_loader(DataLoader(range(4), batch_sampler=TokenBudgetBatchSampler([1, 2, 3], BUDGET)))
+
+
+DISPATCH = {"dispatch_batches": True, "put_on_device": True, "device": "cpu"}
+
+
+def test_dispatched_on_one_process_the_loader_hands_out_the_plans_micro_batches_whole() -> None:
+    """Dispatch reads the plan's micro-batches and hands each out whole, with the plan's marks and len() (several
+    processes on real groups: tests/sharding/test_multiprocess.py)."""
+    loaders = []
+    for options in ({}, DISPATCH):
+        loader = prepare_data_loader(
+            DataLoader(range(50), batch_sampler=TokenBudgetBatchSampler(LENGTHS, BUDGET)), **options
+        )
+        loader.track_padding()
+        loaders.append(loader)
+    assert type(loaders[1]).__name__ == "DataLoaderDispatcher" and len(loaders[1]) == len(loaders[0])
+    epochs = [
+        [(batch.tolist(), loader.batch_indices, loader.batch_real_count) for batch in loader] for loader in loaders
+    ]
+    assert epochs[1] == epochs[0]
+
+
+@pytest.mark.parametrize("dispatch", [False, True], ids=["own", "dispatched"])
+def test_options_without_meaning_for_a_token_budget_are_refused_with_the_fix(dispatch: bool) -> None:
+    """split_batches=True (no batch to cut: each process's micro-batch is planned) with either loader;
+    slice_fn_for_dispatch (each process receives its micro-batch whole) where batches are dispatched."""
+    options = {**DISPATCH, "num_processes": 2, "process_index": 0} if dispatch else {"num_processes": 2}
     loader = DataLoader(range(3), batch_sampler=TokenBudgetBatchSampler([1, 2, 3], BUDGET))
-    with pytest.raises(ValueError, match="dispatch_batches=False"):
-        prepare_data_loader(loader, dispatch_batches=True, put_on_device=True, num_processes=2, process_index=0)
+    with pytest.raises(ValueError, match=r"split_batches=True .*TokenBudgetBatchSampler.*pass split_batches=False"):
+        prepare_data_loader(loader, split_batches=True, **options)
+    if dispatch:
+        with pytest.raises(ValueError, match=r"slice_fn_for_dispatch=<function.*whole.*slice_fn_for_dispatch=None"):
+            prepare_data_loader(loader, slice_fn_for_dispatch=lambda *args: args[0], **options)
 
 
 def test_a_memmap_of_lengths_is_read_as_it_is(tmp_path) -> None:
@@ -262,3 +292,32 @@ def test_a_resume_plans_the_epoch_once_from_its_place(monkeypatch) -> None:
     first = next(iter(resumed)).tolist()
     assert starts == [state["consumed"]]
     assert first == next(batches).tolist()
+
+
+def test_a_dispatched_step_that_is_not_the_plans_is_an_error_not_wrong_marks() -> None:
+    """A process receiving a step whose real samples (as process 0's message tells them) are not its own plan's
+    fails with a DispatchError naming the fix: process 0 planned another epoch (set_epoch on some processes only)."""
+    from shardplug.core.dispatch.budget_steps import BudgetDispatchPlan
+    from shardplug.core.dispatch.dispatch_plan import DispatchError
+    from shardplug.core.sharding.layout import ShardLayout
+    from shardplug.core.sharding.shard_plan import PassRecord
+    from shardplug.core.sharding.token_budget import TokenBudgetPlan
+
+    layout = ShardLayout(2, 1)
+    plan = BudgetDispatchPlan(layout, TokenBudgetPlan(TokenBudgetBatchSampler(LENGTHS, BUDGET, seed=1), layout))
+    reading = TokenBudgetBatchSampler(LENGTHS, BUDGET, seed=1)
+
+    def received(epoch: int, record: PassRecord):
+        reading.set_epoch(epoch)  # the steps process 0 read, as its messages tell them
+        told = TokenBudgetPlan(reading, layout)
+        told.begin_reading()
+        for step in range(told.num_batches()):
+            real, record.step_samples = told.pass_step(step)
+            record.step_real = (real, 0)
+            yield step, False
+
+    record = PassRecord()
+    assert len(list(plan.pass_batches(received(0, record), record))) == plan.num_batches()
+    plan.source.start_after(0)
+    with pytest.raises(DispatchError, match="plan has .* set_epoch, load_state_dict and skip_first_batches alike"):
+        list(plan.pass_batches(received(1, record), record))

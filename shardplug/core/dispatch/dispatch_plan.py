@@ -48,7 +48,10 @@ class StepPadding(NamedTuple):
     """Where the padding of one step begins, as every process learns it with the step: the step's
     ``real`` rows over all processes, the first process whose part holds padding (``part``; the number
     of processes when no part does) and that part's real rows (``rows``). The parts before it are
-    all real, those after it all padding (padding always comes last, in process order).
+    all real, those after it all padding (padding always comes last, in process order). ``samples``: a
+    fingerprint of the step's samples where every process's plan names them (a token budget's steps, whose
+    parts are whole micro-batches: see :mod:`~shardplug.core.dispatch.budget_steps`), which each process
+    checks against its own plan; 0 elsewhere.
 
     Example (a step of 3 real rows padded to 4, cut in 2 parts of 2)::
 
@@ -60,6 +63,7 @@ class StepPadding(NamedTuple):
     real: int
     part: int
     rows: int
+    samples: int = 0
 
     def real_rows(self, process_index: int, own_rows: int) -> int:
         """The real rows of process ``process_index``'s part of ``own_rows`` rows."""
@@ -69,8 +73,9 @@ class StepPadding(NamedTuple):
 
     def mark(self, record: PassRecord, process_index: int, rows: int | None) -> None:
         """Note in ``record`` (the pass's) that this step is being handed out: its real rows, and those of
-        process ``process_index``'s part of ``rows`` rows."""
+        process ``process_index``'s part of ``rows`` rows (and the fingerprint of its samples)."""
         record.step_real = (self.real, self.real_rows(process_index, rows or 0))
+        record.step_samples = self.samples
 
 
 _FIX = "pass split_batches=True (one batch per step, no concatenation) or dispatch_batches=False"
@@ -285,7 +290,7 @@ class DispatchPlan(PlanDefaults):
             >>> plan = DispatchPlan(ShardLayout.for_batches(4, num_processes=2, split_batches=True))
             >>> step = plan.step([torch.arange(3)], [3], torch.tensor([0]), uncut=False)
             >>> plan.padding_of(step, [3])
-            StepPadding(real=3, part=1, rows=1)
+            StepPadding(real=3, part=1, rows=1, samples=0)
         """
         real, n = sum(rows), self.layout.num_processes
         if isinstance(step, CutStep):  # whole batches: those of the group real, the padding parts after them

@@ -24,6 +24,7 @@ from shardplug.core._internal.collectives import (
 from shardplug.core._internal.rows import slice_rows
 from shardplug.core._internal.topology import resolve_data_topology
 from shardplug.core.config import ShardplugConfig
+from shardplug.core.dispatch.budget_steps import BudgetDispatchPlan
 from shardplug.core.dispatch.dispatch_plan import DispatchPlan
 from shardplug.core.dispatch.receiver import StepReceiver
 from shardplug.core.dispatch.sender import SliceFn, StepReader, StepSender, local_steps
@@ -34,6 +35,7 @@ from shardplug.core.loader.prepared import DataLoaderShard, LoaderOptions, Prepa
 from shardplug.core.resume.stateful import stateful_dataloader_class
 from shardplug.core.sharding.layout import ShardLayout
 from shardplug.core.sharding.shard_plan import ShardPlan
+from shardplug.core.sharding.token_budget import TokenBudgetPlan
 
 __all__ = ["DataLoaderDispatcher", "DispatchOptions", "check_slice_fn"]
 
@@ -94,7 +96,9 @@ class DataLoaderDispatcher(DataLoaderShard):
     """Process 0 reads every batch; each process receives only its own rows (scatter).
 
     Per step process 0 takes one batch (``split_batches=True``) or ``N`` consecutive batches
-    concatenated along dim 0, and process ``i`` receives rows ``[i*k, (i+1)*k)``.  A final
+    concatenated along dim 0, and process ``i`` receives rows ``[i*k, (i+1)*k)`` (a
+    ``TokenBudgetBatchSampler``'s step: process ``i`` receives micro-batch ``i`` of the plan whole, see
+    :mod:`~shardplug.core.dispatch.budget_steps`).  A final
     step whose rows do not divide by ``N`` is completed with rows of the first step.  Shapes may
     change from step to step, and between the batches of one step (each process then receives its
     own batch whole: a collate that pads each batch to its own longest row).
@@ -102,9 +106,10 @@ class DataLoaderDispatcher(DataLoaderShard):
     kept).  A batch that cannot be dispatched is a :class:`DispatchError` raised on every process,
     never a hang.
 
-    Per step process 0 broadcasts a five-integer message on the loader's own process group
+    Per step process 0 broadcasts a message of a few integers on the loader's own process group
     (same shapes as before / new row count / new structure / no step / error / pass closed early,
-    with its pass number, whether the step is the pass's last and its ring slot); the pickled
+    with its pass number, whether the step is the pass's last, its ring slot, where its padding
+    begins and, for a token budget's step, a fingerprint of its samples); the pickled
     structure is sent only when it changes (once per pass for constant shapes): the wire protocol
     is :mod:`shardplug.core.dispatch.wire_protocol`.  Process 0 reads one step ahead, so the end of a
     pass is its own on every process; a pass it leaves early (``break``, an exception, garbage
@@ -187,20 +192,21 @@ class DataLoaderDispatcher(DataLoaderShard):
                 drop_last=bool(self.drop_last),
             )
         self.num_processes, self.process_index = num_processes, process_index
-        try:
-            length = source.num_batches(0)
-        except TypeError:  # a batch sampler without __len__
-            length = None
         # All dispatch traffic goes through a process group of its own: a message a process has not
         # read yet (the close of a pass it left early) can never meet the user's own collectives.
         device_type = communication_device().type
         self._wire = Wire(dispatch_group(device_type) if world_size() > 1 else None, device_type)
+        self._wire.rings.targets = self._same_host_processes()
+        if isinstance(source, TokenBudgetPlan):  # every process holds the plan of every process's micro-batches
+            return BudgetDispatchPlan(layout, source)
+        try:
+            length = source.num_batches(0)
+        except TypeError:  # a batch sampler without __len__
+            length = None
         if self._wire.group is not None:  # process 0 reads the data: its length is everybody's
             mine = length if global_rank() == 0 else None
             length = broadcast_object(mine, group=self._wire.group, what="the number of batches (dispatch)")
-        plan = DispatchPlan(layout, length, source if source.unit == "global_batches" else None)
-        self._wire.rings.targets = self._same_host_processes()
-        return plan
+        return DispatchPlan(layout, length, source if source.unit == "global_batches" else None)
 
     def _collate_into_rings(self) -> CollateIntoRing | None:
         """Process 0: a ``default_collate`` that stacks the other processes' batches straight into

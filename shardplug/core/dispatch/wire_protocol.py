@@ -2,9 +2,12 @@
 
 Before every step process 0 broadcasts a message of :data:`CONTROL_SIZE` integers on the
 dispatcher's own process group: ``(kind, pass number, rows, last, slot, real, padded part, its real
-rows)``, the last three where the step's padding begins
+rows, samples)``, the last four where the step's padding begins
 (:class:`~shardplug.core.dispatch.dispatch_plan.StepPadding`: every process knows its real rows, and
-the step's). What follows depends on the kind:
+the step's) and a fingerprint of the step's samples where every process's plan names them (0 elsewhere): a
+token budget's step says its real samples over all processes, that the cut padded no part (each process's real
+samples are its own plan's) and the fingerprint, which every process checks against its plan
+(:mod:`~shardplug.core.dispatch.budget_steps`). What follows depends on the kind:
 
 * ``SAME``: the step's part has the header sent last; ``ROWS``: that header with dim 0 =
   ``rows`` on every leaf; ``HEADER``: a new header follows (pickled: its size, then its bytes,
@@ -84,10 +87,11 @@ class DispatchStats:
 SAME, ROWS, HEADER, END, ERROR, CLOSE, UNEVEN = range(7)
 """Kinds of the message process 0 broadcasts before every step (see the module's description)."""
 
-CONTROL_SIZE = 8
+CONTROL_SIZE = 9
 """The message: (kind, process 0's pass number, rows, whether this step is the pass's last, the
 ring slot its rows are in, and where the step's padding begins: its real rows over all processes,
-the first process whose part holds padding, that part's real rows)."""
+the first process whose part holds padding, that part's real rows; and the fingerprint of the step's
+samples, where the plan names them, else 0)."""
 
 SEND_TAG = 0x5350
 """Tag of the point-to-point sends of rows (gloo), apart from the user's own sends."""
@@ -131,11 +135,12 @@ class Message(NamedTuple):
     real: int
     part: int
     part_rows: int
+    samples: int
 
     @property
     def padding(self) -> StepPadding:
         """Where the step's padding begins (see :class:`~shardplug.core.dispatch.dispatch_plan.StepPadding`)."""
-        return StepPadding(self.real, self.part, self.part_rows)
+        return StepPadding(self.real, self.part, self.part_rows, self.samples)
 
 
 NO_STEP = StepPadding(0, 0, 0)
@@ -161,7 +166,7 @@ def announce(
 ) -> Any:
     """Process 0: broadcast the message of the coming step (its work when ``async_op``)."""
     control[0], control[1], control[2], control[3], control[4] = kind, pass_number, rows, int(last), slot
-    control[5], control[6], control[7] = padding
+    control[5], control[6], control[7], control[8] = padding
     work = dist.broadcast(control, src=0, group=group, async_op=async_op)
     return work if async_op else _Done()
 

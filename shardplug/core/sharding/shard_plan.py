@@ -377,12 +377,13 @@ class PassRecord:
 
     ``step_real``: ``(real samples of the step handed out last over all processes, those of this
     process's part)``, where the pass learns them with the step (a dispatcher's: process 0 reads the
-    data and tells the others); ``None`` elsewhere.
+    data and tells the others); ``None`` elsewhere. ``step_samples``: the fingerprint of that step's samples
+    the dispatcher's message told, where the plan names them (a token budget's), else 0.
 
     One record per pass: a pass left early leaves its record behind, never in the next pass.
     """
 
-    __slots__ = ("started_at", "head", "batches", "fast_forwarded", "step_real")
+    __slots__ = ("started_at", "head", "batches", "fast_forwarded", "step_real", "step_samples")
 
     def __init__(self, track: bool = False) -> None:
         self.started_at = 0
@@ -390,6 +391,7 @@ class PassRecord:
         self.batches: deque[tuple[list[int], int]] | None = deque() if track else None
         self.fast_forwarded = 0
         self.step_real: tuple[int, int] | None = None
+        self.step_samples = 0
 
     def first_indices(self, count: int) -> list[int]:
         """Up to ``count`` first indices of the epoch's order (once the pass has started)."""

@@ -130,9 +130,12 @@ class TokenBudgetPlan(BatchSamplerPlan):
     first_holds_most = True  # every process holds as many micro-batches
     identifies_samples = True
 
-    def __init__(self, budget: TokenBudgetBatchSampler, layout: ShardLayout) -> None:
+    def __init__(self, budget: TokenBudgetBatchSampler, layout: ShardLayout, reads_all: bool = False) -> None:
         super().__init__(budget, layout)
         self.budget = budget
+        self.reads_all = reads_all
+        """A pass reads every process's micro-batches, step by step in process order (a dispatcher's process 0,
+        which sends each process its own); else this process's only."""
         self.pending_replans: Replans | None = None
         self.places: dict[int, Replans] = {}
         """Places of loaded positions and how their windows were planned."""
@@ -230,10 +233,17 @@ class TokenBudgetPlan(BatchSamplerPlan):
         return None if replans is None else {"replans": [list(pair) for pair in replans]}
 
     def next_pass(self) -> Iterator[list[int]]:
+        first, record = self.begin_reading()
+        yield from self._index_batches(first, record if record is not None else PassRecord())
+
+    def begin_reading(self) -> tuple[int, PassRecord | None]:
+        """A pass begins: its start and the record parked for it, taken (one-shot), and its plan made (what
+        :meth:`step_totals` and :meth:`pass_micro_batch` read).  A process that does not iterate its batch
+        sampler (a dispatcher's other processes) calls it as its pass begins."""
         first, record, self.pending_start, self.parked_record = self.pending_start, self.parked_record, 0, None
         replans, self.pending_replans = self.pending_replans, None
         self.current, self.current_epoch, self.current_start = self._plan(first, replans), self.budget.epoch, first
-        yield from self._index_batches(first, record if record is not None else PassRecord())
+        return first, record
 
     def _index_batches(self, consumed: int, record: PassRecord) -> Iterator[list[int]]:
         record.started_at = consumed
@@ -241,11 +251,42 @@ class TokenBudgetPlan(BatchSamplerPlan):
         self.current, self.current_epoch, self.current_start = plan, self.budget.epoch, consumed
         log = record.batches
         process = self.layout.process_index
+        if self.reads_all:  # every process's micro-batch of each step, in process order (none logged: each
+            n = plan.num_processes  # process's own are the plan's, see pass_micro_batch)
+            for step in range(plan.steps_before(consumed), plan.num_steps):
+                for p in range(n):
+                    yield plan.micro_batch(step, p)[0]
+            return
         for step in range(plan.steps_before(consumed), plan.num_steps):
             indices, real = plan.micro_batch(step, process)
             if log is not None:
                 log.append((indices, real))
             yield indices
+
+    def _pass_step(self, batch: int) -> tuple[EpochPlan, int]:
+        """The pass's plan and the step in it of the pass's ``batch``-th batch (0: the pass's first)."""
+        plan = self.current
+        if plan is None:
+            raise ValueError("no pass of this loader has begun: iterate it first")
+        return plan, plan.steps_before(self.current_start) + batch
+
+    def pass_micro_batch(self, batch: int) -> tuple[list[int], int]:
+        """(sample indices, real count) of this process's ``batch``-th micro-batch of the pass in progress."""
+        plan, step = self._pass_step(batch)
+        return plan.micro_batch(step, self.layout.process_index)
+
+    def pass_step(self, batch: int) -> tuple[int, int]:
+        """(real samples over all processes, fingerprint of its micro-batches) of the pass's ``batch``-th step: the
+        fingerprint changes with any sample, its place or its micro-batch (a dispatched step is checked by it)."""
+        plan, step = self._pass_step(batch)
+        n = plan.num_processes
+        bounds = plan.bounds[step * n : (step + 1) * n + 1]
+        ids = plan.samples[bounds[0] : bounds[-1]].astype(np.uint64) + np.uint64(1)
+        places = np.arange(1, ids.size + 1, dtype=np.uint64) * np.uint64(0x9E3779B97F4A7C15)
+        sizes = np.diff(bounds).astype(np.uint64) * np.arange(1, n + 1, dtype=np.uint64)
+        with np.errstate(over="ignore"):  # arithmetic modulo 2**64, alike on every process
+            mixed = int((ids * places).sum(dtype=np.uint64) ^ sizes.sum(dtype=np.uint64))
+        return int(plan.real[step * n : (step + 1) * n].sum()), mixed >> 2  # within an int64 message
 
     def step_totals(self, first: int, count: int) -> StepTotals:
         """The real tokens and samples over all processes of ``count`` steps from the pass's step ``first`` (0: the
@@ -288,10 +329,17 @@ class TokenBudgetShard(BatchSamplerShard):
 
     plan: TokenBudgetPlan
 
-    def __init__(self, budget: TokenBudgetBatchSampler, layout: ShardLayout) -> None:  # noqa: D107
+    def __init__(  # noqa: D107
+        self, budget: TokenBudgetBatchSampler, layout: ShardLayout, reads_all: bool = False
+    ) -> None:
         self.batch_sampler = budget
-        self.plan = TokenBudgetPlan(budget, layout)
+        self.plan = TokenBudgetPlan(budget, layout, reads_all)
         self.epoch = 0
+
+    def __len__(self) -> int:
+        """The micro-batches it yields: this process's, or with ``reads_all`` every process's."""
+        steps = self.plan.num_batches(self.plan.pending_start)
+        return steps * self.layout.num_processes if self.plan.reads_all else steps
 
     @property
     def sampler(self) -> Any:
@@ -332,10 +380,11 @@ def agree(budget: TokenBudgetBatchSampler, layout: ShardLayout) -> None:
     )
 
 
-def shard(dataloader: DataLoader[Any], layout: ShardLayout) -> Shard:
+def shard(dataloader: DataLoader[Any], layout: ShardLayout, reads_all: bool = False) -> Shard:
     """This process's part of a loader whose batch sampler is a :class:`TokenBudgetBatchSampler` (a copy: the
     user's is never changed), under ``layout``: every process plans the same epochs from the seed, so nothing
-    is agreed but the dataset's length, compared when the loader is prepared."""
+    is agreed but the dataset's length, compared when the loader is prepared.  ``reads_all``: the part reads
+    every process's micro-batches of each step (a dispatcher's process 0 sends each process its own)."""
     budget = copy.copy(dataloader.batch_sampler)
     assert isinstance(budget, TokenBudgetBatchSampler)
     budget.__dict__.pop("_alone_plan", None)  # the prepared plans are the shard's
@@ -346,7 +395,7 @@ def shard(dataloader: DataLoader[Any], layout: ShardLayout) -> Shard:
             "one length per sample of the dataset"
         )
     agree(budget, layout)
-    part = TokenBudgetShard(budget, layout)
+    part = TokenBudgetShard(budget, layout, reads_all)
     check = (length, None) if layout.num_processes > 1 else None
     return Shard(dataloader.dataset, part.plan, {"batch_sampler": part}, None, check)
 
@@ -374,6 +423,8 @@ def step_totals(loader: Any, accumulation_steps: int = 1) -> StepTotals:
         (StepTotals(tokens=11, samples=2), StepTotals(tokens=21, samples=6))
     """
     plan = getattr(loader, "plan", None)
+    if not isinstance(plan, TokenBudgetPlan):  # a dispatcher's: the steps of its token budget's plan
+        plan = getattr(plan, "source", None)
     if not isinstance(plan, TokenBudgetPlan):
         raise TypeError(
             f"step_totals needs a prepared loader whose batch_sampler is a TokenBudgetBatchSampler, got {loader!r}; "
