@@ -173,6 +173,11 @@ class _Segment:
         return deepest
 
 
+def _ahead_first(size: int) -> int:
+    """Batches of ``size`` positions :meth:`MixtureOrder.locate_batch` reads ahead at first."""
+    return max(4, -(-_AHEAD_FIRST // size))
+
+
 class _Vector(NamedTuple):
     """An order's numbers for :meth:`MixtureOrder.locate_arrays`: per segment its node table and depth, and each
     source's draws before it (a row per segment, a column per code); each source's length; the starts."""
@@ -198,10 +203,13 @@ class _Ahead(NamedTuple):
 
 _ARRAYS_FROM = 64
 """Fewer positions than this go one by one (numpy's cost per call is more than theirs)."""
-_AHEAD_FIRST = 4
-_AHEAD_MOST = 128
-"""Batches :meth:`MixtureOrder.locate_batch` locates at once: at first, and at most (4,096 positions of
-batches of 32 take about a millisecond, 64 KiB)."""
+_WALKED_ONE_BY_ONE = 48
+"""The chains of a cycle-walk that go on in numpy while more than this many are left; the last ones go on with
+Python integers (a pass of the Feistel rounds costs numpy about 50 calls, whatever the rows)."""
+_AHEAD_FIRST = 128
+_AHEAD_MOST = 4096
+"""Positions :meth:`MixtureOrder.locate_batch` locates at once, in whole batches: at first (4 batches at least),
+and at most (4,096 positions take about a millisecond and 64 KiB, 0.25 us each)."""
 
 _UNITS_BOUND = 2**33
 """A node's units stay below it (quantised weights sum to about 2**32): the bounds of :func:`_descend`."""
@@ -226,8 +234,9 @@ def _descend(table: np.ndarray, depth: int, offsets: np.ndarray) -> tuple[np.nda
     """
     node = np.zeros(offsets.shape, dtype=np.int64)
     n = offsets
+    columns = table.T.copy()
     for _ in range(depth):
-        high, low, units_left, units, theta, left_child, right_child, _code = table[node].T
+        high, low, units_left, units, theta, left_child, right_child, _code = columns[:, node]
         q, r = np.divmod(n, units)
         a1, m1 = np.divmod(r * high, units)
         m1 <<= 16
@@ -300,7 +309,7 @@ class MixtureOrder:
         self._rounds: dict[tuple[int, int], list[int]] = {}
         self._ahead: _Ahead | None = None
         self._last: tuple[int, int] | None = None  # (first position, size) of the batch locate_batch read last
-        self._ahead_count = _AHEAD_FIRST
+        self._ahead_count = 0  # batches to read ahead next (set by locate_batch)
 
     def _segment(self, position: int) -> _Segment:
         if type(position) is not int and not is_int(position) or position < 0:
@@ -404,16 +413,19 @@ class MixtureOrder:
         first[1:] |= cycle[1:] != cycle[:-1]
         which = np.empty_like(by)
         which[by] = np.cumsum(first) - 1  # each row's (source, cycle) among the distinct ones
-        table = np.array(
-            [self._rounds_of(c, y) for c, y in zip(code[first].tolist(), cycle[first].tolist())], dtype=np.int64
-        ).T[:, which]  # row 6 * k + j: round k's j-th constant (as KeyedPermutation.int_rounds), row 36: n
+        pairs = list(zip(code[first].tolist(), cycle[first].tolist()))
+        # row 6 * k + j: round k's j-th constant (as KeyedPermutation.int_rounds), row 36: n
+        table = np.array([self._rounds_of(c, y) for c, y in pairs], dtype=np.int64).T[:, which]
         samples = _encrypt_rows(inside, table[:-1])
         walking = np.flatnonzero(samples >= table[-1])
-        while walking.size:  # cycle-walking: every chain ends inside [0, n)
+        while len(walking) > _WALKED_ONE_BY_ONE:  # cycle-walking: every chain ends inside [0, n)
             rows = table[:, walking]
             walked = _encrypt_rows(samples[walking], rows[:-1])
             samples[walking] = walked
             walking = walking[walked >= rows[-1]]
+        for k, value, pair in zip(walking.tolist(), samples[walking].tolist(), which[walking].tolist()):
+            c, y = pairs[pair]  # at(value) walks on from value: the same chain
+            samples[k] = self.permutation(self.names[c], y).at(value)
         return samples
 
     def _rounds_of(self, code: int, cycle: int) -> list[int]:
@@ -452,10 +464,10 @@ class MixtureOrder:
         """(codes, samples) at a batch's ``positions``, as :meth:`locate_arrays` (or :meth:`locate_each`) gives
         them, read ahead: a batch of consecutive positions that follows the previous one at a stride
         (``stride`` positions later, the same size: a process's, a worker's next batch) is located together
-        with the next ones at that stride, ``_AHEAD_FIRST`` batches, twice as many each time all of them were
-        asked for, up to ``_AHEAD_MOST``; a batch among those is read from there.  So numpy's cost per call is
-        shared by many batches.  A guess that misses costs time only: a batch is read ahead only where all its
-        positions are the ones located."""
+        with the next ones at that stride (``_AHEAD_FIRST`` positions, 4 batches at least; twice as many each
+        time all of them were asked for, up to ``_AHEAD_MOST``); a batch among those is read from there.  So
+        numpy's cost per call is shared by many batches.  A guess that misses costs time only: a batch is read
+        from there only where all its positions are the ones located."""
         size = len(positions)
         first = positions[0] if size else None
         if type(first) is not int:
@@ -467,12 +479,13 @@ class MixtureOrder:
             k, rest = divmod(first - ahead.first, ahead.stride)
             if not rest and 0 <= k < ahead.batches:
                 if k == ahead.batches - 1:  # read to its end: the next one is twice as long
-                    self._ahead_count = min(2 * ahead.batches, _AHEAD_MOST)
+                    self._ahead_count = max(min(2 * ahead.batches, _AHEAD_MOST // size), ahead.batches)
                 return ahead.codes[k].tolist(), ahead.samples[k].tolist()
         if consecutive and last is not None and last[1] == size and first > last[0]:
             stride = first - last[0]
-            count = self._ahead_count if ahead is not None and ahead.stride == stride else _AHEAD_FIRST
-            self._ahead_count = _AHEAD_FIRST  # unless this block is read to its end
+            going_on = ahead is not None and (ahead.stride, ahead.size) == (stride, size)
+            count = self._ahead_count if going_on else _ahead_first(size)
+            self._ahead_count = _ahead_first(size)  # unless this block is read to its end
             if first + stride * count + size < _POSITIONS_BOUND:
                 block = first + stride * np.arange(count, dtype=np.int64)[:, None] + np.arange(size, dtype=np.int64)
                 arrays = self.locate_arrays(block.ravel())
@@ -493,7 +506,7 @@ class MixtureOrder:
     def __getstate__(self) -> dict[str, Any]:
         """What a copy (a DataLoader worker's) takes: no caches."""
         state = self.__dict__.copy()
-        state.update(_vector=None, _rounds={}, _ahead=None, _last=None, _ahead_count=_AHEAD_FIRST, _permutations={})
+        state.update(_vector=None, _rounds={}, _ahead=None, _last=None, _ahead_count=0, _permutations={})
         return state
 
     # -- saving and continuing ----------------------------------------------------------------------
