@@ -206,7 +206,7 @@ _ARRAYS_FROM = 64
 _WALKED_ONE_BY_ONE = 48
 """The chains of a cycle-walk that go on in numpy while more than this many are left; the last ones go on with
 Python integers (a pass of the Feistel rounds costs numpy about 50 calls, whatever the rows)."""
-_AHEAD_FIRST = 128
+_AHEAD_FIRST = 512
 _AHEAD_MOST = 4096
 """Positions :meth:`MixtureOrder.locate_batch` locates at once, in whole batches: at first (4 batches at least),
 and at most (4,096 positions take about a millisecond and 64 KiB, 0.25 us each)."""
@@ -464,7 +464,7 @@ class MixtureOrder:
         """(codes, samples) at a batch's ``positions``, as :meth:`locate_arrays` (or :meth:`locate_each`) gives
         them, read ahead: a batch of consecutive positions that follows the previous one at a stride
         (``stride`` positions later, the same size: a process's, a worker's next batch) is located together
-        with the next ones at that stride (``_AHEAD_FIRST`` positions, 4 batches at least; twice as many each
+        with the next ones at that stride (``_AHEAD_FIRST`` positions, 4 batches at least; 4 times as many each
         time all of them were asked for, up to ``_AHEAD_MOST``); a batch among those is read from there.  So
         numpy's cost per call is shared by many batches.  A guess that misses costs time only: a batch is read
         from there only where all its positions are the ones located."""
@@ -478,8 +478,8 @@ class MixtureOrder:
         if ahead is not None and ahead.size == size and consecutive:
             k, rest = divmod(first - ahead.first, ahead.stride)
             if not rest and 0 <= k < ahead.batches:
-                if k == ahead.batches - 1:  # read to its end: the next one is twice as long
-                    self._ahead_count = max(min(2 * ahead.batches, _AHEAD_MOST // size), ahead.batches)
+                if k == ahead.batches - 1:  # read to its end: the next one is longer
+                    self._ahead_count = max(min(4 * ahead.batches, _AHEAD_MOST // size), ahead.batches)
                 return ahead.codes[k].tolist(), ahead.samples[k].tolist()
         if consecutive and last is not None and last[1] == size and first > last[0]:
             stride = first - last[0]
