@@ -257,9 +257,9 @@ def _encrypt_rows(values: np.ndarray, rounds: np.ndarray) -> np.ndarray:
     """One pass of :class:`KeyedPermutation`'s Feistel network over ``values`` (int64), each row with its own
     permutation's rounds: ``rounds[6 * k : 6 * k + 6]`` (rows of a table) are round ``k``'s (key, multiplier,
     low, low mask, high, high mask), as :meth:`KeyedPermutation.at` takes them, so the values are its (``values``
-    is written over).  No
-    int64 overflows: a value has ``bits <= 62`` bits (``n <= 2**62``), ``right ^ key < 2**32`` and the
-    multiplier ``< 2**31`` (their product ``< 2**63``), ``right << high < 2**bits``."""
+    is written over).  No int64 overflows: a value has ``bits <= 62`` bits (``n <= 2**62``), so ``right`` has
+    ``low <= 31``; ``right ^ key < 2**32`` and the multiplier ``< 2**31`` (their product ``< 2**63``);
+    ``right << high < 2**bits``."""
     for k in range(0, len(rounds), 6):
         key, multiplier, low, low_mask, high, high_mask = rounds[k : k + 6]
         right = values & low_mask
