@@ -154,6 +154,7 @@ class Mixture(Dataset[Any]):
         self.samples_per_epoch = samples_per_epoch
         self.configured = MixtureOrder(self.seed, lengths, [(start, quantize_weights(w)) for start, w in self.schedule])
         self.order = self.configured
+        self._readers: tuple[MixtureOrder, list[Any], bool] | None = None
         self.version = 0
         """Counts the changes of :attr:`order` (a position with other weights loaded)."""
 
@@ -187,19 +188,35 @@ class Mixture(Dataset[Any]):
         return source
 
     def __getitems__(self, positions: list[int]) -> list[Any]:
-        """A batch's samples, each source read once per batch (with its ``__getitems__`` where it has one)."""
-        draws = self.order.locate_many([int(p) for p in positions])
-        by_source: dict[str, list[int]] = {}
-        for k, draw in enumerate(draws):
-            by_source.setdefault(draw.source, []).append(k)
-        out: list[Any] = [None] * len(draws)
-        for name, where in by_source.items():
-            source, samples = self._source(name, positions[where[0]]), [draws[k].sample for k in where]
+        """A batch's samples, each source with a ``__getitems__`` read once per batch with it (the others row by
+        row); the batch located at once (:meth:`MixtureOrder.locate_batch`)."""
+        order = self.order
+        codes, samples = order.locate_batch(positions)
+        readers = self._readers
+        if readers is None or readers[0] is not order:
+            readers = self._readers = self._readers_of(order)
+        _, sources, batched = readers
+        if not batched:
+            return [sources[c][s] for c, s in zip(codes, samples)]
+        by_source: dict[int, list[int]] = {}
+        for k, code in enumerate(codes):
+            by_source.setdefault(code, []).append(k)
+        out: list[Any] = [None] * len(codes)
+        for code, where in by_source.items():
+            source = self._source(order.names[code], positions[where[0]])
             many = getattr(source, "__getitems__", None)
-            items = many(samples) if many is not None else [source[s] for s in samples]
+            rows = [samples[k] for k in where]
+            items = many(rows) if many is not None else [source[s] for s in rows]
             for k, item in zip(where, items):
                 out[k] = item
         return out
+
+    def _readers_of(self, order: MixtureOrder) -> tuple[MixtureOrder, list[Any], bool]:
+        """(``order``, the source of each of its codes, whether a batch is read source by source: a source has a
+        ``__getitems__``, or one of the order's is no longer here, to be named where a position reads it)."""
+        sources = [self.sources.get(name) for name in order.names]
+        batched = any(source is None or hasattr(source, "__getitems__") for source in sources)
+        return order, sources, batched
 
     def continue_from(self, position: int, state: Any) -> None:
         """Go on from global ``position`` of the order ``state`` saved (:meth:`MixtureOrder.state`), with this

@@ -222,9 +222,7 @@ class KeyedPermutation:
     def at(self, position: int) -> int:
         """The index at one ``position`` (in ``[0, n)``), with Python integers: the same network as
         :meth:`__call__` (every value stays below ``2**63``), without a tensor per call (for a few positions)."""
-        rounds = self._int_rounds
-        if rounds is None:
-            rounds = self._int_rounds = self._rounds_of_ints()
+        rounds = self._int_rounds or self.int_rounds()
         n, value = self.n, position
         while True:  # cycle-walking, as __call__
             for key, multiplier, low, low_mask, high, high_mask in rounds:
@@ -235,14 +233,17 @@ class KeyedPermutation:
 
     _int_rounds: tuple[tuple[int, int, int, int, int, int], ...] | None = None
 
-    def _rounds_of_ints(self) -> tuple[tuple[int, int, int, int, int, int], ...]:
-        """Each round of :meth:`_encrypt` as constants: (key, multiplier, low, low mask, high, high mask)."""
-        rounds, low = [], self.bits // 2
-        for key, multiplier in self.keys:
-            high = self.bits - low
-            rounds.append((key, multiplier, low, (1 << low) - 1, high, (1 << high) - 1))
-            low = high
-        return tuple(rounds)
+    def int_rounds(self) -> tuple[tuple[int, int, int, int, int, int], ...]:
+        """Each round of :meth:`_encrypt` as constants: (key, multiplier, low, low mask, high, high mask), the
+        ``bits`` split as :meth:`_encrypt` splits them (what :meth:`at` computes with; computed once)."""
+        if self._int_rounds is None:
+            rounds, low = [], self.bits // 2
+            for key, multiplier in self.keys:
+                high = self.bits - low
+                rounds.append((key, multiplier, low, (1 << low) - 1, high, (1 << high) - 1))
+                low = high
+            self._int_rounds = tuple(rounds)
+        return self._int_rounds
 
     def __call__(self, positions: torch.Tensor) -> torch.Tensor:
         """The indices at ``positions`` (int64, each in ``[0, n)``) of this epoch's order."""
