@@ -16,7 +16,7 @@ gives its process ``RANK`` (``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``, ``MASTER_A
 of a port free for the job, ...), the output of process ``RANK`` in ``stdout.RANK`` and ``stderr.RANK``;
 when one of them fails the others are stopped, and the job's status is the first failure's.  A job's
 ``"processes"`` (default: its ranks, else 1) is how many processes it runs at once: at most ``W`` run
-together.
+together; a job that starts several of its own is given a free ``MASTER_PORT``.
 """
 
 from __future__ import annotations
@@ -90,7 +90,9 @@ def main(jobs_path: str, results_path: str) -> None:
         processes = job.get("processes", ranks or 1)
         while running and sum(weight.values()) + processes > spec["workers"]:
             reap()
-        port = free_port() if ranks else 0
+        # a port for the job's group: torchrun's, or one for a block that starts its own processes (Ignite's Parallel
+        # takes MASTER_PORT, else 2222 for every job: two blocks at once, or another test's group, would meet there)
+        port = free_port() if processes > 1 else 0
         for rank in range(ranks or 1):
             sys.stdout.flush()
             sys.stderr.flush()
@@ -98,6 +100,8 @@ def main(jobs_path: str, results_path: str) -> None:
             if pid == 0:
                 if ranks:
                     os.environ.update(torchrun_variables(rank, ranks, port))
+                elif port:
+                    os.environ["MASTER_PORT"] = str(port)
                 child(job, spec["timeout"], f".{rank}" if ranks else "")
             running[pid] = job["name"]
             weight[pid] = 1 if ranks else processes

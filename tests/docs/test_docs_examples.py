@@ -37,6 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from _dist import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 PAGES = sorted((ROOT / "docs").glob("*.md")) + [
@@ -78,6 +79,13 @@ class SeveralProcesses:
     code: str  # the block's code in that form
     torchrun: bool  # launched by torchrun (else the program starts its processes itself)
     expected: tuple[str, ...] | None  # every line the processes print, in any order
+
+    @property
+    def forked_ranks(self) -> bool:
+        """Run by the forking runner as ranks with torchrun's variables: a torchrun form, and a Lightning one (its
+        launcher takes processes that have those variables as started for it, so no rank imports Lightning again;
+        ``SHARDPLUG_DOCS_FRESH=1`` runs it as ``python example.py``, Lightning's launcher starting the others)."""
+        return self.torchrun or self.how.startswith("devices=")
 
 
 @dataclass(frozen=True)
@@ -210,10 +218,12 @@ def launch_several(example: Example) -> subprocess.CompletedProcess:
             *("-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={several.processes}"),
             *("--redirects", "1", "--log-dir", str(logs)),
         ]
+        # a block that starts its own processes gets a free port (Ignite's Parallel takes 2222 without one)
+        port = {} if several.torchrun else {"MASTER_PORT": str(free_port())}
         done = subprocess.run(
             [sys.executable, *(launcher if several.torchrun else []), str(script)],
             cwd=cwd,
-            env=environment(),
+            env={**environment(), **port},
             capture_output=True,
             text=True,
             timeout=TIMEOUT_S,
@@ -249,8 +259,8 @@ def run_forked(examples: list[Example], workers: int, several: bool = False) -> 
                 "stdout": str(Path(root) / f"{i}.out"),
                 "stderr": str(Path(root) / f"{i}.err"),
             }
-            if form is not None:  # the processes it runs: torchrun's, started by the runner, or its own
-                job["ranks" if form.torchrun else "processes"] = form.processes
+            if form is not None:  # the processes it runs: started by the runner, or by the block (Ignite's Parallel)
+                job["ranks" if form.forked_ranks else "processes"] = form.processes
             jobs.append(job)
         spec = Path(root) / "jobs.json"
         spec.write_text(json.dumps({"workers": workers, "timeout": TIMEOUT_S, "preload": preload, "jobs": jobs}))
