@@ -25,6 +25,7 @@ import os
 import sys
 import time
 import tracemalloc
+from typing import Any
 
 import numpy as np
 from torch.utils.data import DataLoader
@@ -209,18 +210,28 @@ def main() -> None:
             best = float("inf")
             for _ in range(1 if size >= 10**7 else 3):
                 start = time.perf_counter()
-                plan_epoch(BudgetSpec(16_384, cost=cost, seed=1), lengths, 8)
+                assert plan_epoch(BudgetSpec(16_384, cost=cost, seed=1), lengths, 8).num_steps  # every window planned
                 best = min(best, time.perf_counter() - start)
             print(f"T2 {size:>10,} lengths, N = 8, cost={cost:<9} {best:6.2f} s ({best / size * 1e6:.2f} s per 10^6)")
 
-    print("\nT3 a resume (N = 8, cost=attention): load_state_dict and the first batch; peak memory of a plan")
+    print("\nT3 the first batch (N = 8, cost=attention): of a pass, of a resume (load_state_dict and the first batch)")
+    print("   on 8 and on 4 processes; peak memory of a plan")
     for size in sizes:
         lengths = lengths_of("lognormal", size, 4_096).astype(np.int32)
+        start = time.perf_counter()
+        epoch_order(size, True, 1, 0)
+        order = time.perf_counter() - start
+        name = f"T3 {size:>10,} lengths"
+        print(f"{name}, a pass from the epoch's start: {first_seconds(lengths):6.2f} s to the first batch")
         for share in (0.1, 0.5, 0.9):
             seconds = resume_seconds(lengths, share)
-            print(f"T3 {size:>10,} lengths, position at {share:.0%} of the epoch: {seconds:6.2f} s to the first batch")
+            print(f"{name}, position at {share:.0%} of the epoch: {seconds:6.2f} s to the first batch")
+        resized = resume_seconds(lengths, 0.5, resumed_on=4)
+        print(f"{name}, position at 50% of the epoch on 4 processes: {resized:6.2f} s to the first batch")
+        print(f"{name}: the epoch's order alone (a shuffle of {size:,}, in each of these) {order:6.2f} s")
         tracemalloc.start()
         plan = plan_epoch(BudgetSpec(16_384, cost="attention", seed=1), lengths, 8)
+        assert plan.num_steps  # every window planned
         held, peak = tracemalloc.get_traced_memory()
         tracemalloc.stop()
         del plan
@@ -230,21 +241,31 @@ def main() -> None:
         )
 
 
-def resume_seconds(lengths: np.ndarray, share: float) -> float:
-    """Seconds from ``load_state_dict`` of a position at ``share`` of the epoch to the first batch (process 0 of 8)."""
+def _loader(lengths: np.ndarray, num_processes: int = 8) -> Any:
+    """Process 0's prepared loader of micro-batches of ``lengths`` (``max_tokens=16384``, ``cost="attention"``)."""
+    sampler = TokenBudgetBatchSampler(lengths, 16_384, cost="attention", seed=1)
+    data = DataLoader(range(lengths.size), batch_sampler=sampler, collate_fn=lambda batch: batch)
+    return prepare_data_loader(data, num_processes=num_processes, process_index=0)
 
-    def loader() -> object:
-        sampler = TokenBudgetBatchSampler(lengths, 16_384, cost="attention", seed=1)
-        data = DataLoader(range(lengths.size), batch_sampler=sampler, collate_fn=lambda batch: batch)
-        return prepare_data_loader(data, num_processes=8, process_index=0)
 
-    saved = loader()
+def first_seconds(lengths: np.ndarray) -> float:
+    """Seconds from ``iter()`` of a new loader (process 0 of 8) to its first batch."""
+    loader = _loader(lengths)
+    start = time.perf_counter()
+    next(iter(loader))
+    return time.perf_counter() - start
+
+
+def resume_seconds(lengths: np.ndarray, share: float, resumed_on: int = 8) -> float:
+    """Seconds from ``load_state_dict`` of a position at ``share`` of the epoch (saved by process 0 of 8) to the
+    first batch (process 0 of ``resumed_on``)."""
+    saved = _loader(lengths)
     batches = iter(saved)
     for _ in range(int(len(saved) * share)):
         next(batches)
     state = saved.state_dict()
     del saved, batches
-    resumed = loader()
+    resumed = _loader(lengths, resumed_on)
     start = time.perf_counter()
     resumed.load_state_dict(state)
     next(iter(resumed))

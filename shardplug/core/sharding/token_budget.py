@@ -111,8 +111,10 @@ class TokenBudgetBatchSampler(Sampler[list[int]]):
 
     def __iter__(self) -> Iterator[list[int]]:
         plan = self._alone()
-        for step in range(plan.num_steps):
+        step = 0
+        while plan.has_step(step):  # the windows planned as the pass reaches them
             yield plan.micro_batch(step, 0)[0]
+            step += 1
 
 
 class StepTotals(NamedTuple):
@@ -162,12 +164,12 @@ class TokenBudgetPlan(BatchSamplerPlan):
         if replans is None:
             replans = self.places.get(start)
         current = self.current
-        if replans is None and current is not None and self.current_epoch == epoch and _passes(current, start):
+        if replans is None and current is not None and self.current_epoch == epoch and current.passes(start):
             return current  # the pass's own plan first: the places of its steps
         for (made_epoch, made_start, made_replans), plan in self.plans:
             if made_epoch != epoch:
                 continue
-            if (replans is None and _passes(plan, start)) or (made_start, made_replans) == (start, replans):
+            if (replans is None and plan.passes(start)) or (made_start, made_replans) == (start, replans):
                 return plan
         plan = self.budget.plan(self.layout.num_processes, start, replans)
         self.plans = [((epoch, start, replans), plan), *self.plans[:2]]
@@ -178,13 +180,14 @@ class TokenBudgetPlan(BatchSamplerPlan):
         if not batches:
             return start
         plan = self._plan(start)
-        step = plan.steps_before(start) + batches - 1
-        if step >= plan.num_steps:
+        before = plan.steps_before(start)
+        step = before + batches - 1
+        if not plan.has_step(step):
             raise ValueError(
-                f"{batches} micro-batches after {start} samples pass the epoch's end ({plan.num_steps} steps left on "
-                f"{self.layout.num_processes} processes)"
+                f"{batches} micro-batches after {start} samples pass the epoch's end ({plan.num_steps - before} steps "
+                f"left on {self.layout.num_processes} processes)"
             )
-        return int(plan.consumed[step])
+        return plan.consumed_at(step)
 
     def epoch_size(self) -> int:
         return int(self.budget.lengths.size)
@@ -193,13 +196,26 @@ class TokenBudgetPlan(BatchSamplerPlan):
         plan = self._plan(check_consumed(consumed))
         return plan.num_steps - plan.steps_before(consumed)
 
+    def has_batches(self, consumed: int, count: int) -> bool:
+        """Whether ``count`` more micro-batches follow the place ``consumed`` (the windows up to them planned)."""
+        plan = self._plan(check_consumed(consumed))
+        return count <= 0 or plan.has_step(plan.steps_before(consumed) + count - 1)
+
+    def batches_before(self, consumed: int) -> int:
+        """The epoch's steps on this layout before the place ``consumed`` (another layout's position's): those of
+        the whole epoch less those from the place, counted through the place's window only (the windows after
+        it are planned alike from both)."""
+        rest = self._plan(check_consumed(consumed))
+        window = rest.window_of(consumed)
+        return max(self._plan(0).steps_through_window(window) - rest.steps_through_window(window), 0)
+
     def samples_before(self, consumed: int) -> int:
         return consumed
 
     def finished(self, consumed: int) -> bool:
         if consumed == 0 and not self.budget.drop_last:  # every window of samples makes a step: nothing to plan
             return self.epoch_size() == 0
-        return consumed >= self.epoch_size() or self.num_batches(consumed) == 0
+        return consumed >= self.epoch_size() or not self.has_batches(consumed, 1)
 
     def start_after(self, consumed: int, dataset_state: Any = None) -> int:
         self.pending_start, self.pending_replans = check_consumed(consumed), _replans(dataset_state)
@@ -241,8 +257,10 @@ class TokenBudgetPlan(BatchSamplerPlan):
         self.current, self.current_epoch, self.current_start = plan, self.budget.epoch, consumed
         log = record.batches
         process = self.layout.process_index
-        for step in range(plan.steps_before(consumed), plan.num_steps):
+        step = plan.steps_before(consumed)
+        while plan.has_step(step):  # the windows planned as the pass reaches them
             indices, real = plan.micro_batch(step, process)
+            step += 1
             if log is not None:
                 log.append((indices, real))
             yield indices
@@ -253,12 +271,8 @@ class TokenBudgetPlan(BatchSamplerPlan):
         plan = self.current
         if plan is None:
             raise ValueError("no pass of this loader has begun: iterate it first")
-        n = plan.num_processes
         first += plan.steps_before(self.current_start)
-        begin, end = max(first, 0) * n, min(first + count, plan.num_steps) * n
-        if end <= begin:
-            return StepTotals(0, 0)
-        return StepTotals(int(plan.tokens[begin:end].sum()), int(plan.real[begin:end].sum()))
+        return StepTotals(*plan.totals(first, first + count))
 
 
 def _replans(dataset_state: Any) -> Replans | None:
@@ -272,14 +286,6 @@ def _replans(dataset_state: Any) -> Replans | None:
             f"the position's dataset_state={dataset_state!r} is not a token budget's (a dict with 'replans': "
             "[[num_processes, samples], ...]); load the position this loader saved"
         ) from None
-
-
-def _passes(plan: EpochPlan, start: int) -> bool:
-    """Whether ``plan`` passes the place ``start`` (its start, or after one of its steps)."""
-    if start == plan.start:
-        return True
-    step = int(np.searchsorted(plan.consumed, start))
-    return step < plan.consumed.size and int(plan.consumed[step]) == start
 
 
 class TokenBudgetShard(BatchSamplerShard):
