@@ -21,6 +21,7 @@ sampler): global batch ``s * N + p`` is process ``p``'s at step ``s``.
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import sys
 import time
@@ -215,20 +216,17 @@ def main() -> None:
             print(f"T2 {size:>10,} lengths, N = 8, cost={cost:<9} {best:6.2f} s ({best / size * 1e6:.2f} s per 10^6)")
 
     print("\nT3 the first batch (N = 8, cost=attention): of a pass, of a resume (load_state_dict and the first batch)")
-    print("   on 8 and on 4 processes; peak memory of a plan")
+    print("   on 8 and on 4 processes (CPU: this process's, what one core of its own takes); peak memory of a plan")
     for size in sizes:
         lengths = lengths_of("lognormal", size, 4_096).astype(np.int32)
-        start = time.perf_counter()
-        epoch_order(size, True, 1, 0)
-        order = time.perf_counter() - start
         name = f"T3 {size:>10,} lengths"
-        print(f"{name}, a pass from the epoch's start: {first_seconds(lengths):6.2f} s to the first batch")
-        for share in (0.1, 0.5, 0.9):
-            seconds = resume_seconds(lengths, share)
-            print(f"{name}, position at {share:.0%} of the epoch: {seconds:6.2f} s to the first batch")
-        resized = resume_seconds(lengths, 0.5, resumed_on=4)
-        print(f"{name}, position at 50% of the epoch on 4 processes: {resized:6.2f} s to the first batch")
-        print(f"{name}: the epoch's order alone (a shuffle of {size:,}, in each of these) {order:6.2f} s")
+        rows = [("a pass from the epoch's start", first_seconds(lengths))]
+        rows += [(f"position at {share:.0%} of the epoch", resume_seconds(lengths, share)) for share in (0.1, 0.5, 0.9)]
+        rows.append(("position at 50% of the epoch on 4 processes", resume_seconds(lengths, 0.5, resumed_on=4)))
+        for what, (wall, cpu) in rows:
+            print(f"{name}, {what}: {wall:6.2f} s to the first batch ({cpu:.2f} s of CPU)")
+        wall, cpu = _timed(functools.partial(epoch_order, lengths.size, True, 1, 0))
+        print(f"{name}: the epoch's order alone (a shuffle, in each of these) {wall:6.2f} s ({cpu:.2f} s of CPU)")
         tracemalloc.start()
         plan = plan_epoch(BudgetSpec(16_384, cost="attention", seed=1), lengths, 8)
         assert plan.num_steps  # every window planned
@@ -248,17 +246,23 @@ def _loader(lengths: np.ndarray, num_processes: int = 8) -> Any:
     return prepare_data_loader(data, num_processes=num_processes, process_index=0)
 
 
-def first_seconds(lengths: np.ndarray) -> float:
-    """Seconds from ``iter()`` of a new loader (process 0 of 8) to its first batch."""
+def _timed(work: Any) -> tuple[float, float]:
+    """Seconds of wall time and of this process's CPU time that ``work()`` took (on a loaded machine the CPU time
+    is what one core of its own would take)."""
+    wall, cpu = time.perf_counter(), time.process_time()
+    work()
+    return time.perf_counter() - wall, time.process_time() - cpu
+
+
+def first_seconds(lengths: np.ndarray) -> tuple[float, float]:
+    """Seconds (wall, CPU) from ``iter()`` of a new loader (process 0 of 8) to its first batch."""
     loader = _loader(lengths)
-    start = time.perf_counter()
-    next(iter(loader))
-    return time.perf_counter() - start
+    return _timed(lambda: next(iter(loader)))
 
 
-def resume_seconds(lengths: np.ndarray, share: float, resumed_on: int = 8) -> float:
-    """Seconds from ``load_state_dict`` of a position at ``share`` of the epoch (saved by process 0 of 8) to the
-    first batch (process 0 of ``resumed_on``)."""
+def resume_seconds(lengths: np.ndarray, share: float, resumed_on: int = 8) -> tuple[float, float]:
+    """Seconds (wall, CPU) from ``load_state_dict`` of a position at ``share`` of the epoch (saved by process 0 of
+    8) to the first batch (process 0 of ``resumed_on``)."""
     saved = _loader(lengths)
     batches = iter(saved)
     for _ in range(int(len(saved) * share)):
@@ -266,10 +270,7 @@ def resume_seconds(lengths: np.ndarray, share: float, resumed_on: int = 8) -> fl
     state = saved.state_dict()
     del saved, batches
     resumed = _loader(lengths, resumed_on)
-    start = time.perf_counter()
-    resumed.load_state_dict(state)
-    next(iter(resumed))
-    return time.perf_counter() - start
+    return _timed(lambda: (resumed.load_state_dict(state), next(iter(resumed))))
 
 
 if __name__ == "__main__":
