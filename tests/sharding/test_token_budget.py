@@ -325,3 +325,25 @@ def test_a_pass_plans_the_windows_as_it_reaches_them_and_marks_its_last_batch(mo
         assert sorted(seen + rest) == list(range(MANY.size))
     for loader in saved:  # a whole pass: its last batch marked
         assert _marked(loader)[1] == [False] * (len(loader) - 1) + [True]
+
+
+def test_a_resize_at_a_window_start_counts_the_batches_before_it_on_the_new_layout() -> None:
+    """A position at a window's start (no ``dataset_state``) resumed on another number of processes: the pass
+    counts the batches the new layout has before the place (the epoch's less those from the place), also where
+    a plan from the epoch's start, passing the place, was made first (with ``drop_last`` a loaded loader asks
+    whether its epoch's start has a step)."""
+    saved = _loaders(2, MANY, window=50, drop_last=True, seed=6)
+    iterators = [iter(loader) for loader in saved]
+    position = saved[0].state_dict()
+    while position["consumed"] % 50 or not position["consumed"]:
+        for it in iterators:
+            next(it)
+        position = saved[0].state_dict()
+    assert position["dataset_state"] is None
+    counted = _loaders(3, MANY, window=50, drop_last=True, seed=6)[0].plan
+    before = counted.num_batches(0) - counted.num_batches(position["consumed"])
+    assert before > 0
+    for loader in _loaders(3, MANY, window=50, drop_last=True, seed=6):
+        loader.load_state_dict(position)
+        next(iter(loader))
+        assert loader.state_dict()["batches_yielded"] == before + 1

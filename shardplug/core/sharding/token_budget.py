@@ -202,12 +202,13 @@ class TokenBudgetPlan(BatchSamplerPlan):
         return count <= 0 or plan.has_step(plan.steps_before(consumed) + count - 1)
 
     def batches_before(self, consumed: int) -> int:
-        """The epoch's steps on this layout before the place ``consumed`` (another layout's position's): those of
-        the whole epoch less those from the place, counted through the place's window only (the windows after
-        it are planned alike from both)."""
-        rest = self._plan(check_consumed(consumed))
-        window = rest.window_of(consumed)
-        return max(self._plan(0).steps_through_window(window) - rest.steps_through_window(window), 0)
+        """The epoch's steps on this layout before the place ``consumed`` (another layout's position's):
+        ``num_batches(0) - num_batches(consumed)``, counted through the place's window only (the windows after it
+        are planned alike in the epoch's plan and in the place's)."""
+        plan = self._plan(check_consumed(consumed))  # the place's (one from before it, where one passes it)
+        window = plan.window_of(consumed)
+        after = plan.steps_through_window(window) - plan.steps_before(consumed)  # its window's steps after the place
+        return max(self._plan(0).steps_through_window(window) - after, 0)
 
     def samples_before(self, consumed: int) -> int:
         return consumed
