@@ -258,9 +258,9 @@ def test_a_resume_plans_the_epoch_once_from_its_place(monkeypatch) -> None:
     resumed = _loaders(2, seed=4)[0]
     plan, starts = TokenBudgetBatchSampler.plan, []
 
-    def recorded(self, num_processes=1, start=0, replans=None):
+    def recorded(self, num_processes=1, start=0, replans=None, epoch=None):
         starts.append(start)
-        return plan(self, num_processes, start, replans)
+        return plan(self, num_processes, start, replans, epoch)
 
     monkeypatch.setattr(TokenBudgetBatchSampler, "plan", recorded)
     resumed.load_state_dict(state)
@@ -347,3 +347,25 @@ def test_a_resize_at_a_window_start_counts_the_batches_before_it_on_the_new_layo
         loader.load_state_dict(position)
         next(iter(loader))
         assert loader.state_dict()["batches_yielded"] == before + 1
+
+
+@pytest.mark.parametrize("resumed_on", [2, 3])
+def test_a_position_inside_a_later_epoch_resumes_in_that_epoch(resumed_on: int) -> None:
+    """A position saved inside epoch 1 (its place one of epoch 1's plan, not of epoch 0's) loads into a new loader,
+    whose sampler stands at epoch 0 until the pass begins: its place is asked of its own epoch, and the rest of
+    that epoch comes once (the uninterrupted run's on the same number of processes)."""
+    saved = _loaders(2, seed=5, cost="padded")
+    for loader in saved:
+        assert len(list(loader))  # epoch 0, whole
+    iterators = [iter(loader) for loader in saved]  # epoch 1
+    seen = [i for _ in range(2) for it in iterators for i in next(it).tolist()]
+    state = saved[0].state_dict()
+    assert state["epoch"] == 1 and state["dataset_state"] is not None  # inside its window
+    uninterrupted = [[batch.tolist() for batch in it] for it in iterators]
+    resumed = _loaders(resumed_on, seed=5, cost="padded")
+    for loader in resumed:
+        loader.load_state_dict(state)
+    parts = _epoch(resumed)
+    assert sorted(seen + [i for part in parts for batch in part for i in batch]) == list(range(50))
+    if resumed_on == 2:
+        assert parts == uninterrupted

@@ -226,11 +226,12 @@ class _PlansSteps(Protocol):
 
     def consumed_after(self, start: int, batches: int) -> int: ...
 
-    def note_place(self, consumed: int, dataset_state: Any) -> Callable[[], None]:
-        """A position's place and its own part (what :meth:`ShardPlan.saved_state` gave there), read before the
-        position is loaded: the steps after a place may depend on it (raise a ``ValueError``, the plan as it
-        was, where it is not one of the plan's places).  Returns what forgets it, for a position then refused:
-        the plan as it was before."""
+    def note_place(self, consumed: int, dataset_state: Any, epoch: int) -> Callable[[], None]:
+        """A position's place in its ``epoch`` and its own part (what :meth:`ShardPlan.saved_state` gave there),
+        read before the position is loaded: the steps after a place may depend on it (raise a ``ValueError``, the
+        plan as it was, where it is not one of the epoch's places); until the position's pass begins, the place
+        is the position's epoch's (asked before the loader stands at that epoch).  Returns what forgets it, for a
+        position then refused: the plan as it was before."""
 
 
 @runtime_checkable
@@ -250,12 +251,12 @@ class _LastAsItGoes(Protocol):
         ...
 
 
-def note_place(plan: ShardPlan, consumed: int, dataset_state: Any) -> Callable[[], None]:
-    """Tell ``plan`` a position's place and its own part before anything is asked about it (see
+def note_place(plan: ShardPlan, consumed: int, dataset_state: Any, epoch: int) -> Callable[[], None]:
+    """Tell ``plan`` a position's place in its ``epoch`` and its own part before anything is asked about it (see
     :class:`_PlansSteps`); nothing for the plans whose places are their counters alone.  Returns what forgets
     it (call it where the position is refused: the plan is then as it was)."""
     if isinstance(plan, _PlansSteps):
-        return plan.note_place(consumed, dataset_state)
+        return plan.note_place(consumed, dataset_state, epoch)
     return _nothing
 
 

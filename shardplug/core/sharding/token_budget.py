@@ -93,9 +93,14 @@ class TokenBudgetBatchSampler(Sampler[list[int]]):
         """The epoch whose order the next pass plans (with the seed)."""
         self.epoch = int(epoch)
 
-    def plan(self, num_processes: int = 1, start: int = 0, replans: Replans | None = None) -> EpochPlan:
-        """This epoch's plan for ``num_processes`` (see :func:`~shardplug.core.sharding.budget_plan.plan_epoch`)."""
-        return plan_epoch(self.spec, self.lengths, num_processes, self.epoch, start, replans)
+    def plan(
+        self, num_processes: int = 1, start: int = 0, replans: Replans | None = None, epoch: int | None = None
+    ) -> EpochPlan:
+        """This epoch's plan (``epoch``: another's) for ``num_processes`` (see
+        :func:`~shardplug.core.sharding.budget_plan.plan_epoch`)."""
+        return plan_epoch(
+            self.spec, self.lengths, num_processes, self.epoch if epoch is None else epoch, start, replans
+        )
 
     def _alone(self) -> EpochPlan:
         """This epoch's plan for one process, made once per epoch (``len()`` and iteration ask it)."""
@@ -138,6 +143,9 @@ class TokenBudgetPlan(BatchSamplerPlan):
         self.pending_replans: Replans | None = None
         self.places: dict[int, Replans] = {}
         """Places of loaded positions and how their windows were planned."""
+        self.loading: tuple[int, int] | None = None
+        """The place and epoch of the position loaded last, until its pass begins (the loader stands at its epoch
+        only then: before, its place is asked of that epoch)."""
         self.current: EpochPlan | None = None
         """The plan of the pass in progress or the last one (it begins where the pass began)."""
         self.current_epoch = -1
@@ -159,6 +167,8 @@ class TokenBudgetPlan(BatchSamplerPlan):
         """The epoch's plan through the place ``start``: one made before that passes there, else a new one
         from ``start`` (``replans``: how its window was planned; by default a loaded position's, at its place)."""
         epoch = self.budget.epoch
+        if self.loading is not None and self.loading[0] == start:  # a loaded position's place: of its epoch
+            epoch = self.loading[1]
         if replans is None and start and start == self.pending_start:
             replans = self.pending_replans
         if replans is None:
@@ -171,7 +181,7 @@ class TokenBudgetPlan(BatchSamplerPlan):
                 continue
             if (replans is None and plan.passes(start)) or (made_start, made_replans) == (start, replans):
                 return plan
-        plan = self.budget.plan(self.layout.num_processes, start, replans)
+        plan = self.budget.plan(self.layout.num_processes, start, replans, epoch)
         self.plans = [((epoch, start, replans), plan), *self.plans[:2]]
         return plan
 
@@ -222,13 +232,14 @@ class TokenBudgetPlan(BatchSamplerPlan):
         self.pending_start, self.pending_replans = check_consumed(consumed), _replans(dataset_state)
         return 0
 
-    def note_place(self, consumed: int, dataset_state: Any) -> Callable[[], None]:
-        places, plans = dict(self.places), list(self.plans)
+    def note_place(self, consumed: int, dataset_state: Any, epoch: int) -> Callable[[], None]:
+        places, plans, loading = dict(self.places), list(self.plans), self.loading
 
         def forget() -> None:  # the place and the plans made for it, where the position is refused
-            self.places, self.plans = places, plans
+            self.places, self.plans, self.loading = places, plans, loading
 
         try:
+            self.loading = (check_consumed(consumed), epoch)
             replans = _replans(dataset_state)
             if replans is not None:
                 self.places[check_consumed(consumed)] = replans
@@ -247,6 +258,7 @@ class TokenBudgetPlan(BatchSamplerPlan):
         return None if replans is None else {"replans": [list(pair) for pair in replans]}
 
     def next_pass(self) -> Iterator[list[int]]:
+        self.loading = None  # the loader stands at the loaded position's epoch now
         first, record, self.pending_start, self.parked_record = self.pending_start, self.parked_record, 0, None
         replans, self.pending_replans = self.pending_replans, None
         self.current, self.current_epoch, self.current_start = self._plan(first, replans), self.budget.epoch, first
