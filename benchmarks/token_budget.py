@@ -21,10 +21,12 @@ sampler): global batch ``s * N + p`` is process ``p``'s at step ``s``.
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import sys
 import time
 import tracemalloc
+from typing import Any
 
 import numpy as np
 from torch.utils.data import DataLoader
@@ -209,18 +211,25 @@ def main() -> None:
             best = float("inf")
             for _ in range(1 if size >= 10**7 else 3):
                 start = time.perf_counter()
-                plan_epoch(BudgetSpec(16_384, cost=cost, seed=1), lengths, 8)
+                assert plan_epoch(BudgetSpec(16_384, cost=cost, seed=1), lengths, 8).num_steps  # every window planned
                 best = min(best, time.perf_counter() - start)
             print(f"T2 {size:>10,} lengths, N = 8, cost={cost:<9} {best:6.2f} s ({best / size * 1e6:.2f} s per 10^6)")
 
-    print("\nT3 a resume (N = 8, cost=attention): load_state_dict and the first batch; peak memory of a plan")
+    print("\nT3 the first batch (N = 8, cost=attention): of a pass, of a resume (load_state_dict and the first batch)")
+    print("   on 8 and on 4 processes (CPU: this process's, what one core of its own takes); peak memory of a plan")
     for size in sizes:
         lengths = lengths_of("lognormal", size, 4_096).astype(np.int32)
-        for share in (0.1, 0.5, 0.9):
-            seconds = resume_seconds(lengths, share)
-            print(f"T3 {size:>10,} lengths, position at {share:.0%} of the epoch: {seconds:6.2f} s to the first batch")
+        name = f"T3 {size:>10,} lengths"
+        rows = [("a pass from the epoch's start", first_seconds(lengths))]
+        rows += [(f"position at {share:.0%} of the epoch", resume_seconds(lengths, share)) for share in (0.1, 0.5, 0.9)]
+        rows.append(("position at 50% of the epoch on 4 processes", resume_seconds(lengths, 0.5, resumed_on=4)))
+        for what, (wall, cpu) in rows:
+            print(f"{name}, {what}: {wall:6.2f} s to the first batch ({cpu:.2f} s of CPU)")
+        wall, cpu = _timed(functools.partial(epoch_order, lengths.size, True, 1, 0))
+        print(f"{name}: the epoch's order alone (a shuffle, in each of these) {wall:6.2f} s ({cpu:.2f} s of CPU)")
         tracemalloc.start()
         plan = plan_epoch(BudgetSpec(16_384, cost="attention", seed=1), lengths, 8)
+        assert plan.num_steps  # every window planned
         held, peak = tracemalloc.get_traced_memory()
         tracemalloc.stop()
         del plan
@@ -230,25 +239,38 @@ def main() -> None:
         )
 
 
-def resume_seconds(lengths: np.ndarray, share: float) -> float:
-    """Seconds from ``load_state_dict`` of a position at ``share`` of the epoch to the first batch (process 0 of 8)."""
+def _loader(lengths: np.ndarray, num_processes: int = 8) -> Any:
+    """Process 0's prepared loader of micro-batches of ``lengths`` (``max_tokens=16384``, ``cost="attention"``)."""
+    sampler = TokenBudgetBatchSampler(lengths, 16_384, cost="attention", seed=1)
+    data = DataLoader(range(lengths.size), batch_sampler=sampler, collate_fn=lambda batch: batch)
+    return prepare_data_loader(data, num_processes=num_processes, process_index=0)
 
-    def loader() -> object:
-        sampler = TokenBudgetBatchSampler(lengths, 16_384, cost="attention", seed=1)
-        data = DataLoader(range(lengths.size), batch_sampler=sampler, collate_fn=lambda batch: batch)
-        return prepare_data_loader(data, num_processes=8, process_index=0)
 
-    saved = loader()
+def _timed(work: Any) -> tuple[float, float]:
+    """Seconds of wall time and of this process's CPU time that ``work()`` took (on a loaded machine the CPU time
+    is what one core of its own would take)."""
+    wall, cpu = time.perf_counter(), time.process_time()
+    work()
+    return time.perf_counter() - wall, time.process_time() - cpu
+
+
+def first_seconds(lengths: np.ndarray) -> tuple[float, float]:
+    """Seconds (wall, CPU) from ``iter()`` of a new loader (process 0 of 8) to its first batch."""
+    loader = _loader(lengths)
+    return _timed(lambda: next(iter(loader)))
+
+
+def resume_seconds(lengths: np.ndarray, share: float, resumed_on: int = 8) -> tuple[float, float]:
+    """Seconds (wall, CPU) from ``load_state_dict`` of a position at ``share`` of the epoch (saved by process 0 of
+    8) to the first batch (process 0 of ``resumed_on``)."""
+    saved = _loader(lengths)
     batches = iter(saved)
     for _ in range(int(len(saved) * share)):
         next(batches)
     state = saved.state_dict()
     del saved, batches
-    resumed = loader()
-    start = time.perf_counter()
-    resumed.load_state_dict(state)
-    next(iter(resumed))
-    return time.perf_counter() - start
+    resumed = _loader(lengths, resumed_on)
+    return _timed(lambda: (resumed.load_state_dict(state), next(iter(resumed))))
 
 
 if __name__ == "__main__":

@@ -8,35 +8,40 @@ rest of the epoch comes once, in equal steps; the step's global token and sample
 
 from __future__ import annotations
 
+import dataclasses
+import warnings
+
 import numpy as np
 import pytest
 from torch.utils.data import DataLoader
 
 import shardplug
 from shardplug import TokenBudgetBatchSampler, prepare_data_loader, skip_first_batches, step_totals
+from shardplug.core.loader.passes import LengthMismatchWarning
+from shardplug.core.sharding import budget_plan
 
 LENGTHS = np.random.default_rng(3).integers(1, 100, size=50)
 BUDGET = 400
 
 
 def _loaders(
-    n: int, lengths=LENGTHS, budget=BUDGET, loader_options=None, **sampler_options
+    n: int, lengths=LENGTHS, budget=BUDGET, loader_options=None, window=None, **sampler_options
 ) -> list[shardplug.PreparedDataLoader]:
+    """Process ``i``'s prepared loader of ``n`` (``window``: the plan's windows of that many samples)."""
     loader_options = dict(loader_options or {})
-    stateful = loader_options.pop("use_stateful_dataloader", False)
-    return [
-        prepare_data_loader(
-            DataLoader(
-                range(len(lengths)),
-                batch_sampler=TokenBudgetBatchSampler(lengths, budget, **sampler_options),
-                **loader_options,
-            ),
-            num_processes=n,
-            process_index=i,
-            use_stateful_dataloader=stateful,
-        )
-        for i in range(n)
-    ]
+    prepare_options = {
+        name: loader_options.pop(name)
+        for name in ("use_stateful_dataloader", "prefetch_depth")
+        if name in loader_options
+    }
+    loaders = []
+    for i in range(n):
+        sampler = TokenBudgetBatchSampler(lengths, budget, **sampler_options)
+        if window is not None:
+            sampler.spec = dataclasses.replace(sampler.spec, window=window)
+        data = DataLoader(range(len(lengths)), batch_sampler=sampler, **loader_options)
+        loaders.append(prepare_data_loader(data, num_processes=n, process_index=i, **prepare_options))
+    return loaders
 
 
 def _epoch(loaders) -> list[list[list[int]]]:
@@ -283,9 +288,9 @@ def test_a_resume_plans_the_epoch_once_from_its_place(monkeypatch) -> None:
     resumed = _loaders(2, seed=4)[0]
     plan, starts = TokenBudgetBatchSampler.plan, []
 
-    def recorded(self, num_processes=1, start=0, replans=None):
+    def recorded(self, num_processes=1, start=0, replans=None, epoch=None):
         starts.append(start)
-        return plan(self, num_processes, start, replans)
+        return plan(self, num_processes, start, replans, epoch)
 
     monkeypatch.setattr(TokenBudgetBatchSampler, "plan", recorded)
     resumed.load_state_dict(state)
@@ -321,3 +326,105 @@ def test_a_dispatched_step_that_is_not_the_plans_is_an_error_not_wrong_marks() -
     plan.source.start_after(0)
     with pytest.raises(DispatchError, match="plan has .* set_epoch, load_state_dict and skip_first_batches alike"):
         list(plan.pass_batches(received(1, record), record))
+
+
+def _marked(loader, batches=None) -> tuple[list[int], list[bool]]:
+    """The samples of the rest of ``loader``'s pass (``batches``: one begun) and whether each batch was marked
+    its last."""
+    samples, marks = [], []
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", LengthMismatchWarning)  # the pass yields what len() says
+        for batch in batches if batches is not None else loader:
+            samples += batch.tolist()
+            marks.append(loader.end_of_dataloader)
+    return samples, marks
+
+
+@pytest.mark.parametrize(
+    "options", [{}, {"use_stateful_dataloader": True, "prefetch_depth": 2}], ids=["plain", "ahead"]
+)
+def test_a_pass_plans_the_windows_as_it_reaches_them_and_marks_its_last_batch(monkeypatch, options) -> None:
+    """The first batch, of a fresh pass and after a resume on another number of processes, plans the place's
+    window only (not the rest of the epoch: at 10^7 lengths that is seconds); the pass marks its last batch
+    (``end_of_dataloader``) as the plan reaches it, and yields what ``len()`` says."""
+    planned: list[tuple[int, int, int]] = []
+    plan_window = budget_plan.plan_window
+    monkeypatch.setattr(budget_plan, "plan_window", lambda *args: planned.append(args[4]) or plan_window(*args))
+    saved = _loaders(2, MANY, window=50, loader_options=dict(options), seed=6)
+    iterators = [iter(loader) for loader in saved]
+    seen = [i for it in iterators for i in next(it).tolist()]
+    assert planned == [(0, 0, 0), (0, 0, 0)]  # each process: the first window
+    for _ in range(6):
+        seen += [i for it in iterators for i in next(it).tolist()]
+    state = saved[0].state_dict()
+    position = state.get("_shardplug_position", state)  # (the StatefulDataLoader's state holds it)
+    place, place_window = position["consumed"], position["consumed"] // 50
+    assert position["dataset_state"] is not None  # inside its window
+    for resumed_on in (2, 3):
+        resumed = _loaders(resumed_on, MANY, window=50, loader_options=dict(options), seed=6)
+        rest = []
+        for loader in resumed:
+            planned.clear()
+            loader.load_state_dict(state)
+            batches = iter(loader)
+            rest += next(batches).tolist()
+            # the place's window (where the first batch is its last step, the next one too: is it the pass's last?)
+            after = planned[1:] if resumed_on == 2 else planned[2:]
+            if resumed_on == 2:
+                assert planned[0] == (0, place_window, 0)
+            else:  # planned for 2 and its rest for 3; the windows before it on 3, for the batches before the place
+                assert planned[:2] == [(0, place_window, 0), (0, place_window, 1)]
+                after = [key for key in after if key[1] > place_window]
+            assert after in ([], [(0, place_window + 1, 0)])
+            plan, length = loader.plan, len(loader)  # the pass's: the rest of its epoch
+            assert plan.batches_before(place) == plan.num_batches(0) - plan.num_batches(place)
+            samples, marks = _marked(loader, batches)
+            rest += samples
+            assert marks == [False] * (len(marks) - 1) + [True] and len(marks) + 1 == length
+        assert sorted(seen + rest) == list(range(MANY.size))
+    for loader in saved:  # a whole pass: its last batch marked
+        assert _marked(loader)[1] == [False] * (len(loader) - 1) + [True]
+
+
+def test_a_resize_at_a_window_start_counts_the_batches_before_it_on_the_new_layout() -> None:
+    """A position at a window's start (no ``dataset_state``) resumed on another number of processes: the pass
+    counts the batches the new layout has before the place (the epoch's less those from the place), also where
+    a plan from the epoch's start, passing the place, was made first (with ``drop_last`` a loaded loader asks
+    whether its epoch's start has a step)."""
+    saved = _loaders(2, MANY, window=50, drop_last=True, seed=6)
+    iterators = [iter(loader) for loader in saved]
+    position = saved[0].state_dict()
+    while position["consumed"] % 50 or not position["consumed"]:
+        for it in iterators:
+            next(it)
+        position = saved[0].state_dict()
+    assert position["dataset_state"] is None
+    counted = _loaders(3, MANY, window=50, drop_last=True, seed=6)[0].plan
+    before = counted.num_batches(0) - counted.num_batches(position["consumed"])
+    assert before > 0
+    for loader in _loaders(3, MANY, window=50, drop_last=True, seed=6):
+        loader.load_state_dict(position)
+        next(iter(loader))
+        assert loader.state_dict()["batches_yielded"] == before + 1
+
+
+@pytest.mark.parametrize("resumed_on", [2, 3])
+def test_a_position_inside_a_later_epoch_resumes_in_that_epoch(resumed_on: int) -> None:
+    """A position saved inside epoch 1 (its place one of epoch 1's plan, not of epoch 0's) loads into a new loader,
+    whose sampler stands at epoch 0 until the pass begins: its place is asked of its own epoch, and the rest of
+    that epoch comes once (the uninterrupted run's on the same number of processes)."""
+    saved = _loaders(2, seed=5, cost="padded")
+    for loader in saved:
+        assert len(list(loader))  # epoch 0, whole
+    iterators = [iter(loader) for loader in saved]  # epoch 1
+    seen = [i for _ in range(2) for it in iterators for i in next(it).tolist()]
+    state = saved[0].state_dict()
+    assert state["epoch"] == 1 and state["dataset_state"] is not None  # inside its window
+    uninterrupted = [[batch.tolist() for batch in it] for it in iterators]
+    resumed = _loaders(resumed_on, seed=5, cost="padded")
+    for loader in resumed:
+        loader.load_state_dict(state)
+    parts = _epoch(resumed)
+    assert sorted(seen + [i for part in parts for batch in part for i in batch]) == list(range(50))
+    if resumed_on == 2:
+        assert parts == uninterrupted

@@ -14,7 +14,17 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shardplug.core.sharding.budget_plan import BudgetSpec, EpochPlan, epoch_order, plan_epoch, plan_window
+from shardplug.core.sharding.budget_plan import (
+    BudgetSpec,
+    EpochPlan,
+    Replans,
+    _from,
+    _replay,
+    _window_bounds,
+    epoch_order,
+    plan_epoch,
+    plan_window,
+)
 
 
 def _real(plan: EpochPlan) -> np.ndarray:
@@ -100,6 +110,86 @@ def test_a_place_planned_again_on_other_numbers_of_processes_gives_the_rest_once
     # the same place on the same number of processes continues the same plan
     again = plan_epoch(spec, lengths, sizes[-1], epoch=2, start=start, replans=replans)
     assert again.samples.tolist() == last.samples.tolist()
+
+
+def _eager(
+    spec: BudgetSpec, lengths: list[int], n: int, epoch: int, start: int, replans: Replans | None
+) -> tuple[list[tuple[list[int], int]], list[int], list[int]]:
+    """The reference: the plan from ``start`` with every window planned at once and joined, as (samples, real)
+    per micro-batch, real tokens per micro-batch and the samples consumed after each step."""
+    array = np.asarray(lengths, dtype=np.int64)
+    order, bounds = epoch_order(array.size, spec.shuffle, spec.seed, epoch), _window_bounds(array.size, spec.window)
+    batches: list[tuple[list[int], int]] = []
+    tokens: list[int] = []
+    consumed: list[int] = []
+    for w in range(bounds.size - 1):
+        begin, end = int(bounds[w]), int(bounds[w + 1])
+        if start >= end:  # windows before the place's
+            continue
+        local = max(start - begin, 0)
+        history = tuple(replans) if replans and local else ((n, 0),)
+        wp, base = _replay(order[begin:end], array, spec, epoch, w, history, local)
+        if history[-1][0] != n:  # a resize: the rest of the window planned again
+            wp, base = plan_window(wp.sequence[local - base :], array, spec, n, (epoch, w, len(history))), local
+        wp, at = _from(wp, local - base, begin + base)
+        for k in range(wp.bounds.size - 1):
+            batches.append((wp.samples[wp.bounds[k] : wp.bounds[k + 1]].tolist(), int(wp.real[k])))
+        tokens += wp.tokens.tolist()
+        consumed += (wp.consumed + at).tolist()
+        start = end  # the next windows from their starts
+    return batches, tokens, consumed
+
+
+@settings(max_examples=120, deadline=None)
+@given(
+    lengths=st.lists(st.integers(0, 30), min_size=0, max_size=120),
+    sizes=st.lists(st.integers(1, 4), min_size=1, max_size=3),
+    cuts=st.lists(st.floats(0, 1), min_size=3, max_size=3),
+    queries=st.lists(st.tuples(st.sampled_from(["step", "place", "totals"]), st.floats(0, 1.2)), max_size=6),
+    cost=st.sampled_from(["tokens", "padded", "attention"]),
+    drop_last=st.booleans(),
+    window=st.integers(1, 40),
+)
+def test_a_plan_made_window_by_window_as_asked_is_the_whole_epoch_planned_at_once(
+    lengths: list[int],
+    sizes: list[int],
+    cuts: list[float],
+    queries: list[tuple[str, float]],
+    cost: str,
+    drop_last: bool,
+    window: int,
+) -> None:
+    """Whatever is asked first (a step's micro-batches, a place, a range's totals: each plans the windows up to
+    it only), on drawn resume places and resizes, the plan is the one of every window planned at once."""
+    spec = BudgetSpec(40, cost=cost, seed=5, drop_last=drop_last, window=window)
+    start, replans = 0, None
+    for n, cut in zip(sizes, cuts):
+        batches, tokens, consumed = _eager(spec, lengths, n, 2, start, replans)
+        steps = len(consumed)
+        plan = plan_epoch(spec, lengths, n, epoch=2, start=start, replans=replans)
+        assert len(plan.windows) <= 1  # the place's window only, so far
+        for kind, share in queries:
+            step = int(share * steps)
+            if kind == "step":
+                assert plan.has_step(step) == (step < steps)
+                if step < steps:
+                    assert [plan.micro_batch(step, p) for p in range(n)] == batches[step * n : step * n + n]
+            elif kind == "place" and step < steps:
+                place = consumed[step]
+                assert plan.passes(place) and plan.steps_before(place) == consumed.index(place) + 1
+            elif kind == "totals":
+                end = min(step + 2, steps)
+                span = range(min(step, steps) * n, end * n)
+                assert plan.totals(step, step + 2) == (sum(tokens[k] for k in span), sum(batches[k][1] for k in span))
+        assert plan.num_steps == steps and plan.consumed.tolist() == consumed
+        assert [(plan.samples[a:b].tolist(), int(r)) for a, b, r in zip(plan.bounds, plan.bounds[1:], plan.real)] == (
+            batches
+        )
+        assert plan.tokens.tolist() == tokens
+        taken = int(cut * steps)
+        if taken:
+            start = consumed[taken - 1]
+        replans = plan.replans_at(start)
 
 
 def _real_of(plan: EpochPlan, step: int, process: int) -> list[int]:
@@ -188,9 +278,9 @@ def test_oversized_is_refused_by_default_with_the_option_named() -> None:
 
 @pytest.mark.parametrize("padding", [False, True], ids=["few-pads", "many-pads"])
 def test_a_plan_is_made_within_twice_the_lengths_memory(padding: bool) -> None:
-    """The epoch's order and the plan share one buffer (the plan's samples written over the order as it is read):
-    at most twice the memory of an int32 lengths array while it is made, also where padding outgrows the room
-    after the order; the same plan as the windows planned alone."""
+    """The epoch's order and the plan share one buffer (each window's samples written over its part of the order
+    as it is planned; padding is not stored): at most twice the memory of an int32 lengths array while every
+    window is planned; the same plan as the windows planned alone, also where many micro-batches are padding."""
     import tracemalloc
 
     lengths = np.random.default_rng(2).integers(1, 400, size=2_000 if padding else 500_000).astype(np.int32)
@@ -199,6 +289,7 @@ def test_a_plan_is_made_within_twice_the_lengths_memory(padding: bool) -> None:
     tracemalloc.start()
     try:
         plan = plan_epoch(spec, lengths, 8)
+        assert plan.num_steps  # every window planned
         peak = tracemalloc.get_traced_memory()[1]
     finally:
         tracemalloc.stop()

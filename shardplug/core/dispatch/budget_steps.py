@@ -62,8 +62,8 @@ class BudgetDispatchPlan(DispatchPlan):
     def consumed_after(self, start: int, batches: int) -> int:
         return self.source.consumed_after(start, batches)
 
-    def note_place(self, consumed: int, dataset_state: Any) -> Callable[[], None]:
-        return self.source.note_place(consumed, dataset_state)
+    def note_place(self, consumed: int, dataset_state: Any, epoch: int) -> Callable[[], None]:
+        return self.source.note_place(consumed, dataset_state, epoch)
 
     def epoch_size(self) -> int:
         return self.source.epoch_size()

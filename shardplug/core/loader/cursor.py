@@ -36,7 +36,7 @@ from torch.utils.data import IterableDataset
 
 from shardplug.core.resume.position import Position
 from shardplug.core.resume.stateful import InnerState
-from shardplug.core.sharding.shard_plan import PassRecord, ShardPlan, consumed_after, plan_traits
+from shardplug.core.sharding.shard_plan import PassRecord, ShardPlan, consumed_after, own_batches_before, plan_traits
 
 __all__ = ["Cursor", "PassState", "ParkedStart", "SkipView", "PassStart", "place", "batches_before", "PassLengths"]
 
@@ -308,6 +308,9 @@ def batches_before(plan: ShardPlan, consumed: int) -> int:
         >>> [placed(index, even=True) for index in range(2)], [placed(index, even=False) for index in range(2)]
         ([2, 2], [1, 1])
     """
+    own = own_batches_before(plan, consumed)
+    if own is not None:  # the plan counts them itself (a token budget's: without counting both whole)
+        return own
     layout = plan.layout
     full, rest = plan.num_batches(0), plan.num_batches(consumed)
     equal = layout.pads or layout.drop_last or layout.num_processes == 1 or plan_traits(plan).plans_steps

@@ -9,8 +9,9 @@ a ``DataLoader``.
    :class:`~shardplug.core.loader.cursor.PassState` is the cursor's pass from here on;
 2. read from the source: the loader's ``inner_batches`` (the ``DataLoader``, or a dispatcher's steps) as the
    plan hands them out;
-3. mark the last batch: by counting where the plan's length is exact, by reading one ahead
-   (:func:`looked_ahead`) otherwise, or the source marks it itself (a dispatcher);
+3. mark the last batch: by counting where the plan's length is exact, by asking the plan where counting up
+   front is costly (:func:`asked`: a token budget's), by reading one ahead (:func:`looked_ahead`) otherwise,
+   or the source marks it itself (a dispatcher);
 4. look ahead: with a prefetch depth, a :class:`~shardplug.core.loader.prefetch.Prefetcher` reads and copies
    batches ahead of the one handed out (:func:`prefetched`);
 5. hand out (:class:`HandOut`): count the batch, record its padding, tell the run's gradient state, copy it
@@ -138,7 +139,7 @@ def begin(loader: PassHost, cursor: Cursor) -> tuple[PassState, int]:
     state.yielded = start.resumed
     if state.empty:  # the lengths, counted once: what len() says while the pass runs, and its last batch
         state.length = 0
-    else:
+    elif not loader.traits.last_as_it_goes:  # (such a plan says whether a batch is the last as the pass goes)
         try:
             after = loader.lengths().batches_after(record.started_at)
             state.length = max(after, 0)
@@ -187,6 +188,8 @@ def run_pass(loader: PassHost) -> Iterator[Any]:
                 for batch, last in mark_last(loader, state, batches):
                     yield hand_out(batch, last)
         state.complete = state.exhausted = True
+        if state.length is None and loader.traits.last_as_it_goes:  # counted at the end: every step planned now
+            state.length = max(loader.lengths().batches_after(state.record.started_at), 0)
         check_length(state)
     finally:
         state.open = False
@@ -205,6 +208,8 @@ def mark_last(loader: PassHost, state: PassState, batches: Iterator[Any]) -> Ite
     inner = loader.cursor.inner if loader.use_stateful_dataloader else None
     if state.total is not None:
         return counted(batches, state, state.total)
+    if loader.traits.last_as_it_goes:
+        return asked(batches, state, loader.plan)
     return looked_ahead(batches, inner, loader)
 
 
@@ -214,6 +219,15 @@ def counted(batches: Iterator[Any], state: PassState, total: int) -> Iterator[tu
     for batch in batches:
         count += 1
         yield batch, count >= total
+
+
+def asked(batches: Iterator[Any], state: PassState, plan: Any) -> Iterator[tuple[Any, bool]]:
+    """``(batch, last)`` where the plan says whether another batch follows (``has_batches``: a plan whose count is
+    costly up front, a token budget's)."""
+    start, count = state.record.started_at, state.yielded - state.resumed
+    for batch in batches:
+        count += 1
+        yield batch, not plan.has_batches(start, count + 1)
 
 
 def looked_ahead(batches: Iterator[Any], inner: InnerState | None, loader: PassHost) -> Iterator[tuple[Any, bool]]:
@@ -255,7 +269,8 @@ def prefetched(
     stateful = loader.use_stateful_dataloader
     note = None
     if stateful:
-        if hand_out.state.total is not None or loader.source_marks_last:  # no look-ahead took the snapshot
+        if hand_out.state.total is not None or loader.source_marks_last or loader.traits.last_as_it_goes:
+            # no look-ahead took the snapshot
             steps = _snapshotted(steps, inner, loader)
         note = inner.current_snapshot
     for batch, last, snapshot in Prefetcher(steps, depth, start, finish, note):

@@ -107,7 +107,8 @@ class ResumeState:
 
     def check_loadable(self, position: Position, stateful: bool) -> None:
         """Everything that refuses ``position`` for this loader, before anything changes."""
-        forget = note_place(self.plan, position.consumed, position.dataset_state)  # its steps may depend on it
+        # the steps after its place may depend on its epoch and its own part (a token budget's)
+        forget = note_place(self.plan, position.consumed, position.dataset_state, position.epoch)
         try:
             current = self.pass_position()
             self.check().check_loadable(position, current, stateful, self.loader.lengths().epoch_length)

@@ -22,6 +22,10 @@ a sample (a window with fewer samples than its micro-batches: long samples, or t
 with the window's shortest sample, marked as padding (a micro-batch of ``0`` real samples), or dropped with
 ``drop_last`` (its samples then count as consumed).
 
+An :class:`EpochPlan` plans its windows as they are asked for (a step, a place, the count of steps): the first
+batch of a pass, also of a resumed one, plans the place's window only; the count of steps (``len()``) plans them
+all.  The plan does not depend on the order they are asked in.
+
 A place in an epoch is the number of samples the steps before it consumed (:attr:`EpochPlan.consumed`), with,
 inside a window, the numbers of processes the window was planned for (:data:`Replans`): on another number of
 processes the rest of the window is planned again for it, then the next windows as usual, so every remaining
@@ -38,6 +42,7 @@ Example::
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -137,13 +142,11 @@ def sample_costs(lengths: np.ndarray, cost: str) -> np.ndarray:
     return lengths * lengths if cost == "attention" else lengths
 
 
-def epoch_order(n: int, shuffle: bool, seed: int, epoch: int, room: int = 0) -> np.ndarray:
-    """The epoch's order of ``[0, n)``: the same on every process, rerun and number of processes (``room``: a
-    buffer of ``n + room`` entries holds it, for :func:`plan_epoch` to write the plan's samples into)."""
-    buffer = np.empty(n + room, dtype=np.int32 if n < 2**31 else np.int64)  # 4 bytes a sample where they suffice
-    order = buffer[:n]
+def epoch_order(n: int, shuffle: bool, seed: int, epoch: int) -> np.ndarray:
+    """The epoch's order of ``[0, n)``: the same on every process, rerun and number of processes."""
+    order = np.empty(n, dtype=np.int32 if n < 2**31 else np.int64)  # 4 bytes a sample where they suffice
     for at in range(0, n, 1 << 16):  # in chunks: no second array of n
-        order[at : at + (1 << 16)] = np.arange(at, min(at + (1 << 16), n), dtype=buffer.dtype)
+        order[at : at + (1 << 16)] = np.arange(at, min(at + (1 << 16), n), dtype=order.dtype)
     if shuffle:
         np.random.Generator(np.random.PCG64(np.random.SeedSequence([seed, epoch, 0x7B]))).shuffle(order)
     return order
@@ -355,37 +358,197 @@ def plan_window(
 
 
 @dataclass
-class EpochPlan:
-    """One epoch's micro-batches for ``num_processes`` from a place (``start``) on, as arrays: step ``s`` gives
-    process ``p`` micro-batch ``k = s * N + p``, ``samples[bounds[k]:bounds[k + 1]]``, of which the first
-    ``real[k]`` are real (the rest padding); ``tokens[k]`` its real tokens; ``consumed[s]`` the epoch's samples
-    consumed after step ``s``; ``replans`` how the window of each place inside it was planned."""
+class _Planned:
+    """One window's steps in an :class:`EpochPlan`: its micro-batches' real samples lie, in the order they are
+    consumed, at ``order[at:]`` (micro-batch ``k`` of the window: ``order[at + offsets[k]:at + offsets[k + 1]]``,
+    none for padding: ``[pad]`` instead); ``tokens`` their real tokens, ``consumed`` the epoch's samples consumed
+    after each of its steps."""
 
-    num_processes: int
-    start: int
-    samples: np.ndarray
-    bounds: np.ndarray
-    real: np.ndarray
+    at: int
+    offsets: np.ndarray
     tokens: np.ndarray
     consumed: np.ndarray
-    window_starts: np.ndarray
-    first_replans: Replans
+    pad: int
+
+
+class EpochPlan:
+    """One epoch's micro-batches for ``num_processes`` from a place (``start``) on: step ``s`` gives process ``p``
+    micro-batch ``k = s * N + p`` (:meth:`micro_batch`).  The windows are planned as they are asked for, in the
+    epoch's order: the first one (``start``'s) when the plan is made, the next ones when a step of theirs, a place
+    after them or :attr:`num_steps` is asked; a window planned stays planned, its samples written over its
+    part of the epoch's order (a permutation of it), so the order and the plan are held once together.
+
+    The whole plan as arrays (every window planned): ``samples[bounds[k]:bounds[k + 1]]`` micro-batch ``k``, of
+    which the first ``real[k]`` are real (the rest padding); ``tokens[k]`` its real tokens; ``consumed[s]`` the
+    epoch's samples consumed after step ``s``; ``first_replans`` how ``start``'s window was planned."""
+
+    def __init__(
+        self,
+        spec: BudgetSpec,
+        lengths: np.ndarray,
+        num_processes: int,
+        epoch: int,
+        start: int,
+        order: np.ndarray,
+        window_starts: np.ndarray,
+        replans: Replans | None,
+    ) -> None:
+        self.spec, self.lengths, self.num_processes, self.epoch = spec, lengths, num_processes, epoch
+        self.start, self.order, self.window_starts = start, order, window_starts
+        self.first_replans: Replans = ((num_processes, 0),)
+        self.windows: list[_Planned] = []
+        self.steps_through: list[int] = []
+        """The plan's steps through each planned window."""
+        self.consumed_through: list[int] = []
+        """The epoch's samples consumed through each planned window's steps (non-decreasing)."""
+        first = self.window_of(start)
+        self.first_window = first
+        self.next_window = window_starts.size - 1  # nothing left to plan, unless the epoch has a rest
+        if order.size and start < order.size:
+            self.next_window = first + 1
+            self._keep(*self._first_window(first, replans))
+
+    def _first_window(self, first: int, replans: Replans | None) -> tuple[WindowPlan, int]:
+        """The plan of ``start``'s window from ``start`` on (``replans``: how it was planned before), and
+        ``start``."""
+        starts, start, n_proc = self.window_starts, self.start, self.num_processes
+        begin = int(starts[first])
+        local = start - begin
+        ids = self.order[begin : int(starts[first + 1])]
+        history = tuple(replans) if replans and local else ((n_proc, 0),)
+        wp, base = _replay(ids, self.lengths, self.spec, self.epoch, first, history, local)
+        if history[-1][0] != n_proc:
+            rest = wp.sequence[local - base :]
+            history = (*history, (n_proc, local))
+            wp = plan_window(rest, self.lengths, self.spec, n_proc, (self.epoch, first, len(history) - 1))
+            base = local
+        self.first_replans = history
+        return _from(wp, local - base, begin + base)
+
+    def _keep(self, wp: WindowPlan, at: int) -> None:
+        """Keeps a window's plan ``wp`` whose samples begin at ``at`` in the epoch: its samples over the order."""
+        self.order[at : at + wp.sequence.size] = wp.sequence
+        offsets = np.zeros(wp.real.size + 1, dtype=np.int64)
+        np.cumsum(wp.real, out=offsets[1:])
+        pads = np.flatnonzero(wp.real == 0)
+        pad = int(wp.samples[wp.bounds[pads[0]]]) if pads.size else -1
+        consumed = wp.consumed + at
+        self.windows.append(_Planned(at, offsets, wp.tokens, consumed, pad))
+        before = self.steps_through[-1] if self.steps_through else 0
+        self.steps_through.append(before + consumed.size)
+        last = self.consumed_through[-1] if self.consumed_through else self.start
+        self.consumed_through.append(int(consumed[-1]) if consumed.size else last)
+
+    def _plan_next(self) -> bool:
+        """Plans the next window (``False``: every window is planned)."""
+        window = self.next_window
+        starts = self.window_starts
+        if window >= starts.size - 1:
+            return False
+        begin = int(starts[window])
+        ids = self.order[begin : int(starts[window + 1])]
+        self._keep(plan_window(ids, self.lengths, self.spec, self.num_processes, (self.epoch, window, 0)), begin)
+        self.next_window = window + 1
+        return True
+
+    def _window_of_step(self, step: int) -> int | None:
+        """The planned window of the plan's step ``step`` (planning up to it), ``None`` past the plan's end."""
+        through = self.steps_through
+        while (not through or through[-1] <= step) and self._plan_next():
+            pass
+        if step < 0 or not through or through[-1] <= step:
+            return None
+        return bisect.bisect_right(through, step)
+
+    def _first_step(self, window: int) -> int:
+        return self.steps_through[window - 1] if window else 0
+
+    def window_of(self, consumed: int) -> int:
+        """The epoch's window of the place ``consumed`` (the one a plan from there begins with)."""
+        starts = self.window_starts
+        return min(int(np.searchsorted(starts, consumed, side="right")) - 1, starts.size - 2)
+
+    def steps_through_window(self, window: int) -> int:
+        """The plan's steps in the epoch's windows up to ``window`` (planning them)."""
+        while self.next_window <= window and self._plan_next():
+            pass
+        planned = min(window - self.first_window, len(self.windows) - 1)
+        return self.steps_through[planned] if planned >= 0 else 0
+
+    def _plan_all(self) -> None:
+        while self._plan_next():
+            pass
 
     @property
     def num_steps(self) -> int:
-        return int(self.consumed.size)
+        """The plan's steps (every window planned)."""
+        self._plan_all()
+        return self.steps_through[-1] if self.steps_through else 0
+
+    def has_step(self, step: int) -> bool:
+        """Whether the plan has a step ``step`` (planning the windows up to it only)."""
+        return self._window_of_step(step) is not None
 
     def micro_batch(self, step: int, process: int) -> tuple[list[int], int]:
         """(sample indices, real count) of ``process``'s micro-batch at ``step``."""
-        k = step * self.num_processes + process
-        return self.samples[self.bounds[k] : self.bounds[k + 1]].tolist(), int(self.real[k])
+        window = self._window_of_step(step)
+        if window is None or not 0 <= process < self.num_processes:
+            raise IndexError(f"step {step}, process {process} is not in this plan ({self.num_processes} processes)")
+        planned = self.windows[window]
+        k = (step - self._first_step(window)) * self.num_processes + process
+        low, high = int(planned.offsets[k]), int(planned.offsets[k + 1])
+        if low == high:
+            return [planned.pad], 0
+        return self.order[planned.at + low : planned.at + high].tolist(), high - low
+
+    def consumed_at(self, step: int) -> int:
+        """The epoch's samples consumed after the plan's step ``step``."""
+        window = self._window_of_step(step)
+        if window is None:
+            raise IndexError(f"step {step} is not in this plan")
+        return int(self.windows[window].consumed[step - self._first_step(window)])
+
+    def totals(self, first: int, end: int) -> tuple[int, int]:
+        """The real tokens and samples of the steps ``[first, end)`` over all processes (those in the plan)."""
+        tokens = samples = 0
+        n_proc = self.num_processes
+        step = max(first, 0)
+        while step < end:
+            window = self._window_of_step(step)
+            if window is None:
+                break
+            planned, begin = self.windows[window], self._first_step(window)
+            stop = min(end, self.steps_through[window])
+            low, high = (step - begin) * n_proc, (stop - begin) * n_proc
+            tokens += int(planned.tokens[low:high].sum())
+            samples += int(planned.offsets[high] - planned.offsets[low])
+            step = stop
+        return tokens, samples
+
+    def passes(self, consumed: int) -> bool:
+        """Whether the plan passes the place ``consumed`` (its start, or after one of its steps)."""
+        return consumed == self.start or self._step_after(consumed) is not None
+
+    def _step_after(self, consumed: int) -> int | None:
+        """The step after which the epoch has consumed ``consumed`` samples (the first such), ``None`` if none."""
+        through = self.consumed_through
+        while (not through or through[-1] < consumed) and self._plan_next():
+            pass
+        window = bisect.bisect_left(through, consumed)
+        if window >= len(through):
+            return None
+        values = self.windows[window].consumed
+        local = int(np.searchsorted(values, consumed))
+        if local >= values.size or int(values[local]) != consumed:
+            return None
+        return self._first_step(window) + local
 
     def steps_before(self, consumed: int) -> int:
         """The steps of this plan before the place ``consumed`` (a place it passes: a ``ValueError`` otherwise)."""
         if consumed == self.start:
             return 0
-        step = int(np.searchsorted(self.consumed, consumed))
-        if step >= self.consumed.size or int(self.consumed[step]) != consumed:
+        step = self._step_after(consumed)
+        if step is None:
             raise ValueError(
                 f"consumed={consumed} is not a place between steps of this epoch's plan (from {self.start}, on "
                 f"{self.num_processes} processes); load the position this loader saved"
@@ -401,6 +564,41 @@ class EpochPlan:
         first = int(np.searchsorted(starts, self.start, side="right")) - 1
         return self.first_replans if window == first else ((self.num_processes, 0),)
 
+    def _joined(self, part: Any) -> np.ndarray:
+        """``part`` of every window (each planned) joined."""
+        self._plan_all()
+        arrays = [part(planned) for planned in self.windows]
+        return np.concatenate(arrays) if arrays else np.empty(0, dtype=np.int64)
+
+    @property
+    def real(self) -> np.ndarray:
+        return self._joined(lambda planned: np.diff(planned.offsets))
+
+    @property
+    def tokens(self) -> np.ndarray:
+        return self._joined(lambda planned: planned.tokens)
+
+    @property
+    def consumed(self) -> np.ndarray:
+        return self._joined(lambda planned: planned.consumed)
+
+    @property
+    def bounds(self) -> np.ndarray:
+        sizes = np.maximum(self.real, 1)
+        bounds = np.zeros(sizes.size + 1, dtype=np.int64)
+        np.cumsum(sizes, out=bounds[1:])
+        return bounds
+
+    @property
+    def samples(self) -> np.ndarray:
+        def part(planned: _Planned) -> np.ndarray:
+            offsets = planned.offsets
+            sequence = self.order[planned.at : planned.at + int(offsets[-1])]
+            pads = np.flatnonzero(offsets[1:] == offsets[:-1])
+            return np.insert(sequence, offsets[pads], planned.pad) if pads.size else sequence
+
+        return self._joined(part).astype(self.order.dtype, copy=False)
+
 
 def plan_epoch(
     spec: BudgetSpec,
@@ -412,36 +610,14 @@ def plan_epoch(
 ) -> EpochPlan:
     """The epoch's plan for ``num_processes`` from the place ``start`` (samples consumed) on; ``replans``: how
     ``start``'s window was planned before (``None``: from the window's start on ``num_processes``, or it is a
-    window's start)."""
+    window's start).  Only ``start``'s window is planned now, the others as they are asked for
+    (:class:`EpochPlan`)."""
     lengths = as_lengths(lengths, spec.max_tokens, spec.oversized)
     n = int(lengths.size)
     if not 0 <= start <= n:
         raise ValueError(f"start={start} is outside the epoch of {n} samples; load the position this loader saved")
-    order = epoch_order(n, spec.shuffle, spec.seed, epoch, room=_ROOM)
-    starts = _window_bounds(n, spec.window)
-    first = min(int(np.searchsorted(starts, start, side="right")) - 1, starts.size - 2)
-    parts = _Joined(order)
-    first_replans: Replans = ((num_processes, 0),)
-    if n and start < n:
-        begin = int(starts[first])
-        local = start - begin
-        ids = parts.read(begin, int(starts[first + 1]))
-        history = tuple(replans) if replans else ((num_processes, 0),)
-        if local == 0:
-            history = ((num_processes, 0),)
-        wp, base = _replay(ids, lengths, spec, epoch, first, history, local)
-        if history[-1][0] != num_processes:
-            rest = wp.sequence[local - base :]
-            history = (*history, (num_processes, local))
-            wp = plan_window(rest, lengths, spec, num_processes, (epoch, first, len(history) - 1))
-            base = local
-        first_replans = history
-        parts.append(_from(wp, local - base, begin + base))
-        for window in range(first + 1, starts.size - 1):
-            begin = int(starts[window])
-            ids = parts.read(begin, int(starts[window + 1]))
-            parts.append((plan_window(ids, lengths, spec, num_processes, (epoch, window, 0)), begin))
-    return parts.plan(num_processes, start, starts, first_replans)
+    order = epoch_order(n, spec.shuffle, spec.seed, epoch)
+    return EpochPlan(spec, lengths, num_processes, epoch, start, order, _window_bounds(n, spec.window), replans)
 
 
 def _replay(
@@ -481,68 +657,3 @@ def _from(wp: WindowPlan, local: int, begin: int) -> tuple[WindowPlan, int]:
     consumed = wp.consumed[steps:] - local
     rest = WindowPlan(samples, bounds, wp.real[cut:], wp.tokens[cut:], consumed, wp.sequence[local:])
     return rest, begin + local
-
-
-_ROOM = 64
-"""Entries after the epoch's order for the padding of the plan written into it (more: a buffer of its own)."""
-
-
-class _Joined:
-    """The windows' plans one after another, as one epoch's: the samples written, as each window is planned, into
-    the buffer of the epoch's order itself (``order``; the window's own arrays are then dropped), so the order and
-    the plan are held once together.  The plan's samples reach the order's entries not yet read only by the
-    padding it adds: those entries are kept aside first (:meth:`read` gives them back)."""
-
-    def __init__(self, order: np.ndarray) -> None:
-        self.order = order
-        self.samples = order.base if order.base is not None and order.base.size >= order.size else order
-        self.size = 0
-        self.kept = np.empty(0, dtype=order.dtype)
-        """The order's entries from ``self.unread`` on that the plan's samples were written over."""
-        self.unread = 0
-        self.sizes: list[np.ndarray] = []
-        self.reals: list[np.ndarray] = []
-        self.tokens: list[np.ndarray] = []
-        self.consumed: list[np.ndarray] = []
-
-    def read(self, begin: int, end: int) -> np.ndarray:
-        """A copy of the order's entries ``[begin, end)`` (read in order, each once)."""
-        kept, self.kept = self.kept[: end - begin], self.kept[end - begin :]
-        ids = np.concatenate([kept, self.order[begin + kept.size : end]])
-        self.unread = end
-        return ids
-
-    def append(self, part: tuple[WindowPlan, int]) -> None:
-        wp, begin = part
-        count = wp.samples.size
-        end = self.size + count
-        if end > self.samples.size:  # padding past the room: a buffer of its own (the order's rest is intact)
-            grown = np.empty(max(self.size + count + _ROOM, self.order.size + _ROOM), dtype=self.samples.dtype)
-            grown[: self.size] = self.samples[: self.size]
-            self.samples = grown
-        elif self.samples is self.order.base or self.samples is self.order:
-            over = min(end, self.order.size) - (self.unread + self.kept.size)
-            if over > 0:  # order entries not read yet: kept aside before they are written over
-                after = self.unread + self.kept.size
-                self.kept = np.concatenate([self.kept, self.order[after : after + over]])
-        self.samples[self.size : end] = wp.samples
-        self.size = end
-        self.sizes.append(np.diff(wp.bounds))
-        self.reals.append(wp.real)
-        self.tokens.append(wp.tokens)
-        self.consumed.append(wp.consumed + begin)
-
-    def plan(self, num_processes: int, start: int, starts: np.ndarray, first_replans: Replans) -> EpochPlan:
-        def joined(arrays: list[np.ndarray]) -> np.ndarray:
-            return np.concatenate(arrays) if arrays else np.empty(0, dtype=np.int64)
-
-        sizes = joined(self.sizes)
-        bounds = np.zeros(sizes.size + 1, dtype=np.int64)
-        np.cumsum(sizes, out=bounds[1:])
-        samples = self.samples[: self.size]
-        if self.samples.size > self.size + 1024:  # more than it holds (a resume's rest): keep what it holds only
-            samples = samples.copy()
-        tokens, consumed = joined(self.tokens), joined(self.consumed)
-        return EpochPlan(
-            num_processes, start, samples, bounds, joined(self.reals), tokens, consumed, starts, first_replans
-        )

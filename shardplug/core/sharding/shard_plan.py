@@ -26,6 +26,7 @@ __all__ = [
     "UNITS",
     "sized_length",
     "consumed_after",
+    "own_batches_before",
     "note_place",
     "last_step_real",
 ]
@@ -225,24 +226,50 @@ class _PlansSteps(Protocol):
 
     def consumed_after(self, start: int, batches: int) -> int: ...
 
-    def note_place(self, consumed: int, dataset_state: Any) -> Callable[[], None]:
-        """A position's place and its own part (what :meth:`ShardPlan.saved_state` gave there), read before the
-        position is loaded: the steps after a place may depend on it (raise a ``ValueError``, the plan as it
-        was, where it is not one of the plan's places).  Returns what forgets it, for a position then refused:
-        the plan as it was before."""
+    def note_place(self, consumed: int, dataset_state: Any, epoch: int) -> Callable[[], None]:
+        """A position's place in its ``epoch`` and its own part (what :meth:`ShardPlan.saved_state` gave there),
+        read before the position is loaded: the steps after a place may depend on it (raise a ``ValueError``, the
+        plan as it was, where it is not one of the epoch's places); until the position's pass begins, the place
+        is the position's epoch's (asked before the loader stands at that epoch).  Returns what forgets it, for a
+        position then refused: the plan as it was before."""
 
 
-def note_place(plan: ShardPlan, consumed: int, dataset_state: Any) -> Callable[[], None]:
-    """Tell ``plan`` a position's place and its own part before anything is asked about it (see
+@runtime_checkable
+class _LastAsItGoes(Protocol):
+    """A plan whose count of a pass's batches is costly up front (a token budget's: it plans every window of the
+    epoch), while whether another batch follows is cheap as the pass goes: a pass marks its last batch by asking
+    (:meth:`has_batches`), and counts its batches only when asked (``len()``) or at its end; a resize asks it
+    the batches before its place (:meth:`batches_before`)."""
+
+    def has_batches(self, consumed: int, count: int) -> bool:
+        """Whether this process has at least ``count`` batches after the place ``consumed``."""
+        ...
+
+    def batches_before(self, consumed: int) -> int:
+        """The batches of the epoch before ``consumed`` (another layout's position's) on this layout: what
+        ``num_batches(0) - num_batches(consumed)`` says, without counting both whole."""
+        ...
+
+
+def note_place(plan: ShardPlan, consumed: int, dataset_state: Any, epoch: int) -> Callable[[], None]:
+    """Tell ``plan`` a position's place in its ``epoch`` and its own part before anything is asked about it (see
     :class:`_PlansSteps`); nothing for the plans whose places are their counters alone.  Returns what forgets
     it (call it where the position is refused: the plan is then as it was)."""
     if isinstance(plan, _PlansSteps):
-        return plan.note_place(consumed, dataset_state)
+        return plan.note_place(consumed, dataset_state, epoch)
     return _nothing
 
 
 def _nothing() -> None:
     """Nothing to forget."""
+
+
+def own_batches_before(plan: ShardPlan, consumed: int) -> int | None:
+    """The batches of the epoch before ``consumed`` on ``plan``'s layout where the plan counts them itself
+    (:class:`_LastAsItGoes`); ``None`` for the others (counted from :meth:`ShardPlan.num_batches`)."""
+    if isinstance(plan, _LastAsItGoes):
+        return plan.batches_before(consumed)
+    return None
 
 
 def consumed_after(plan: ShardPlan, start: int, batches: int) -> int:
@@ -320,6 +347,8 @@ class PlanTraits:
     """The loader's epoch is its sampler's own (:class:`_SamplerEpoch`)."""
     plans_steps: bool = False
     """Every process yields as many batches, each step consuming what the plan says (:class:`_PlansSteps`)."""
+    last_as_it_goes: bool = False
+    """A pass asks the plan whether another batch follows instead of counting up front (:class:`_LastAsItGoes`)."""
 
 
 def plan_traits(plan: ShardPlan) -> PlanTraits:
@@ -346,6 +375,7 @@ def plan_traits(plan: ShardPlan) -> PlanTraits:
         batches_unchanged=getattr(type(plan), "pass_batches", None) is PlanDefaults.pass_batches,
         follows_sampler_epoch=isinstance(plan, _SamplerEpoch),
         plans_steps=isinstance(plan, _PlansSteps),
+        last_as_it_goes=isinstance(plan, _LastAsItGoes),
     )
 
 

@@ -93,9 +93,14 @@ class TokenBudgetBatchSampler(Sampler[list[int]]):
         """The epoch whose order the next pass plans (with the seed)."""
         self.epoch = int(epoch)
 
-    def plan(self, num_processes: int = 1, start: int = 0, replans: Replans | None = None) -> EpochPlan:
-        """This epoch's plan for ``num_processes`` (see :func:`~shardplug.core.sharding.budget_plan.plan_epoch`)."""
-        return plan_epoch(self.spec, self.lengths, num_processes, self.epoch, start, replans)
+    def plan(
+        self, num_processes: int = 1, start: int = 0, replans: Replans | None = None, epoch: int | None = None
+    ) -> EpochPlan:
+        """This epoch's plan (``epoch``: another's) for ``num_processes`` (see
+        :func:`~shardplug.core.sharding.budget_plan.plan_epoch`)."""
+        return plan_epoch(
+            self.spec, self.lengths, num_processes, self.epoch if epoch is None else epoch, start, replans
+        )
 
     def _alone(self) -> EpochPlan:
         """This epoch's plan for one process, made once per epoch (``len()`` and iteration ask it)."""
@@ -111,8 +116,10 @@ class TokenBudgetBatchSampler(Sampler[list[int]]):
 
     def __iter__(self) -> Iterator[list[int]]:
         plan = self._alone()
-        for step in range(plan.num_steps):
+        step = 0
+        while plan.has_step(step):  # the windows planned as the pass reaches them
             yield plan.micro_batch(step, 0)[0]
+            step += 1
 
 
 class StepTotals(NamedTuple):
@@ -139,6 +146,9 @@ class TokenBudgetPlan(BatchSamplerPlan):
         self.pending_replans: Replans | None = None
         self.places: dict[int, Replans] = {}
         """Places of loaded positions and how their windows were planned."""
+        self.loading: tuple[int, int] | None = None
+        """The place and epoch of the position loaded last, until its pass begins (the loader stands at its epoch
+        only then: before, its place is asked of that epoch)."""
         self.current: EpochPlan | None = None
         """The plan of the pass in progress or the last one (it begins where the pass began)."""
         self.current_epoch = -1
@@ -160,19 +170,21 @@ class TokenBudgetPlan(BatchSamplerPlan):
         """The epoch's plan through the place ``start``: one made before that passes there, else a new one
         from ``start`` (``replans``: how its window was planned; by default a loaded position's, at its place)."""
         epoch = self.budget.epoch
+        if self.loading is not None and self.loading[0] == start:  # a loaded position's place: of its epoch
+            epoch = self.loading[1]
         if replans is None and start and start == self.pending_start:
             replans = self.pending_replans
         if replans is None:
             replans = self.places.get(start)
         current = self.current
-        if replans is None and current is not None and self.current_epoch == epoch and _passes(current, start):
+        if replans is None and current is not None and self.current_epoch == epoch and current.passes(start):
             return current  # the pass's own plan first: the places of its steps
         for (made_epoch, made_start, made_replans), plan in self.plans:
             if made_epoch != epoch:
                 continue
-            if (replans is None and _passes(plan, start)) or (made_start, made_replans) == (start, replans):
+            if (replans is None and plan.passes(start)) or (made_start, made_replans) == (start, replans):
                 return plan
-        plan = self.budget.plan(self.layout.num_processes, start, replans)
+        plan = self.budget.plan(self.layout.num_processes, start, replans, epoch)
         self.plans = [((epoch, start, replans), plan), *self.plans[:2]]
         return plan
 
@@ -181,13 +193,14 @@ class TokenBudgetPlan(BatchSamplerPlan):
         if not batches:
             return start
         plan = self._plan(start)
-        step = plan.steps_before(start) + batches - 1
-        if step >= plan.num_steps:
+        before = plan.steps_before(start)
+        step = before + batches - 1
+        if not plan.has_step(step):
             raise ValueError(
-                f"{batches} micro-batches after {start} samples pass the epoch's end ({plan.num_steps} steps left on "
-                f"{self.layout.num_processes} processes)"
+                f"{batches} micro-batches after {start} samples pass the epoch's end ({plan.num_steps - before} steps "
+                f"left on {self.layout.num_processes} processes)"
             )
-        return int(plan.consumed[step])
+        return plan.consumed_at(step)
 
     def epoch_size(self) -> int:
         return int(self.budget.lengths.size)
@@ -196,25 +209,40 @@ class TokenBudgetPlan(BatchSamplerPlan):
         plan = self._plan(check_consumed(consumed))
         return plan.num_steps - plan.steps_before(consumed)
 
+    def has_batches(self, consumed: int, count: int) -> bool:
+        """Whether ``count`` more micro-batches follow the place ``consumed`` (the windows up to them planned)."""
+        plan = self._plan(check_consumed(consumed))
+        return count <= 0 or plan.has_step(plan.steps_before(consumed) + count - 1)
+
+    def batches_before(self, consumed: int) -> int:
+        """The epoch's steps on this layout before the place ``consumed`` (another layout's position's):
+        ``num_batches(0) - num_batches(consumed)``, counted through the place's window only (the windows after it
+        are planned alike in the epoch's plan and in the place's)."""
+        plan = self._plan(check_consumed(consumed))  # the place's (one from before it, where one passes it)
+        window = plan.window_of(consumed)
+        after = plan.steps_through_window(window) - plan.steps_before(consumed)  # its window's steps after the place
+        return max(self._plan(0).steps_through_window(window) - after, 0)
+
     def samples_before(self, consumed: int) -> int:
         return consumed
 
     def finished(self, consumed: int) -> bool:
         if consumed == 0 and not self.budget.drop_last:  # every window of samples makes a step: nothing to plan
             return self.epoch_size() == 0
-        return consumed >= self.epoch_size() or self.num_batches(consumed) == 0
+        return consumed >= self.epoch_size() or not self.has_batches(consumed, 1)
 
     def start_after(self, consumed: int, dataset_state: Any = None) -> int:
         self.pending_start, self.pending_replans = check_consumed(consumed), _replans(dataset_state)
         return 0
 
-    def note_place(self, consumed: int, dataset_state: Any) -> Callable[[], None]:
-        places, plans = dict(self.places), list(self.plans)
+    def note_place(self, consumed: int, dataset_state: Any, epoch: int) -> Callable[[], None]:
+        places, plans, loading = dict(self.places), list(self.plans), self.loading
 
         def forget() -> None:  # the place and the plans made for it, where the position is refused
-            self.places, self.plans = places, plans
+            self.places, self.plans, self.loading = places, plans, loading
 
         try:
+            self.loading = (check_consumed(consumed), epoch)
             replans = _replans(dataset_state)
             if replans is not None:
                 self.places[check_consumed(consumed)] = replans
@@ -240,6 +268,7 @@ class TokenBudgetPlan(BatchSamplerPlan):
         """A pass begins: its start and the record parked for it, taken (one-shot), and its plan made (what
         :meth:`step_totals` and :meth:`pass_micro_batch` read).  A process that does not iterate its batch
         sampler (a dispatcher's other processes) calls it as its pass begins."""
+        self.loading = None  # the loader stands at the loaded position's epoch now
         first, record, self.pending_start, self.parked_record = self.pending_start, self.parked_record, 0, None
         replans, self.pending_replans = self.pending_replans, None
         self.current, self.current_epoch, self.current_start = self._plan(first, replans), self.budget.epoch, first
@@ -251,14 +280,16 @@ class TokenBudgetPlan(BatchSamplerPlan):
         self.current, self.current_epoch, self.current_start = plan, self.budget.epoch, consumed
         log = record.batches
         process = self.layout.process_index
+        step = plan.steps_before(consumed)
         if self.reads_all:  # every process's micro-batch of each step, in process order (none logged: each
-            n = plan.num_processes  # process's own are the plan's, see pass_micro_batch)
-            for step in range(plan.steps_before(consumed), plan.num_steps):
-                for p in range(n):
+            while plan.has_step(step):  # process's own are the plan's, see pass_micro_batch)
+                for p in range(plan.num_processes):
                     yield plan.micro_batch(step, p)[0]
+                step += 1
             return
-        for step in range(plan.steps_before(consumed), plan.num_steps):
+        while plan.has_step(step):  # the windows planned as the pass reaches them
             indices, real = plan.micro_batch(step, process)
+            step += 1
             if log is not None:
                 log.append((indices, real))
             yield indices
@@ -294,12 +325,8 @@ class TokenBudgetPlan(BatchSamplerPlan):
         plan = self.current
         if plan is None:
             raise ValueError("no pass of this loader has begun: iterate it first")
-        n = plan.num_processes
         first += plan.steps_before(self.current_start)
-        begin, end = max(first, 0) * n, min(first + count, plan.num_steps) * n
-        if end <= begin:
-            return StepTotals(0, 0)
-        return StepTotals(int(plan.tokens[begin:end].sum()), int(plan.real[begin:end].sum()))
+        return StepTotals(*plan.totals(first, first + count))
 
 
 def _replans(dataset_state: Any) -> Replans | None:
@@ -313,14 +340,6 @@ def _replans(dataset_state: Any) -> Replans | None:
             f"the position's dataset_state={dataset_state!r} is not a token budget's (a dict with 'replans': "
             "[[num_processes, samples], ...]); load the position this loader saved"
         ) from None
-
-
-def _passes(plan: EpochPlan, start: int) -> bool:
-    """Whether ``plan`` passes the place ``start`` (its start, or after one of its steps)."""
-    if start == plan.start:
-        return True
-    step = int(np.searchsorted(plan.consumed, start))
-    return step < plan.consumed.size and int(plan.consumed[step]) == start
 
 
 class TokenBudgetShard(BatchSamplerShard):
