@@ -402,7 +402,8 @@ class MixtureOrder:
         return codes, draws, cycles, self._permute(codes, cycles, inside)
 
     def _permute(self, codes: np.ndarray, cycles: np.ndarray, inside: np.ndarray) -> np.ndarray:
-        """``permutation(names[code], cycle).at(inside)`` for every row (walking the cycle as :meth:`at` does)."""
+        """``permutation(names[code], cycle).at(inside)`` for every row (walking the cycle as
+        :meth:`~shardplug.core.shuffle.seedable.KeyedPermutation.at` does)."""
         if not len(codes):
             return inside
         by = np.lexsort((cycles, codes))  # the rows of each (source, cycle) together
