@@ -199,6 +199,23 @@ def test_dispatched_on_one_process_the_loader_hands_out_the_plans_micro_batches_
     assert epochs[1] == epochs[0]
 
 
+def test_a_dispatched_pass_plans_the_windows_as_it_reaches_them(monkeypatch) -> None:
+    """Dispatched, the first batch plans the first window only (not the epoch: at 10^7 lengths that is seconds),
+    and the pass hands out what len() says, its last batch marked."""
+    planned: list[tuple[int, int, int]] = []
+    plan_window = budget_plan.plan_window
+    monkeypatch.setattr(budget_plan, "plan_window", lambda *args: planned.append(args[4]) or plan_window(*args))
+    sampler = TokenBudgetBatchSampler(MANY, BUDGET, seed=6)
+    sampler.spec = dataclasses.replace(sampler.spec, window=50)
+    loader = prepare_data_loader(DataLoader(range(MANY.size), batch_sampler=sampler), **DISPATCH)
+    batches = iter(loader)
+    first = next(batches).tolist()
+    assert planned == [(0, 0, 0)]
+    samples, marks = _marked(loader, batches)
+    assert marks == [False] * (len(marks) - 1) + [True] and len(marks) + 1 == len(loader)
+    assert sorted(first + samples) == list(range(MANY.size))
+
+
 @pytest.mark.parametrize("dispatch", [False, True], ids=["own", "dispatched"])
 def test_options_without_meaning_for_a_token_budget_are_refused_with_the_fix(dispatch: bool) -> None:
     """split_batches=True (no batch to cut: each process's micro-batch is planned) with either loader;

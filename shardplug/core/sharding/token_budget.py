@@ -311,13 +311,13 @@ class TokenBudgetPlan(BatchSamplerPlan):
         fingerprint changes with any sample, its place or its micro-batch (a dispatched step is checked by it)."""
         plan, step = self._pass_step(batch)
         n = plan.num_processes
-        bounds = plan.bounds[step * n : (step + 1) * n + 1]
-        ids = plan.samples[bounds[0] : bounds[-1]].astype(np.uint64) + np.uint64(1)
+        parts = [plan.micro_batch(step, p) for p in range(n)]  # (a padding micro-batch: one sample, none real)
+        ids = np.array([i for indices, _ in parts for i in indices], dtype=np.uint64) + np.uint64(1)
         places = np.arange(1, ids.size + 1, dtype=np.uint64) * np.uint64(0x9E3779B97F4A7C15)
-        sizes = np.diff(bounds).astype(np.uint64) * np.arange(1, n + 1, dtype=np.uint64)
+        sizes = np.array([len(indices) for indices, _ in parts], dtype=np.uint64) * np.arange(1, n + 1, dtype=np.uint64)
         with np.errstate(over="ignore"):  # arithmetic modulo 2**64, alike on every process
             mixed = int((ids * places).sum(dtype=np.uint64) ^ sizes.sum(dtype=np.uint64))
-        return int(plan.real[step * n : (step + 1) * n].sum()), mixed >> 2  # within an int64 message
+        return sum(real for _, real in parts), mixed >> 2  # within an int64 message
 
     def step_totals(self, first: int, count: int) -> StepTotals:
         """The real tokens and samples over all processes of ``count`` steps from the pass's step ``first`` (0: the
