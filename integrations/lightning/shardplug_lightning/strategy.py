@@ -14,6 +14,7 @@ Public equivalents are used everywhere else (``lightning_module.trainer``,
 
 from __future__ import annotations
 
+import importlib
 import logging
 import warnings
 from collections.abc import Callable
@@ -343,6 +344,9 @@ class ShardplugStrategyMixin(ShardplugOptions):
         if applied:
             logger.debug("rank %d: applied %d training loader state(s) after restore", self.global_rank, applied)
         self._align_batch_progress(fit_loop)
+        trainer = self._get_trainer()
+        if not any(isinstance(callback, _EpochLength) for callback in trainer.callbacks):
+            trainer.callbacks.append(_epoch_length_callback(self._pl_namespace))
         if compat.open_the_next_epoch(fit_loop):
             logger.debug(
                 "rank %d: resumed after an epoch's last batch: the next epoch opens as in a run", self.global_rank
@@ -454,6 +458,35 @@ def _epoch_inside(state: Any) -> int | None:
         return None
     epoch = position.get("epoch")
     return epoch if isinstance(epoch, int) else None
+
+
+class _EpochLength:
+    """Makes each new training epoch as long as the loader says (``loader.epoch_length``, within
+    ``limit_train_batches``): Lightning takes the length of the first epoch for every epoch, but a loader's epochs
+    may differ (a ``TokenBudgetBatchSampler`` of several windows plans each epoch's steps from its own order), and
+    Lightning would end a longer epoch early: its last micro-batches never read. Called after Lightning set the
+    epoch's samplers' epoch, before the epoch's first batch (a ``Callback`` of the trainer's package:
+    :func:`_epoch_length_callback`)."""
+
+    def on_train_epoch_start(self, trainer: Any, pl_module: Any) -> None:
+        loaders = [dl for dl in _loaders_in(trainer.train_dataloader) if isinstance(dl, PreparedDataLoader)]
+        if len(loaders) != 1 or loaders[0].epoch_length is None:
+            return
+        length, limit = loaders[0].epoch_length, trainer.limit_train_batches
+        batches = min(length, limit) if isinstance(limit, int) else int(length * limit)
+        fit_loop = trainer.fit_loop
+        if fit_loop.max_batches == batches:
+            return
+        logger.info("epoch %d: %d batches, the loader's (was %s)", trainer.current_epoch, batches, fit_loop.max_batches)
+        compat.combined_loader(fit_loop).limits = [batches]
+        compat.set_epoch_length(trainer, fit_loop, batches)
+
+
+def _epoch_length_callback(namespace: str) -> _EpochLength:
+    """An :class:`_EpochLength` that is a ``Callback`` of ``namespace`` (``lightning.pytorch`` or
+    ``pytorch_lightning``: their classes differ)."""
+    base = importlib.import_module(f"{namespace}.callbacks").Callback
+    return cast(_EpochLength, type("EpochLength", (_EpochLength, base), {})())
 
 
 def _loaders_in(iterables: Any) -> list[Any]:

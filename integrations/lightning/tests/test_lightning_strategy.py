@@ -8,6 +8,7 @@ streaming); one launch runs them all and every rank writes JSON that the tests b
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import json
 import math
@@ -78,6 +79,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory, parquet_shards: Any) -> dict[
         "model_parallel",
         "token_budget",
         "token_budget_resize",
+        "token_budget_epochs",
     )
     for name in (*names, *others):
         data[name] = [json.loads((out / f"{name}_rank{r}.json").read_text()) for r in range(WORLD)]
@@ -142,6 +144,30 @@ def test_token_budget_micro_batches_with_exact_len_and_estimated_stepping_batche
         assert record["resumed"] == record["train"][4:]  # resumed after 2 optimizer steps of 2 micro-batches
     samples = [i for record in records for epoch, batch in record["train"] if epoch == 0 for i in batch]
     assert sorted(samples) == list(range(N_TRAIN))
+
+
+def test_token_budget_epochs_of_different_lengths_are_each_read_whole(runs: dict[str, Any]) -> None:
+    """Epochs of 65, 67 and 66 micro-batches per process (a plan of several windows, each epoch from its own
+    order): Lightning runs each as long as the loader's, every sample once per epoch (it kept the first epoch's
+    length: the second ended 2 micro-batches early on every process)."""
+    lengths = [(61 * i) % 199 + 1 for i in range(300)]  # the script's WINDOWED_LENGTHS
+    seen: list[list[int]] = [[], [], []]
+    for rank, record in enumerate(runs["token_budget_epochs"]):
+        sampler = shardplug.TokenBudgetBatchSampler(lengths, 256, cost="tokens", seed=0)
+        sampler.spec = dataclasses.replace(sampler.spec, window=40)
+        prepared = prepare_data_loader(
+            DataLoader(list(range(300)), batch_sampler=sampler), num_processes=WORLD, process_index=rank
+        )
+        expected = []
+        for epoch in range(3):
+            prepared.set_epoch(epoch)
+            expected.append([batch.tolist() for batch in prepared])
+        assert [len(epoch) for epoch in expected] == [65, 67, 66]  # the case this test is about
+        assert _by_epoch(record["train"], 3) == expected
+        assert record["lengths"] == [65, 67, 66]  # num_training_batches as each epoch starts
+        for epoch in range(3):
+            seen[epoch] += [i for batch in expected[epoch] for i in batch]
+    assert all(sorted(part) == list(range(300)) for part in seen)
 
 
 def test_token_budget_checkpoint_of_3_processes_resumes_on_2_with_every_remaining_sample_once(

@@ -9,6 +9,7 @@ alone once that group is gone.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import sys
@@ -137,6 +138,28 @@ class TokenBudgets(Recorder):
 
     def on_train_start(self) -> None:
         self.estimated = int(self.trainer.estimated_stepping_batches)
+
+
+WINDOWED_LENGTHS = [(61 * i) % 199 + 1 for i in range(300)]
+"""Tokens of each sample of the windowed token-budget scenario (planned in windows of 40 samples: its epochs have
+65, 67 and 66 micro-batches per process on 2 processes)."""
+
+
+class WindowedTokenBudgets(Recorder):
+    """Micro-batches by a token budget whose epochs differ in length (each planned from its own order), and
+    Lightning's length of each epoch as it starts."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.epoch_lengths: list[int] = []
+
+    def train_dataloader(self) -> DataLoader:
+        sampler = shardplug.TokenBudgetBatchSampler(WINDOWED_LENGTHS, 256, cost="tokens", seed=0)
+        sampler.spec = dataclasses.replace(sampler.spec, window=40)
+        return DataLoader(Indices(len(WINDOWED_LENGTHS)), batch_sampler=sampler)
+
+    def on_train_epoch_start(self) -> None:
+        self.epoch_lengths.append(int(self.trainer.num_training_batches))
 
 
 class PredictionRecorder(BasePredictionWriter):
@@ -565,6 +588,12 @@ def main() -> None:
     # done) holding instead the position rank 0 of 3 processes saves after 4 micro-batches (loaders built for
     # 3 processes inside this group, as a 3-process job's rank 0 builds it)
     dump("token_budget_resize", rank, budget_resize(rank, os.path.join(budget_dir, "epoch=0-step=2.ckpt")))
+
+    # 12d. a token budget whose epochs differ in length: each epoch as long as the loader's (Lightning keeps the
+    # first epoch's length otherwise: a longer epoch ended early, its last micro-batches never read)
+    model = WindowedTokenBudgets()
+    trainer(max_epochs=3).fit(model)
+    dump("token_budget_epochs", rank, {"train": model.train_batches, "lengths": model.epoch_lengths})
 
     # 13-15. Fabric's setup_dataloaders, model parallelism, litdata and streaming (when the test wrote them)
     import lightning_fabric_scenario
