@@ -50,7 +50,9 @@ class EpochSync(Serializable):
                                   the same or another number of processes) and the engine's
                                   ``epoch_length`` / ``iteration`` / ``epoch`` set to match it; every
                                   rank has the same epoch length (else ``RuntimeError``, not a hang)
-    ``EPOCH_STARTED``             ``loader.set_epoch(epoch - 1)`` (not in a resumed epoch)
+    ``EPOCH_STARTED``             ``loader.set_epoch(epoch - 1)`` (not in a resumed epoch), and the
+                                  engine's ``epoch_length`` the new epoch's where it was the loader's
+                                  (a token budget of several windows plans epochs of different lengths)
     ``DATALOADER_STOP_ITERATION`` ``set_epoch(epoch - 1)`` again: the previous pass ended only now
     ``TERMINATE_SINGLE_EPOCH``    ``set_epoch(epoch)``: Ignite opens the next pass right away
     ============================= ==============================================================
@@ -63,6 +65,7 @@ class EpochSync(Serializable):
         self._pending: dict[str, Any] | None = None
         self._resumed_epoch = False
         self._ran = False  # iterations ran on this engine in this process: a new run() continues them
+        self._followed: int | None = None  # the engine's epoch_length where it is the loader's epoch's
 
     def attach(self, engine: Engine) -> None:
         engine.add_event_handler(Events.STARTED, self._on_started)
@@ -89,6 +92,7 @@ class EpochSync(Serializable):
                 "Checkpoint's to_save next to the trainer, or resume from a checkpoint saved at an epoch end"
             )
         self._check_epoch_length(engine, full)
+        self._followed = full if engine.state.epoch_length == full else None
 
     def _align_engine(self, engine: Engine, loader: PreparedDataLoader, full: int | None) -> None:
         """Make the engine's counters describe the loaded position on this layout."""
@@ -139,7 +143,13 @@ class EpochSync(Serializable):
         if self._resumed_epoch:
             self._resumed_epoch = False  # the loaded position already chose this epoch and its start
             return
-        current_loader(engine).set_epoch(engine.state.epoch - 1)
+        loader = current_loader(engine)
+        loader.set_epoch(engine.state.epoch - 1)
+        length = loader.epoch_length
+        if self._followed is not None and engine.state.epoch_length == self._followed and length is not None:
+            # epochs may differ in length: Ignite would end a longer one early (its last batches read in the
+            # next epoch, or never) and a shorter one by restarting the data (a user's own epoch_length is kept)
+            engine.state.epoch_length = self._followed = length
 
     def _on_stop_iteration(self, engine: Engine) -> None:
         # the previous pass only ended now, inside this epoch: make sure the next pass is this epoch's

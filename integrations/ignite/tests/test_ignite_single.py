@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import pytest
@@ -10,7 +11,7 @@ import torch.nn.functional as F
 from ignite.engine import Engine, Events
 from torch.utils.data import BatchSampler, DataLoader, SequentialSampler, TensorDataset
 
-from shardplug import TokenBudgetBatchSampler
+from shardplug import TokenBudgetBatchSampler, prepare_data_loader
 from shardplug_ignite import ShardplugConfig, ShardplugEvents, ShardplugHandler, compat
 
 
@@ -344,3 +345,37 @@ def test_ignite_resumed_where_the_new_layout_has_no_step_left_starts_the_next_ep
         assert list(resumed) == [2], f"rank {rank}: epochs run {list(resumed)}, only epoch 2 was left"
         assert resumed[2] == whole[2], f"rank {rank}: epoch 2 differs from an uninterrupted run's"
         assert after["trainer"]["iteration"] == 18, f"rank {rank}: {after['trainer']}"
+
+
+def test_token_budget_epochs_of_different_lengths_are_each_read_whole() -> None:
+    """A token budget planned in several windows: its epochs have 130, 131 and 129 micro-batches. The engine's
+    epoch_length follows each (it kept the first: the second epoch ended a micro-batch early and the third read a
+    repeated one after restarting the data)."""
+    lengths = [(37 * i) % 199 + 1 for i in range(300)]
+
+    def loader(handler: Any = None) -> Any:
+        sampler = TokenBudgetBatchSampler(lengths, 256, seed=0)
+        sampler.spec = dataclasses.replace(sampler.spec, window=40)
+        data = DataLoader(_data(300), batch_sampler=sampler)
+        return handler.prepare_data_loader(data) if handler is not None else prepare_data_loader(data)
+
+    reference = loader()
+    expected = []
+    for epoch in range(3):
+        reference.set_epoch(epoch)
+        expected.append([batch[0].flatten().int().tolist() for batch in reference])
+    assert [len(epoch) for epoch in expected] == [130, 131, 129]  # the case this test is about
+    handler = ShardplugHandler(ShardplugConfig())
+    seen: list[list[list[int]]] = [[], [], []]
+    lengths_at_start: list[int] = []
+    trainer = Engine(lambda engine, batch: seen[engine.state.epoch - 1].append(batch[0].flatten().int().tolist()))
+    handler.attach(trainer)
+    trainer.add_event_handler(Events.EPOCH_STARTED, lambda engine: lengths_at_start.append(engine.state.epoch_length))
+    trainer.run(loader(handler), max_epochs=3)
+    assert seen == expected
+    assert lengths_at_start == [130, 131, 129]
+    capped = Engine(lambda engine, batch: None)  # an epoch_length of the user's own is kept
+    handler = ShardplugHandler(ShardplugConfig())
+    handler.attach(capped)
+    capped.run(loader(handler), max_epochs=2, epoch_length=50)
+    assert capped.state.epoch_length == 50 and capped.state.iteration == 100

@@ -188,8 +188,10 @@ def run_pass(loader: PassHost) -> Iterator[Any]:
                 for batch, last in mark_last(loader, state, batches):
                     yield hand_out(batch, last)
         state.complete = state.exhausted = True
-        if state.length is None and loader.traits.last_as_it_goes:  # counted at the end: every step planned now
-            state.length = max(loader.lengths().batches_after(state.record.started_at), 0)
+        if state.length is None and loader.traits.last_as_it_goes:
+            # what the plan, asked batch by batch, had: counted now from the loader's epoch, it could be the next
+            # epoch's (Ignite's EPOCH_STARTED sets it before this pass sees its end)
+            state.length = state.yielded - state.resumed
         check_length(state)
     finally:
         state.open = False
