@@ -100,22 +100,17 @@ def test_a_stateful_loader_resumed_twice_in_one_epoch_continues_exactly(kind):
 
 
 # -- resume -----------------------------------------------------------------------------------------
-def _counting_loader(stateful, shuffle):
-    """Process 1 of 2 over 30 counted samples in batches of 2 (seed 7)."""
-    return prepare_data_loader(
-        DataLoader(Counting(30), batch_size=2, shuffle=shuffle),
-        num_processes=2,
-        process_index=1,
-        data_seed=7,
-        use_stateful_dataloader=stateful,
-    )
-
-
 @pytest.mark.parametrize("stateful", [False, True])
 @pytest.mark.parametrize("shuffle", [False, True])
 def test_resume_mid_epoch_equals_uninterrupted_run(stateful, shuffle):
     def make():
-        return _counting_loader(stateful, shuffle)
+        return prepare_data_loader(
+            DataLoader(Counting(30), batch_size=2, shuffle=shuffle),
+            num_processes=2,
+            process_index=1,
+            data_seed=7,
+            use_stateful_dataloader=stateful,
+        )
 
     reference = make()
     expected = [rows(reference) for _ in range(2)]
@@ -135,35 +130,6 @@ def test_resume_mid_epoch_equals_uninterrupted_run(stateful, shuffle):
     assert got == expected[0]
     assert len(resumed) == len(expected[0]), "the next pass has the full length again"
     assert rows(resumed) == expected[1], "the next epoch continues with the uninterrupted run's order"
-
-
-@pytest.mark.parametrize("set_epoch", [False, True], ids=["next pass", "set_epoch"])
-@pytest.mark.parametrize("stateful", [False, True])
-def test_a_resumed_pass_read_to_its_last_batch_no_longer_decides_len(stateful, set_epoch):
-    """A loop that stops at ``len()`` (Lightning's, Ignite's: ``next()`` ``len()`` times) never asks the resumed
-    pass for more, so it stays open: after its last batch, ``len()`` is the next epoch's, whole (with or without
-    ``set_epoch`` of it), the position that epoch's start, and the next pass that epoch's batches."""
-
-    def make():
-        return _counting_loader(stateful, shuffle=True)
-
-    reference = make()
-    expected = [rows(reference) for _ in range(2)]
-    saved = make()
-    first = iter(saved)
-    for _ in range(3):
-        next(first)
-    resumed = make()
-    resumed.load_state_dict(saved.state_dict())
-    rest = iter(resumed)
-    assert [next(rest).tolist() for _ in range(len(resumed))] == expected[0][3:]  # no StopIteration asked for
-    assert resumed.end_of_dataloader
-    if set_epoch:
-        resumed.set_epoch(1)
-    assert len(resumed) == len(expected[1]), "the next epoch's whole length, not the resumed pass's"
-    position = resumed.resume.position()
-    assert (position.epoch, position.batches_yielded, position.consumed) == (1, 0, 0)
-    assert rows(resumed) == expected[1]
 
 
 def test_stateful_iterable_resume_after_last_received_batch():

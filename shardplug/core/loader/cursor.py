@@ -170,20 +170,17 @@ class Cursor:
                 self.ended = True
             else:
                 self.position = None
-        if not self.now.open or self.now.complete:
-            # outside a pass, or after its last batch (also while the loop has not asked for more): that pass is
-            # over, and nothing of it is this epoch's (a pass in progress goes on, and is not this epoch's end)
+        if self.now.open:
+            self.now.complete = False  # the next pass is this epoch
+        else:
             self.now = PassState()
         self.epoch = epoch
 
     # -- lengths ----------------------------------------------------------------------------
     def length(self, lengths: PassLengths) -> int:
-        """Batches the pass yields: the pass in progress while one is open and has batches left, else the next
-        one. A pass whose last batch was handed out is over, also while its loop has not asked for more (a loop
-        that stops at ``len()``: Lightning's, Ignite's, ``next()`` ``len()`` times): the loader then stands at the
-        next pass's start, as its position says."""
+        """Batches the pass yields: the pass in progress while one is open, else the next one."""
         now = self.now
-        if now.open and not now.complete:
+        if now.open:
             return 0 if now.empty else max(lengths.batches_after(now.record.started_at), 0)
         if self.ended:
             return 0

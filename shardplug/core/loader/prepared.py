@@ -211,9 +211,8 @@ class PreparedDataLoader(Rebuilt, EpochFanOut, PaddingRecords, DataLoader[Any]):
 
     # -- lengths --------------------------------------------------------------------------
     def __len__(self) -> int:
-        """Batches the pass yields: the pass in progress until its last batch is handed out, else the next one
-        (exact also after ``load_state_dict`` and ``skip_first_batches``; see
-        :meth:`~shardplug.core.loader.cursor.Cursor.length`)."""
+        """Batches the pass yields: the pass in progress while one is open, else the next one
+        (exact also after ``load_state_dict`` and ``skip_first_batches``)."""
         return self.cursor.length(self.lengths())
 
     def lengths(self) -> PassLengths:
