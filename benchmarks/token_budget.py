@@ -33,7 +33,7 @@ from torch.utils.data import DataLoader
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 from shardplug import BatchSamplerShard, TokenBudgetBatchSampler, prepare_data_loader  # noqa: E402
-from shardplug.core.sharding.budget_plan import BudgetSpec, epoch_order, plan_epoch  # noqa: E402
+from shardplug.core.sharding.budget_plan import BudgetSpec, Strata, plan_epoch  # noqa: E402
 
 try:  # optional: Hugging Face's length-grouped order, for the "by length" baseline
     from transformers.trainer_pt_utils import LengthGroupedSampler  # type: ignore[import-not-found]
@@ -77,12 +77,17 @@ def by_length_order(lengths: np.ndarray, rows_per_batch: int, seed: int) -> np.n
             rows_per_batch, lengths=lengths.tolist(), generator=torch.Generator().manual_seed(seed)
         )
         return np.fromiter(iter(sampler), dtype=np.int64, count=len(lengths))
-    order = epoch_order(lengths.size, True, seed, 0)
+    order = random_order(lengths.size, seed)
     chunk = rows_per_batch * 100
     parts = [
         part[np.argsort(-lengths[part], kind="stable")] for part in np.array_split(order, max(1, order.size // chunk))
     ]
     return np.concatenate(parts)
+
+
+def random_order(n: int, seed: int) -> np.ndarray:
+    """A shuffled order of ``n`` samples (a user's random sampler)."""
+    return np.random.default_rng(seed).permutation(n)
 
 
 def dealt(batches: list[list[int]], n: int) -> list[list[list[int]]]:
@@ -139,9 +144,7 @@ def figure(path: str) -> None:
     plan = plan_epoch(BudgetSpec(budget, cost="attention", seed=1), lengths, n)
     samples, bounds = plan.samples, plan.bounds
     ours = [samples[bounds[k] : bounds[k + 1]] for k in range(step * n, step * n + n)]
-    theirs = [
-        part[step] for part in dealt(greedy_batches(epoch_order(lengths.size, True, 1, 0), lengths, budget, False), n)
-    ]
+    theirs = [part[step] for part in dealt(greedy_batches(random_order(lengths.size, 1), lengths, budget, False), n)]
     scale, bar, gap, left = 560 / budget, 22, 8, 150
     rows = []
     y = 30
@@ -192,14 +195,14 @@ def main() -> None:
     print(f"{header} by length, round-robin")
     for kind, n_samples, high, budget in sets:
         lengths = lengths_of(kind, n_samples, high)
-        random_order = epoch_order(lengths.size, True, 1, 0)
+        shuffled = random_order(lengths.size, 1)
         grouped = by_length_order(lengths, max(1, budget // int(np.mean(lengths))), seed=1)
         for n in (2,) if args.quick else (2, 4, 8):
             for cost in ("tokens", "attention", "padded"):
                 cells = []
                 for (med, p95, top), pad in (
                     plan_rows(lengths, budget, n, cost),
-                    baseline_rows(lengths, budget, n, cost, random_order),
+                    baseline_rows(lengths, budget, n, cost, shuffled),
                     baseline_rows(lengths, budget, n, cost, grouped),
                 ):
                     cells.append(f"{med:.3f}/{p95:.3f}/{top:.2f} pad {pad * 100:.1f}%")
@@ -213,7 +216,8 @@ def main() -> None:
             best = float("inf")
             for _ in range(1 if size >= 10**7 else 3):
                 start = time.perf_counter()
-                assert plan_epoch(BudgetSpec(16_384, cost=cost, seed=1), lengths, 8).num_steps  # every window planned
+                plan = plan_epoch(BudgetSpec(16_384, cost=cost, seed=1), lengths, 8)
+                assert not plan.has_step(plan.num_steps)  # every window planned
                 best = min(best, time.perf_counter() - start)
             print(f"T2 {size:>10,} lengths, N = 8, cost={cost:<9} {best:6.2f} s ({best / size * 1e6:.2f} s per 10^6)")
 
@@ -227,11 +231,13 @@ def main() -> None:
         rows.append(("position at 50% of the epoch on 4 processes", resume_seconds(lengths, 0.5, resumed_on=4)))
         for what, (wall, cpu) in rows:
             print(f"{name}, {what}: {wall:6.2f} s to the first batch ({cpu:.2f} s of CPU)")
-        wall, cpu = _timed(functools.partial(epoch_order, lengths.size, True, 1, 0))
-        print(f"{name}: the epoch's order alone (a shuffle, in each of these) {wall:6.2f} s ({cpu:.2f} s of CPU)")
+        strata = Strata(lengths, BudgetSpec(16_384, cost="attention", seed=1))
+        wall, cpu = _timed(functools.partial(strata.order, 0))
+        what = "the epoch's order alone (a ranking by length, in each of these)"
+        print(f"{name}: {what} {wall:6.2f} s ({cpu:.2f} s of CPU)")
         tracemalloc.start()
         plan = plan_epoch(BudgetSpec(16_384, cost="attention", seed=1), lengths, 8)
-        assert plan.num_steps  # every window planned
+        assert not plan.has_step(plan.num_steps)  # every window planned
         held, peak = tracemalloc.get_traced_memory()
         tracemalloc.stop()
         del plan

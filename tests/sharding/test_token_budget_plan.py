@@ -18,10 +18,11 @@ from shardplug.core.sharding.budget_plan import (
     BudgetSpec,
     EpochPlan,
     Replans,
+    Strata,
     _from,
     _replay,
-    _window_bounds,
-    epoch_order,
+    _template,
+    by_length,
     plan_epoch,
     plan_window,
 )
@@ -118,7 +119,8 @@ def _eager(
     """The reference: the plan from ``start`` with every window planned at once and joined, as (samples, real)
     per micro-batch, real tokens per micro-batch and the samples consumed after each step."""
     array = np.asarray(lengths, dtype=np.int64)
-    order, bounds = epoch_order(array.size, spec.shuffle, spec.seed, epoch), _window_bounds(array.size, spec.window)
+    strata = Strata(array, spec)
+    order, bounds = strata.order(epoch), strata.window_starts
     batches: list[tuple[list[int], int]] = []
     tokens: list[int] = []
     consumed: list[int] = []
@@ -128,7 +130,7 @@ def _eager(
             continue
         local = max(start - begin, 0)
         history = tuple(replans) if replans and local else ((n, 0),)
-        wp, base = _replay(order[begin:end], array, spec, epoch, w, history, local)
+        wp, base = _replay(order.window(w), array, spec, epoch, w, history, local, strata)
         if history[-1][0] != n:  # a resize: the rest of the window planned again
             wp, base = plan_window(wp.sequence[local - base :], array, spec, n, (epoch, w, len(history))), local
         wp, at = _from(wp, local - base, begin + base)
@@ -289,18 +291,83 @@ def test_a_plan_is_made_within_twice_the_lengths_memory(padding: bool) -> None:
     tracemalloc.start()
     try:
         plan = plan_epoch(spec, lengths, 8)
-        assert plan.num_steps  # every window planned
+        assert not plan.has_step(plan.num_steps)  # every window planned
         peak = tracemalloc.get_traced_memory()[1]
     finally:
         tracemalloc.stop()
     if not padding:
         assert peak <= 2 * lengths.nbytes
     n = lengths.size
-    order = epoch_order(n, spec.shuffle, spec.seed, 0)
-    bounds = [w * spec.window for w in range(max(1, n // spec.window))] + [n]  # the last window takes the rest
+    strata = Strata(lengths, spec)
+    order, bounds = strata.order(0), strata.window_starts.tolist()
     windows = [
-        plan_window(order[begin:end], lengths, spec, 8, (0, w, 0)).samples
-        for w, (begin, end) in enumerate(zip(bounds, bounds[1:]))
+        plan_window(order.window(w), lengths, spec, 8, (0, w, 0), strata.template(8, w)).samples
+        for w in range(len(bounds) - 1)
     ]
     assert np.array_equal(plan.samples, np.concatenate(windows))
     assert plan.samples.size > n if padding else plan.samples.size >= n
+
+
+@settings(max_examples=120, deadline=None)
+@given(
+    lengths=st.lists(st.integers(0, 60), min_size=0, max_size=150),
+    n=st.integers(1, 4),
+    cost=st.sampled_from(["tokens", "padded", "attention"]),
+    drop_last=st.booleans(),
+    shuffle=st.booleans(),
+    window=st.integers(1, 40),
+)
+def test_every_epoch_has_the_same_steps_counted_before_it_is_planned(
+    lengths: list[int], n: int, cost: str, drop_last: bool, shuffle: bool, window: int
+) -> None:
+    """Each epoch's windows are drawn from its own order, yet every epoch on N processes has as many steps, and
+    ``num_steps`` says it before the windows after the first are planned (what ``len()`` and a framework's
+    length of every epoch rely on)."""
+    spec = BudgetSpec(61, cost=cost, shuffle=shuffle, seed=4, drop_last=drop_last, window=window)
+    counts = []
+    for epoch in range(3):
+        plan = plan_epoch(spec, lengths, n, epoch=epoch)
+        counts.append(plan.num_steps)
+        assert len(plan.windows) <= 1  # counted, not planned
+        assert not plan.has_step(counts[-1]) and plan.has_step(counts[-1] - 1) == (counts[-1] > 0)
+        assert plan.consumed.size == counts[-1]  # every window planned now: the steps counted
+    assert counts == [counts[0]] * 3
+
+
+@settings(max_examples=60, deadline=None)
+@given(lengths=st.lists(st.integers(0, 300), min_size=1, max_size=200), window=st.integers(1, 40))
+def test_each_window_takes_one_sample_of_each_group_of_about_one_length(lengths: list[int], window: int) -> None:
+    """Groups of K samples ranked by length (K windows; the n mod K shortest a group of their own, in the last
+    window): every window holds one sample of each group, a random one each epoch."""
+    array = np.asarray(lengths)
+    strata = Strata(array, BudgetSpec(300, window=window, seed=2))
+    ranked = by_length(array)
+    assert np.array_equal(array[ranked], np.sort(array))  # exact below 4,096 tokens
+    k, short = strata.windows, strata.short
+    group = np.empty(array.size, dtype=np.int64)
+    group[ranked[short:]] = np.arange(array.size - short) // k
+    group[ranked[:short]] = -1
+    for epoch in range(2):
+        order = strata.order(epoch)
+        for w in range(k):
+            members = order.window(w)
+            assert members.size == int(strata.window_starts[w + 1] - strata.window_starts[w])
+            expected = list(range(strata.size)) + ([-1] * short if w == k - 1 else [])
+            assert group[members].tolist() == expected
+    if k > 1 and strata.size > 3:
+        assert not np.array_equal(Strata(array, strata.spec).order(0).groups, strata.order(1).groups)
+
+
+def test_a_window_whose_samples_do_not_fit_the_templates_steps_takes_its_places() -> None:
+    """A window planned from its start keeps its template's steps: where its own samples would make fewer runs
+    (here 1 of 4 rows of 1 token, the template's 2 runs of 2 rows of 10), they take the places of the samples they
+    stand for, each within the budget, every sample once."""
+    spec = BudgetSpec(20, cost="padded", shuffle=False)
+    template = _template(np.full(4, 10), spec, 1)
+    assert (template.bins, template.steps) == (2, 2)
+    lengths = np.ones(4, dtype=np.int64)
+    natural = plan_window(np.arange(4), lengths, spec, 1, (0, 0, 0))
+    assert natural.consumed.size == 1  # alone, the window is one step
+    kept = plan_window(np.arange(4), lengths, spec, 1, (0, 0, 0), template)
+    assert kept.consumed.tolist() == [2, 4] and sorted(kept.samples.tolist()) == [0, 1, 2, 3]
+    assert (np.diff(kept.bounds) == 2).all()

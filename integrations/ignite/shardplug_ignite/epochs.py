@@ -52,7 +52,7 @@ class EpochSync(Serializable):
                                   rank has the same epoch length (else ``RuntimeError``, not a hang)
     ``EPOCH_STARTED``             ``loader.set_epoch(epoch - 1)`` (not in a resumed epoch), and the
                                   engine's ``epoch_length`` the new epoch's where it was the loader's
-                                  (a token budget of several windows plans epochs of different lengths)
+                                  (a batch sampler's epochs may differ in length)
     ``DATALOADER_STOP_ITERATION`` ``set_epoch(epoch - 1)`` again: the previous pass ended only now
     ``TERMINATE_SINGLE_EPOCH``    ``set_epoch(epoch)``: Ignite opens the next pass right away
     ============================= ==============================================================

@@ -463,8 +463,8 @@ def _epoch_inside(state: Any) -> int | None:
 class _EpochLength:
     """Makes each new training epoch as long as the loader says (``loader.epoch_length``, within
     ``limit_train_batches``): Lightning takes the length of the first epoch for every epoch, but a loader's epochs
-    may differ (a ``TokenBudgetBatchSampler`` of several windows plans each epoch's steps from its own order), and
-    Lightning would end a longer epoch early: its last micro-batches never read. Called after Lightning set the
+    may differ (a user's batch sampler whose batches are formed from each epoch's order), and Lightning would end
+    a longer epoch early: its last micro-batches never read. Called after Lightning set the
     epoch's samplers' epoch, before the epoch's first batch (a ``Callback`` of the trainer's package:
     :func:`_epoch_length_callback`)."""
 

@@ -6,15 +6,21 @@ sum of squared lengths), the seed, the epoch and the number of processes ``N``; 
 
 How an epoch is planned:
 
-1. the epoch's order: a permutation of ``[0, n)`` drawn from ``(seed, epoch)`` (or ``[0, n)`` unshuffled);
-2. the order is cut into fixed windows of :data:`WINDOW` samples (the last one takes the remainder): their
-   bounds do not depend on ``N``, so a place at a window's start is the same on every number of processes;
+1. the samples are ranked by length (shortest first) and the ranking is cut into groups of ``K`` samples of
+   about one length, ``K`` the number of windows (``n // window``; the ``n mod K`` shortest samples form a group of
+   their own);
+2. the epoch's windows: window ``w`` takes one sample of each group, drawn from ``(seed, epoch)`` (each group's
+   ``K`` samples dealt at random to the ``K`` windows; the short group's to the last window), so every window is a
+   random sample of the epoch with the same spread of lengths; their bounds in the epoch's order do not depend on
+   ``N`` or the epoch, so a place at a window's start is the same on every number of processes;
 3. each window's samples are dealt, longest first, into ``S`` steps of ``N`` micro-batches, by rounds: a step takes
    ``N`` consecutive samples of the sorted order (so of about one length), the longest ones to the step with the
-   fewest tokens, and inside the step the longest to its least costly micro-batch, always under ``max_tokens``;
-   ``S`` is the fewest steps that fit.  For ``"padded"`` the sorted samples are cut into runs of rows times the
-   longest within the budget instead (a micro-batch holds samples of nearly one length), and the runs, sorted
-   by cost, are taken ``N`` at a time;
+   fewest tokens, and inside the step the longest to its least costly micro-batch, always under ``max_tokens``.
+   For ``"padded"`` the sorted samples are cut into runs of rows times the longest within the budget instead (a
+   micro-batch holds samples of nearly one length), and the runs, sorted by cost, are taken ``N`` at a time.
+   ``S`` is the same for every window of the epoch and every epoch (:class:`Strata`): the fewest steps that fit
+   a window of each group's longest sample; where the window's own samples dealt into ``S`` steps do not fit, they
+   take the places that window of longest samples has (each sample no longer than the one it stands for);
 4. the window's steps are shuffled; step ``s`` gives process ``p`` its micro-batch ``s * N + p``.
 
 Every process therefore has the same number of micro-batches.  A step whose ``N`` micro-batches cannot all hold
@@ -22,9 +28,10 @@ a sample (a window with fewer samples than its micro-batches: long samples, or t
 with the window's shortest sample, marked as padding (a micro-batch of ``0`` real samples), or dropped with
 ``drop_last`` (its samples then count as consumed).
 
-An :class:`EpochPlan` plans its windows as they are asked for (a step, a place, the count of steps): the first
-batch of a pass, also of a resumed one, plans the place's window only; the count of steps (``len()``) plans them
-all.  The plan does not depend on the order they are asked in.
+Every epoch on ``N`` processes therefore has the same number of steps, counted without planning it
+(:meth:`Strata.steps_through`).  An :class:`EpochPlan` plans its windows as they are asked for (a step, a place):
+the first batch of a pass, also of a resumed one, plans the place's window only.  The plan does not depend on the
+order they are asked in.
 
 A place in an epoch is the number of samples the steps before it consumed (:attr:`EpochPlan.consumed`), with,
 inside a window, the numbers of processes the window was planned for (:data:`Replans`): on another number of
@@ -57,8 +64,10 @@ __all__ = [
     "BudgetSpec",
     "EpochPlan",
     "Replans",
+    "Strata",
+    "WindowTemplate",
     "as_lengths",
-    "epoch_order",
+    "by_length",
     "plan_epoch",
     "plan_window",
     "sample_costs",
@@ -142,22 +151,150 @@ def sample_costs(lengths: np.ndarray, cost: str) -> np.ndarray:
     return lengths * lengths if cost == "attention" else lengths
 
 
-def epoch_order(n: int, shuffle: bool, seed: int, epoch: int) -> np.ndarray:
-    """The epoch's order of ``[0, n)``: the same on every process, rerun and number of processes."""
-    order = np.empty(n, dtype=np.int32 if n < 2**31 else np.int64)  # 4 bytes a sample where they suffice
-    for at in range(0, n, 1 << 16):  # in chunks: no second array of n
-        order[at : at + (1 << 16)] = np.arange(at, min(at + (1 << 16), n), dtype=order.dtype)
-    if shuffle:
-        np.random.Generator(np.random.PCG64(np.random.SeedSequence([seed, epoch, 0x7B]))).shuffle(order)
-    return order
+def _index_dtype(n: int) -> type:
+    return np.int32 if n < 2**31 else np.int64  # 4 bytes a sample where they suffice
 
 
-def _window_bounds(n: int, window: int) -> np.ndarray:
-    """The windows' starts (and ``n``): fixed chunks of ``window`` samples, the last one taking the rest."""
-    count = max(1, n // window)
-    starts = np.arange(count + 1, dtype=np.int64) * window
-    starts[-1] = n
-    return starts
+_CHUNK = 1 << 16
+"""Samples handled at once where an array of the epoch is made (no second array of ``n`` on the way)."""
+
+
+def _length_keys(lengths: np.ndarray) -> np.ndarray:
+    """A 16-bit key of each length, in the lengths' order: the length itself below 4,096, above it the length to
+    within 1 / 2,048 of it (a float of 11 bits of mantissa)."""
+    values = np.minimum(lengths.astype(np.int64), (1 << 40) - 1)
+    shift = np.maximum(np.frexp(values.astype(np.float64))[1] - 12, 0)
+    keys: np.ndarray = ((shift << 11) + (values >> shift)).astype(np.uint16)
+    return keys
+
+
+def by_length(lengths: np.ndarray) -> np.ndarray:
+    """The samples ranked by length, shortest first: a stable counting sort on :func:`_length_keys` (samples of
+    lengths within 1 / 2,048 of each other may keep their index order), read a chunk at a time (a memmap is read
+    through, never whole)."""
+    n = int(lengths.size)
+    ranked: np.ndarray = np.empty(n, dtype=_index_dtype(n))
+    chunk = 1 << 14
+    counts = np.zeros(1 << 16, dtype=np.int64)
+    for at in range(0, n, chunk):
+        counts += np.bincount(_length_keys(lengths[at : at + chunk]), minlength=1 << 16)
+    places = np.zeros(1 << 16, dtype=np.int64)  # each key's next place in the ranking
+    np.cumsum(counts[:-1], out=places[1:])
+    del counts
+    for at in range(0, n, chunk):
+        keys = _length_keys(lengths[at : at + chunk])
+        inside = np.argsort(keys, kind="stable")  # a radix sort
+        sorted_keys = keys[inside]
+        firsts = np.flatnonzero(np.r_[True, sorted_keys[1:] != sorted_keys[:-1]])  # each key's run
+        runs = np.diff(np.r_[firsts, sorted_keys.size])
+        into_run = np.arange(sorted_keys.size) - np.repeat(firsts, runs)
+        ranked[places[sorted_keys] + into_run] = inside + at
+        places[sorted_keys[firsts]] += runs
+    return ranked
+
+
+@dataclass(frozen=True)
+class WindowTemplate:
+    """The plan of a window of each group's longest sample on some number of processes: its ``bins`` micro-batches
+    (``steps`` kept ones, each as many as every window of its kind keeps) and ``where``, the micro-batch of each
+    of its samples in the window's order (the groups', shortest first)."""
+
+    bins: int
+    steps: int
+    where: np.ndarray
+
+
+class EpochOrder:
+    """An epoch's samples by window: window ``w`` is column ``w`` of ``groups`` (one sample of each group, shortest
+    first), the last window also ``short`` (the short group).  A window planned writes its samples, in the order
+    its steps consume them, over its own (:meth:`window`), so the order and the plan are held once together."""
+
+    def __init__(self, groups: np.ndarray, short: np.ndarray) -> None:
+        self.groups, self.short = groups, short
+        self.dtype = groups.dtype
+        self._last: np.ndarray | None = None
+
+    def window(self, w: int) -> np.ndarray:
+        """Window ``w``'s samples (a view: what is written to it stays in the order)."""
+        if w == self.groups.shape[1] - 1 and self.short.size:
+            if self._last is None:  # the one window not a column: its own array
+                self._last = np.concatenate([self.groups[:, w], self.short])
+            return self._last
+        return self.groups[:, w]
+
+
+class Strata:
+    """What every epoch's plan shares: the groups of samples of about one length that each window takes one of,
+    and the plans of a window of each group's longest sample (:class:`WindowTemplate`), which set how many steps
+    every window has.  Made from the lengths and the spec; holds the groups' longest lengths, not the ranking.
+
+    Windows ``0 .. K - 2`` hold ``size`` samples (one of each group), the last one ``size + short`` (the short
+    group's too)."""
+
+    def __init__(self, lengths: np.ndarray, spec: BudgetSpec) -> None:
+        self.lengths, self.spec = lengths, spec
+        n = int(lengths.size)
+        self.windows = max(1, n // spec.window)
+        self.size = n // self.windows
+        self.short = n - self.size * self.windows
+        starts = np.arange(self.windows + 1, dtype=np.int64) * self.size
+        starts[-1] = n
+        self.window_starts = starts
+        self._longest: np.ndarray | None = None
+        self._templates: dict[tuple[int, bool], WindowTemplate] = {}
+
+    def order(self, epoch: int) -> EpochOrder:
+        """The epoch's order: each group's samples dealt to the windows (at random from ``(seed, epoch)``)."""
+        ranked = by_length(self.lengths)
+        short = self.short
+        full = ranked[short:].reshape(self.size, self.windows)  # a group a row, a window a column
+        if self._longest is None:
+            self._longest = self._group_longest(ranked, full)
+        if self.spec.shuffle:
+            generator = np.random.Generator(np.random.PCG64(np.random.SeedSequence([self.spec.seed, epoch, 0x7B])))
+            rows = max(1, _CHUNK // self.windows)
+            for at in range(0, self.size, rows):
+                full[at : at + rows] = generator.permuted(full[at : at + rows], axis=1)
+            ranked[:short] = generator.permutation(ranked[:short])
+        return EpochOrder(full, ranked[:short])
+
+    def _group_longest(self, ranked: np.ndarray, full: np.ndarray) -> np.ndarray:
+        """Each group's longest length (the short group's last)."""
+        longest = np.empty(self.size + (1 if self.short else 0), dtype=np.int64)
+        rows = max(1, _CHUNK // self.windows)
+        groups = longest[: self.size]
+        for at in range(0, self.size, rows):
+            groups[at : at + rows] = self.lengths[full[at : at + rows]].max(axis=1)
+        if self.short:
+            longest[-1] = int(self.lengths[ranked[: self.short]].max())
+        return longest
+
+    def template(self, num_processes: int, window: int) -> WindowTemplate:
+        """The template of window ``window`` on ``num_processes`` (one for the last window, one for the others)."""
+        last = window == self.windows - 1 and self.short > 0
+        key = (num_processes, last)
+        made = self._templates.get(key)
+        if made is None:
+            if self._longest is None:
+                self.order(0)
+            longest = self._longest
+            assert longest is not None
+            proxies = longest[: self.size]
+            if last:
+                proxies = np.concatenate([proxies, np.full(self.short, longest[-1], dtype=np.int64)])
+            made = _template(proxies, self.spec, num_processes)
+            self._templates[key] = made
+        return made
+
+    def steps_through(self, num_processes: int, window: int, first: int = 0) -> int:
+        """The steps on ``num_processes`` of the windows ``first .. window`` each planned from its start."""
+        if window < first:
+            return 0
+        count = window - first + 1
+        last = self.windows - 1
+        if window < last or not self.short:
+            return count * self.template(num_processes, 0).steps
+        return (count - 1) * self.template(num_processes, 0).steps + self.template(num_processes, last).steps
 
 
 @dataclass
@@ -274,40 +411,98 @@ def _padded_bins(lengths: np.ndarray, num_processes: int, max_tokens: int) -> np
     return bins
 
 
-def plan_window(
-    ids: np.ndarray, lengths: np.ndarray, spec: BudgetSpec, num_processes: int, key: Sequence[int]
-) -> WindowPlan:
-    """The steps of one window's samples ``ids`` (``lengths``: all samples' lengths) for ``num_processes``;
-    ``key`` seeds the shuffle of its steps (with ``spec.seed``)."""
-    n_proc = num_processes
-    if not ids.size:
-        empty = np.empty(0, dtype=np.int64)
-        return WindowPlan(ids, np.zeros(1, dtype=np.int64), empty, empty, empty, ids)
-    window_lengths = lengths[ids].astype(np.int64, copy=False)
-    by_length = np.argsort(-window_lengths, kind="stable")
-    ids, window_lengths = ids[by_length], window_lengths[by_length]
-    count = ids.size
+def _assign(
+    window_lengths: np.ndarray, spec: BudgetSpec, n_proc: int, steps: int | None = None
+) -> tuple[np.ndarray, int] | None:
+    """The micro-batch (bin) of each sample (sorted longest first) and the number of bins, a multiple of
+    ``n_proc``; ``steps``: dealt into that many steps (``None`` where they do not fit), else the fewest that fit."""
+    count = window_lengths.size
     if spec.cost == "padded":
         where = _padded_bins(window_lengths, n_proc, spec.max_tokens)
         bins = int(where[-1]) + 1 if count else 0
         bins += (-bins) % n_proc
+        if steps is not None and bins != steps * n_proc:
+            return None
+        return where, bins
+    costs = sample_costs(window_lengths, spec.cost).astype(np.float64)
+    if steps is not None:
+        dealt = _deal_steps(window_lengths, costs, steps, n_proc, spec.max_tokens)
+        return None if dealt is None else (dealt, steps * n_proc)
+    total = int(window_lengths.sum())
+    halves = int(np.count_nonzero(window_lengths * 2 > spec.max_tokens))  # each needs a bin of its own
+    steps = max(1, math.ceil(total / (n_proc * spec.max_tokens * FILL)), math.ceil(halves / n_proc))
+    while True:
+        found = _deal_steps(window_lengths, costs, steps, n_proc, spec.max_tokens)
+        if found is not None:
+            return found, steps * n_proc
+        steps += max(1, steps // 16)
+
+
+def _kept_steps(where: np.ndarray, bins: int, n_proc: int, spec: BudgetSpec) -> int:
+    """The steps a window keeps of its bins: all, or with ``drop_last`` those whose micro-batches all hold a sample
+    (``"padded"`` takes the runs by cost, the empty ones last)."""
+    steps = bins // n_proc
+    if not spec.drop_last:
+        return steps
+    filled = np.bincount(where, minlength=bins) > 0
+    if spec.cost == "padded":
+        return int(np.count_nonzero(filled)) // n_proc
+    return int(np.count_nonzero(filled.reshape(steps, n_proc).all(axis=1)))
+
+
+def _template(proxies: np.ndarray, spec: BudgetSpec, n_proc: int) -> WindowTemplate:
+    """The plan of a window of the lengths ``proxies`` (in the window's order) as a :class:`WindowTemplate`."""
+    if not proxies.size:
+        return WindowTemplate(0, 0, np.empty(0, dtype=np.int64))
+    by_size = np.argsort(-proxies, kind="stable")
+    assigned = _assign(proxies[by_size], spec, n_proc)
+    assert assigned is not None
+    where, bins = np.empty(proxies.size, dtype=np.int64), assigned[1]
+    where[by_size] = assigned[0]
+    return WindowTemplate(bins, _kept_steps(assigned[0], bins, n_proc, spec), where)
+
+
+def plan_window(
+    ids: np.ndarray,
+    lengths: np.ndarray,
+    spec: BudgetSpec,
+    num_processes: int,
+    key: Sequence[int],
+    template: WindowTemplate | None = None,
+) -> WindowPlan:
+    """The steps of one window's samples ``ids`` (``lengths``: all samples' lengths) for ``num_processes``;
+    ``key`` seeds the shuffle of its samples of one length and of its steps (with ``spec.seed``).  ``template``:
+    the window is planned from its start, ``ids`` in the window's order; it keeps the template's steps (its own
+    samples dealt into them, or, where they do not fit, in the template's places)."""
+    n_proc = num_processes
+    if not ids.size:
+        empty = np.empty(0, dtype=np.int64)
+        return WindowPlan(ids, np.zeros(1, dtype=np.int64), empty, empty, empty, ids)
+    count = ids.size
+    mixed = np.arange(count)
+    if spec.shuffle:  # samples of one length in a random order (the sort below keeps it)
+        mixed = np.random.Generator(np.random.PCG64(np.random.SeedSequence([spec.seed, *key, 0x5A]))).permutation(count)
+    window_lengths = lengths[ids[mixed]].astype(np.int64, copy=False)
+    longest_first = np.argsort(-window_lengths, kind="stable")
+    by_length = mixed[longest_first]  # positions in ids, longest first
+    ids, window_lengths = ids[by_length], window_lengths[longest_first]
+    if template is None:
+        assigned = _assign(window_lengths, spec, n_proc)
+    else:
+        assigned = _assign(window_lengths, spec, n_proc, template.bins // n_proc)
+        if assigned is not None and _kept_steps(*assigned, n_proc, spec) != template.steps:
+            assigned = None
+        if assigned is None:  # in the places of the samples they stand for (none shorter)
+            assigned = (template.where[by_length], template.bins)
+    assert assigned is not None
+    where, bins = assigned
+    if spec.cost == "padded":
         heads = np.zeros(bins, dtype=np.int64)
         rows: np.ndarray = np.bincount(where, minlength=bins)
-        firsts = np.flatnonzero(np.r_[True, where[1:] != where[:-1]]) if count else np.empty(0, dtype=np.int64)
-        heads[where[firsts]] = window_lengths[firsts]
+        np.maximum.at(heads, where, window_lengths)
         bin_cost: np.ndarray = (rows * heads).astype(np.float64)
     else:
         costs = sample_costs(window_lengths, spec.cost).astype(np.float64)
-        total = int(window_lengths.sum())
-        halves = int(np.count_nonzero(window_lengths * 2 > spec.max_tokens))  # each needs a bin of its own
-        steps = max(1, math.ceil(total / (n_proc * spec.max_tokens * FILL)), math.ceil(halves / n_proc))
-        while True:
-            found = _deal_steps(window_lengths, costs, steps, n_proc, spec.max_tokens)
-            if found is not None:
-                where = found
-                break
-            steps += max(1, steps // 16)
-        bins = steps * n_proc
         bin_cost = np.bincount(where, weights=costs, minlength=bins)
         rows = np.bincount(where, minlength=bins)
     # the bins by cost, N at a time: a step's micro-batches cost about the same (empty bins last)
@@ -359,16 +554,17 @@ def plan_window(
 
 @dataclass
 class _Planned:
-    """One window's steps in an :class:`EpochPlan`: its micro-batches' real samples lie, in the order they are
-    consumed, at ``order[at:]`` (micro-batch ``k`` of the window: ``order[at + offsets[k]:at + offsets[k + 1]]``,
-    none for padding: ``[pad]`` instead); ``tokens`` their real tokens, ``consumed`` the epoch's samples consumed
-    after each of its steps."""
+    """One window's steps in an :class:`EpochPlan`, from the epoch's place ``at`` on: its micro-batches' real
+    samples lie, in the order they are consumed, in ``sequence`` (a view of the window in the epoch's order;
+    micro-batch ``k``: ``sequence[offsets[k]:offsets[k + 1]]``, none for padding: ``[pad]`` instead); ``tokens``
+    their real tokens, ``consumed`` the epoch's samples consumed after each of its steps."""
 
     at: int
     offsets: np.ndarray
     tokens: np.ndarray
     consumed: np.ndarray
     pad: int
+    sequence: np.ndarray
 
 
 class EpochPlan:
@@ -389,12 +585,14 @@ class EpochPlan:
         num_processes: int,
         epoch: int,
         start: int,
-        order: np.ndarray,
-        window_starts: np.ndarray,
+        strata: Strata,
         replans: Replans | None,
     ) -> None:
         self.spec, self.lengths, self.num_processes, self.epoch = spec, lengths, num_processes, epoch
-        self.start, self.order, self.window_starts = start, order, window_starts
+        self.strata = strata
+        self.start, self.order, self.window_starts = start, strata.order(epoch), strata.window_starts
+        window_starts = self.window_starts
+        size = int(window_starts[-1])
         self.first_replans: Replans = ((num_processes, 0),)
         self.windows: list[_Planned] = []
         self.steps_through: list[int] = []
@@ -404,9 +602,9 @@ class EpochPlan:
         first = self.window_of(start)
         self.first_window = first
         self.next_window = window_starts.size - 1  # nothing left to plan, unless the epoch has a rest
-        if order.size and start < order.size:
+        if size and start < size:
             self.next_window = first + 1
-            self._keep(*self._first_window(first, replans))
+            self._keep(first, *self._first_window(first, replans))
 
     def _first_window(self, first: int, replans: Replans | None) -> tuple[WindowPlan, int]:
         """The plan of ``start``'s window from ``start`` on (``replans``: how it was planned before), and
@@ -414,9 +612,9 @@ class EpochPlan:
         starts, start, n_proc = self.window_starts, self.start, self.num_processes
         begin = int(starts[first])
         local = start - begin
-        ids = self.order[begin : int(starts[first + 1])]
+        ids = self.order.window(first)
         history = tuple(replans) if replans and local else ((n_proc, 0),)
-        wp, base = _replay(ids, self.lengths, self.spec, self.epoch, first, history, local)
+        wp, base = _replay(ids, self.lengths, self.spec, self.epoch, first, history, local, self.strata)
         if history[-1][0] != n_proc:
             rest = wp.sequence[local - base :]
             history = (*history, (n_proc, local))
@@ -425,15 +623,17 @@ class EpochPlan:
         self.first_replans = history
         return _from(wp, local - base, begin + base)
 
-    def _keep(self, wp: WindowPlan, at: int) -> None:
-        """Keeps a window's plan ``wp`` whose samples begin at ``at`` in the epoch: its samples over the order."""
-        self.order[at : at + wp.sequence.size] = wp.sequence
+    def _keep(self, window: int, wp: WindowPlan, at: int) -> None:
+        """Keeps the plan ``wp`` of window ``window`` whose samples begin at ``at`` in the epoch: its samples over
+        the window's in the order."""
+        sequence = self.order.window(window)[at - int(self.window_starts[window]) :]
+        sequence[: wp.sequence.size] = wp.sequence
         offsets = np.zeros(wp.real.size + 1, dtype=np.int64)
         np.cumsum(wp.real, out=offsets[1:])
         pads = np.flatnonzero(wp.real == 0)
         pad = int(wp.samples[wp.bounds[pads[0]]]) if pads.size else -1
         consumed = wp.consumed + at
-        self.windows.append(_Planned(at, offsets, wp.tokens, consumed, pad))
+        self.windows.append(_Planned(at, offsets, wp.tokens, consumed, pad, sequence))
         before = self.steps_through[-1] if self.steps_through else 0
         self.steps_through.append(before + consumed.size)
         last = self.consumed_through[-1] if self.consumed_through else self.start
@@ -446,8 +646,10 @@ class EpochPlan:
         if window >= starts.size - 1:
             return False
         begin = int(starts[window])
-        ids = self.order[begin : int(starts[window + 1])]
-        self._keep(plan_window(ids, self.lengths, self.spec, self.num_processes, (self.epoch, window, 0)), begin)
+        ids = self.order.window(window)
+        template = self.strata.template(self.num_processes, window)
+        wp = plan_window(ids, self.lengths, self.spec, self.num_processes, (self.epoch, window, 0), template)
+        self._keep(window, wp, begin)
         self.next_window = window + 1
         return True
 
@@ -469,11 +671,11 @@ class EpochPlan:
         return min(int(np.searchsorted(starts, consumed, side="right")) - 1, starts.size - 2)
 
     def steps_through_window(self, window: int) -> int:
-        """The plan's steps in the epoch's windows up to ``window`` (planning them)."""
-        while self.next_window <= window and self._plan_next():
-            pass
+        """The plan's steps in the epoch's windows up to ``window`` (those not planned yet counted by the
+        :class:`Strata`: as many as they will have)."""
         planned = min(window - self.first_window, len(self.windows) - 1)
-        return self.steps_through[planned] if planned >= 0 else 0
+        through = self.steps_through[planned] if planned >= 0 else 0
+        return through + self.strata.steps_through(self.num_processes, window, self.next_window)
 
     def _plan_all(self) -> None:
         while self._plan_next():
@@ -481,9 +683,8 @@ class EpochPlan:
 
     @property
     def num_steps(self) -> int:
-        """The plan's steps (every window planned)."""
-        self._plan_all()
-        return self.steps_through[-1] if self.steps_through else 0
+        """The plan's steps (the windows not planned yet counted by the :class:`Strata`)."""
+        return self.steps_through_window(self.window_starts.size - 2)
 
     def has_step(self, step: int) -> bool:
         """Whether the plan has a step ``step`` (planning the windows up to it only)."""
@@ -499,7 +700,7 @@ class EpochPlan:
         low, high = int(planned.offsets[k]), int(planned.offsets[k + 1])
         if low == high:
             return [planned.pad], 0
-        return self.order[planned.at + low : planned.at + high].tolist(), high - low
+        return planned.sequence[low:high].tolist(), high - low
 
     def consumed_at(self, step: int) -> int:
         """The epoch's samples consumed after the plan's step ``step``."""
@@ -593,7 +794,7 @@ class EpochPlan:
     def samples(self) -> np.ndarray:
         def part(planned: _Planned) -> np.ndarray:
             offsets = planned.offsets
-            sequence = self.order[planned.at : planned.at + int(offsets[-1])]
+            sequence = planned.sequence[: int(offsets[-1])]
             pads = np.flatnonzero(offsets[1:] == offsets[:-1])
             return np.insert(sequence, offsets[pads], planned.pad) if pads.size else sequence
 
@@ -607,21 +808,30 @@ def plan_epoch(
     epoch: int = 0,
     start: int = 0,
     replans: Replans | None = None,
+    strata: Strata | None = None,
 ) -> EpochPlan:
     """The epoch's plan for ``num_processes`` from the place ``start`` (samples consumed) on; ``replans``: how
     ``start``'s window was planned before (``None``: from the window's start on ``num_processes``, or it is a
     window's start).  Only ``start``'s window is planned now, the others as they are asked for
-    (:class:`EpochPlan`)."""
+    (:class:`EpochPlan`).  ``strata``: the lengths' :class:`Strata` for ``spec``, where one was made before."""
     lengths = as_lengths(lengths, spec.max_tokens, spec.oversized)
     n = int(lengths.size)
     if not 0 <= start <= n:
         raise ValueError(f"start={start} is outside the epoch of {n} samples; load the position this loader saved")
-    order = epoch_order(n, spec.shuffle, spec.seed, epoch)
-    return EpochPlan(spec, lengths, num_processes, epoch, start, order, _window_bounds(n, spec.window), replans)
+    if strata is None or strata.spec != spec or strata.lengths.size != n:
+        strata = Strata(lengths, spec)
+    return EpochPlan(spec, lengths, num_processes, epoch, start, strata, replans)
 
 
 def _replay(
-    ids: np.ndarray, lengths: np.ndarray, spec: BudgetSpec, epoch: int, window: int, history: Replans, local: int
+    ids: np.ndarray,
+    lengths: np.ndarray,
+    spec: BudgetSpec,
+    epoch: int,
+    window: int,
+    history: Replans,
+    local: int,
+    strata: Strata,
 ) -> tuple[WindowPlan, int]:
     """The plan of a window as ``history`` planned it up to its last replan: (that plan, where it began)."""
     rest, base = ids, 0
@@ -635,7 +845,8 @@ def _replay(
         if wp is not None:
             rest = wp.sequence[at - base :]
             base = at
-        wp = plan_window(rest, lengths, spec, int(processes), (epoch, window, i))
+        template = strata.template(int(processes), window) if i == 0 else None  # from the window's start
+        wp = plan_window(rest, lengths, spec, int(processes), (epoch, window, i), template)
     assert wp is not None
     return wp, base
 

@@ -31,7 +31,7 @@ import numpy as np
 from torch.utils.data import DataLoader, Sampler
 
 from shardplug.core._internal.collectives import all_gather_objects, world_size
-from shardplug.core.sharding.budget_plan import BudgetSpec, EpochPlan, Replans, as_lengths, plan_epoch
+from shardplug.core.sharding.budget_plan import BudgetSpec, EpochPlan, Replans, Strata, as_lengths, plan_epoch
 from shardplug.core.sharding.kinds import Shard
 from shardplug.core.sharding.layout import ShardLayout
 from shardplug.core.sharding.map_style import BatchSamplerPlan, BatchSamplerShard
@@ -98,9 +98,18 @@ class TokenBudgetBatchSampler(Sampler[list[int]]):
     ) -> EpochPlan:
         """This epoch's plan (``epoch``: another's) for ``num_processes`` (see
         :func:`~shardplug.core.sharding.budget_plan.plan_epoch`)."""
-        return plan_epoch(
-            self.spec, self.lengths, num_processes, self.epoch if epoch is None else epoch, start, replans
-        )
+        epoch = self.epoch if epoch is None else epoch
+        return plan_epoch(self.spec, self.lengths, num_processes, epoch, start, replans, self.strata())
+
+    def strata(self) -> Strata:
+        """What every epoch's plan shares (made once for the lengths and options; see
+        :class:`~shardplug.core.sharding.budget_plan.Strata`)."""
+        kept = self.__dict__.get("_strata")
+        if kept is None or kept.spec != self.spec or kept.lengths is not self.lengths:
+            kept = Strata(self.lengths, self.spec)
+            self.__dict__["_strata"] = kept
+        strata: Strata = kept
+        return strata
 
     def _alone(self) -> EpochPlan:
         """This epoch's plan for one process, made once per epoch (``len()`` and iteration ask it)."""
@@ -217,11 +226,12 @@ class TokenBudgetPlan(BatchSamplerPlan):
     def batches_before(self, consumed: int) -> int:
         """The epoch's steps on this layout before the place ``consumed`` (another layout's position's):
         ``num_batches(0) - num_batches(consumed)``, counted through the place's window only (the windows after it
-        are planned alike in the epoch's plan and in the place's)."""
+        are planned alike in the epoch's plan and in the place's; the windows through it, from their starts, have
+        the steps the :class:`~shardplug.core.sharding.budget_plan.Strata` counts)."""
         plan = self._plan(check_consumed(consumed))  # the place's (one from before it, where one passes it)
         window = plan.window_of(consumed)
         after = plan.steps_through_window(window) - plan.steps_before(consumed)  # its window's steps after the place
-        return max(self._plan(0).steps_through_window(window) - after, 0)
+        return max(self.budget.strata().steps_through(self.layout.num_processes, window) - after, 0)
 
     def samples_before(self, consumed: int) -> int:
         return consumed

@@ -138,13 +138,13 @@ class TokenBudgets(Recorder):
 
 
 WINDOWED_LENGTHS = [(61 * i) % 199 + 1 for i in range(300)]
-"""Tokens of each sample of the windowed token-budget scenario (planned in windows of 40 samples: its epochs have
-65, 67 and 66 micro-batches per process on 2 processes)."""
+"""Tokens of each sample of the windowed token-budget scenario (planned in 7 windows of 40 or more samples, each
+epoch's windows drawn from its own order)."""
 
 
 class WindowedTokenBudgets(Recorder):
-    """Micro-batches by a token budget whose epochs differ in length (each planned from its own order), and
-    Lightning's length of each epoch as it starts."""
+    """Micro-batches by a token budget planned in several windows, Lightning's length of each epoch as it starts
+    and its ``estimated_stepping_batches``."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -154,6 +154,9 @@ class WindowedTokenBudgets(Recorder):
         sampler = shardplug.TokenBudgetBatchSampler(WINDOWED_LENGTHS, 256, cost="tokens", seed=0)
         sampler.spec = dataclasses.replace(sampler.spec, window=40)
         return DataLoader(Indices(len(WINDOWED_LENGTHS)), batch_sampler=sampler)
+
+    def on_train_start(self) -> None:
+        self.estimated = int(self.trainer.estimated_stepping_batches)
 
     def on_train_epoch_start(self) -> None:
         self.epoch_lengths.append(int(self.trainer.num_training_batches))
@@ -584,11 +587,21 @@ def main() -> None:
     # 3 processes inside this group, as a 3-process job's rank 0 builds it)
     dump("token_budget_resize", rank, budget_resize(rank, os.path.join(budget_dir, "epoch=0-step=2.ckpt")))
 
-    # 12d. a token budget whose epochs differ in length: each epoch as long as the loader's (Lightning keeps the
-    # first epoch's length otherwise: a longer epoch ended early, its last micro-batches never read)
+    # 12d. a token budget planned in several windows, accumulation k=2: every epoch read whole, each as long as
+    # the first, so estimated_stepping_batches is the optimizer steps taken
     model = WindowedTokenBudgets()
-    trainer(max_epochs=3).fit(model)
-    dump("token_budget_epochs", rank, {"train": model.train_batches, "lengths": model.epoch_lengths})
+    t = trainer(max_epochs=3, accumulate_grad_batches=2)
+    t.fit(model)
+    dump(
+        "token_budget_epochs",
+        rank,
+        {
+            "train": model.train_batches,
+            "lengths": model.epoch_lengths,
+            "estimated": model.estimated,
+            "steps": t.global_step,
+        },
+    )
 
     # 13-15. Fabric's setup_dataloaders, model parallelism, litdata and streaming (when the test wrote them)
     import lightning_fabric_scenario
