@@ -241,26 +241,34 @@ def test_a_memmap_of_lengths_is_read_as_it_is(tmp_path) -> None:
 MANY = np.random.default_rng(8).integers(1, 100, size=400)
 
 
-def test_step_totals_after_a_resume_are_the_uninterrupted_runs() -> None:
-    whole = _loaders(2, MANY, seed=6)
+@pytest.mark.parametrize("window", [None, 50], ids=["one-window", "windows-of-50"])
+def test_step_totals_after_a_resume_are_the_uninterrupted_runs(window: int | None) -> None:
+    """Resumed inside an optimizer step (k = 2), also where the step began in the window before the place's, the
+    step's totals count its micro-batches handed out before the resume too."""
+    whole = _loaders(2, MANY, seed=6, window=window)
     expected = [
         [tuple(step_totals(loader, accumulation_steps=k)) for loader in whole for k in (1, 2)] for _ in zip(*whole)
     ]
-    first = _loaders(2, MANY, seed=6)
-    iterators = [iter(loader) for loader in first]
-    for _ in range(3):
-        for it in iterators:
-            next(it)
-    resumed = _loaders(2, MANY, seed=6)
-    for loader in resumed:
-        loader.load_state_dict(first[0].state_dict())
-        assert loader.epoch_length == len(whole[0])  # the whole epoch's plan is made too
-    got = [
-        [tuple(step_totals(loader, accumulation_steps=k)) for loader in resumed for k in (1, 2)] for _ in zip(*resumed)
-    ]
-    assert len(got) > 10
-    assert [row[0::2] for row in got] == [row[0::2] for row in expected[3:]]  # k = 1
-    assert got[1:] == expected[4:]  # k = 2 from the first whole cycle after the resume (batch 4)
+    steps = len(whole[0])
+    first_window = whole[0].plan.budget.strata().steps_through(2, 0)
+    places = [3] if window is None else [3, first_window if first_window % 2 else first_window + 1]  # odd: inside
+    assert places[-1] < steps - 10
+    for place in places:
+        first = _loaders(2, MANY, seed=6, window=window)
+        iterators = [iter(loader) for loader in first]
+        for _ in range(place):
+            for it in iterators:
+                next(it)
+        resumed = _loaders(2, MANY, seed=6, window=window)
+        for loader in resumed:
+            loader.load_state_dict(first[0].state_dict())
+            assert loader.epoch_length == steps
+        got = [
+            [tuple(step_totals(loader, accumulation_steps=k)) for loader in resumed for k in (1, 2)]
+            for _ in zip(*resumed)
+        ]
+        assert len(got) > 10
+        assert got == expected[place:]
 
 
 def test_step_totals_after_skip_first_batches_are_the_uninterrupted_runs() -> None:

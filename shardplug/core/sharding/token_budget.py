@@ -331,11 +331,21 @@ class TokenBudgetPlan(BatchSamplerPlan):
 
     def step_totals(self, first: int, count: int) -> StepTotals:
         """The real tokens and samples over all processes of ``count`` steps from the pass's step ``first`` (0: the
-        pass's first; negative: before the pass began, counted where its plan has them)."""
+        pass's first; negative: before the pass began, counted from a plan of the windows before it where its
+        window was planned on this number of processes alone, else not)."""
         plan = self.current
         if plan is None:
             raise ValueError("no pass of this loader has begun: iterate it first")
-        first += plan.steps_before(self.current_start)
+        start, before = self.current_start, first
+        first = before + plan.steps_before(start)
+        window = plan.window_of(start) + 1
+        alone = plan.replans_at(start) in (None, ((self.layout.num_processes, 0),))
+        while first < 0 and window > 0 and alone:
+            window -= 1  # a plan from an earlier window's start, on this number of processes, passes the place
+            begin = int(plan.window_starts[window])
+            if begin < start:
+                plan = self._plan(begin)
+                first = before + plan.steps_before(start)
         return StepTotals(*plan.totals(first, first + count))
 
 
@@ -438,8 +448,8 @@ def step_totals(loader: Any, accumulation_steps: int = 1) -> StepTotals:
     averages over the N processes: multiply by N).
 
     ``loader``: a prepared loader whose batch sampler is a :class:`TokenBudgetBatchSampler`.  After a resume
-    inside an optimizer step, the micro-batches of that step handed out before the resume are counted where the
-    pass's plan has them (a plan of the whole epoch, made for ``len()``), else not.
+    inside an optimizer step, the micro-batches of that step handed out before the resume are counted too where
+    the position was saved on the same number of processes (after a resize they were another layout's: not).
 
     Example::
 
