@@ -64,7 +64,7 @@ _lengths = st.lists(st.integers(0, 40), min_size=0, max_size=120)
 def test_equal_counts_within_budget_every_sample_once(
     lengths: list[int], extra: int, n: int, cost: str, shuffle: bool, drop_last: bool, window: int
 ) -> None:
-    budget = max(lengths, default=0) + extra + 1
+    budget = max(max(lengths, default=0) + extra, 1)  # samples of the whole budget too
     spec = BudgetSpec(budget, cost=cost, shuffle=shuffle, seed=3, drop_last=drop_last, window=window)
     plan = plan_epoch(spec, lengths, n, epoch=1)
     assert plan.bounds.size - 1 == plan.num_steps * n  # every process: num_steps micro-batches
@@ -371,3 +371,12 @@ def test_a_window_whose_samples_do_not_fit_the_templates_steps_takes_its_places(
     kept = plan_window(np.arange(4), lengths, spec, 1, (0, 0, 0), template)
     assert kept.consumed.tolist() == [2, 4] and sorted(kept.samples.tolist()) == [0, 1, 2, 3]
     assert (np.diff(kept.bounds) == 2).all()
+
+
+def test_more_samples_waiting_for_room_than_micro_batches_are_placed_over_the_next_rounds() -> None:
+    """Samples that find no room in a round wait for the micro-batches with the most room; more of them than
+    micro-batches (three samples of the whole budget among short ones, 5 processes) raised a numpy ValueError."""
+    lengths = [1, 14, 1, 1, 1, 55, 55, 2, 1, 5, 1, 2, 5, 5, 1, 1, 2, 55, 3, 19, 1, 1, 2]
+    plan = plan_epoch(BudgetSpec(55, cost="attention", seed=3, window=49), lengths, 5)
+    assert sorted(_real(plan).tolist()) == list(range(len(lengths)))
+    assert all(sum(lengths[i] for i in plan.samples[a:b]) <= 55 for a, b in zip(plan.bounds, plan.bounds[1:]))

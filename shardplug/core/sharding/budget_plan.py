@@ -338,9 +338,11 @@ def _deal_steps(lengths: np.ndarray, costs: np.ndarray, steps: int, n_proc: int,
         return missed
 
     while taken < count or pending.size:
-        if pending.size:  # to the micro-batches with the most room, one each
-            before = pending.size
-            pending = place(pending, np.argsort(tokens, kind="stable")[: pending.size])
+        if pending.size:  # to the micro-batches with the most room, one each (the rest wait for the next round)
+            before, ready = pending.size, min(pending.size, bins)
+            pending = np.concatenate(
+                [place(pending[:ready], np.argsort(tokens, kind="stable")[:ready]), pending[ready:]]
+            )
             if pending.size == before and taken >= count:
                 return None
         new = min(bins, count - taken)
