@@ -74,6 +74,7 @@ def test_equal_counts_within_budget_every_sample_once(
     assert all(t <= budget for t in tokens)
     real = _real(plan)
     assert np.unique(real).size == real.size  # never twice
+    assert (plan.real.reshape(-1, n).sum(axis=1) >= 1).all()  # no step of padding only
     if not drop_last:
         assert sorted(real.tolist()) == list(range(len(lengths)))
         assert plan.consumed[-1:].tolist() == ([len(lengths)] if lengths else [])
@@ -380,3 +381,13 @@ def test_more_samples_waiting_for_room_than_micro_batches_are_placed_over_the_ne
     plan = plan_epoch(BudgetSpec(55, cost="attention", seed=3, window=49), lengths, 5)
     assert sorted(_real(plan).tolist()) == list(range(len(lengths)))
     assert all(sum(lengths[i] for i in plan.samples[a:b]) <= 55 for a, b in zip(plan.bounds, plan.bounds[1:]))
+
+
+@pytest.mark.parametrize("cost", ["tokens", "attention"])
+def test_no_step_is_padding_only_and_every_place_is_one_steps(cost: str) -> None:
+    """Nine samples of nearly the budget on 3 processes: 3 steps, each with a real sample on every process (the
+    budget's 95 % fill asked for 4: a step of padding only, and two steps after which the epoch had consumed as
+    many samples, so a position saved after the empty step resumed before it)."""
+    plan = plan_epoch(BudgetSpec(45, cost=cost), [44] * 9, 3)
+    assert plan.num_steps == 3 and (plan.real == 1).all()
+    assert [plan.steps_before(int(place)) for place in plan.consumed] == [1, 2, 3]

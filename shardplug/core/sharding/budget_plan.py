@@ -432,12 +432,14 @@ def _assign(
         return None if dealt is None else (dealt, steps * n_proc)
     total = int(window_lengths.sum())
     halves = int(np.count_nonzero(window_lengths * 2 > spec.max_tokens))  # each needs a bin of its own
-    steps = max(1, math.ceil(total / (n_proc * spec.max_tokens * FILL)), math.ceil(halves / n_proc))
+    most = -(-count // n_proc)  # a sample a micro-batch always fits: more steps would be padding only
+    steps = min(max(1, math.ceil(total / (n_proc * spec.max_tokens * FILL)), math.ceil(halves / n_proc)), most)
     while True:
         found = _deal_steps(window_lengths, costs, steps, n_proc, spec.max_tokens)
         if found is not None:
             return found, steps * n_proc
-        steps += max(1, steps // 16)
+        assert steps < most, "a deal of one sample a micro-batch always fits"
+        steps = min(steps + max(1, steps // 16), most)
 
 
 def _kept_steps(where: np.ndarray, bins: int, n_proc: int, spec: BudgetSpec) -> int:
