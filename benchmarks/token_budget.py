@@ -115,6 +115,18 @@ def padding(batches: list[list[int]] | list[np.ndarray], lengths: np.ndarray) ->
     return padded / float(sum(int(lengths[np.asarray(b, dtype=np.int64)].sum()) for b in batches)) - 1
 
 
+def plan_stats(lengths: np.ndarray, budget: int, n: int, cost: str) -> tuple[tuple[float, float, float], float]:
+    """:func:`plan_rows` computed on the plan's arrays (no batch lists: for millions of lengths)."""
+    plan = plan_epoch(BudgetSpec(budget, cost=cost, seed=1), lengths, n)
+    values, starts = lengths[plan.samples].astype(np.float64), plan.bounds[:-1]
+    rows_by_longest = np.diff(plan.bounds) * np.maximum.reduceat(values, starts)
+    if cost == "attention":
+        costs = np.add.reduceat(values**2, starts)
+    else:
+        costs = rows_by_longest if cost == "padded" else np.add.reduceat(values, starts)
+    return ratios(costs.reshape(-1, n)), float(rows_by_longest.sum() / lengths.sum() - 1)
+
+
 def plan_rows(lengths: np.ndarray, budget: int, n: int, cost: str) -> tuple[tuple[float, float, float], float]:
     plan = plan_epoch(BudgetSpec(budget, cost=cost, seed=1), lengths, n)
     samples, bounds = plan.samples, plan.bounds  # (each joins every window: once)
@@ -208,6 +220,13 @@ def main() -> None:
                     cells.append(f"{med:.3f}/{p95:.3f}/{top:.2f} pad {pad * 100:.1f}%")
                 name = f"{kind} {n_samples} (≤{high}, T={budget})"
                 print(f"{name:<28} {n:>2} {cost:<10} {cells[0]:<30} {cells[1]:<30} {cells[2]}")
+    print("\nT1b the plan alone where an epoch is many windows (of 131,072 samples, each one sample of each group)")
+    for kind in ("lognormal", "zipf"):
+        size = 20_000 if args.quick else 2_000_000
+        lengths = lengths_of(kind, size, 131_072)
+        for cost in ("attention", "padded"):
+            (med, p95, top), pad = plan_stats(lengths, 262_144, 8, cost)
+            print(f"T1b {kind} {size:,} (≤131072, T=262144)  8 {cost:<10} {med:.3f}/{p95:.3f}/{top:.2f} pad {pad:.1%}")
     sizes = [10**4] if args.quick else [10**6, 10**7]
     print("\nT2 planning time of one epoch, wall and this process's CPU (one core of its own; best of 3)")
     for size in sizes:

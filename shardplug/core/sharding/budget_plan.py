@@ -75,7 +75,7 @@ __all__ = [
 
 COSTS = ("tokens", "padded", "attention")
 OVERSIZED = ("error", "alone")
-WINDOW = 1 << 16
+WINDOW = 1 << 17
 """Samples planned together (a window of the epoch's order): the more, the closer the costs of a step's
 micro-batches and, for ``"padded"``, the lengths within one."""
 FILL = 0.95
