@@ -54,7 +54,7 @@ class PositionCheck:
             self.refuse_resize(position, stateful and self.inner_state_resumes)
         self.check_workers(position)
         # a plan whose steps consume what it says (a token budget's) checked the place itself (note_place: a place
-        # between two of its steps); its epoch's length would be a plan of the whole epoch, made for nothing
+        # between two of its steps); its epoch's length would be a plan from the epoch's start, made for nothing
         batches = None if plan_traits(self.plan).plans_steps else epoch_length()
         position.check_resumable(current, self.plan.epoch_size(), batches)
         check_saved_state(self.plan, position.dataset_state)

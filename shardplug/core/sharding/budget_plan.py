@@ -574,9 +574,10 @@ class _Planned:
 class EpochPlan:
     """One epoch's micro-batches for ``num_processes`` from a place (``start``) on: step ``s`` gives process ``p``
     micro-batch ``k = s * N + p`` (:meth:`micro_batch`).  The windows are planned as they are asked for, in the
-    epoch's order: the first one (``start``'s) when the plan is made, the next ones when a step of theirs, a place
-    after them or :attr:`num_steps` is asked; a window planned stays planned, its samples written over its
-    part of the epoch's order (a permutation of it), so the order and the plan are held once together.
+    epoch's order: the first one (``start``'s) when the plan is made, the next ones when a step of theirs or a place
+    after them is asked (:attr:`num_steps` counts the windows not planned yet by their :class:`Strata`); a window
+    planned stays planned, its samples written over its own in the epoch's order (:class:`EpochOrder`), so the
+    order and the plan are held once together.
 
     The whole plan as arrays (every window planned): ``samples[bounds[k]:bounds[k + 1]]`` micro-batch ``k``, of
     which the first ``real[k]`` are real (the rest padding); ``tokens[k]`` its real tokens; ``consumed[s]`` the

@@ -236,8 +236,8 @@ class _PlansSteps(Protocol):
 
 @runtime_checkable
 class _LastAsItGoes(Protocol):
-    """A plan whose count of a pass's batches is costly up front (a token budget's: it plans every window of the
-    epoch), while whether another batch follows is cheap as the pass goes: a pass marks its last batch by asking
+    """A plan that says whether another batch follows as the pass goes (a token budget's: its windows are planned
+    as the pass reaches them): a pass marks its last batch by asking
     (:meth:`has_batches`), and counts its batches only when asked (``len()``) or at its end; a resize asks it
     the batches before its place (:meth:`batches_before`)."""
 
