@@ -100,17 +100,22 @@ def test_a_stateful_loader_resumed_twice_in_one_epoch_continues_exactly(kind):
 
 
 # -- resume -----------------------------------------------------------------------------------------
+def _counting_loader(stateful, shuffle):
+    """Process 1 of 2 over 30 counted samples in batches of 2 (seed 7)."""
+    return prepare_data_loader(
+        DataLoader(Counting(30), batch_size=2, shuffle=shuffle),
+        num_processes=2,
+        process_index=1,
+        data_seed=7,
+        use_stateful_dataloader=stateful,
+    )
+
+
 @pytest.mark.parametrize("stateful", [False, True])
 @pytest.mark.parametrize("shuffle", [False, True])
 def test_resume_mid_epoch_equals_uninterrupted_run(stateful, shuffle):
     def make():
-        return prepare_data_loader(
-            DataLoader(Counting(30), batch_size=2, shuffle=shuffle),
-            num_processes=2,
-            process_index=1,
-            data_seed=7,
-            use_stateful_dataloader=stateful,
-        )
+        return _counting_loader(stateful, shuffle)
 
     reference = make()
     expected = [rows(reference) for _ in range(2)]
@@ -130,6 +135,48 @@ def test_resume_mid_epoch_equals_uninterrupted_run(stateful, shuffle):
     assert got == expected[0]
     assert len(resumed) == len(expected[0]), "the next pass has the full length again"
     assert rows(resumed) == expected[1], "the next epoch continues with the uninterrupted run's order"
+
+
+@pytest.mark.parametrize("next_epoch", ["set_epoch", "iter", "end_finished_pass"])
+@pytest.mark.parametrize("stateful", [False, True])
+def test_a_resumed_pass_read_to_its_last_batch_gives_len_to_the_next_epoch_as_it_begins(stateful, next_epoch):
+    """A loop that stops at ``len()`` (Lightning's, Ignite's: ``next()`` ``len()`` times) never asks the resumed
+    pass for more, so it stays open: while its last batch is processed ``len()`` is still that pass's; once the
+    next epoch begins (``set_epoch`` of it, ``iter()`` of the next pass, or a front end's ``end_finished_pass`` at
+    its epoch's end) ``len()`` is the next epoch's, whole, the position that epoch's start (it loads), and the next
+    pass that epoch's batches."""
+
+    def make():
+        return _counting_loader(stateful, shuffle=True)
+
+    reference = make()
+    expected = [rows(reference) for _ in range(2)]
+    saved = make()
+    first = iter(saved)
+    for _ in range(3):
+        next(first)
+    resumed = make()
+    resumed.load_state_dict(saved.state_dict())
+    rest = iter(resumed)
+    assert [next(rest).tolist() for _ in range(len(resumed))] == expected[0][3:]  # no StopIteration asked for
+    assert resumed.end_of_dataloader
+    assert len(resumed) == len(expected[0]) - 3, "inside the last batch: the resumed pass's length"
+    batches = None
+    if next_epoch == "set_epoch":
+        resumed.set_epoch(1)
+    elif next_epoch == "iter":
+        batches = iter(resumed)
+    else:
+        assert resumed.end_finished_pass()
+        assert not resumed.end_finished_pass(), "ended once"
+    assert len(resumed) == len(expected[1]), "the next epoch's whole length, not the resumed pass's"
+    state = resumed.state_dict()
+    position = resumed.resume.position()
+    assert (position.epoch, position.batches_yielded, position.consumed) == (1, 0, 0)
+    loaded = make()
+    loaded.load_state_dict(state)  # the new epoch's start: nothing of the finished pass counted in it
+    assert rows(loaded) == expected[1]
+    assert [b.tolist() for b in (batches if batches is not None else resumed)] == expected[1]
 
 
 def test_stateful_iterable_resume_after_last_received_batch():

@@ -55,6 +55,10 @@ class EpochSync(Serializable):
                                   (a batch sampler's epochs may differ in length)
     ``DATALOADER_STOP_ITERATION`` ``set_epoch(epoch - 1)`` again: the previous pass ended only now
     ``TERMINATE_SINGLE_EPOCH``    ``set_epoch(epoch)``: Ignite opens the next pass right away
+    ``EPOCH_COMPLETED``           ``loader.end_finished_pass()``: Ignite stops a pass at ``epoch_length``
+                                  without asking for more; ``len(loader)`` is then the next pass's
+                                  (a whole epoch after a resumed one), also in an ``EPOCH_STARTED``
+                                  handler that runs before this one's ``set_epoch``
     ============================= ==============================================================
 
     Its state (:meth:`state_dict`) is the loader's full position (``loader.state_dict()``).
@@ -73,6 +77,7 @@ class EpochSync(Serializable):
         engine.add_event_handler(Events.DATALOADER_STOP_ITERATION, self._on_stop_iteration)
         engine.add_event_handler(Events.TERMINATE_SINGLE_EPOCH, self._on_terminate_single_epoch)
         engine.add_event_handler(Events.ITERATION_COMPLETED, self._on_iteration_completed)
+        engine.add_event_handler(Events.EPOCH_COMPLETED, self._on_epoch_completed)
 
     # -- events ------------------------------------------------------------------------------
     def _on_started(self, engine: Engine) -> None:
@@ -161,6 +166,9 @@ class EpochSync(Serializable):
 
     def _on_iteration_completed(self, engine: Engine) -> None:
         self._ran = True
+
+    def _on_epoch_completed(self, engine: Engine) -> None:
+        current_loader(engine).end_finished_pass()  # the core decides: only a pass whose last batch was handed out
 
     # -- state -------------------------------------------------------------------------------
     def state_dict(self) -> OrderedDict[str, Any]:

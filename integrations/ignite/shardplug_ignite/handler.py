@@ -68,8 +68,8 @@ class ShardplugHandler(Serializable):
         process_index: ``None`` = from the running job.
 
     :meth:`attach` attaches :class:`~shardplug_ignite.epochs.EpochSync` (``STARTED``,
-    ``EPOCH_STARTED``, ``DATALOADER_STOP_ITERATION``, ``TERMINATE_SINGLE_EPOCH``: the loader's
-    epoch, the resume position, equal epoch lengths on every rank) and
+    ``EPOCH_STARTED``, ``DATALOADER_STOP_ITERATION``, ``TERMINATE_SINGLE_EPOCH``, ``EPOCH_COMPLETED``: the
+    loader's epoch and ``len()``, the resume position, equal epoch lengths on every rank) and
     :class:`~shardplug_ignite.steps.StepEvents` (``ITERATION_STARTED``: sync or accumulate;
     ``ITERATION_COMPLETED``: ``OPTIMIZER_STEP_COMPLETED`` / ``OPTIMIZER_STEP_SKIPPED``).
 

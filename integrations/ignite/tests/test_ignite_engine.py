@@ -333,8 +333,11 @@ def _checkpointing(
         Checkpoint.load_objects(to_save, str(files[0]))
 
 
-def _resume_parts(ckpt_dir: Path, stop_at: int | None, resume: bool) -> tuple[list[Any], list[float], dict[str, Any]]:
-    """3 epochs of 5 iterations (n=20, batch 2 per rank, shuffled, accumulation 2)."""
+def _resume_parts(
+    ckpt_dir: Path, stop_at: int | None, resume: bool
+) -> tuple[list[Any], list[float], dict[str, Any], list[list[int]]]:
+    """3 epochs of 5 iterations (n=20, batch 2 per rank, shuffled, accumulation 2); the last part is
+    ``[epoch, len(loader)]`` at each ``EPOCH_STARTED`` (after the handler's)."""
     handler = ShardplugHandler(ShardplugConfig(gradient_accumulation_steps=2))
     torch.manual_seed(1234 if resume else 7)  # a resumed run must take the seed from the checkpoint
     loader = handler.prepare_data_loader(DataLoader(_dataset(20), batch_size=2, shuffle=True))
@@ -350,20 +353,23 @@ def _resume_parts(ckpt_dir: Path, stop_at: int | None, resume: bool) -> tuple[li
         Events.ITERATION_COMPLETED,
         lambda e: seen.append([e.state.iteration, _indices(e.state.batch), handler.sync_gradients]),
     )
+    starts: list[list[int]] = []
+    trainer.add_event_handler(Events.EPOCH_STARTED, lambda e: starts.append([e.state.epoch, len(loader)]))
     to_save = {"trainer": trainer, "model": model, "optimizer": handler.optimizers[0], "shardplug": handler}
     _checkpointing(trainer, to_save, ckpt_dir, ShardplugEvents.OPTIMIZER_STEP_COMPLETED(every=4), stop_at, resume)
     trainer.run(loader, max_epochs=3)
-    return seen, model.module.weight.flatten().tolist(), dict(handler.state_dict())
+    return seen, model.module.weight.flatten().tolist(), dict(handler.state_dict()), starts
 
 
 def _worker_stepping(local_rank: int, out_dir: str) -> None:
     res: dict[str, Any] = {"stepping": _stepping()}
     ckpt = Path(out_dir, "ckpt")
-    full, full_weight, _ = _resume_parts(ckpt, None, False)
-    first, _, _ = _resume_parts(ckpt, 7, False)  # checkpoint at real step 4 = iteration 7 (epoch 2)
+    full, full_weight, _, _ = _resume_parts(ckpt, None, False)
+    first, _, _, _ = _resume_parts(ckpt, 7, False)  # checkpoint at real step 4 = iteration 7 (epoch 2)
     idist.barrier()
-    rest, rest_weight, state = _resume_parts(ckpt, None, True)
+    rest, rest_weight, state, starts = _resume_parts(ckpt, None, True)
     res["resume"] = {"full": full, "first": first, "rest": rest, "full_weight": full_weight, "rest_weight": rest_weight}
+    res["resume"]["epoch_starts"] = starts
     res["resume_state"] = state
     idist.barrier()
     Path(out_dir, f"rank{idist.get_rank()}.json").write_text(json.dumps(res))
@@ -399,6 +405,9 @@ def test_ignite_stepping_and_resume(two_processes: dict[str, Any]) -> None:
         assert rest == full[7:]  # the same batches and sync flags as the uninterrupted run
         assert res["rest_weight"] == pytest.approx(res["full_weight"], abs=1e-6)
         assert ranks[r]["resume_state"]["optimizer_step"] == 9
+        # len(loader) as each epoch starts: the rest of the resumed epoch 2 (after 2 of its 5 iterations), then
+        # a whole epoch 3 (Ignite stops the resumed pass at epoch_length, never asking it for more)
+        assert res["epoch_starts"] == [[2, 3], [3, 5]]
     # and the two ranks saw disjoint halves of each shuffled epoch
     for epoch in range(3):
         rows = [ranks[r]["resume"]["full"][epoch * 5 : (epoch + 1) * 5] for r in range(WORLD)]

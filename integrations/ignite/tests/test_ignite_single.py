@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -226,6 +227,26 @@ def _resumable_run(
     return seen, saved, handler.optimizers[0].param_groups[0]["lr"]
 
 
+def test_len_at_each_epoch_start_after_a_mid_epoch_resume_is_that_epochs_also_in_a_handler_added_first() -> None:
+    """Ignite stops the resumed pass at ``epoch_length`` without asking it for more: ``len(loader)`` in an
+    ``EPOCH_STARTED`` handler added before the ShardplugHandler's (whose ``set_epoch`` there ends that pass) is the
+    rest of the resumed epoch as it starts, then a whole epoch at each later start."""
+
+    def run(stop_at: int | None, state: dict[str, Any] | None = None) -> tuple[list[int], dict[str, Any]]:
+        handler = ShardplugHandler(ShardplugConfig(use_seedable_sampler=True, data_seed=5))
+        loader = handler.prepare_data_loader(DataLoader(_data(12), batch_size=2, shuffle=True))
+        starts: list[int] = []
+        saved = _stopped_run(
+            handler, loader, lambda e, b: None, stop_at, state, 3, lambda e: starts.append(len(loader))
+        )
+        return starts, saved
+
+    _, saved = run(2)  # after 2 of epoch 1's 6 batches
+    starts, _ = run(None, saved)
+    whole = len(DataLoader(_data(12), batch_size=2))
+    assert starts == [whole - 2, whole, whole]
+
+
 def test_ignite_handler_state_is_its_pieces_states_and_resumes_each(tmp_path) -> None:
     whole, _, lr = _resumable_run(None)
     first, saved, _ = _resumable_run(4)  # inside epoch 1 (6 batches), after 2 optimizer steps
@@ -319,18 +340,39 @@ def _epoch_rows(
     loader = handler.prepare_data_loader(DataLoader(range(152), batch_size=8, shuffle=True, drop_last=True))
     seen: dict[int, list[list[int]]] = {}
 
-    def step(engine: Engine, batch: Any) -> None:
+    def record(engine: Engine, batch: Any) -> None:
         seen.setdefault(engine.state.epoch, []).append(batch.tolist())
+
+    return seen, _stopped_run(handler, loader, record, stop_at, state, 2)
+
+
+def _stopped_run(
+    handler: ShardplugHandler,
+    loader: Any,
+    record: Callable[[Engine, Any], None],
+    stop_at: int | None,
+    state: dict[str, Any] | None,
+    max_epochs: int,
+    on_epoch_started: Callable[[Engine], None] | None = None,
+) -> dict[str, Any]:
+    """The trainer's and the handler's states where a run of ``loader`` for ``max_epochs`` stopped: an engine whose
+    step gives each batch to ``record`` and stops after iteration ``stop_at``, resumed from ``state``
+    (``on_epoch_started``: an ``EPOCH_STARTED`` handler added before the handler's)."""
+
+    def step(engine: Engine, batch: Any) -> None:
+        record(engine, batch)
         if engine.state.iteration == stop_at:
             engine.terminate()
 
     trainer = Engine(step)
+    if on_epoch_started is not None:
+        trainer.add_event_handler(Events.EPOCH_STARTED, on_epoch_started)
     handler.attach(trainer)
     if state is not None:
         handler.load_state_dict(state["shardplug"])
         trainer.load_state_dict(state["trainer"])
-    trainer.run(loader, max_epochs=2)
-    return seen, {"trainer": trainer.state_dict(), "shardplug": handler.state_dict()}
+    trainer.run(loader, max_epochs=max_epochs)
+    return {"trainer": trainer.state_dict(), "shardplug": handler.state_dict()}
 
 
 @pytest.mark.parametrize("stateful", [False, True])

@@ -466,7 +466,15 @@ class _EpochLength:
     may differ (a user's batch sampler whose batches are formed from each epoch's order), and Lightning would end
     a longer epoch early: its last micro-batches never read. Called after Lightning set the
     epoch's samplers' epoch, before the epoch's first batch (a ``Callback`` of the trainer's package:
-    :func:`_epoch_length_callback`)."""
+    :func:`_epoch_length_callback`). As each epoch ends, it ends the loader's pass whose last batch was handed out
+    (Lightning stops at the epoch's length and never asks for more, and sets the next epoch on the samplers only):
+    ``len(trainer.train_dataloader)`` in the next epoch's ``on_train_epoch_start`` is then that epoch's, not the
+    rest of a resumed one."""
+
+    def on_train_epoch_end(self, trainer: Any, pl_module: Any) -> None:
+        for loader in _loaders_in(trainer.train_dataloader):
+            if isinstance(loader, PreparedDataLoader):
+                loader.end_finished_pass()  # the core decides: only a pass whose last batch was handed out
 
     def on_train_epoch_start(self, trainer: Any, pl_module: Any) -> None:
         loaders = [dl for dl in _loaders_in(trainer.train_dataloader) if isinstance(dl, PreparedDataLoader)]

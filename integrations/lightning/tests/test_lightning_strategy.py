@@ -318,6 +318,17 @@ def test_mid_epoch_resume_continues_with_the_same_batches(runs: dict[str, Any]) 
         assert record["global_step"] == 12
 
 
+def test_the_epoch_after_a_mid_epoch_resume_has_the_whole_length(runs: dict[str, Any]) -> None:
+    """Lightning's loop stops the resumed pass at its length, never asking it for more: as the next epoch starts
+    (``on_train_epoch_start``, before its pass begins), ``len(trainer.train_dataloader)`` is a whole epoch's,
+    as ``num_training_batches`` and ``estimated_stepping_batches`` are, not the rest of the resumed epoch."""
+    for record in runs["resume"]:
+        length = len(_reference(0, 1, shuffle=False)[0])  # 6 batches per process and epoch
+        # [epoch, len(), num_training_batches, estimated_stepping_batches]: Lightning opens only epoch 1 (epoch 0
+        # was resumed inside)
+        assert record["epoch_starts"] == [[1, length, length, 2 * length]]
+
+
 # -- errors and registration -------------------------------------------------------------------------
 @pytest.mark.parametrize("injection", [True, False], ids=["default", "use_distributed_sampler=False"])
 def test_a_distributed_sampler_of_code_written_for_ddp_gives_native_ddps_batches(
@@ -521,6 +532,16 @@ def test_fabric_load_inside_a_later_epoch_resumes_that_epoch_in_its_order(runs: 
     assert run["before"] == epoch1[:3]
     assert run["rest"] == epoch1[3:], "the rest of epoch 1 in epoch 1's order"
     assert sorted(i for batch in run["before"] + run["rest"] for i in batch) == list(range(12))
+
+
+def test_fabric_len_after_a_resumed_epoch_read_len_times_is_a_whole_epoch(runs: dict[str, Any]) -> None:
+    """The loaded rest of epoch 1 read by ``next()`` ``len()`` times (a loop that never asks for one more batch):
+    the same batches; ``len(loader)`` is the rest's while its last batch is processed, and the next epoch's whole
+    length once the loop asks for that epoch's pass (``iter()``)."""
+    run = runs["fabric_epochs"]
+    assert run["counted_rest"] == run["rest"]
+    assert run["len_at_last_batch"] == len(run["rest"])
+    assert run["len_next_epoch"] == len(run["uninterrupted"][0])
 
 
 def _run_script(script: str, out: Path, *args: str) -> None:

@@ -143,10 +143,24 @@ class Cursor:
         start = self.position.consumed if self.position is not None else 0
         return consumed_after(plan, start, self.skip) if self.skip else start
 
+    def end_finished_pass(self) -> bool:
+        """End the pass in progress if its last batch was handed out: its loop has not asked for more (a loop
+        that stops at ``len()``: Lightning's, Ignite's, ``next()`` ``len()`` times) and never will, as the next
+        epoch begins. Until then ``len()`` stays that pass's (a loop reads it during the last batch, to know it
+        is the last); from then on it is the next pass's. Nothing else changes: the position already stood at
+        the next epoch's start, and the next pass begins that epoch as after a pass that ran out. Whether a pass
+        was ended."""
+        now = self.now
+        if not (now.open and now.complete):
+            return False
+        now.open = False
+        return True
+
     def enter_epoch(self, epoch: int) -> None:
         """The loader is set to ``epoch`` (``set_epoch``, as a user's loop does before each pass): what becomes
-        of a loaded position not iterated yet is decided before anything changes; the pass in progress is
-        then not the epoch's end, and outside a pass nothing of the last pass is this epoch's.
+        of a loaded position not iterated yet is decided before anything changes; a pass in progress whose last
+        batch was handed out is over (:meth:`end_finished_pass`), another one is then not the epoch's end, and
+        outside a pass nothing of the last pass is this epoch's (the loader stands at ``epoch``'s start).
 
         * the position's own epoch: the next pass resumes it;
         * a position at an epoch's start is also the end of the epoch before it: ``set_epoch`` of that
@@ -170,6 +184,7 @@ class Cursor:
                 self.ended = True
             else:
                 self.position = None
+        self.end_finished_pass()  # its batches are no part of ``epoch``
         if self.now.open:
             self.now.complete = False  # the next pass is this epoch
         else:
@@ -178,7 +193,8 @@ class Cursor:
 
     # -- lengths ----------------------------------------------------------------------------
     def length(self, lengths: PassLengths) -> int:
-        """Batches the pass yields: the pass in progress while one is open, else the next one."""
+        """Batches the pass yields: the pass in progress while one is open (also while its last batch is
+        processed), else the next one (see :meth:`end_finished_pass`)."""
         now = self.now
         if now.open:
             return 0 if now.empty else max(lengths.batches_after(now.record.started_at), 0)

@@ -211,8 +211,9 @@ class PreparedDataLoader(Rebuilt, EpochFanOut, PaddingRecords, DataLoader[Any]):
 
     # -- lengths --------------------------------------------------------------------------
     def __len__(self) -> int:
-        """Batches the pass yields: the pass in progress while one is open, else the next one
-        (exact also after ``load_state_dict`` and ``skip_first_batches``)."""
+        """Batches the pass yields: the pass in progress while one is open (also while its last batch is
+        processed: :meth:`end_finished_pass`), else the next one (exact also after ``load_state_dict`` and
+        ``skip_first_batches``)."""
         return self.cursor.length(self.lengths())
 
     def lengths(self) -> PassLengths:
@@ -259,7 +260,17 @@ class PreparedDataLoader(Rebuilt, EpochFanOut, PaddingRecords, DataLoader[Any]):
 
     # -- iteration ------------------------------------------------------------------------
     def __iter__(self) -> Iterator[Any]:  # type: ignore[override]  # a pass of its own, not a _BaseDataLoaderIter
+        self.cursor.end_finished_pass()  # the next pass is asked for: the last one's loop is done with it
         return run_pass(self)
+
+    def end_finished_pass(self) -> bool:
+        """End the pass in progress if its last batch was handed out while its loop asks for no more (a loop that
+        stops at ``len()``): a front end calls it where its epoch ends, before the next one begins (as
+        ``set_epoch`` of the next epoch and ``iter()`` of the next pass do). ``len()`` is then the next pass's
+        (a whole epoch after a resumed one), not the finished pass's, which it stays while the last batch is
+        processed; the position and the next pass are unchanged. Whether a pass was ended (see
+        :meth:`~shardplug.core.loader.cursor.Cursor.end_finished_pass`)."""
+        return self.cursor.end_finished_pass()
 
     def inner_batches(self, discard: int) -> Iterator[Any]:
         """The batches of this pass, after ``discard`` of them were read and dropped (subclasses)."""

@@ -3,8 +3,10 @@
 
 One device, 12 shuffled samples (seed 5), batch 2:
 two uninterrupted epochs; a run saved after 3 batches of epoch 1 and left; a fresh loader that loads that
-save and finishes epoch 1. Fabric's loader wrapper sets its own count of passes (0 for a fresh one) as the
-samplers' epoch at every ``iter()``. Writes ``OUT_DIR/fabric_epochs.json``.
+save and finishes epoch 1 (with a ``for`` loop, and once more with ``next()`` ``len()`` times, then ``iter()`` of
+the next epoch's pass). Fabric's loader
+wrapper sets its own count of passes (0 for a fresh one) as the samplers' epoch at every ``iter()``. Writes
+``OUT_DIR/fabric_epochs.json``.
 """
 
 from __future__ import annotations
@@ -48,5 +50,13 @@ def main() -> None:
     resumed = loader()
     fabric.load(os.path.join(OUT, "epoch1.ckpt"), {"loader": resumed})
     rest = [b.tolist() for b in resumed]
+    counted = loader()  # the same save finished by a loop that stops at len(): it never asks for one more batch
+    fabric.load(os.path.join(OUT, "epoch1.ckpt"), {"loader": counted})
+    batches = iter(counted)
+    counted_rest = [next(batches).tolist() for _ in range(len(counted))]
+    lengths = {"len_at_last_batch": len(counted)}  # its last batch is still being processed
+    batches = iter(counted)  # the next epoch's pass (the finished one's iterator is dropped)
+    lengths["len_next_epoch"] = len(counted)
+    record = {"uninterrupted": epochs, "before": before, "rest": rest, "counted_rest": counted_rest}
     with open(os.path.join(OUT, "fabric_epochs.json"), "w") as f:
-        json.dump({"uninterrupted": epochs, "before": before, "rest": rest}, f)
+        json.dump({**record, **lengths}, f)

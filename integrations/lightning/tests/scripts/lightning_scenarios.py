@@ -61,6 +61,7 @@ class Recorder(pl.LightningModule):
         self.scheduler_epochs: list[int] = []
         self.positions: list[tuple[int, int, int]] = []  # (Lightning epoch, loader epoch, batches yielded)
         self.loader_info: dict[str, Any] = {}
+        self.epoch_starts: list[list[int]] = []  # (epoch, len(), num_training_batches, estimated_stepping_batches)
 
     def _loss(self, batch: torch.Tensor) -> torch.Tensor:
         x = batch.float().unsqueeze(1) / N_TRAIN
@@ -89,6 +90,8 @@ class Recorder(pl.LightningModule):
             "len": len(loader),
             "num_training_batches": self.trainer.num_training_batches,
         }
+        t = self.trainer
+        self.epoch_starts.append([t.current_epoch, len(loader), t.num_training_batches, t.estimated_stepping_batches])
 
     def validation_step(self, batch: torch.Tensor, batch_idx: int) -> None:
         if not self.trainer.sanity_checking:
@@ -451,7 +454,8 @@ def main() -> None:
         },
     )
 
-    # 5. resume mid-epoch, OneCycleLR sized with estimated_stepping_batches (lightning#20550)
+    # 5. resume mid-epoch, OneCycleLR sized with estimated_stepping_batches (lightning#20550); the lengths Lightning
+    # and the loader say as the next epoch starts
     ckpt_dir = os.path.join(OUT, "ckpt")
     model = Recorder(schedule="onecycle")
     checkpoint = ModelCheckpoint(dirpath=ckpt_dir, every_n_train_steps=2, save_top_k=-1, save_last=False)
@@ -473,6 +477,7 @@ def main() -> None:
             "resumed_scheduler": resumed.scheduler_epochs,
             "global_step": t.global_step,
             "estimated_stepping_batches": int(t.estimated_stepping_batches),
+            "epoch_starts": resumed.epoch_starts,  # the next epoch's: after the resumed one ended
         },
     )
 
