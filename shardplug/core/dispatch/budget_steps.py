@@ -71,11 +71,6 @@ class BudgetDispatchPlan(DispatchPlan):
     def num_batches(self, consumed: int = 0) -> int:
         return self.source.num_batches(consumed)
 
-    def has_batches(self, consumed: int, count: int) -> bool:
-        """Whether ``count`` more steps follow the place ``consumed`` (the plan's windows up to them planned): a
-        pass counts its steps at its end, not before its first (which would plan every window of the epoch)."""
-        return self.source.has_batches(consumed, count)
-
     def batches_before(self, consumed: int) -> int:
         return self.source.batches_before(consumed)
 

@@ -9,9 +9,8 @@ a ``DataLoader``.
    :class:`~shardplug.core.loader.cursor.PassState` is the cursor's pass from here on;
 2. read from the source: the loader's ``inner_batches`` (the ``DataLoader``, or a dispatcher's steps) as the
    plan hands them out;
-3. mark the last batch: by counting where the plan's length is exact, by asking the plan where counting up
-   front is costly (:func:`asked`: a token budget's), by reading one ahead (:func:`looked_ahead`) otherwise,
-   or the source marks it itself (a dispatcher);
+3. mark the last batch: by counting where the plan's length is exact, by reading one ahead
+   (:func:`looked_ahead`) otherwise, or the source marks it itself (a dispatcher);
 4. look ahead: with a prefetch depth, a :class:`~shardplug.core.loader.prefetch.Prefetcher` reads and copies
    batches ahead of the one handed out (:func:`prefetched`);
 5. hand out (:class:`HandOut`): count the batch, record its padding, tell the run's gradient state, copy it
@@ -139,7 +138,7 @@ def begin(loader: PassHost, cursor: Cursor) -> tuple[PassState, int]:
     state.yielded = start.resumed
     if state.empty:  # the lengths, counted once: what len() says while the pass runs, and its last batch
         state.length = 0
-    elif not loader.traits.last_as_it_goes:  # (such a plan says whether a batch is the last as the pass goes)
+    else:
         try:
             after = loader.lengths().batches_after(record.started_at)
             state.length = max(after, 0)
@@ -188,10 +187,6 @@ def run_pass(loader: PassHost) -> Iterator[Any]:
                 for batch, last in mark_last(loader, state, batches):
                     yield hand_out(batch, last)
         state.complete = state.exhausted = True
-        if state.length is None and loader.traits.last_as_it_goes:
-            # what the plan, asked batch by batch, had: counted now from the loader's epoch, it could be the next
-            # epoch's (Ignite's EPOCH_STARTED sets it before this pass sees its end)
-            state.length = state.yielded - state.resumed
         check_length(state)
     finally:
         state.open = False
@@ -210,8 +205,6 @@ def mark_last(loader: PassHost, state: PassState, batches: Iterator[Any]) -> Ite
     inner = loader.cursor.inner if loader.use_stateful_dataloader else None
     if state.total is not None:
         return counted(batches, state, state.total)
-    if loader.traits.last_as_it_goes:
-        return asked(batches, state, loader.plan)
     return looked_ahead(batches, inner, loader)
 
 
@@ -221,15 +214,6 @@ def counted(batches: Iterator[Any], state: PassState, total: int) -> Iterator[tu
     for batch in batches:
         count += 1
         yield batch, count >= total
-
-
-def asked(batches: Iterator[Any], state: PassState, plan: Any) -> Iterator[tuple[Any, bool]]:
-    """``(batch, last)`` where the plan says whether another batch follows (``has_batches``: a plan whose count is
-    costly up front, a token budget's)."""
-    start, count = state.record.started_at, state.yielded - state.resumed
-    for batch in batches:
-        count += 1
-        yield batch, not plan.has_batches(start, count + 1)
 
 
 def looked_ahead(batches: Iterator[Any], inner: InnerState | None, loader: PassHost) -> Iterator[tuple[Any, bool]]:
@@ -271,7 +255,7 @@ def prefetched(
     stateful = loader.use_stateful_dataloader
     note = None
     if stateful:
-        if hand_out.state.total is not None or loader.source_marks_last or loader.traits.last_as_it_goes:
+        if hand_out.state.total is not None or loader.source_marks_last:
             # no look-ahead took the snapshot
             steps = _snapshotted(steps, inner, loader)
         note = inner.current_snapshot

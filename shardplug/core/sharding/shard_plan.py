@@ -235,15 +235,9 @@ class _PlansSteps(Protocol):
 
 
 @runtime_checkable
-class _LastAsItGoes(Protocol):
-    """A plan that says whether another batch follows as the pass goes (a token budget's: its windows are planned
-    as the pass reaches them): a pass marks its last batch by asking
-    (:meth:`has_batches`), and counts its batches only when asked (``len()``) or at its end; a resize asks it
-    the batches before its place (:meth:`batches_before`)."""
-
-    def has_batches(self, consumed: int, count: int) -> bool:
-        """Whether this process has at least ``count`` batches after the place ``consumed``."""
-        ...
+class _CountsBefore(Protocol):
+    """A plan that counts the batches its layout has before another layout's place itself, without counting
+    the epoch from its start (a token budget's: its windows before the place are counted, not planned)."""
 
     def batches_before(self, consumed: int) -> int:
         """The batches of the epoch before ``consumed`` (another layout's position's) on this layout: what
@@ -266,8 +260,8 @@ def _nothing() -> None:
 
 def own_batches_before(plan: ShardPlan, consumed: int) -> int | None:
     """The batches of the epoch before ``consumed`` on ``plan``'s layout where the plan counts them itself
-    (:class:`_LastAsItGoes`); ``None`` for the others (counted from :meth:`ShardPlan.num_batches`)."""
-    if isinstance(plan, _LastAsItGoes):
+    (:class:`_CountsBefore`); ``None`` for the others (counted from :meth:`ShardPlan.num_batches`)."""
+    if isinstance(plan, _CountsBefore):
         return plan.batches_before(consumed)
     return None
 
@@ -347,8 +341,6 @@ class PlanTraits:
     """The loader's epoch is its sampler's own (:class:`_SamplerEpoch`)."""
     plans_steps: bool = False
     """Every process yields as many batches, each step consuming what the plan says (:class:`_PlansSteps`)."""
-    last_as_it_goes: bool = False
-    """A pass asks the plan whether another batch follows instead of counting up front (:class:`_LastAsItGoes`)."""
 
 
 def plan_traits(plan: ShardPlan) -> PlanTraits:
@@ -375,7 +367,6 @@ def plan_traits(plan: ShardPlan) -> PlanTraits:
         batches_unchanged=getattr(type(plan), "pass_batches", None) is PlanDefaults.pass_batches,
         follows_sampler_epoch=isinstance(plan, _SamplerEpoch),
         plans_steps=isinstance(plan, _PlansSteps),
-        last_as_it_goes=isinstance(plan, _LastAsItGoes),
     )
 
 
