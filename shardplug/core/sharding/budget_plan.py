@@ -18,9 +18,10 @@ How an epoch is planned:
    fewest tokens, and inside the step the longest to its least costly micro-batch, always under ``max_tokens``.
    For ``"padded"`` the sorted samples are cut into runs of rows times the longest within the budget instead (a
    micro-batch holds samples of nearly one length), and the runs, sorted by cost, are taken ``N`` at a time.
-   ``S`` is the same for every window of the epoch and every epoch (:class:`Strata`): the fewest steps that fit
-   a window of each group's longest sample; where the window's own samples dealt into ``S`` steps do not fit, they
-   take the places that window of longest samples has (each sample no longer than the one it stands for);
+   ``S`` is the same for every window of the epoch (the last one, with the short group, its own) and every epoch
+   (:class:`Strata`): the fewest steps that fit a window of each group's longest sample; where the window's own
+   samples dealt into ``S`` steps do not fit, they take the places that window of longest samples has (each
+   sample no longer than the one it stands for);
 4. the window's steps are shuffled; step ``s`` gives process ``p`` its micro-batch ``s * N + p``.
 
 Every process therefore has the same number of micro-batches.  A step whose ``N`` micro-batches cannot all hold
