@@ -298,6 +298,33 @@ def test_a_stateful_position_resizes_map_style_data() -> None:
     assert sorted(seen + rest) == list(range(21))
 
 
+@pytest.mark.parametrize("batches", ["batch_size", "token budget"])
+def test_a_stateful_position_asked_for_before_the_resumed_pass_keeps_its_place(batches: str) -> None:
+    """With DataLoader workers, ``state_dict()`` between ``load_state_dict`` and the resumed pass's first batch
+    (a checkpoint, a logger) says the loaded place, and the pass then starts there (asking the
+    StatefulDataLoader for its state started its workers on a pass of the whole epoch: the loaded samples came
+    again, and with ``track_padding`` the pass failed)."""
+
+    def make() -> shardplug.PreparedDataLoader:
+        if batches == "batch_size":
+            data = DataLoader(range(12), batch_size=2, shuffle=True, num_workers=2)
+        else:
+            sampler = shardplug.TokenBudgetBatchSampler([29, 50, 50, 50, 50, 50], 50, seed=1)
+            data = DataLoader(range(6), batch_sampler=sampler, num_workers=2)
+        loader = shardplug.prepare_data_loader(data, num_processes=1, process_index=0, use_stateful_dataloader=True)
+        loader.track_padding()
+        return loader
+
+    saving = make()
+    seen = _take(saving, 2)
+    state = saving.state_dict()
+    resumed = make()
+    resumed.load_state_dict(state)
+    assert resumed.state_dict()["_shardplug_position"] == state["_shardplug_position"]
+    rest = [b.tolist() for b in resumed]
+    assert sorted(v for b in seen + rest for v in b) == list(range(12 if batches == "batch_size" else 6))
+
+
 def test_no_len_warning_in_an_ordinary_epoch() -> None:
     loader = build(Case(n=21, batch_size=3), 2, 1)
     with warnings.catch_warnings():

@@ -453,3 +453,34 @@ def test_a_position_inside_a_later_epoch_resumes_in_that_epoch(resumed_on: int) 
     assert sorted(seen + [i for part in parts for batch in part for i in batch]) == list(range(50))
     if resumed_on == 2:
         assert parts == uninterrupted
+
+
+def test_a_later_pass_at_a_loaded_positions_place_saves_its_own_window_plan() -> None:
+    """A position of 3 processes resumed on 2 plans the rest of its window again; a later pass (here the next
+    epoch's, in the same order without shuffle) that stands at the same place planned that window from its start
+    on 2: its position says so, and resuming it reads every sample once."""
+    lengths = [54, 52, 34, 94, 37, 66, 38]
+
+    def steps(loaders, count: int) -> list[int]:
+        iterators = [iter(loader) for loader in loaders]
+        return [i for _ in range(count) for it in iterators for i in next(it).tolist()]
+
+    saved = _loaders(3, lengths=lengths, budget=100, shuffle=False)
+    steps(saved, 1)
+    position = saved[0].state_dict()
+    assert position["dataset_state"] is not None  # inside its window
+    resized = _loaders(2, lengths=lengths, budget=100, shuffle=False)
+    for loader in resized:
+        loader.load_state_dict(position)
+    _epoch(resized)
+    seen = steps(resized, 1)  # the next epoch's pass
+    state = resized[0].state_dict()
+    uninterrupted = _loaders(2, lengths=lengths, budget=100, shuffle=False)
+    assert steps(uninterrupted, 1) == seen
+    assert state["consumed"] == position["consumed"]  # the loaded position's place, in another epoch
+    expected = uninterrupted[0].state_dict()
+    assert (state["consumed"], state["dataset_state"]) == (expected["consumed"], expected["dataset_state"])
+    resumed = _loaders(2, lengths=lengths, budget=100, shuffle=False)
+    for loader in resumed:
+        loader.load_state_dict(state)
+    assert sorted(seen + [i for part in _epoch(resumed) for batch in part for i in batch]) == list(range(7))

@@ -391,3 +391,17 @@ def test_no_step_is_padding_only_and_every_place_is_one_steps(cost: str) -> None
     plan = plan_epoch(BudgetSpec(45, cost=cost), [44] * 9, 3)
     assert plan.num_steps == 3 and (plan.real == 1).all()
     assert [plan.steps_before(int(place)) for place in plan.consumed] == [1, 2, 3]
+
+
+@pytest.mark.parametrize(
+    ("lengths", "n", "oversized"),
+    [([10] * 24 + [0, 0], 5, "error"), ([30, 0, 0, 0], 3, "alone")],
+    ids=["full-and-empty", "oversized-and-empty"],
+)
+def test_samples_of_no_tokens_leave_no_step_of_padding_only(lengths: list[int], n: int, oversized: str) -> None:
+    """A window's last samples, waiting for room, go to the micro-batches of no samples before those that hold
+    samples of no tokens: the step none of the window's first samples reached gets one (else a step of padding
+    only, and a position saved after it resumed before it)."""
+    plan = plan_epoch(BudgetSpec(10, shuffle=False, oversized=oversized), lengths, n)
+    assert (plan.real.reshape(-1, n).sum(axis=1) >= 1).all()
+    assert [plan.steps_before(int(place)) for place in plan.consumed] == list(range(1, plan.num_steps + 1))

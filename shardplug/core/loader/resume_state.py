@@ -205,9 +205,12 @@ class ResumeState:
         loader = self.loader
         if not loader.use_stateful_dataloader:
             return position
-        if (position["consumed"], position["batches_yielded"]) == (0, 0):
-            # an epoch's start: the position alone resumes it (asking the StatefulDataLoader would start an
-            # iterator, which draws from the shuffle's generator)
+        parked = not self.cursor.now.open and (self.cursor.position is not None or self.cursor.skip)
+        if (position["consumed"], position["batches_yielded"]) == (0, 0) or (parked and not self.inner_state_resumes()):
+            # an epoch's start, or a place the next pass starts at by the position's own skip (loaded, skipped to):
+            # the position alone resumes it (asking the StatefulDataLoader would start an iterator, which draws
+            # from the shuffle's generator and, with workers, begins a pass of the batch sampler from the epoch's
+            # start)
             return {POSITION_KEY: position}
         state = self.cursor.inner.state(loader.inner_loader())
         state[POSITION_KEY] = position

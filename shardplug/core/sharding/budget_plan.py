@@ -319,10 +319,12 @@ def _deal_steps(lengths: np.ndarray, costs: np.ndarray, steps: int, n_proc: int,
     """The bin (``step * n_proc + process``) of each sample (given longest first), or ``None`` when some sample
     finds no room.  By rounds of ``steps * n_proc`` samples: each step takes ``n_proc`` consecutive samples (so of
     about one length), the longest to the step with the fewest tokens, and inside the step the longest to the least
-    costly micro-batch; what does not fit goes to the micro-batches with the most room."""
+    costly micro-batch; what does not fit goes to the micro-batches with the most room (of those with as much,
+    the ones with no sample first: samples of no tokens leave none of a step's micro-batches all empty)."""
     count, bins = lengths.size, steps * n_proc
     cost = np.zeros(bins, dtype=np.float64)
     tokens = np.zeros(bins, dtype=np.int64)
+    filled = np.zeros(bins, dtype=bool)
     step_tokens = np.zeros(steps, dtype=np.int64)
     where = np.full(count, -1, dtype=np.int64)
     pending = np.empty(0, dtype=np.int64)
@@ -334,6 +336,7 @@ def _deal_steps(lengths: np.ndarray, costs: np.ndarray, steps: int, n_proc: int,
         where[chosen] = into
         np.add.at(cost, into, costs[chosen])
         np.add.at(tokens, into, lengths[chosen])
+        filled[into] = True
         np.add.at(step_tokens, into // n_proc, lengths[chosen])
         missed: np.ndarray = items[~fits]
         return missed
@@ -341,9 +344,7 @@ def _deal_steps(lengths: np.ndarray, costs: np.ndarray, steps: int, n_proc: int,
     while taken < count or pending.size:
         if pending.size:  # to the micro-batches with the most room, one each (the rest wait for the next round)
             before, ready = pending.size, min(pending.size, bins)
-            pending = np.concatenate(
-                [place(pending[:ready], np.argsort(tokens, kind="stable")[:ready]), pending[ready:]]
-            )
+            pending = np.concatenate([place(pending[:ready], np.lexsort((filled, tokens))[:ready]), pending[ready:]])
             if pending.size == before and taken >= count:
                 return None
         new = min(bins, count - taken)

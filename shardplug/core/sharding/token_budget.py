@@ -154,7 +154,8 @@ class TokenBudgetPlan(BatchSamplerPlan):
         which sends each process its own); else this process's only."""
         self.pending_replans: Replans | None = None
         self.places: dict[int, Replans] = {}
-        """Places of loaded positions and how their windows were planned."""
+        """Places of loaded positions and how their windows were planned, until a pass begins (a later pass at
+        the same place, of this epoch again or another, plans its own window: the loaded history is not its)."""
         self.loading: tuple[int, int] | None = None
         """The place and epoch of the position loaded last, until its pass begins (the loader stands at its epoch
         only then: before, its place is asked of that epoch)."""
@@ -282,6 +283,7 @@ class TokenBudgetPlan(BatchSamplerPlan):
         first, record, self.pending_start, self.parked_record = self.pending_start, self.parked_record, 0, None
         replans, self.pending_replans = self.pending_replans, None
         self.current, self.current_epoch, self.current_start = self._plan(first, replans), self.budget.epoch, first
+        self.places = {}  # the pass's plan holds the loaded place's history (replans_at): later passes are not its
         return first, record
 
     def _index_batches(self, consumed: int, record: PassRecord) -> Iterator[list[int]]:
