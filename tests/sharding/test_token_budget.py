@@ -13,6 +13,8 @@ import warnings
 
 import numpy as np
 import pytest
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
 from torch.utils.data import DataLoader
 
 import shardplug
@@ -484,3 +486,70 @@ def test_a_later_pass_at_a_loaded_positions_place_saves_its_own_window_plan() ->
     for loader in resumed:
         loader.load_state_dict(state)
     assert sorted(seen + [i for part in _epoch(resumed) for batch in part for i in batch]) == list(range(7))
+
+
+@example(  # the place of epoch 1's cut is epoch 0's loaded place: the loaded window's history was saved again
+    lengths=[0, 0, 0, 0, 0, 1, 1, 14, 14, 14, 14],
+    sizes=[1, 2, 1],
+    cuts=[0.5, 0.5],
+    cost="tokens",
+    drop_last=False,
+    window=6,
+)
+@settings(max_examples=40, deadline=None)
+@given(
+    lengths=st.lists(st.integers(0, 30), min_size=1, max_size=60),
+    sizes=st.lists(st.integers(1, 4), min_size=3, max_size=3),
+    cuts=st.lists(st.floats(0, 1, exclude_max=True), min_size=2, max_size=2),
+    cost=st.sampled_from(["tokens", "padded", "attention"]),
+    drop_last=st.booleans(),
+    window=st.integers(2, 20),
+)
+def test_chained_resumes_through_the_loader_read_every_sample_of_each_epoch_once(
+    lengths: list[int], sizes: list[int], cuts: list[float], cost: str, drop_last: bool, window: int
+) -> None:
+    """Through the loaders: epoch 0 read on N0 up to a cut, resumed on N1 to its end and into epoch 1 up to a cut,
+    resumed on N2 to the end of epoch 1. Each epoch: every sample once (at most once with ``drop_last``), every
+    process as many micro-batches, ``len()`` what a pass yields (a later pass at a loaded place once saved the
+    loaded window's history as its own: samples lost and repeated). A position with no step left on the new
+    number of processes (``drop_last``) resumes at the next epoch's start."""
+    options = dict(cost=cost, drop_last=drop_last, seed=3)
+    read: dict[int, list[int]] = {}
+
+    def loaders(n: int, state: dict | None = None) -> list[shardplug.PreparedDataLoader]:
+        made = _loaders(n, np.asarray(lengths), budget=30, window=window, **options)
+        for loader in made:
+            loader.track_padding()
+            if state is not None:
+                loader.load_state_dict(state)
+        return made
+
+    def take(parts: list[shardplug.PreparedDataLoader], cut: float | None) -> None:
+        epoch, length = parts[0].epoch, len(parts[0])
+        assert [len(loader) for loader in parts] == [length] * len(parts)
+        pairs = [(iter(loader), loader) for loader in parts]
+        for _ in range(length if cut is None else int(cut * length)):
+            read.setdefault(epoch, []).extend(i for it, loader in pairs for i in _real_rows(next(it), loader))
+        if cut is None:
+            assert all(next(it, None) is None for it, _ in pairs)  # len() was what the pass yields
+
+    first = loaders(sizes[0])
+    take(first, cuts[0])
+    second = loaders(sizes[1], first[0].state_dict())
+    moved_on = second[0].epoch == 1  # nothing of epoch 0 left on N1 (drop_last)
+    assert not moved_on or drop_last
+    take(second, None)
+    if not moved_on:
+        for loader in second:
+            loader.set_epoch(1)
+        take(second, cuts[1])
+        take(loaders(sizes[2], second[0].state_dict()), None)
+    for epoch, samples in read.items():  # each read to its end, over two loaders
+        assert len(set(samples)) == len(samples), epoch
+        if not drop_last:
+            assert sorted(samples) == list(range(len(lengths))), epoch
+
+
+def _real_rows(batch, loader: shardplug.PreparedDataLoader) -> list[int]:
+    """The batch's real samples (a padding micro-batch holds none)."""
+    return batch.tolist()[: loader.batch_real_count]
