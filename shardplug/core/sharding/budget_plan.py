@@ -250,7 +250,7 @@ class Strata:
         short = self.short
         full = ranked[short:].reshape(self.size, self.windows)  # a group a row, a window a column
         if self._longest is None:
-            self._longest = self._group_longest(ranked, full)
+            self._longest = self._group_longest(ranked)
         if self.spec.shuffle:
             generator = np.random.Generator(np.random.PCG64(np.random.SeedSequence([self.spec.seed, epoch, 0x7B])))
             rows = max(1, _CHUNK // self.windows)
@@ -259,8 +259,9 @@ class Strata:
             ranked[:short] = generator.permutation(ranked[:short])
         return EpochOrder(full, ranked[:short])
 
-    def _group_longest(self, ranked: np.ndarray, full: np.ndarray) -> np.ndarray:
-        """Each group's longest length (the short group's last)."""
+    def _group_longest(self, ranked: np.ndarray) -> np.ndarray:
+        """Each group's longest length (the short group's last), from the ranking by length."""
+        full = ranked[self.short :].reshape(self.size, self.windows)
         longest = np.empty(self.size + (1 if self.short else 0), dtype=np.int64)
         rows = max(1, _CHUNK // self.windows)
         groups = longest[: self.size]
@@ -276,10 +277,9 @@ class Strata:
         key = (num_processes, last)
         made = self._templates.get(key)
         if made is None:
-            if self._longest is None:
-                self.order(0)
             longest = self._longest
-            assert longest is not None
+            if longest is None:  # (an order made first keeps them: one ranking, not a shuffled order too)
+                longest = self._longest = self._group_longest(by_length(self.lengths))
             proxies = longest[: self.size]
             if last:
                 proxies = np.concatenate([proxies, np.full(self.short, longest[-1], dtype=np.int64)])
